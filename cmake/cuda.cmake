@@ -1,0 +1,21 @@
+# The CUDA backend: built when KILN_CUDA is ON, or AUTO and a CUDA toolkit is found.
+# It compiles src/backends/cuda/ into the core library and defines KILN_WITH_CUDA.
+set(KILN_HAVE_CUDA OFF)
+if(NOT KILN_CUDA STREQUAL "OFF")
+  find_package(CUDAToolkit QUIET)
+  if(CUDAToolkit_FOUND)
+    set(KILN_HAVE_CUDA ON)
+  elseif(KILN_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "KILN_CUDA=ON but no CUDA toolkit was found")
+  endif()
+endif()
+
+file(GLOB KILN_CUDA_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/backends/cuda/*.cpp)
+if(KILN_HAVE_CUDA AND KILN_CUDA_SOURCES)
+  message(STATUS "Kiln: CUDA backend ON (CUDA ${CUDAToolkit_VERSION})")
+  target_sources(kiln PRIVATE ${KILN_CUDA_SOURCES})
+  target_compile_definitions(kiln PUBLIC KILN_WITH_CUDA=1)
+  target_link_libraries(kiln PRIVATE CUDA::cudart)
+else()
+  message(STATUS "Kiln: CUDA backend OFF")
+endif()

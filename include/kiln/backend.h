@@ -1,0 +1,75 @@
+// The interface every backend (CPU, CUDA) implements. The builder asks a backend whether it
+// supports a node and for a Kernel per node; the runtime asks it for memory and copies.
+//
+// Kernels are made once per engine (at build or load) with every shape known, so that
+// running one only needs buffer addresses: no allocation and no shape arithmetic on the hot
+// path. A Kernel's run() is const and may be called from several threads at once (one per
+// ExecutionContext); any scratch it needs comes from the caller's workspace.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/ir.h"
+
+namespace kiln {
+
+enum class DeviceType : uint8_t { kCPU, kCUDA };
+
+struct Device {
+  DeviceType type = DeviceType::kCPU;
+  int index = 0;
+  std::string to_string() const;            // "cpu", "cuda:0"
+  static Device parse(const std::string& s);  // throws kInvalidArgument
+  bool operator==(const Device& o) const { return type == o.type && index == o.index; }
+};
+
+// Per call state handed to kernels.
+struct RunContext {
+  void* stream = nullptr;      // cudaStream_t for CUDA; unused on CPU
+  void* workspace = nullptr;   // at least Kernel::workspace_size() bytes, aligned
+  size_t workspace_size = 0;
+};
+
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+  // inputs[i] is null for an absent optional input. Constants arrive as device pointers too.
+  virtual void run(const void* const* inputs, void* const* outputs, const RunContext& ctx) const = 0;
+  virtual size_t workspace_size() const { return 0; }
+  // A short description of the implementation chosen (tactic), for build logs.
+  virtual std::string describe() const { return {}; }
+};
+
+struct KernelOptions {
+  int optimization_level = 3;
+  size_t workspace_limit = size_t(1) << 30;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;           // "cpu", "cuda"
+  virtual Device device() const = 0;
+  virtual std::string device_name() const = 0;    // what an engine file records, e.g. "cpu"
+  // The answer to "can you run this node?"; `why` receives the reason when the answer is no.
+  virtual bool supports(const Node& node, const Graph& graph, std::string* why = nullptr) const = 0;
+  virtual std::unique_ptr<Kernel> make_kernel(const Node& node, const Graph& graph,
+                                              const KernelOptions& options) = 0;
+  // Device memory; the deleter frees it. alignment() bytes aligned.
+  virtual std::shared_ptr<void> allocate(size_t bytes) = 0;
+  virtual void copy_from_host(void* dst, const void* src, size_t bytes, void* stream) = 0;
+  virtual void copy_to_host(void* dst, const void* src, size_t bytes, void* stream) = 0;
+  virtual void synchronize(void* stream) = 0;
+  virtual size_t alignment() const { return 64; }
+};
+
+// The backend for a device; throws kUnsupported when Kiln was built without it or no such
+// device is present.
+Backend& get_backend(const Device& device);
+bool backend_available(DeviceType type);
+
+}  // namespace kiln

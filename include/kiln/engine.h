@@ -1,0 +1,105 @@
+// Engine and ExecutionContext: what the builder produces and what runs it.
+//
+// Engine lifecycle: constructed by Builder::build or Engine::deserialize/load, immutable
+// afterwards. Construction uploads the constants to the device and makes one Kernel per node;
+// both are shared by every context. An engine outlives its contexts (contexts hold it).
+//
+// ExecutionContext lifecycle: created by Engine::create_execution_context (allocates the
+// activation arena and workspace once) -> execute()* -> destroyed. execute() checks the
+// buffers it is given, runs every kernel in order on the caller's stream and returns; a
+// failed check throws before any kernel runs and leaves the context usable. One context
+// runs one call at a time; several contexts on one engine run concurrently.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/backend.h"
+#include "kiln/ir.h"
+#include "kiln/passes.h"
+
+namespace kiln {
+
+inline constexpr const char* kKilnVersion = "0.1.0";
+
+struct IOTensor {
+  std::string name;
+  TensorType type;
+};
+
+class ExecutionContext;
+
+class Engine : public std::enable_shared_from_this<Engine> {
+ public:
+  // Takes an optimized, verified plan. Prefer Builder::build and Engine::deserialize.
+  static std::shared_ptr<Engine> create(Graph plan, const Device& device, const KernelOptions& options,
+                                        std::string build_log = {});
+
+  const std::vector<IOTensor>& inputs() const { return inputs_; }
+  const std::vector<IOTensor>& outputs() const { return outputs_; }
+  std::vector<std::string> weight_names() const;
+  const Graph& graph() const { return plan_; }
+  const MemoryPlan& memory_plan() const { return memory_; }
+  const Device& device() const { return device_; }
+  const std::string& build_log() const { return log_; }
+  const KernelOptions& kernel_options() const { return options_; }
+  size_t workspace_size() const { return workspace_; }
+
+  std::unique_ptr<ExecutionContext> create_execution_context() const;
+
+  // Engine files: see src/serialize/engine_file.h for the format.
+  Bytes serialize() const;
+  // Throws kTruncated / kCorrupted / kVersionMismatch / kDeviceMismatch naming the problem.
+  static std::shared_ptr<Engine> deserialize(const uint8_t* data, size_t size,
+                                             const Device& device = Device{});
+  void save(const std::string& path) const;
+  static std::shared_ptr<Engine> load(const std::string& path, const Device& device = Device{});
+
+ private:
+  friend class ExecutionContext;
+  Engine() = default;
+
+  Graph plan_;
+  Device device_;
+  KernelOptions options_;
+  std::string log_;
+  MemoryPlan memory_;
+  std::vector<IOTensor> inputs_, outputs_;
+  Backend* backend_ = nullptr;
+  std::vector<std::unique_ptr<Kernel>> kernels_;       // one per plan node
+  std::vector<std::shared_ptr<void>> constant_memory_;  // device copies of constants
+  std::vector<const void*> constant_ptr_;               // per ValueId, null unless constant
+  size_t workspace_ = 0;
+};
+
+class ExecutionContext {
+ public:
+  explicit ExecutionContext(std::shared_ptr<const Engine> engine);
+  ExecutionContext(const ExecutionContext&) = delete;
+  ExecutionContext& operator=(const ExecutionContext&) = delete;
+
+  // Buffers are dense, of the engine's input/output types, on the engine's device, in the
+  // order of Engine::inputs() / outputs(). `stream` is a cudaStream_t on CUDA (null: default).
+  void execute(const std::vector<const void*>& inputs, const std::vector<void*>& outputs,
+               void* stream = nullptr);
+  // The same with each buffer's shape and dtype checked against the engine (kShapeMismatch /
+  // kInvalidArgument naming the tensor).
+  void execute_checked(const std::vector<const void*>& inputs, const std::vector<TensorType>& input_types,
+                       const std::vector<void*>& outputs, const std::vector<TensorType>& output_types,
+                       void* stream = nullptr);
+
+  const Engine& engine() const { return *engine_; }
+
+ private:
+  std::shared_ptr<const Engine> engine_;
+  std::shared_ptr<void> arena_;
+  std::shared_ptr<void> workspace_;
+  std::vector<void*> slot_;                  // per ValueId: where the value lives during a call
+  std::vector<std::vector<ValueId>> node_in_, node_out_;
+  std::vector<const void*> in_ptrs_;         // scratch reused across calls
+  std::vector<void*> out_ptrs_;
+};
+
+}  // namespace kiln

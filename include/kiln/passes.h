@@ -1,0 +1,33 @@
+// Graph passes, one per file under src/passes/. Each returns whether it changed the graph.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kiln/ir.h"
+
+namespace kiln {
+
+// Removes nodes none of whose outputs is used, then compacts the graph.
+bool eliminate_dead_code(Graph& g);
+// Evaluates nodes whose inputs are all constants (on the CPU reference kernels) and replaces
+// them by constants. Weights stay weights only when untouched; folding a weight drops its name.
+bool fold_constants(Graph& g);
+// Folds inference batch_norm into a preceding conv / conv_transpose / linear whose weight is
+// a constant and whose output has no other use.
+bool fold_batch_norm(Graph& g);
+// Groups chains of pointwise ops into fused_pointwise nodes with a body graph.
+bool fuse_pointwise(Graph& g);
+
+// Assigns every intermediate value an offset in one arena by liveness. Graph inputs,
+// outputs and constants are not in the arena (offset -1).
+struct MemoryPlan {
+  std::vector<int64_t> offsets;  // per ValueId
+  size_t arena_bytes = 0;        // what the plan needs
+  size_t naive_bytes = 0;        // sum of every intermediate's size (no reuse)
+  size_t alignment = 64;
+};
+MemoryPlan plan_memory(const Graph& g, size_t alignment = 64);
+
+}  // namespace kiln

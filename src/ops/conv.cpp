@@ -1,0 +1,10 @@
+// STUB: shape rules of the conv family (to be written).
+#include "src/ops/shape_rules.h"
+
+namespace kiln {
+
+std::vector<TensorType> infer_conv(OpKind op, const TypeList&, const Attrs&) {
+  KILN_FAIL(kUnsupported, op_name(op), ": shape rule not implemented yet");
+}
+
+}  // namespace kiln

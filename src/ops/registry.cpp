@@ -1,0 +1,79 @@
+// The op registry: one OpInfo per OpKind, built from KILN_OP_LIST and the per-family shape
+// rules (src/ops/<family>.cpp).
+#include <array>
+#include <string>
+
+#include "kiln/errors.h"
+#include "kiln/ir.h"
+#include "src/ops/shape_rules.h"
+
+namespace kiln {
+
+// Added an op? Follow the checklist at the top of include/kiln/ops.h, then bump this.
+inline constexpr int kExpectedOpCount = 69;
+static_assert(kNumOps == kExpectedOpCount, "op list changed: follow the checklist in include/kiln/ops.h");
+
+namespace {
+
+ShapeRule rule_for(OpFamily f) {
+  switch (f) {
+    case OpFamily::kUnary: return &infer_unary;
+    case OpFamily::kBinary: return &infer_binary;
+    case OpFamily::kWhere: return &infer_where;
+    case OpFamily::kCast: return &infer_cast;
+    case OpFamily::kReduce: return &infer_reduce;
+    case OpFamily::kSoftmax: return &infer_softmax;
+    case OpFamily::kNorm: return &infer_norm;
+    case OpFamily::kMatmul: return &infer_matmul;
+    case OpFamily::kConv: return &infer_conv;
+    case OpFamily::kPool: return &infer_pool;
+    case OpFamily::kShape: return &infer_shape_op;
+    case OpFamily::kGather: return &infer_gather;
+    case OpFamily::kAttention: return &infer_attention;
+    case OpFamily::kGenerator: return &infer_generator;
+    case OpFamily::kFused: return &infer_fused;
+  }
+  return nullptr;
+}
+
+const std::array<OpInfo, kNumOps>& table() {
+  static const std::array<OpInfo, kNumOps> t = [] {
+    std::array<OpInfo, kNumOps> a{};
+#define KILN_X(e, n, f, lo, hi) \
+  a[static_cast<size_t>(OpKind::e)] = OpInfo{OpKind::e, n, OpFamily::f, lo, hi, rule_for(OpFamily::f)};
+    KILN_OP_LIST(KILN_X)
+#undef KILN_X
+    return a;
+  }();
+  return t;
+}
+
+}  // namespace
+
+const OpInfo& op_info(OpKind op) {
+  auto i = static_cast<size_t>(op);
+  KILN_CHECK(i < static_cast<size_t>(kNumOps), kInvalidArgument, "unknown op code ", i);
+  return table()[i];
+}
+
+const char* op_name(OpKind op) { return op_info(op).name; }
+
+std::optional<OpKind> op_from_name(std::string_view name) {
+  for (const OpInfo& info : table())
+    if (name == info.name) return info.kind;
+  return std::nullopt;
+}
+
+std::vector<TensorType> infer_types(OpKind op, const std::vector<const TensorType*>& inputs, const Attrs& attrs) {
+  const OpInfo& info = op_info(op);
+  int n = static_cast<int>(inputs.size());
+  KILN_CHECK(n >= info.min_inputs && (info.max_inputs < 0 || n <= info.max_inputs), kInvalidArgument, info.name,
+             ": takes ", info.min_inputs, info.max_inputs < 0 ? " or more" : "",
+             info.max_inputs > info.min_inputs ? ".." + std::to_string(info.max_inputs) : std::string(),
+             " inputs, got ", n);
+  for (int i = 0; i < info.min_inputs; ++i)
+    KILN_CHECK(inputs[i] != nullptr, kInvalidArgument, info.name, ": input ", i, " is required");
+  return info.shape_rule(op, inputs, attrs);
+}
+
+}  // namespace kiln

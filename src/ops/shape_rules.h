@@ -1,0 +1,39 @@
+// Per-family shape rules (one .cpp per family under src/ops/) and the helpers they share.
+#pragma once
+
+#include <vector>
+
+#include "kiln/errors.h"
+#include "kiln/ir.h"
+
+namespace kiln {
+
+using TypeList = std::vector<const TensorType*>;
+
+std::vector<TensorType> infer_unary(OpKind op, const TypeList& in, const Attrs& a);
+std::vector<TensorType> infer_binary(OpKind op, const TypeList& in, const Attrs& a);
+std::vector<TensorType> infer_where(OpKind op, const TypeList& in, const Attrs& a);
+std::vector<TensorType> infer_cast(OpKind op, const TypeList& in, const Attrs& a);
+std::vector<TensorType> infer_reduce(OpKind op, const TypeList& in, const Attrs& a);
+std::vector<TensorType> infer_softmax(OpKind op, const TypeList& in, const Attrs& a);
+std::vector<TensorType> infer_norm(OpKind op, const TypeList& in, const Attrs& a);
+std::vector<TensorType> infer_matmul(OpKind op, const TypeList& in, const Attrs& a);
+std::vector<TensorType> infer_conv(OpKind op, const TypeList& in, const Attrs& a);
+std::vector<TensorType> infer_pool(OpKind op, const TypeList& in, const Attrs& a);
+std::vector<TensorType> infer_shape_op(OpKind op, const TypeList& in, const Attrs& a);
+std::vector<TensorType> infer_gather(OpKind op, const TypeList& in, const Attrs& a);
+std::vector<TensorType> infer_attention(OpKind op, const TypeList& in, const Attrs& a);
+std::vector<TensorType> infer_generator(OpKind op, const TypeList& in, const Attrs& a);
+std::vector<TensorType> infer_fused(OpKind op, const TypeList& in, const Attrs& a);
+
+// numpy broadcasting of two shapes; throws kShapeMismatch naming op and both shapes.
+std::vector<int64_t> broadcast_shapes(OpKind op, const std::vector<int64_t>& a, const std::vector<int64_t>& b);
+
+// A type with the dims of `like` (symbols kept) and another dtype.
+inline TensorType with_dtype(const TensorType& like, DType dt) {
+  TensorType t = like;
+  t.dtype = dt;
+  return t;
+}
+
+}  // namespace kiln
