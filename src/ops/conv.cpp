@@ -1,10 +1,140 @@
-// STUB: shape rules of the conv family (to be written).
+// Shape rules of the conv family: conv and conv_transpose over 1 or 2 spatial dims, with
+// PyTorch's attributes, defaults and output-size formulas.
+//
+//   conv:           out = floor((in + 2p - d(k-1) - 1) / s) + 1
+//   conv_transpose: out = (in - 1)s - 2p + d(k-1) + output_padding + 1
+//
+// Missing attributes take PyTorch's defaults (stride 1, padding 0, dilation 1, groups 1,
+// output_padding 0). Lists must have one entry per spatial dim: importers expand scalars.
+#include <algorithm>
+#include <string>
+#include <variant>
+
 #include "src/ops/shape_rules.h"
 
 namespace kiln {
 
-std::vector<TensorType> infer_conv(OpKind op, const TypeList&, const Attrs&) {
-  KILN_FAIL(kUnsupported, op_name(op), ": shape rule not implemented yet");
+namespace {
+
+std::string list_str(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(v[i]);
+  }
+  return s + "]";
+}
+
+// An int-list attribute with one value per spatial dim, each >= lo.
+std::vector<int64_t> spatial_attr(OpKind op, const Attrs& a, const char* key, size_t n, int64_t fallback,
+                                  int64_t lo) {
+  if (!a.has(key)) return std::vector<int64_t>(n, fallback);
+  const auto* v = std::get_if<std::vector<int64_t>>(&a.items().at(key));
+  KILN_CHECK(v != nullptr, kInvalidArgument, op_name(op), ": attribute '", key, "' must be a list of ints");
+  KILN_CHECK(v->size() == n, kInvalidArgument, op_name(op), ": attribute '", key, "' ", list_str(*v), " has ",
+             v->size(), " values, expected ", n, " (one per spatial dim)");
+  for (int64_t x : *v)
+    KILN_CHECK(x >= lo, kInvalidArgument, op_name(op), ": attribute '", key, "' ", list_str(*v),
+               " must have every value >= ", lo);
+  return *v;
+}
+
+int64_t int_attr(OpKind op, const Attrs& a, const char* key, int64_t fallback) {
+  if (!a.has(key)) return fallback;
+  const AttrValue& v = a.items().at(key);
+  KILN_CHECK(std::holds_alternative<int64_t>(v), kInvalidArgument, op_name(op), ": attribute '", key,
+             "' must be an int");
+  return std::get<int64_t>(v);
+}
+
+}  // namespace
+
+std::vector<TensorType> infer_conv(OpKind op, const TypeList& in, const Attrs& a) {
+  KILN_CHECK(op == OpKind::kConv || op == OpKind::kConvTranspose, kInternal, op_name(op),
+             " is not in the conv family");
+  const bool transpose = op == OpKind::kConvTranspose;
+  const char* name = op_name(op);
+  const TensorType& x = *in[0];
+  const TensorType& w = *in[1];
+  const TensorType* bias = in.size() > 2 ? in[2] : nullptr;
+
+  KILN_CHECK(is_floating(x.dtype), kInvalidArgument, name, ": x must be floating, got ", x.to_string());
+  KILN_CHECK(w.dtype == x.dtype, kInvalidArgument, name, ": weight ", w.to_string(), " must have the dtype of x ",
+             x.to_string());
+  KILN_CHECK(x.rank() == 3 || x.rank() == 4, kShapeMismatch, name,
+             ": x must be [N, C, *spatial] with 1 or 2 spatial dims, got ", x.to_string());
+  KILN_CHECK(w.rank() == x.rank(), kShapeMismatch, name, ": weight ", w.to_string(), " must have the rank of x ",
+             x.to_string());
+  const size_t nsp = size_t(x.rank() - 2);
+
+  int64_t groups = int_attr(op, a, "groups", 1);
+  KILN_CHECK(groups >= 1, kInvalidArgument, name, ": groups must be >= 1, got ", groups);
+  auto stride = spatial_attr(op, a, "stride", nsp, 1, 1);
+  auto padding = spatial_attr(op, a, "padding", nsp, 0, 0);
+  auto dilation = spatial_attr(op, a, "dilation", nsp, 1, 1);
+  std::vector<int64_t> out_pad(nsp, 0);
+  if (transpose) {
+    out_pad = spatial_attr(op, a, "output_padding", nsp, 0, 0);
+  } else if (a.has("output_padding")) {  // tolerated as all zeros (aten.convolution carries one)
+    auto op_list = spatial_attr(op, a, "output_padding", nsp, 0, 0);
+    KILN_CHECK(std::all_of(op_list.begin(), op_list.end(), [](int64_t v) { return v == 0; }), kInvalidArgument, name,
+               ": output_padding ", list_str(op_list), " applies to conv_transpose only");
+  }
+
+  const int64_t c = x.dims[1].extent;
+  KILN_CHECK(c % groups == 0, kShapeMismatch, name, ": input channels ", c, " of x ", x.to_string(),
+             " are not divisible by groups ", groups);
+  int64_t out_channels;
+  Dim out_c_dim;
+  if (!transpose) {
+    out_channels = w.dims[0].extent;
+    out_c_dim = w.dims[0];
+    KILN_CHECK(out_channels % groups == 0, kShapeMismatch, name, ": output channels ", out_channels, " of weight ",
+               w.to_string(), " are not divisible by groups ", groups);
+    KILN_CHECK(w.dims[1].extent * groups == c, kShapeMismatch, name, ": weight ", w.to_string(), " expects ",
+               w.dims[1].extent * groups, " input channels (", w.dims[1].extent, " per group x ", groups,
+               " groups), x ", x.to_string(), " has ", c);
+  } else {
+    KILN_CHECK(w.dims[0].extent == c, kShapeMismatch, name, ": weight ", w.to_string(),
+               " must be [C_in, C_out/groups, *kernel] with C_in = ", c, " from x ", x.to_string());
+    out_channels = w.dims[1].extent * groups;
+    out_c_dim.extent = out_channels;
+  }
+  KILN_CHECK(out_channels >= 1, kShapeMismatch, name, ": weight ", w.to_string(), " gives no output channels");
+  if (bias) {
+    KILN_CHECK(bias->dtype == x.dtype, kInvalidArgument, name, ": bias ", bias->to_string(),
+               " must have the dtype of x ", x.to_string());
+    KILN_CHECK(bias->rank() == 1 && bias->dims[0].extent == out_channels, kShapeMismatch, name, ": bias must be [",
+               out_channels, "], got ", bias->to_string());
+  }
+
+  TensorType out;
+  out.dtype = x.dtype;
+  out.dims.push_back(x.dims[0]);
+  out.dims.push_back(out_c_dim);
+  for (size_t i = 0; i < nsp; ++i) {
+    const int64_t in_size = x.dims[2 + i].extent, k = w.dims[2 + i].extent;
+    KILN_CHECK(k >= 1, kShapeMismatch, name, ": weight ", w.to_string(), " has an empty kernel");
+    const int64_t eff = dilation[i] * (k - 1) + 1;  // the kernel's extent with dilation
+    int64_t o;
+    if (!transpose) {
+      KILN_CHECK(in_size + 2 * padding[i] >= eff, kShapeMismatch, name, ": spatial dim ", i, " of x ",
+                 x.to_string(), " is ", in_size, " (", in_size + 2 * padding[i], " padded), smaller than the kernel's ",
+                 eff, " (dilated)");
+      o = (in_size + 2 * padding[i] - eff) / stride[i] + 1;
+    } else {
+      KILN_CHECK(out_pad[i] < stride[i] || out_pad[i] < dilation[i], kInvalidArgument, name, ": output_padding ",
+                 list_str(out_pad), " must be smaller than stride ", list_str(stride), " or dilation ",
+                 list_str(dilation));
+      o = (in_size - 1) * stride[i] - 2 * padding[i] + eff + out_pad[i];
+      KILN_CHECK(in_size >= 1 && o >= 1, kShapeMismatch, name, ": spatial dim ", i, " of x ", x.to_string(),
+                 " gives output size ", o, " (stride ", stride[i], ", padding ", padding[i], ")");
+    }
+    Dim d;
+    d.extent = o;
+    out.dims.push_back(d);
+  }
+  return {out};
 }
 
 }  // namespace kiln

@@ -1,10 +1,12 @@
-// STUB: shape rules of the fused family (to be written).
+// fused_pointwise has no shape rule: its output types are those of its body (Node::body),
+// which Graph::insert_fused and Graph::verify read directly. Asking for the rule means a
+// fused node is being built like an ordinary one, which only the fusion pass may do.
 #include "src/ops/shape_rules.h"
 
 namespace kiln {
 
 std::vector<TensorType> infer_fused(OpKind op, const TypeList&, const Attrs&) {
-  KILN_FAIL(kUnsupported, op_name(op), ": shape rule not implemented yet");
+  KILN_FAIL(kInvalidArgument, op_name(op), ": fused_pointwise nodes are created by the fusion pass");
 }
 
 }  // namespace kiln

@@ -1,10 +1,96 @@
-// STUB: shape rules of the matmul family (to be written).
+// Shape rules of the matmul family: matmul (numpy-style batched matrix product) and linear
+// (x @ w^T + bias, PyTorch's nn.Linear).
+//
+// Both take floating inputs of one dtype. Batch dims of matmul broadcast; the output keeps
+// the Dim (symbol and range) of whichever operand supplies a dim, so dynamic batch sizes
+// survive. 1-D operands are not accepted: importers add and remove the unit dims.
+#include <algorithm>
+
 #include "src/ops/shape_rules.h"
 
 namespace kiln {
 
-std::vector<TensorType> infer_matmul(OpKind op, const TypeList&, const Attrs&) {
-  KILN_FAIL(kUnsupported, op_name(op), ": shape rule not implemented yet");
+namespace {
+
+void check_floating(OpKind op, const char* what, const TensorType& t) {
+  KILN_CHECK(is_floating(t.dtype), kInvalidArgument, op_name(op), ": ", what, " must be floating, got ",
+             t.to_string());
+}
+
+void check_same_dtype(OpKind op, const char* what, const TensorType& t, const TensorType& first) {
+  KILN_CHECK(t.dtype == first.dtype, kInvalidArgument, op_name(op), ": ", what, " ", t.to_string(),
+             " must have the dtype of the first input ", first.to_string());
+}
+
+// numpy broadcasting of two dim lists (right-aligned), keeping symbols.
+std::vector<Dim> broadcast_dims(OpKind op, const std::vector<Dim>& a, const std::vector<Dim>& b,
+                                const TensorType& ta, const TensorType& tb) {
+  size_t r = std::max(a.size(), b.size());
+  std::vector<Dim> out(r);
+  for (size_t i = 0; i < r; ++i) {
+    const Dim* da = i < r - a.size() ? nullptr : &a[i - (r - a.size())];
+    const Dim* db = i < r - b.size() ? nullptr : &b[i - (r - b.size())];
+    if (!da || !db) {
+      out[i] = da ? *da : *db;
+    } else if (da->extent == db->extent) {
+      out[i] = da->is_static() ? *db : *da;
+    } else if (da->extent == 1) {
+      out[i] = *db;
+    } else if (db->extent == 1) {
+      out[i] = *da;
+    } else {
+      KILN_FAIL(kShapeMismatch, op_name(op), ": batch dims of ", ta.to_string(), " and ", tb.to_string(),
+                " do not broadcast (", da->extent, " vs ", db->extent, ")");
+    }
+  }
+  return out;
+}
+
+std::vector<TensorType> infer_matmul_op(OpKind op, const TensorType& a, const TensorType& b) {
+  check_floating(op, "a", a);
+  check_same_dtype(op, "b", b, a);
+  KILN_CHECK(a.rank() >= 2 && b.rank() >= 2, kShapeMismatch, op_name(op), ": both operands need rank >= 2, got ",
+             a.to_string(), " and ", b.to_string());
+  const Dim& k_a = a.dims[size_t(a.rank() - 1)];
+  const Dim& k_b = b.dims[size_t(b.rank() - 2)];
+  KILN_CHECK(k_a.extent == k_b.extent, kShapeMismatch, op_name(op), ": inner dims differ: ", a.to_string(), " @ ",
+             b.to_string(), " (", k_a.extent, " vs ", k_b.extent, ")");
+  std::vector<Dim> ba(a.dims.begin(), a.dims.end() - 2), bb(b.dims.begin(), b.dims.end() - 2);
+  TensorType out;
+  out.dtype = a.dtype;
+  out.dims = broadcast_dims(op, ba, bb, a, b);
+  out.dims.push_back(a.dims[size_t(a.rank() - 2)]);
+  out.dims.push_back(b.dims[size_t(b.rank() - 1)]);
+  return {out};
+}
+
+std::vector<TensorType> infer_linear(OpKind op, const TensorType& x, const TensorType& w, const TensorType* bias) {
+  check_floating(op, "x", x);
+  check_same_dtype(op, "weight", w, x);
+  KILN_CHECK(x.rank() >= 1, kShapeMismatch, op_name(op), ": x must have rank >= 1, got ", x.to_string());
+  KILN_CHECK(w.rank() == 2, kShapeMismatch, op_name(op), ": weight must be [out_features, in_features], got ",
+             w.to_string());
+  int64_t k = x.dims.back().extent;
+  KILN_CHECK(w.dims[1].extent == k, kShapeMismatch, op_name(op), ": x ", x.to_string(), " has ", k,
+             " features, weight ", w.to_string(), " expects ", w.dims[1].extent);
+  if (bias) {
+    check_same_dtype(op, "bias", *bias, x);
+    KILN_CHECK(bias->rank() == 1 && bias->dims[0].extent == w.dims[0].extent, kShapeMismatch, op_name(op),
+               ": bias must be [", w.dims[0].extent, "], got ", bias->to_string());
+  }
+  TensorType out = x;
+  out.dims.back() = w.dims[0];
+  return {out};
+}
+
+}  // namespace
+
+std::vector<TensorType> infer_matmul(OpKind op, const TypeList& in, const Attrs&) {
+  switch (op) {
+    case OpKind::kMatmul: return infer_matmul_op(op, *in[0], *in[1]);
+    case OpKind::kLinear: return infer_linear(op, *in[0], *in[1], in.size() > 2 ? in[2] : nullptr);
+    default: KILN_FAIL(kInternal, op_name(op), " is not in the matmul family");
+  }
 }
 
 }  // namespace kiln

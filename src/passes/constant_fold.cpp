@@ -1,8 +1,118 @@
-// STUB: fold_constants (to be written).
+// fold_constants: evaluates, at build time, every node whose inputs are all constants and
+// replaces its outputs by new constants.
+//
+// Does: one forward sweep in topological order, so whole constant chains fold at once (a folded
+// output is a constant for the nodes after it); generators (arange, full) have no inputs and
+// fold too. Evaluation runs the node on the CPU reference kernel, so a folded value is exactly
+// what the engine would have computed on the CPU. A copy of a constant is not re-materialized:
+// its users read the constant itself, and a copy that feeds a graph output stays (it is what
+// makes a constant output a distinct buffer). Values that lose their last use are dropped
+// (Graph::compact) before returning.
+// Does not: fold a node whose outputs would exceed kMaxFoldedBytes (a constant that large costs
+// engine size and load time more than computing it costs at run time), fold a node with a
+// symbolic output dim, or fold a node the CPU backend reports as unsupported (it stays a node).
+// Folded constants are not weights: refit cannot address them by name.
+#include "kiln/backend.h"
+#include "kiln/errors.h"
 #include "kiln/passes.h"
+#include "src/passes/pass_util.h"
 
 namespace kiln {
 
-bool fold_constants(Graph&) { return false; }
+namespace {
+
+constexpr size_t kMaxFoldedBytes = size_t(16) << 20;
+
+bool is_graph_output(const Graph& g, ValueId v) {
+  for (ValueId o : g.outputs())
+    if (o == v) return true;
+  return false;
+}
+
+bool all_inputs_constant(const Graph& g, const Node& n) {
+  for (ValueId in : n.inputs)
+    if (in != kNoValue && !g.value(in).is_constant()) return false;
+  return true;
+}
+
+bool small_and_static(const Graph& g, const Node& n) {
+  size_t bytes = 0;
+  for (ValueId out : n.outputs) {
+    const TensorType& t = g.type(out);
+    for (const Dim& d : t.dims)
+      if (!d.is_static()) return false;
+    bytes += t.nbytes();
+  }
+  return bytes <= kMaxFoldedBytes;
+}
+
+// Runs node `n` on the CPU reference kernel; one buffer per output. Returns false when the
+// CPU backend has no kernel for it.
+bool evaluate(const Graph& g, const Node& n, std::vector<std::shared_ptr<Bytes>>& results) {
+  Backend& cpu = get_backend(Device{});
+  std::unique_ptr<Kernel> kernel;
+  try {
+    kernel = cpu.make_kernel(n, g, KernelOptions{});
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kUnsupported) return false;
+    throw;
+  }
+  KILN_CHECK(kernel != nullptr, kInternal, "fold_constants: no CPU kernel for ", op_name(n.op));
+
+  std::vector<const void*> ins;
+  for (ValueId in : n.inputs) ins.push_back(in == kNoValue ? nullptr : g.value(in).data->data());
+  results.clear();
+  std::vector<void*> outs;
+  for (ValueId out : n.outputs) {
+    results.push_back(std::make_shared<Bytes>(g.type(out).nbytes()));
+    outs.push_back(results.back()->data());
+  }
+  RunContext rc;
+  std::shared_ptr<void> workspace;
+  if (size_t ws = kernel->workspace_size()) {
+    workspace = cpu.allocate(ws);
+    rc.workspace = workspace.get();
+    rc.workspace_size = ws;
+  }
+  kernel->run(ins.data(), outs.data(), rc);
+  return true;
+}
+
+}  // namespace
+
+bool fold_constants(Graph& g) {
+  bool changed = false;
+  std::vector<std::shared_ptr<Bytes>> results;
+  for (size_t i = 0; i < g.nodes().size();) {
+    const Node& n = *g.nodes()[i];
+    if (n.op == OpKind::kCopy) {
+      ValueId src = n.inputs[0], out = n.outputs[0];
+      if (g.value(src).is_constant() && !is_graph_output(g, out)) {
+        g.replace_all_uses(out, src);
+        g.erase_node(i);
+        changed = true;
+        continue;
+      }
+      ++i;
+      continue;
+    }
+    if (!all_inputs_constant(g, n) || !small_and_static(g, n) || !evaluate(g, n, results)) {
+      ++i;
+      continue;
+    }
+    const std::vector<ValueId> outs = n.outputs;  // n is gone after erase_node
+    for (size_t k = 0; k < outs.size(); ++k) {
+      TensorType t = g.type(outs[k]);
+      ValueId c = g.add_constant(passes::derived_constant_name(g, "folded"), t, std::move(results[k]));
+      g.replace_all_uses(outs[k], c);
+    }
+    // replace_all_uses may append copies (for graph outputs) after the last node: index i still
+    // names this node.
+    g.erase_node(i);
+    changed = true;
+  }
+  if (changed) g.compact();
+  return changed;
+}
 
 }  // namespace kiln

@@ -1,10 +1,280 @@
-// STUB: CPU kernels of the fused family (to be written).
+// CPU kernel of fused_pointwise: runs the node's body (a graph of unary / binary / where / cast
+// ops, every op output of the group shape) block by block, so every intermediate stays in a
+// cache-sized scratch block instead of a full tensor.
+//
+// The factory compiles the body into steps over value references:
+//   - a leaf (body input or constant) that already holds the compute type and the group shape,
+//     or is a single element, is read in place (stride 1, or 0 for one element); constants are
+//     converted to the compute type at build time (the fusion pass only copies small, non-weight
+//     constants into bodies);
+//   - any other leaf (another dtype, or a shape that broadcasts, like a [C] bias against
+//     [N, C]) is loaded into a scratch slot per block, through a pw::BroadcastPlan;
+//   - every op writes its own scratch slot, computed with the same pw:: array loops as the
+//     unfused kernels, so a fused f32 chain equals the unfused one bit for bit.
+// The compute type is f32, or f64 when any body value is f64, i64 or i32 (integers stay exact
+// up to 2^53). Values of integer dtype keep integer semantics: div truncates (x / 0 == 0),
+// results wrap to their dtype, clamp bounds round inward. Casts round as cast does (to f16,
+// bf16, f32, integers, bool); other intermediates are not rounded to a 16-bit dtype, as in
+// other fusing compilers. Blocks split over threads, each part with its own scratch slots.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+
 #include "src/backends/cpu/kernels.h"
+#include "src/ops/pointwise.h"
 
 namespace kiln::cpu {
 
-std::unique_ptr<Kernel> make_fused_kernel(const Node& n, const Graph&) {
-  KILN_FAIL(kUnsupported, op_name(n.op), ": no CPU kernel yet");
+namespace {
+
+constexpr int64_t kBlock = 1024;
+constexpr int64_t kSerialBelow = 32768;  // elements under which one thread runs everything
+
+template <typename T>
+constexpr DType compute_dtype() {
+  return std::is_same_v<T, double> ? DType::kF64 : DType::kF32;
+}
+
+template <typename T>
+void load_run(const void* p, DType dt, int64_t off, T* dst, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    to_f32(static_cast<const uint8_t*>(p) + off * int64_t(dtype_size(dt)), dt, dst, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = load_as_double(p, dt, off + i);
+  }
+}
+
+template <typename T>
+struct Program {
+  // Where a body value's block lives: a scratch slot, a node input read in place, or a
+  // converted constant. `scalar`: one element for the whole group (stride 0).
+  struct Ref {
+    int slot = -1, input = -1;
+    std::shared_ptr<const std::vector<T>> constant;
+    bool scalar = false;
+  };
+  // A leaf loaded into a slot each block.
+  struct Load {
+    int slot, input;  // input < 0: from `constant`
+    std::shared_ptr<const std::vector<T>> constant;
+    DType dtype;
+    bool scalar;
+    pw::BroadcastPlan plan;
+  };
+  struct Step {
+    OpKind op;
+    pw::UnaryParams params;
+    DType out_dtype;
+    std::vector<int> in;  // value indices
+    int out;              // value index (a slot)
+  };
+
+  std::vector<Ref> vals;
+  std::vector<Load> loads;
+  std::vector<Step> steps;
+  std::vector<std::pair<int, DType>> outputs;  // value index, node output dtype
+  int slots = 0;
+  int64_t numel = 0;
+
+  const T* ptr(int v, const void* const* in, T* scratch, int64_t start) const {
+    const Ref& r = vals[size_t(v)];
+    const int64_t off = r.scalar ? 0 : start;
+    if (r.slot >= 0) return scratch + int64_t(r.slot) * kBlock;
+    if (r.input >= 0) return static_cast<const T*>(in[r.input]) + off;
+    return r.constant->data() + off;
+  }
+  int64_t stride(int v) const { return vals[size_t(v)].scalar ? 0 : 1; }
+
+  void run_block(const void* const* in, void* const* out, T* scratch, int64_t start, int64_t len) const;
+};
+
+template <typename T>
+void Program<T>::run_block(const void* const* in, void* const* out, T* scratch, int64_t start, int64_t len) const {
+  for (const Load& l : loads) {
+    T* dst = scratch + int64_t(l.slot) * kBlock;
+    const void* src = l.input >= 0 ? in[l.input] : l.constant->data();
+    const DType dt = l.input >= 0 ? l.dtype : compute_dtype<T>();
+    if (l.scalar) {
+      load_run(src, dt, 0, dst, 1);
+      continue;
+    }
+    l.plan.for_each_run(start, start + len, [&](const int64_t* off, int64_t o, int64_t n) {
+      if (l.plan.inner_stride(0)) {
+        load_run(src, dt, off[0], dst + (o - start), n);
+      } else {
+        T v;
+        load_run(src, dt, off[0], &v, 1);
+        std::fill(dst + (o - start), dst + (o - start + n), v);
+      }
+    });
+  }
+  uint8_t flags[kBlock];
+  for (const Step& s : steps) {
+    T* y = scratch + int64_t(vals[size_t(s.out)].slot) * kBlock;
+    const T* a = ptr(s.in[0], in, scratch, start);
+    const int64_t sa = stride(s.in[0]);
+    const OpFamily fam = op_info(s.op).family;
+    if (fam == OpFamily::kUnary || s.op == OpKind::kCopy || fam == OpFamily::kCast) {
+      const int64_t m = sa ? len : 1;  // a one-element input: compute once, then fill
+      if (fam == OpFamily::kUnary) {
+        pw::unary_array(s.op, s.params, a, y, m);
+      } else if (s.op == OpKind::kCopy || s.out_dtype == compute_dtype<T>()) {
+        std::memmove(y, a, size_t(m) * sizeof(T));
+      } else if (s.out_dtype == DType::kF32) {
+        for (int64_t i = 0; i < m; ++i) y[i] = static_cast<T>(static_cast<float>(a[i]));
+      } else if (s.out_dtype == DType::kF16) {
+        for (int64_t i = 0; i < m; ++i) y[i] = half_to_float(float_to_half(static_cast<float>(a[i])));
+      } else if (s.out_dtype == DType::kBF16) {
+        for (int64_t i = 0; i < m; ++i) y[i] = bf16_to_float(float_to_bf16(static_cast<float>(a[i])));
+      } else {
+        for (int64_t i = 0; i < m; ++i) y[i] = static_cast<T>(pw::cast_value(double(a[i]), s.out_dtype));
+      }
+      if (m < len) std::fill(y + 1, y + len, y[0]);
+    } else if (fam == OpFamily::kWhere) {
+      const T* b = ptr(s.in[1], in, scratch, start);
+      const T* c = ptr(s.in[2], in, scratch, start);
+      const int64_t sb = stride(s.in[1]), sc = stride(s.in[2]);
+      for (int64_t i = 0; i < len; ++i) y[i] = pw::where_value(a[i * sa] != T(0), b[i * sb], c[i * sc]);
+    } else {
+      const T* b = ptr(s.in[1], in, scratch, start);
+      const int64_t sb = stride(s.in[1]);
+      if (s.out_dtype == DType::kBool) {
+        pw::compare_array(s.op, a, sa, b, sb, flags, len);
+        for (int64_t i = 0; i < len; ++i) y[i] = T(flags[i]);
+      } else if (s.op == OpKind::kDiv && is_integral(s.out_dtype)) {
+        for (int64_t i = 0; i < len; ++i) {
+          const T d = b[i * sb];
+          y[i] = d == T(0) ? T(0) : std::trunc(a[i * sa] / d);
+        }
+      } else {
+        pw::binary_array(s.op, a, sa, b, sb, y, len);
+      }
+    }
+    if (is_integral(s.out_dtype) && fam != OpFamily::kCast)  // wrap like the integer kernels
+      for (int64_t i = 0; i < len; ++i) y[i] = static_cast<T>(pw::wrap_integer(double(y[i]), s.out_dtype));
+  }
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    const auto [v, dt] = outputs[k];
+    const T* src = ptr(v, in, scratch, start);
+    const int64_t sv = stride(v);
+    if (dt == compute_dtype<T>() && sv == 1) {
+      std::memcpy(static_cast<T*>(out[k]) + start, src, size_t(len) * sizeof(T));
+      continue;
+    }
+    if constexpr (std::is_same_v<T, float>) {
+      if (sv == 1 && is_floating(dt)) {
+        from_f32(src, dt, static_cast<uint8_t*>(out[k]) + start * int64_t(dtype_size(dt)), len);
+        continue;
+      }
+    }
+    for (int64_t i = 0; i < len; ++i) {
+      if constexpr (std::is_same_v<T, float>) store_f32(out[k], dt, start + i, src[i * sv]);
+      else store_double(out[k], dt, start + i, src[i * sv]);
+    }
+  }
+}
+
+template <typename T>
+std::shared_ptr<const Program<T>> compile(const Node& n, const Graph& g) {
+  const Graph& body = *n.body;
+  const std::vector<int64_t> group = g.type(n.outputs[0]).shape();
+  auto prog = std::make_shared<Program<T>>();
+  Program<T>& p = *prog;
+  p.numel = g.type(n.outputs[0]).numel();
+  std::vector<int> index(size_t(body.num_values()), -1);
+  const int64_t group_numel = p.numel;
+
+  auto leaf = [&](ValueId v, int input) {
+    const TensorType& t = body.type(v);
+    typename Program<T>::Ref r;
+    r.scalar = t.numel() == 1 && group_numel != 1;
+    const bool dense = t.shape() == group || t.numel() == group_numel;
+    if (input < 0) {
+      auto c = std::make_shared<std::vector<T>>(size_t(t.numel()));
+      for (int64_t i = 0; i < t.numel(); ++i) (*c)[size_t(i)] = T(load_as_double(body.value(v).data->data(), t.dtype, i));
+      r.constant = c;
+    }
+    const bool in_place = (r.scalar || dense) && (input < 0 || t.dtype == compute_dtype<T>());
+    if (in_place) {
+      r.input = input;
+    } else {
+      r.slot = p.slots++;
+      p.loads.push_back({r.slot, input, r.constant, t.dtype, r.scalar, pw::plan_broadcast(group, {t.shape()})});
+    }
+    index[size_t(v)] = int(p.vals.size());
+    p.vals.push_back(r);
+  };
+  for (size_t i = 0; i < body.inputs().size(); ++i) leaf(body.inputs()[i], int(i));
+  for (ValueId c : body.constants()) leaf(c, -1);
+
+  for (const auto& node : body.nodes()) {
+    const bool ok = op_info(node->op).pointwise() || node->op == OpKind::kCopy;
+    KILN_CHECK(ok, kUnsupported, "fused_pointwise: body op ", op_name(node->op), " is not pointwise");
+    KILN_CHECK(node->outputs.size() == 1, kInternal, "fused_pointwise: body op with ", node->outputs.size(), " outputs");
+    const TensorType& ot = body.type(node->outputs[0]);
+    KILN_CHECK(ot.shape() == group, kInternal, "fused_pointwise: body op ", op_name(node->op), " gives ",
+               ot.to_string(), ", not the group shape");
+    typename Program<T>::Step s;
+    s.op = node->op;
+    if (op_info(node->op).family == OpFamily::kUnary) {
+      s.params = pw::UnaryParams::from(node->op, node->attrs);
+      if (is_integral(ot.dtype)) s.params.lo = std::ceil(s.params.lo), s.params.hi = std::floor(s.params.hi);
+    }
+    s.out_dtype = ot.dtype;
+    for (ValueId in : node->inputs) {
+      KILN_CHECK(in >= 0 && index[size_t(in)] >= 0, kInternal, "fused_pointwise: body op ", op_name(node->op),
+                 " reads a value defined after it");
+      s.in.push_back(index[size_t(in)]);
+    }
+    typename Program<T>::Ref r;
+    r.slot = p.slots++;
+    s.out = int(p.vals.size());
+    index[size_t(node->outputs[0])] = s.out;
+    p.vals.push_back(r);
+    p.steps.push_back(std::move(s));
+  }
+  for (size_t k = 0; k < body.outputs().size(); ++k)
+    p.outputs.emplace_back(index.at(size_t(body.outputs()[k])), g.type(n.outputs[k]).dtype);
+  return prog;
+}
+
+template <typename T>
+std::unique_ptr<Kernel> make(const Node& n, const Graph& g) {
+  auto prog = compile<T>(n, g);
+  const int64_t blocks = (prog->numel + kBlock - 1) / kBlock;
+  const int64_t parts = prog->numel < kSerialBelow ? 1 : std::min<int64_t>(blocks, int64_t(num_threads()) * 4);
+  const int64_t per_part = int64_t(prog->slots) * kBlock;
+  const size_t ws = size_t(std::max<int64_t>(parts, 1) * per_part) * sizeof(T);
+  auto fn = [prog, blocks, parts, per_part, ws](const void* const* in, void* const* out, const RunContext& ctx) {
+    KILN_CHECK(ws == 0 || (ctx.workspace && ctx.workspace_size >= ws), kInternal, "fused_pointwise: workspace of ",
+               ctx.workspace_size, " bytes, kernel needs ", ws);
+    T* scratch = static_cast<T*>(ctx.workspace);
+    parallel_for(parts, 1, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p)
+        for (int64_t b = blocks * p / parts; b < blocks * (p + 1) / parts; ++b)
+          prog->run_block(in, out, scratch + p * per_part, b * kBlock, std::min(kBlock, prog->numel - b * kBlock));
+    });
+  };
+  std::string desc = "cpu fused_pointwise " + std::to_string(prog->steps.size()) + " ops in " +
+                     dtype_name(compute_dtype<T>()) + ", blocks of " + std::to_string(kBlock);
+  return make_fn_kernel(fn, desc, ws);
+}
+
+}  // namespace
+
+std::unique_ptr<Kernel> make_fused_kernel(const Node& n, const Graph& g) {
+  KILN_CHECK(n.op == OpKind::kFusedPointwise && n.body != nullptr, kInternal, "fused_pointwise node without a body");
+  const Graph& body = *n.body;
+  KILN_CHECK(body.inputs().size() == n.inputs.size() && body.outputs().size() == n.outputs.size(), kInternal,
+             "fused_pointwise: body has ", body.inputs().size(), " inputs and ", body.outputs().size(),
+             " outputs, node has ", n.inputs.size(), " and ", n.outputs.size());
+  bool wide = false;
+  for (ValueId v = 0; v < body.num_values(); ++v) {
+    const DType dt = body.type(v).dtype;
+    wide |= dt == DType::kF64 || dt == DType::kI64 || dt == DType::kI32;
+  }
+  return wide ? make<double>(n, g) : make<float>(n, g);
 }
 
 }  // namespace kiln::cpu
