@@ -1,3 +1,299 @@
-// STUB: kiln-run (to be written).
+// kiln-run: load a Kiln engine file, run it on random or given inputs, report latency and
+// throughput, and optionally write the outputs as .npy files.
+//
+//   kiln-run ENGINE [--inputs a.npy,b.npy] [--iterations N] [--warmup N] [--outputs DIR]
+//            [--threads N] [--device cpu|cuda:N] [--seed N] [--info]
+//
+// Random inputs are deterministic (a fixed generator, not the C++ library's distributions,
+// so every platform draws the same numbers): floats uniform in [-1, 1], integers in [0, 3],
+// bools 0/1. .npy conventions (bf16 as '<u2' raw bits) are in src/serialize/npy.h.
+// Exit status: 0 success, 1 runtime error ("kiln-run: error: ..."), 2 usage error.
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
 #include <cstdio>
-int main() { std::fprintf(stderr, "kiln-run: not implemented yet\n"); return 1; }
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "src/serialize/engine_file.h"
+#include "src/serialize/npy.h"
+#include "kiln/kiln.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: kiln-run ENGINE [--inputs a.npy,b.npy] [--iterations N] [--warmup N] [--outputs DIR]\n"
+    "                [--threads N] [--device cpu|cuda:N] [--seed N] [--info]\n"
+    "  --inputs      one .npy per engine input, in order (default: random inputs)\n"
+    "  --iterations  timed runs (default 100)   --warmup  untimed runs first (default 10)\n"
+    "  --outputs     write each output to DIR/out<i>_<name>.npy\n"
+    "  --threads     CPU worker threads          --device  default: the engine file's backend\n"
+    "  --info        print the engine's plan and build log, then exit\n";
+
+struct UsageError {
+  std::string message;
+};
+
+struct Options {
+  std::string engine;
+  std::vector<std::string> inputs;
+  int64_t iterations = 100, warmup = 10, threads = 0;
+  uint64_t seed = 0;
+  std::string outputs, device;
+  bool info = false;
+};
+
+int64_t parse_count(const std::string& flag, const std::string& text, int64_t min) {
+  int64_t v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || v < min)
+    throw UsageError{flag + " needs an integer >= " + std::to_string(min) + ", got '" + text + "'"};
+  return v;
+}
+
+Options parse_args(int argc, char** argv) {
+  Options o;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string a = args[i], value;
+    bool has_value = false;
+    if (a.rfind("--", 0) == 0 && a.find('=') != std::string::npos) {
+      value = a.substr(a.find('=') + 1);
+      a = a.substr(0, a.find('='));
+      has_value = true;
+    }
+    auto take = [&]() -> std::string {
+      if (has_value) return value;
+      if (i + 1 >= args.size()) throw UsageError{a + " needs a value"};
+      return args[++i];
+    };
+    if (a == "--inputs") {
+      std::string list = take();
+      for (size_t start = 0; start <= list.size();) {
+        size_t comma = std::min(list.find(',', start), list.size());
+        if (comma == start) throw UsageError{"--inputs has an empty file name in '" + list + "'"};
+        o.inputs.push_back(list.substr(start, comma - start));
+        start = comma + 1;
+      }
+    } else if (a == "--iterations") {
+      o.iterations = parse_count(a, take(), 0);
+    } else if (a == "--warmup") {
+      o.warmup = parse_count(a, take(), 0);
+    } else if (a == "--threads") {
+      o.threads = parse_count(a, take(), 1);
+    } else if (a == "--seed") {
+      o.seed = uint64_t(parse_count(a, take(), 0));
+    } else if (a == "--outputs") {
+      o.outputs = take();
+    } else if (a == "--device") {
+      o.device = take();
+    } else if (a == "--info" && !has_value) {
+      o.info = true;
+    } else if (a.rfind("-", 0) == 0 && a.size() > 1) {
+      throw UsageError{"unknown option '" + args[i] + "'"};
+    } else if (o.engine.empty()) {
+      o.engine = a;
+    } else {
+      throw UsageError{"more than one engine file given ('" + o.engine + "', '" + a + "')"};
+    }
+  }
+  if (o.engine.empty()) throw UsageError{"no engine file given"};
+  return o;
+}
+
+// splitmix64: small, fast and the same everywhere.
+struct Rng {
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  float uniform() { return float(next() >> 40) / float(1 << 24) * 2.0f - 1.0f; }  // [-1, 1)
+};
+
+kiln::Bytes random_tensor(const kiln::TensorType& t, Rng& rng) {
+  using kiln::DType;
+  kiln::Bytes b(t.nbytes());
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    uint8_t* p = b.data() + size_t(i) * kiln::dtype_size(t.dtype);
+    float f = rng.uniform();
+    int64_t k = int64_t(rng.next() % 4);
+    switch (t.dtype) {
+      case DType::kF32: std::memcpy(p, &f, 4); break;
+      case DType::kF64: { double d = f; std::memcpy(p, &d, 8); break; }
+      case DType::kF16: { uint16_t h = kiln::float_to_half(f); std::memcpy(p, &h, 2); break; }
+      case DType::kBF16: { uint16_t h = kiln::float_to_bf16(f); std::memcpy(p, &h, 2); break; }
+      case DType::kI64: std::memcpy(p, &k, 8); break;
+      case DType::kI32: { int32_t v = int32_t(k); std::memcpy(p, &v, 4); break; }
+      case DType::kI8: case DType::kU8: *p = uint8_t(k); break;
+      case DType::kBool: *p = uint8_t(k & 1); break;
+    }
+  }
+  return b;
+}
+
+std::string file_safe(const std::string& name) {
+  std::string s = name.empty() ? "output" : name;
+  for (char& c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.') c = '_';
+  return s;
+}
+
+std::string describe(const kiln::IOTensor& t) { return t.name + ": " + t.type.to_string(); }
+
+int run(const Options& o) {
+  if (o.threads > 0) setenv("KILN_NUM_THREADS", std::to_string(o.threads).c_str(), 1);
+  std::ifstream in(o.engine, std::ios::binary);
+  if (std::filesystem::is_directory(o.engine)) KILN_FAIL(kIo, "engine file '", o.engine, "' is a directory");
+  if (!in) KILN_FAIL(kIo, "cannot open engine file '", o.engine, "': ", std::strerror(errno));
+  kiln::Bytes file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto header = kiln::serialize::read_engine_header(file.data(), file.size());
+  kiln::Device device = !o.device.empty() ? kiln::Device::parse(o.device)
+                                          : header.backend == "cuda" ? kiln::Device{kiln::DeviceType::kCUDA, 0}
+                                                                     : kiln::Device{};
+  auto engine = kiln::Engine::deserialize(file.data(), file.size(), device);
+  const kiln::Graph& g = engine->graph();
+
+  std::printf("engine: %s (%zu bytes, Kiln %s, %s device '%s')\n", o.engine.c_str(), file.size(),
+              header.kiln_version.c_str(), header.backend.c_str(), header.device_name.c_str());
+  std::printf("inputs:\n");
+  for (size_t i = 0; i < engine->inputs().size(); ++i) std::printf("  %zu %s\n", i, describe(engine->inputs()[i]).c_str());
+  std::printf("outputs:\n");
+  for (size_t i = 0; i < engine->outputs().size(); ++i) std::printf("  %zu %s\n", i, describe(engine->outputs()[i]).c_str());
+  size_t weight_bytes = 0, shown = 0, nweights = 0;
+  for (kiln::ValueId c : g.constants()) {
+    nweights += g.value(c).is_weight ? 1 : 0;
+    weight_bytes += g.value(c).data->size();
+  }
+  std::printf("weights: %zu (constants %zu bytes in all)\n", nweights, weight_bytes);
+  for (kiln::ValueId c : g.constants()) {
+    const kiln::Value& v = g.value(c);
+    if (!v.is_weight) continue;
+    if (!o.info && shown == 20) {
+      std::printf("  ... %zu more (--info lists all)\n", nweights - shown);
+      break;
+    }
+    std::printf("  %s: %s\n", v.name.c_str(), v.type.to_string().c_str());
+    ++shown;
+  }
+  if (o.info) {
+    std::printf("plan (%zu nodes, arena %zu bytes, workspace %zu bytes):\n%s", g.nodes().size(),
+                engine->memory_plan().arena_bytes, engine->workspace_size(), g.to_string().c_str());
+    std::printf("build log:\n%s", engine->build_log().c_str());
+    return 0;
+  }
+
+  // Host inputs: given files (checked against the engine) or random.
+  std::vector<kiln::Bytes> host_in;
+  const auto& want = engine->inputs();
+  if (!o.inputs.empty()) {
+    KILN_CHECK(o.inputs.size() == want.size(), kInvalidArgument, "the engine takes ", want.size(),
+               " inputs, --inputs gives ", o.inputs.size(), " files");
+    for (size_t i = 0; i < want.size(); ++i) {
+      kiln::npy::Array a = kiln::npy::read_file(o.inputs[i]);
+      kiln::TensorType got(a.dtype, a.shape);
+      KILN_CHECK(a.dtype == want[i].type.dtype && a.shape == want[i].type.shape(), kInvalidArgument, "input ", i,
+                 " '", want[i].name, "' must be ", want[i].type.to_string(), ", '", o.inputs[i], "' holds ",
+                 got.to_string());
+      host_in.push_back(std::move(a.data));
+    }
+  } else {
+    for (size_t i = 0; i < want.size(); ++i) {
+      Rng rng{o.seed * 1000003u + i};
+      host_in.push_back(random_tensor(want[i].type, rng));
+    }
+  }
+
+  kiln::Backend& be = kiln::get_backend(device);
+  std::vector<std::shared_ptr<void>> dev_in, dev_out;
+  std::vector<const void*> in_ptrs;
+  std::vector<void*> out_ptrs;
+  for (size_t i = 0; i < want.size(); ++i) {
+    dev_in.push_back(be.allocate(host_in[i].size()));
+    be.copy_from_host(dev_in.back().get(), host_in[i].data(), host_in[i].size(), nullptr);
+    in_ptrs.push_back(dev_in.back().get());
+  }
+  for (const auto& out : engine->outputs()) {
+    dev_out.push_back(be.allocate(out.type.nbytes()));
+    out_ptrs.push_back(dev_out.back().get());
+  }
+  be.synchronize(nullptr);
+
+  auto ctx = engine->create_execution_context();
+  auto once = [&] {
+    ctx->execute(in_ptrs, out_ptrs, nullptr);
+    be.synchronize(nullptr);
+  };
+  int64_t warmup = o.warmup;
+  if (o.iterations == 0 && warmup == 0 && !o.outputs.empty()) warmup = 1;  // outputs need one run
+  for (int64_t i = 0; i < warmup; ++i) once();
+  std::vector<double> ms;
+  for (int64_t i = 0; i < o.iterations; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    once();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::printf("ran on %s: %lld warmup + %lld timed runs, %s inputs\n", device.to_string().c_str(),
+              static_cast<long long>(warmup), static_cast<long long>(o.iterations),
+              o.inputs.empty() ? "random" : "given");
+  if (!ms.empty()) {
+    double total = 0;
+    for (double t : ms) total += t;
+    std::sort(ms.begin(), ms.end());
+    size_t n = ms.size();
+    double median = n % 2 ? ms[n / 2] : (ms[n / 2 - 1] + ms[n / 2]) / 2;
+    double p90 = ms[(n * 9 + 9) / 10 - 1];  // nearest rank: ceil(0.9 n)
+    std::printf("latency: median %.4f ms, p90 %.4f ms, min %.4f ms, mean %.4f ms\n", median, p90, ms.front(),
+                total / double(n));
+    std::printf("throughput: %.2f inferences/s\n", total > 0 ? 1000.0 * double(n) / total : 0.0);
+  }
+
+  if (!o.outputs.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.outputs, ec);
+    KILN_CHECK(!ec, kIo, "cannot create output directory '", o.outputs, "': ", ec.message());
+    for (size_t i = 0; i < engine->outputs().size(); ++i) {
+      const auto& out = engine->outputs()[i];
+      kiln::Bytes host(out.type.nbytes());
+      be.copy_to_host(host.data(), dev_out[i].get(), host.size(), nullptr);
+      be.synchronize(nullptr);
+      std::string path = (std::filesystem::path(o.outputs) / ("out" + std::to_string(i) + "_" + file_safe(out.name) +
+                                                              ".npy")).string();
+      kiln::npy::write_file(path, out.type.dtype, out.type.shape(), host.data(), host.size());
+      std::printf("wrote %s\n", path.c_str());
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  try {
+    for (int i = 1; i < argc; ++i)
+      if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+        std::fputs(kUsage, stdout);
+        return 0;
+      }
+    o = parse_args(argc, argv);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "kiln-run: error: %s\n%s", e.message.c_str(), kUsage);
+    return 2;
+  }
+  try {
+    return run(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kiln-run: error: %s\n", e.what());
+    return 1;
+  }
+}

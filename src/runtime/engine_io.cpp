@@ -1,14 +1,96 @@
-// STUB: engine files (to be written).
+// Engine::serialize / deserialize / save / load: engine files on top of src/serialize/.
+//
+// A loaded engine is made exactly like a built one (Engine::create on the rebuilt plan), so
+// it gets its kernels from the loading backend; the file records which backend and device
+// built it, and loading elsewhere is refused (kDeviceMismatch) rather than silently retuned.
+// save() writes a temporary file next to the target and renames it over the target, so a
+// reader never sees a half-written engine.
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
 #include "kiln/engine.h"
 #include "kiln/errors.h"
+#include "src/serialize/engine_file.h"
 
 namespace kiln {
 
-Bytes Engine::serialize() const { KILN_FAIL(kUnsupported, "serialize not implemented yet"); }
-std::shared_ptr<Engine> Engine::deserialize(const uint8_t*, size_t, const Device&) {
-  KILN_FAIL(kUnsupported, "deserialize not implemented yet");
+namespace {
+
+struct FileCloser {
+  void operator()(std::FILE* f) const {
+    if (f) std::fclose(f);
+  }
+};
+using File = std::unique_ptr<std::FILE, FileCloser>;
+
+[[noreturn]] void io_fail(const char* what, const std::string& path, int err) {
+  KILN_FAIL(kIo, "cannot ", what, " engine file '", path, "': ", std::strerror(err));
 }
-void Engine::save(const std::string&) const { KILN_FAIL(kUnsupported, "save not implemented yet"); }
-std::shared_ptr<Engine> Engine::load(const std::string&, const Device&) { KILN_FAIL(kUnsupported, "load not implemented yet"); }
+
+}  // namespace
+
+Bytes Engine::serialize() const {
+  serialize::EngineFile f;
+  f.kiln_version = kKilnVersion;
+  f.backend = backend_->name();
+  f.device_name = backend_->device_name();
+  f.plan = plan_;
+  f.options = options_;
+  f.build_log = log_;
+  return serialize::write_engine_file(f);
+}
+
+std::shared_ptr<Engine> Engine::deserialize(const uint8_t* data, size_t size, const Device& device) {
+  Backend& be = get_backend(device);
+  serialize::EngineFile f = serialize::read_engine_file(data, size, be.name(), be.device_name());
+  std::string log = f.build_log + "loaded from an engine file (" + std::to_string(size) + " bytes, written by Kiln " +
+                    f.kiln_version + ")\n";
+  return Engine::create(std::move(f.plan), device, f.options, std::move(log));
+}
+
+void Engine::save(const std::string& path) const {
+  KILN_CHECK(!path.empty(), kInvalidArgument, "Engine::save needs a path");
+  Bytes bytes = serialize();
+  static std::atomic<unsigned> counter{0};
+  std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+  {
+    File f(std::fopen(tmp.c_str(), "wb"));
+    if (!f) io_fail("write", tmp, errno);
+    bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f.get()) == bytes.size() && std::fflush(f.get()) == 0;
+    int err = errno;
+    int closed = std::fclose(f.release());
+    if (!ok || closed != 0) {
+      if (ok) err = errno;
+      std::remove(tmp.c_str());
+      io_fail("write", tmp, err);
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    std::remove(tmp.c_str());
+    io_fail("write", path, err);
+  }
+}
+
+std::shared_ptr<Engine> Engine::load(const std::string& path, const Device& device) {
+  File f(std::fopen(path.c_str(), "rb"));
+  if (!f) io_fail("open", path, errno);
+  Bytes bytes;
+  uint8_t chunk[1 << 16];
+  size_t n;
+  while ((n = std::fread(chunk, 1, sizeof chunk, f.get())) > 0) bytes.insert(bytes.end(), chunk, chunk + n);
+  if (std::ferror(f.get())) io_fail("read", path, errno);
+  try {
+    return deserialize(bytes.data(), bytes.size(), device);
+  } catch (const Error& e) {
+    throw Error(e.code(), std::string(e.what()).substr(std::strlen(error_code_name(e.code())) + 3) + " (file '" +
+                              path + "')");
+  }
+}
 
 }  // namespace kiln

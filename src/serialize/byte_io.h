@@ -1,0 +1,145 @@
+// Little-endian byte writer and bounds-checked byte reader for engine files.
+//
+// Values are written byte by byte (not memcpy of host integers) so the format is
+// little-endian on any host. The reader never reads past its span: every read checks the
+// bytes left and throws kTruncated naming how many bytes it needed, the absolute file offset
+// and the part of the file ("header", "section PLAN"); counts read from the file are checked
+// against the bytes left before anything is allocated for them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kiln/errors.h"
+#include "kiln/ir.h"
+
+namespace kiln::serialize {
+
+// FNV-1a, 64 bit: the engine file checksum.
+inline uint64_t fnv1a64(const uint8_t* data, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; ++i) {
+    h ^= data[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+class ByteWriter {
+ public:
+  void u8(uint8_t v) { buf_.push_back(v); }
+  void u32(uint32_t v) { put(v, 4); }
+  void u64(uint64_t v) { put(v, 8); }
+  void i32(int32_t v) { put(static_cast<uint32_t>(v), 4); }
+  void i64(int64_t v) { put(static_cast<uint64_t>(v), 8); }
+  void f64(double v) {
+    uint64_t bits;
+    std::memcpy(&bits, &v, 8);
+    put(bits, 8);
+  }
+  void str(const std::string& s) {
+    u32(static_cast<uint32_t>(s.size()));
+    bytes(s.data(), s.size());
+  }
+  void bytes(const void* p, size_t n) {
+    size_t at = buf_.size();
+    buf_.resize(at + n);
+    if (n) std::memcpy(buf_.data() + at, p, n);
+  }
+  // Zero bytes up to the next multiple of `alignment` from the start of the buffer.
+  void pad_to(size_t alignment) { buf_.resize((buf_.size() + alignment - 1) / alignment * alignment, 0); }
+  void patch_u64(size_t at, uint64_t v) {
+    for (int i = 0; i < 8; ++i) buf_[at + size_t(i)] = static_cast<uint8_t>(v >> (8 * i));
+  }
+  size_t size() const { return buf_.size(); }
+  Bytes& buffer() { return buf_; }
+
+ private:
+  void put(uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) buf_.push_back(static_cast<uint8_t>(v >> (8 * i)));
+  }
+  Bytes buf_;
+};
+
+class ByteReader {
+ public:
+  // A reader over [data, data + size), which sits at absolute offset `base` of the file.
+  ByteReader(const uint8_t* data, size_t size, size_t base, std::string where)
+      : data_(data), size_(size), base_(base), where_(std::move(where)) {}
+
+  uint8_t u8() { return static_cast<uint8_t>(get(1)); }
+  uint32_t u32() { return static_cast<uint32_t>(get(4)); }
+  uint64_t u64() { return get(8); }
+  int32_t i32() { return static_cast<int32_t>(u32()); }
+  int64_t i64() { return static_cast<int64_t>(u64()); }
+  double f64() {
+    uint64_t bits = u64();
+    double v;
+    std::memcpy(&v, &bits, 8);
+    return v;
+  }
+  std::string str() {
+    uint32_t n = u32();
+    const uint8_t* p = take(n);
+    return std::string(reinterpret_cast<const char*>(p), n);
+  }
+  // Returns a pointer to the next n bytes and skips them.
+  const uint8_t* take(uint64_t n) {
+    need(n);
+    const uint8_t* p = data_ + pos_;
+    pos_ += static_cast<size_t>(n);
+    return p;
+  }
+  // Skips the zero padding up to the next multiple of `alignment` of the absolute offset.
+  void align(size_t alignment) {
+    size_t abs = base_ + pos_;
+    size_t pad = (alignment - abs % alignment) % alignment;
+    const uint8_t* p = take(pad);
+    for (size_t i = 0; i < pad; ++i)
+      if (p[i] != 0) fail_corrupted(detail::concat("non-zero padding byte at offset ", abs + i));
+  }
+  // Reads a u32 (or u64) element count and checks that `count` records of at least
+  // `min_record_bytes` each fit in what is left, so a damaged count cannot make us allocate.
+  uint64_t count32(size_t min_record_bytes, const char* what) { return check_count(u32(), min_record_bytes, what); }
+  uint64_t count64(size_t min_record_bytes, const char* what) { return check_count(u64(), min_record_bytes, what); }
+  uint64_t check_count(uint64_t n, size_t min_record_bytes, const char* what) {
+    if (min_record_bytes > 0 && n > remaining() / min_record_bytes)
+      fail_corrupted(detail::concat("impossible count ", n, " of ", what, " (", remaining(),
+                                    " bytes remain) before offset ", offset()));
+    return n;
+  }
+
+  size_t remaining() const { return size_ - pos_; }
+  size_t offset() const { return base_ + pos_; }  // absolute file offset of the next byte
+  bool done() const { return pos_ == size_; }
+  const std::string& where() const { return where_; }
+
+  [[noreturn]] void fail_corrupted(const std::string& what) const {
+    KILN_FAIL(kCorrupted, "engine file corrupted: ", what, " in ", where_);
+  }
+
+ private:
+  void need(uint64_t n) const {
+    if (n > remaining())
+      KILN_FAIL(kTruncated, "engine file truncated: needed ", n, " bytes at offset ", offset(), " of ", where_,
+                ", only ", remaining(), " remain");
+  }
+  uint64_t get(int n) {
+    const uint8_t* p = take(static_cast<uint64_t>(n));
+    uint64_t v = 0;
+    for (int i = 0; i < n; ++i) v |= uint64_t(p[i]) << (8 * i);
+    return v;
+  }
+
+  const uint8_t* data_;
+  size_t size_;
+  size_t pos_ = 0;
+  size_t base_;
+  std::string where_;
+};
+
+}  // namespace kiln::serialize

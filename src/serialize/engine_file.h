@@ -1,0 +1,84 @@
+// Kiln engine files: the bytes Engine::serialize writes and Engine::deserialize reads.
+//
+// Layout, all integers little-endian; str = u32 byte length + UTF-8 bytes:
+//
+//   offset 0   magic "KILNENG\0"                       8 bytes
+//   offset 8   u32 format version (kEngineFormatVersion)
+//   offset 12  u64 file size in bytes, trailer included (tells truncation from corruption)
+//   offset 20  header: str kiln version, str backend name ("cpu", "cuda"),
+//              str device name (Backend::device_name()), u32 section count
+//              sections, each: u32 tag (four characters, first in the lowest byte, so the
+//              file reads "PLAN"), u64 payload length, payload
+//   size - 8   trailer: u64 FNV-1a 64 of every byte before it
+//
+// Sections (each exactly once, except BLOG which is optional; unknown tags are skipped so
+// that backends can add their own blobs):
+//   PLAN  the plan Graph:
+//           graph := u32 nvalues, value*, u32 nnodes, node*, u32 ninputs, i32 id*,
+//                    u32 noutputs, i32 id*
+//           value := u8 flags (1 input, 2 weight, 4 constant), type, str name,
+//                    [u64 WGTS blob index, when a constant]
+//           type  := u8 dtype (DType enum), u32 rank, rank x (i64 extent, str symbol,
+//                    i64 min, i64 max)
+//           node  := str op name (names, not enum values, so renumbering ops never breaks
+//                    files), u32 n, i32 input id* (-1: absent), u32 n, i32 output id*,
+//                    u32 nattrs, (str key, u8 kind, payload)*, str name,
+//                    u8 has_body, [graph: the fused_pointwise body, recursively]
+//           attr kinds (AttrValue order): 0 bool (u8 0|1), 1 i64, 2 f64 (IEEE bits),
+//                    3 str, 4 u32 n + i64*, 5 u32 n + f64*, 6 dtype (u8)
+//         Value ids are dense; graph_codec.h says how they are kept across a round trip.
+//   WGTS  constant data: u64 count, then per blob u64 size, zero padding to the next file
+//         offset that is a multiple of 64, the bytes. Constants sharing bytes share a blob.
+//   OPTS  KernelOptions: i32 optimization level, u64 workspace limit.
+//   BLOG  the build log, str.
+//
+// Reading checks, in order: magic (kCorrupted), format version (kVersionMismatch, naming
+// both), file size (kTruncated when short, kCorrupted when long), then the checksum before
+// anything else is parsed (kCorrupted "checksum mismatch"), then backend and device name
+// against the loading backend (kDeviceMismatch, naming both). Every later read is bounds
+// checked (kTruncated naming the bytes needed, the offset and the section), counts are
+// checked against the bytes left before allocating, and the plan is rebuilt and verified
+// (kCorrupted naming the value, node or op).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "kiln/backend.h"
+#include "kiln/ir.h"
+
+namespace kiln::serialize {
+
+inline constexpr char kEngineMagic[8] = {'K', 'I', 'L', 'N', 'E', 'N', 'G', '\0'};
+inline constexpr uint32_t kEngineFormatVersion = 1;
+inline constexpr size_t kEngineHeaderFixedBytes = 20;  // magic, version, file size
+inline constexpr size_t kEngineTrailerBytes = 8;
+
+struct EngineFile {
+  std::string kiln_version;
+  std::string backend;      // Backend::name() of the backend that built it
+  std::string device_name;  // Backend::device_name()
+  Graph plan;
+  KernelOptions options;
+  std::string build_log;
+};
+
+Bytes write_engine_file(const EngineFile& file);
+
+struct EngineFileHeader {
+  uint32_t format_version = 0;
+  std::string kiln_version, backend, device_name;
+};
+// Checks magic, version, size and checksum and returns the header, without the sections
+// (to pick the device an engine file needs before loading it).
+EngineFileHeader read_engine_header(const uint8_t* data, size_t size);
+
+// Reads and checks a file for a backend named `backend` on a device named `device_name`.
+EngineFile read_engine_file(const uint8_t* data, size_t size, const std::string& backend,
+                            const std::string& device_name);
+
+// Recomputes the trailer of an engine file that was edited in place (tests, fuzzing).
+void reseal_engine_file(Bytes& file);
+
+}  // namespace kiln::serialize
