@@ -56,14 +56,15 @@ struct AttrPrinter {
   }
 };
 
-std::string value_ref(const Graph& g, ValueId v) {
+std::string value_ref(ValueId v) {
   if (v == kNoValue) return "_";
-  return "%" + std::to_string(v);
+  std::string s = "%";
+  return s += std::to_string(v);
 }
 
 std::string value_decl(const Graph& g, ValueId v) {
   const Value& val = g.value(v);
-  std::string s = "%" + std::to_string(v);
+  std::string s = value_ref(v);
   if (!val.name.empty() && (val.is_input || val.is_weight)) s += " \"" + val.name + "\"";
   return s + ": " + val.type.to_string();
 }
@@ -86,7 +87,7 @@ void print(const Graph& g, std::ostream& os, const std::string& indent) {
     os << indent << "  ";
     for (size_t i = 0; i < n->outputs.size(); ++i) os << (i ? ", " : "") << value_decl(g, n->outputs[i]);
     os << " = " << op_name(n->op) << "(";
-    for (size_t i = 0; i < n->inputs.size(); ++i) os << (i ? ", " : "") << value_ref(g, n->inputs[i]);
+    for (size_t i = 0; i < n->inputs.size(); ++i) os << (i ? ", " : "") << value_ref(n->inputs[i]);
     os << ")";
     if (!n->attrs.items().empty()) {
       os << " {";
@@ -108,7 +109,7 @@ void print(const Graph& g, std::ostream& os, const std::string& indent) {
   os << indent << "  return ";
   for (size_t i = 0; i < g.outputs().size(); ++i) {
     ValueId o = g.outputs()[i];
-    os << (i ? ", " : "") << value_ref(g, o);
+    os << (i ? ", " : "") << value_ref(o);
     if (!g.value(o).name.empty()) os << " \"" << g.value(o).name << "\"";
   }
   os << "\n" << indent << "}\n";

@@ -1,0 +1,740 @@
+"""Kiln core bindings: IR, builder, engine and runtime, ATen import.
+
+Type stub of the kiln._C extension (src/python/*.cpp). Regenerate with
+``python -m nanobind.stubgen -m kiln._C`` and keep the exception classes written out below;
+tests/python/test_core_bindings.py checks that every public name of the module is here.
+"""
+
+from collections.abc import Mapping, Sequence
+import enum
+import os
+from typing import Annotated, overload
+
+import numpy
+import numpy.typing
+from numpy.typing import NDArray
+
+
+class ErrorCode(enum.Enum):
+    """What kind of failure a KilnError reports."""
+
+    invalid_argument = 0
+
+    unsupported = 1
+
+    shape_mismatch = 2
+
+    truncated = 3
+
+    corrupted = 4
+
+    version_mismatch = 5
+
+    device_mismatch = 6
+
+    io = 7
+
+    internal = 8
+
+# The exception classes are created by the extension with __module__ "kiln" (the package
+# re-exports them); see src/python/module.cpp for the ErrorCode of each.
+class KilnError(RuntimeError):
+    code: ErrorCode
+
+class InvalidArgumentError(KilnError, ValueError): ...
+
+class UnsupportedError(KilnError, NotImplementedError): ...
+
+class ShapeMismatchError(KilnError, ValueError): ...
+
+class EngineFileError(KilnError): ...
+
+class TruncatedError(EngineFileError): ...
+
+class CorruptedError(EngineFileError): ...
+
+class VersionMismatchError(EngineFileError): ...
+
+class DeviceMismatchError(EngineFileError): ...
+
+class IoError(KilnError, OSError): ...
+
+class InternalError(KilnError): ...
+
+__version__: str
+
+class DType(enum.Enum):
+    """Element types of Kiln tensors."""
+
+    f32 = 0
+
+    f16 = 1
+
+    bf16 = 2
+
+    f64 = 3
+
+    i64 = 4
+
+    i32 = 5
+
+    i8 = 6
+
+    u8 = 7
+
+    bool = 8
+
+def dtype_size(dtype: DType) -> int:
+    """Bytes per element."""
+
+def dtype_from_name(name: str) -> DType:
+    """
+    'f32', 'f16', ... -> DType; raises InvalidArgumentError naming the valid names.
+    """
+
+def is_floating(dtype: DType) -> bool: ...
+
+def is_integral(dtype: DType) -> bool: ...
+
+def dtype_from_numpy(dtype: numpy.typing.DTypeLike) -> DType:
+    """
+    Anything numpy.dtype() accepts -> DType; raises UnsupportedError when Kiln has no such dtype.
+    """
+
+def dtype_to_numpy(dtype: DType) -> numpy.dtype:
+    """DType -> numpy.dtype; raises UnsupportedError for bf16."""
+
+def op_names() -> list[str]:
+    """Every Kiln op, in the order of KILN_OP_LIST."""
+
+def op_family(op: str) -> str:
+    """
+    The family of an op ('unary', 'binary', ...), as in include/kiln/ops.h.
+    """
+
+class Dim:
+    """
+    One dimension: a concrete extent, optionally a symbol with a [min, max] range.
+    """
+
+    @overload
+    def __init__(self) -> None: ...
+
+    @overload
+    def __init__(self, extent: int, symbol: str = '', min: int = 0, max: int = 0) -> None: ...
+
+    @property
+    def extent(self) -> int: ...
+
+    @extent.setter
+    def extent(self, arg: int, /) -> None: ...
+
+    @property
+    def symbol(self) -> str: ...
+
+    @symbol.setter
+    def symbol(self, arg: str, /) -> None: ...
+
+    @property
+    def min(self) -> int: ...
+
+    @min.setter
+    def min(self, arg: int, /) -> None: ...
+
+    @property
+    def max(self) -> int: ...
+
+    @max.setter
+    def max(self, arg: int, /) -> None: ...
+
+    @property
+    def is_static(self) -> bool: ...
+
+    def __eq__(self, arg: Dim, /) -> bool: ...
+
+    def __repr__(self) -> str: ...
+
+class TensorType:
+    """A dtype and dims."""
+
+    def __init__(self, dtype: DType, shape: Sequence[int]) -> None: ...
+
+    @staticmethod
+    def from_dims(dtype: DType, dims: Sequence[Dim]) -> TensorType:
+        """A type with symbolic dims."""
+
+    @property
+    def dtype(self) -> DType: ...
+
+    @dtype.setter
+    def dtype(self, arg: DType, /) -> None: ...
+
+    @property
+    def dims(self) -> list[Dim]: ...
+
+    @dims.setter
+    def dims(self, arg: Sequence[Dim], /) -> None: ...
+
+    @property
+    def shape(self) -> list[int]: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def numel(self) -> int: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def __eq__(self, arg: TensorType, /) -> bool: ...
+
+    def __str__(self) -> str: ...
+
+    def __repr__(self) -> str: ...
+
+class Value:
+    """A snapshot of one value of a graph (Graph.value)."""
+
+    @property
+    def type(self) -> TensorType: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def is_input(self) -> bool: ...
+
+    @property
+    def is_weight(self) -> bool: ...
+
+    @property
+    def is_constant(self) -> bool: ...
+
+    def __repr__(self) -> str: ...
+
+class Node:
+    """A view of one node; keeps its graph alive."""
+
+    @property
+    def op(self) -> str: ...
+
+    @property
+    def inputs(self) -> list[int | None]:
+        """Input value ids; None for an absent optional input."""
+
+    @property
+    def outputs(self) -> list[int]: ...
+
+    @property
+    def attrs(self) -> dict[str, object]: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def body(self) -> Graph | None:
+        """The body graph of a fused node, else None."""
+
+    def __repr__(self) -> str: ...
+
+class Graph:
+    """A Kiln IR graph: build it, then hand it to a Builder."""
+
+    def __init__(self) -> None: ...
+
+    def copy(self) -> Graph:
+        """A deep copy (constant bytes are shared)."""
+
+    def __copy__(self) -> Graph: ...
+
+    def __deepcopy__(self, memo: object) -> Graph: ...
+
+    @overload
+    def add_input(self, name: str, dtype: DType, shape: Sequence[int]) -> int:
+        """A runtime input; returns its value id."""
+
+    @overload
+    def add_input(self, name: str, type: TensorType) -> int:
+        """A runtime input of a given (possibly symbolic) type."""
+
+    def add_constant(self, name: str, array: Annotated[NDArray, dict(order='C', device='cpu', writable=False)], weight: bool = False) -> int:
+        """
+        A constant copied from a CPU array (numpy, or anything exporting DLPack); weight=True marks a named, refittable model weight.
+        """
+
+    def add_constant_from_ptr(self, name: str, dtype: DType, shape: Sequence[int], data_ptr: int, nbytes: int, weight: bool = False) -> int:
+        """
+        A constant copied from host memory at data_ptr (e.g. a CPU torch tensor's data_ptr()).
+        """
+
+    def add_node(self, op: str, inputs: Sequence[int | None], attrs: Mapping[str, bool | int | float | str | DType | Sequence[int] | Sequence[float]] | None = None, name: str = '') -> list[int]:
+        """
+        Appends a node running the op's shape rule; returns its output value ids.
+        """
+
+    def mark_output(self, value: int, name: str) -> None: ...
+
+    def type(self, value: int) -> TensorType: ...
+
+    def value(self, value: int) -> Value: ...
+
+    @property
+    def inputs(self) -> list[int]: ...
+
+    @property
+    def outputs(self) -> list[int]: ...
+
+    def constants(self) -> list[int]: ...
+
+    @property
+    def num_nodes(self) -> int: ...
+
+    @property
+    def num_values(self) -> int: ...
+
+    @property
+    def nodes(self) -> list[Node]:
+        """Views of the nodes, in topological order."""
+
+    def verify(self) -> None: ...
+
+    def to_string(self) -> str: ...
+
+    def __str__(self) -> str: ...
+
+class BuilderConfig:
+    """How the builder turns a network into an engine."""
+
+    def __init__(self, *, enabled_precisions: Sequence[DType] = [DType.f32], workspace_limit: int = 1073741824, optimization_level: int = 3, device: str = 'cpu', fuse_pointwise: bool = True) -> None: ...
+
+    @property
+    def enabled_precisions(self) -> list[DType]:
+        """Compute types the builder may use (f32, f16, bf16)."""
+
+    @enabled_precisions.setter
+    def enabled_precisions(self, arg: Sequence[DType], /) -> None: ...
+
+    @property
+    def workspace_limit(self) -> int:
+        """Bytes of scratch per execution context."""
+
+    @workspace_limit.setter
+    def workspace_limit(self, arg: int, /) -> None: ...
+
+    @property
+    def optimization_level(self) -> int:
+        """0..5: how hard to search tactics."""
+
+    @optimization_level.setter
+    def optimization_level(self, arg: int, /) -> None: ...
+
+    @property
+    def device(self) -> str:
+        """'cpu' or 'cuda:N'."""
+
+    @device.setter
+    def device(self, arg: str, /) -> None: ...
+
+    @property
+    def fuse_pointwise(self) -> bool: ...
+
+    @fuse_pointwise.setter
+    def fuse_pointwise(self, arg: bool, /) -> None: ...
+
+    def validate(self) -> None:
+        """Raises InvalidArgumentError naming the bad field."""
+
+    def __repr__(self) -> str: ...
+
+class Builder:
+    """Turns a verified Graph into an Engine."""
+
+    def __init__(self, config: BuilderConfig = ...) -> None: ...
+
+    @property
+    def config(self) -> BuilderConfig:
+        """A copy of the configuration."""
+
+    def build(self, network: Graph) -> Engine:
+        """
+        Copies the network, runs the passes, picks kernels and returns an immutable Engine.
+        """
+
+class IOTensor:
+    """An engine input or output: name and type."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def type(self) -> TensorType: ...
+
+    @property
+    def dtype(self) -> DType: ...
+
+    @property
+    def shape(self) -> list[int]: ...
+
+    def __repr__(self) -> str: ...
+
+class Engine:
+    """An immutable built engine: the plan, its kernels and its constants."""
+
+    @property
+    def inputs(self) -> list[IOTensor]: ...
+
+    @property
+    def outputs(self) -> list[IOTensor]: ...
+
+    @property
+    def weight_names(self) -> list[str]: ...
+
+    @property
+    def build_log(self) -> str: ...
+
+    @property
+    def device(self) -> str: ...
+
+    @property
+    def arena_bytes(self) -> int:
+        """Bytes of activation memory each context allocates."""
+
+    @property
+    def naive_bytes(self) -> int:
+        """Bytes the intermediates would need without reuse."""
+
+    @property
+    def workspace_size(self) -> int: ...
+
+    @property
+    def num_nodes(self) -> int: ...
+
+    @property
+    def graph_text(self) -> str:
+        """The plan as text."""
+
+    def graph(self) -> Graph:
+        """A copy of the optimized plan."""
+
+    def create_execution_context(self) -> ExecutionContext: ...
+
+    def serialize(self) -> bytes:
+        """The engine file's bytes."""
+
+    @staticmethod
+    def deserialize(data: bytes | bytearray | memoryview, device: str = 'cpu') -> Engine:
+        """
+        Rebuilds an engine from serialize()'s bytes; raises an EngineFileError subclass naming the problem.
+        """
+
+    def save(self, path: str | os.PathLike) -> None: ...
+
+    @staticmethod
+    def load(path: str | os.PathLike, device: str = 'cpu') -> Engine: ...
+
+class ExecutionContext:
+    """Runs an engine; one call at a time per context."""
+
+    @property
+    def engine(self) -> Engine: ...
+
+    def execute(self, inputs: Sequence[Annotated[NDArray, dict(order='C', device='cpu', writable=False)]]) -> list[Annotated[NDArray, dict(order='C', device='cpu')]]:
+        """
+        Runs on CPU arrays (numpy or DLPack) in the engine's input order; returns new numpy arrays.
+        """
+
+    def execute_ptrs(self, input_ptrs: Sequence[int], output_ptrs: Sequence[int], stream: int = 0) -> None:
+        """
+        Runs on raw device addresses in the engine's input/output order. Only the counts are checked.
+        """
+
+class ImportArgKind(enum.Enum):
+    none = 0
+
+    bool = 1
+
+    int = 2
+
+    float = 3
+
+    string = 4
+
+    dtype = 5
+
+    tensor = 6
+
+    list = 7
+
+class ImportArg:
+    """One argument of an ATen node."""
+
+    def __init__(self) -> None: ...
+
+    @staticmethod
+    def none() -> ImportArg: ...
+
+    @staticmethod
+    def of_bool(value: bool) -> ImportArg: ...
+
+    @staticmethod
+    def of_int(value: int) -> ImportArg: ...
+
+    @staticmethod
+    def of_float(value: float) -> ImportArg: ...
+
+    @staticmethod
+    def of_string(value: str) -> ImportArg: ...
+
+    @staticmethod
+    def of_dtype(value: DType) -> ImportArg: ...
+
+    @staticmethod
+    def of_tensor(tensor_id: int) -> ImportArg: ...
+
+    @staticmethod
+    def of_list(items: Sequence[object]) -> ImportArg: ...
+
+    @staticmethod
+    def from_value(value: object) -> ImportArg:
+        """
+        None, bool, int, float, str, DType, ImportArg or (nested) lists of them -> ImportArg.
+        """
+
+    @property
+    def kind(self) -> ImportArgKind: ...
+
+    @kind.setter
+    def kind(self, arg: ImportArgKind, /) -> None: ...
+
+    @property
+    def b(self) -> bool: ...
+
+    @b.setter
+    def b(self, arg: bool, /) -> None: ...
+
+    @property
+    def i(self) -> int: ...
+
+    @i.setter
+    def i(self, arg: int, /) -> None: ...
+
+    @property
+    def f(self) -> float: ...
+
+    @f.setter
+    def f(self, arg: float, /) -> None: ...
+
+    @property
+    def s(self) -> str: ...
+
+    @s.setter
+    def s(self, arg: str, /) -> None: ...
+
+    @property
+    def dtype(self) -> DType: ...
+
+    @dtype.setter
+    def dtype(self, arg: DType, /) -> None: ...
+
+    @property
+    def tensor(self) -> int: ...
+
+    @tensor.setter
+    def tensor(self, arg: int, /) -> None: ...
+
+    @property
+    def list(self) -> list[ImportArg]: ...
+
+    @list.setter
+    def list(self, arg: Sequence[ImportArg], /) -> None: ...
+
+    def to_value(self) -> object:
+        """The Python value (tensor references stay ImportArg)."""
+
+    def __repr__(self) -> str: ...
+
+class ImportTensor:
+    """Metadata of one tensor of an ATen graph."""
+
+    def __init__(self, dtype: DType, shape: Sequence[int], strides: Sequence[int] | None = None, symbols: Sequence[str] = [], sym_min: Sequence[int] = [], sym_max: Sequence[int] = []) -> None: ...
+
+    @property
+    def dtype(self) -> DType: ...
+
+    @dtype.setter
+    def dtype(self, arg: DType, /) -> None: ...
+
+    @property
+    def shape(self) -> list[int]: ...
+
+    @shape.setter
+    def shape(self, arg: Sequence[int], /) -> None: ...
+
+    @property
+    def strides(self) -> list[int]: ...
+
+    @strides.setter
+    def strides(self, arg: Sequence[int], /) -> None: ...
+
+    @property
+    def symbols(self) -> list[str]: ...
+
+    @symbols.setter
+    def symbols(self, arg: Sequence[str], /) -> None: ...
+
+    @property
+    def sym_min(self) -> list[int]: ...
+
+    @sym_min.setter
+    def sym_min(self, arg: Sequence[int], /) -> None: ...
+
+    @property
+    def sym_max(self) -> list[int]: ...
+
+    @sym_max.setter
+    def sym_max(self, arg: Sequence[int], /) -> None: ...
+
+class ImportNode:
+    """One ATen node: overload name, arguments and output tensor ids."""
+
+    def __init__(self, target: str, args: Sequence[object] = [], kwargs: Mapping[str, object] | None = None, outputs: Sequence[int] = [], name: str = '') -> None: ...
+
+    @property
+    def target(self) -> str: ...
+
+    @target.setter
+    def target(self, arg: str, /) -> None: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @name.setter
+    def name(self, arg: str, /) -> None: ...
+
+    @property
+    def args(self) -> list[ImportArg]: ...
+
+    @args.setter
+    def args(self, arg: Sequence[ImportArg], /) -> None: ...
+
+    @property
+    def kwargs(self) -> dict[str, object]: ...
+
+    @kwargs.setter
+    def kwargs(self, arg: dict, /) -> None: ...
+
+    @property
+    def outputs(self) -> list[int]: ...
+
+    @outputs.setter
+    def outputs(self, arg: Sequence[int], /) -> None: ...
+
+    def __repr__(self) -> str: ...
+
+class ImportConstant:
+    """A weight or buffer of an ATen graph (bytes held by Kiln)."""
+
+    @property
+    def tensor(self) -> int: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def weight(self) -> bool: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    @property
+    def data(self) -> bytes:
+        """A copy of the bytes."""
+
+class ImportSupport:
+    """can_import's answer; truthy when supported."""
+
+    @property
+    def supported(self) -> bool: ...
+
+    @property
+    def reason(self) -> str: ...
+
+    def __bool__(self) -> bool: ...
+
+    def __repr__(self) -> str: ...
+
+class ImportGraph:
+    """A whole ATen graph: tensors, inputs, constants, nodes, outputs."""
+
+    def __init__(self) -> None: ...
+
+    @overload
+    def add_tensor(self, dtype: DType, shape: Sequence[int], strides: Sequence[int] | None = None, symbols: Sequence[str] = [], sym_min: Sequence[int] = [], sym_max: Sequence[int] = []) -> int:
+        """Returns the new tensor's id."""
+
+    @overload
+    def add_tensor(self, tensor: ImportTensor) -> int: ...
+
+    def add_input(self, tensor: int, name: str) -> None: ...
+
+    def add_output(self, tensor: int, name: str) -> None: ...
+
+    def add_constant(self, tensor: int, name: str, data: bytes | bytearray | memoryview | numpy.ndarray, weight: bool = True) -> None:
+        """
+        A constant copied from a C-contiguous buffer (bytes, numpy array, ...).
+        """
+
+    def add_constant_from_ptr(self, tensor: int, name: str, data_ptr: int, nbytes: int, weight: bool = True) -> None:
+        """
+        A constant copied from host memory (e.g. a CPU torch tensor's data_ptr()).
+        """
+
+    @overload
+    def add_node(self, target: str, args: Sequence[object], kwargs: Mapping[str, object] | None = None, outputs: Sequence[int] = [], name: str = '') -> None:
+        """
+        Appends a node; args are plain values, tensors as ImportArg.of_tensor(id).
+        """
+
+    @overload
+    def add_node(self, node: ImportNode) -> None: ...
+
+    @property
+    def num_tensors(self) -> int: ...
+
+    @property
+    def num_nodes(self) -> int: ...
+
+    def tensor(self, id: int) -> ImportTensor: ...
+
+    @property
+    def tensors(self) -> list[ImportTensor]:
+        """A copy of the tensor table."""
+
+    @property
+    def inputs(self) -> list[tuple[int, str]]: ...
+
+    @property
+    def outputs(self) -> list[tuple[int, str]]: ...
+
+    @property
+    def constants(self) -> list[ImportConstant]: ...
+
+    @property
+    def nodes(self) -> list[ImportNode]: ...
+
+def can_import(node: ImportNode, graph: ImportGraph) -> ImportSupport:
+    """
+    Whether Kiln has an importer for node.target that accepts these arguments and metadata.
+    """
+
+def import_aten(graph: ImportGraph) -> Graph:
+    """
+    The whole description -> Graph; raises UnsupportedError naming the first node it cannot take.
+    """
+
+def supported_aten_targets() -> list[str]:
+    """Every ATen overload with an importer, sorted."""
+
+def cuda_available() -> bool:
+    """Whether this build has the CUDA backend and a CUDA device is present."""

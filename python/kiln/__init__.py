@@ -1,0 +1,138 @@
+"""Kiln: an inference compiler and runtime for PyTorch.
+
+This package re-exports the core C++ API from the ``kiln._C`` extension: the IR (``Graph``),
+the builder (``BuilderConfig``, ``Builder``), engines and execution contexts, the ATen import
+description, and the exception classes. The core needs only numpy; the torch front end lives
+in the other modules of this package.
+
+Exceptions (the C++ ``kiln::ErrorCode`` each stands for; every one is a ``KilnError``, itself a
+``RuntimeError``)::
+
+    InvalidArgumentError  (ValueError)          invalid_argument
+    UnsupportedError      (NotImplementedError) unsupported
+    ShapeMismatchError    (ValueError)          shape_mismatch
+    EngineFileError       a damaged or foreign engine file, one of:
+        TruncatedError, CorruptedError, VersionMismatchError, DeviceMismatchError
+    IoError               (OSError)             io
+    InternalError                               internal (a bug in Kiln)
+
+An exception's ``code`` attribute is its ``ErrorCode``; its message is the C++ message.
+"""
+
+from __future__ import annotations
+
+from ._C import (
+    Builder,
+    BuilderConfig,
+    CorruptedError,
+    DeviceMismatchError,
+    Dim,
+    DType,
+    Engine,
+    EngineFileError,
+    ErrorCode,
+    ExecutionContext,
+    Graph,
+    ImportArg,
+    ImportArgKind,
+    ImportConstant,
+    ImportGraph,
+    ImportNode,
+    ImportSupport,
+    ImportTensor,
+    InternalError,
+    InvalidArgumentError,
+    IoError,
+    IOTensor,
+    KilnError,
+    Node,
+    ShapeMismatchError,
+    TensorType,
+    TruncatedError,
+    UnsupportedError,
+    Value,
+    VersionMismatchError,
+    can_import,
+    cuda_available,
+    dtype_from_name,
+    dtype_from_numpy,
+    dtype_size,
+    dtype_to_numpy,
+    import_aten,
+    is_floating,
+    is_integral,
+    op_family,
+    op_names,
+    supported_aten_targets,
+)
+from ._C import __version__
+
+__all__ = [
+    "Builder",
+    "BuilderConfig",
+    "CorruptedError",
+    "DeviceMismatchError",
+    "Dim",
+    "DType",
+    "Engine",
+    "EngineFileError",
+    "ErrorCode",
+    "ExecutionContext",
+    "Graph",
+    "ImportArg",
+    "ImportArgKind",
+    "ImportConstant",
+    "ImportGraph",
+    "ImportNode",
+    "ImportSupport",
+    "ImportTensor",
+    "InternalError",
+    "InvalidArgumentError",
+    "IoError",
+    "IOTensor",
+    "KilnError",
+    "Node",
+    "ShapeMismatchError",
+    "TensorType",
+    "TruncatedError",
+    "UnsupportedError",
+    "Value",
+    "VersionMismatchError",
+    "__version__",
+    "can_import",
+    "cuda_available",
+    "dtype_from_name",
+    "dtype_from_numpy",
+    "dtype_size",
+    "dtype_to_numpy",
+    "import_aten",
+    "is_floating",
+    "is_integral",
+    "op_family",
+    "op_names",
+    "supported_aten_targets",
+]
+
+# ---- the PyTorch front end ----------------------------------------------------------------
+# Loaded only when torch is importable, so that the core stays usable without it.
+try:
+    import torch as _torch  # noqa: F401
+except ImportError:  # pragma: no cover - core-only installs
+    pass
+else:
+    from .aot import compile, extract_engines, load, save
+    from .dynamo import kiln_backend
+    from .settings import CompilationSettings
+
+    def _register_backend() -> None:
+        """Registers "kiln" with Dynamo unless the installed entry point will (both would clash)."""
+        from importlib.metadata import entry_points
+
+        from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
+
+        declared = any(ep.name == "kiln" for ep in entry_points(group="torch_dynamo_backends"))
+        if not declared and "kiln" not in _COMPILER_FNS:
+            register_backend(compiler_fn=kiln_backend, name="kiln")
+
+    _register_backend()
+    __all__ += ["CompilationSettings", "compile", "extract_engines", "kiln_backend", "load", "save"]

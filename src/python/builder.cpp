@@ -1,0 +1,67 @@
+// Bindings of kiln/builder.h: BuilderConfig and Builder.
+//
+// BuilderConfig takes keyword arguments whose defaults are the C++ defaults; the device is a
+// string ("cpu", "cuda:0") parsed by Device::parse. The constructor validates, so an
+// impossible setting fails where it is written rather than at build time.
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <sstream>
+
+#include "kiln/builder.h"
+#include "kiln/errors.h"
+#include "src/python/bindings.h"
+
+namespace kiln::python {
+
+namespace {
+
+std::string config_repr(const BuilderConfig& c) {
+  std::ostringstream os;
+  os << "BuilderConfig(enabled_precisions=[";
+  for (size_t i = 0; i < c.enabled_precisions.size(); ++i)
+    os << (i ? ", " : "") << "DType." << dtype_name(c.enabled_precisions[i]);
+  os << "], workspace_limit=" << c.workspace_limit << ", optimization_level=" << c.optimization_level
+     << ", device='" << c.device.to_string() << "', fuse_pointwise=" << (c.fuse_pointwise ? "True" : "False") << ")";
+  return os.str();
+}
+
+}  // namespace
+
+void bind_builder(nb::module_& m) {
+  const BuilderConfig defaults;
+  nb::class_<BuilderConfig>(m, "BuilderConfig", "How the builder turns a network into an engine.")
+      .def("__init__", [](BuilderConfig* c, std::vector<DType> precisions, size_t workspace_limit, int level,
+                          const std::string& device, bool fuse) {
+        BuilderConfig cfg;
+        cfg.enabled_precisions = std::move(precisions);
+        cfg.workspace_limit = workspace_limit;
+        cfg.optimization_level = level;
+        cfg.device = Device::parse(device);
+        cfg.fuse_pointwise = fuse;
+        cfg.validate();
+        new (c) BuilderConfig(std::move(cfg));
+      }, nb::kw_only(), nb::arg("enabled_precisions") = defaults.enabled_precisions,
+         nb::arg("workspace_limit") = defaults.workspace_limit,
+         nb::arg("optimization_level") = defaults.optimization_level, nb::arg("device") = defaults.device.to_string(),
+         nb::arg("fuse_pointwise") = defaults.fuse_pointwise)
+      .def_rw("enabled_precisions", &BuilderConfig::enabled_precisions,
+              "Compute types the builder may use (f32, f16, bf16).")
+      .def_rw("workspace_limit", &BuilderConfig::workspace_limit, "Bytes of scratch per execution context.")
+      .def_rw("optimization_level", &BuilderConfig::optimization_level, "0..5: how hard to search tactics.")
+      .def_prop_rw("device", [](const BuilderConfig& c) { return c.device.to_string(); },
+                   [](BuilderConfig& c, const std::string& s) { c.device = Device::parse(s); },
+                   "'cpu' or 'cuda:N'.")
+      .def_rw("fuse_pointwise", &BuilderConfig::fuse_pointwise)
+      .def("validate", &BuilderConfig::validate, "Raises InvalidArgumentError naming the bad field.")
+      .def("__repr__", &config_repr);
+
+  nb::class_<Builder>(m, "Builder", "Turns a verified Graph into an Engine.")
+      .def(nb::init<BuilderConfig>(), nb::arg("config") = BuilderConfig{})
+      .def_prop_ro("config", [](const Builder& b) { return b.config(); }, "A copy of the configuration.")
+      .def("build", &Builder::build, nb::arg("network"),
+           "Copies the network, runs the passes, picks kernels and returns an immutable Engine.");
+}
+
+}  // namespace kiln::python

@@ -1,0 +1,27 @@
+"""Shared setup of the Python tests.
+
+The tests import the installed ``kiln`` package. For a development tree, build ``kiln._C`` in a
+CMake build directory and either set ``PYTHONPATH=<repo>/python`` with the built ``_C*.so``
+linked into ``python/kiln/``, or ``pip install --no-build-isolation -e .``. When ``kiln`` is not
+importable at all, the repository's ``python/`` folder is tried so that the error names the
+missing extension rather than the package.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+if importlib.util.find_spec("kiln") is None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+
+
+@pytest.fixture
+def rng():
+    """A seeded numpy generator, so that every run sees the same random (non-zero) data."""
+    import numpy as np
+
+    return np.random.default_rng(20240611)
