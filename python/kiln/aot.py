@@ -1,0 +1,292 @@
+"""Ahead-of-time entry points and the compile pipeline they share with the Dynamo backend.
+
+    compiled = kiln.compile(model_or_exported_program, arg_inputs=[x], **settings)
+    kiln.save(compiled, "model.ep", arg_inputs=[x])     # a torch.export ExportedProgram
+    program = kiln.load("model.ep")                      # in any process; program.module()(x)
+    kiln.extract_engines("model.ep", "engines/")         # engine_0.kiln ... for kiln-run
+
+:func:`compile_lowered` is the pipeline after lowering: ask the importers, partition, report
+(dry run) or describe + build each block, and swap each built block for a KilnEngineModule.
+A block whose build fails stays in PyTorch with a warning naming the cause, unless
+``pass_through_build_failures`` (or ``require_full_compilation``) asks for the error.
+In a saved program each engine is a call of ``kiln::execute_engine`` whose engine bytes are a
+uint8 buffer of the program.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import operator
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from kiln import _C
+from kiln._logging import debug_logging, get_logger
+from kiln.dryrun import emit_report, format_report
+from kiln.lowering import LoweredGraph, lower_exported_program, lower_module
+from kiln.partition import Block, is_op, op_name, partition, replace_block
+from kiln.runtime import KilnEngineModule, build_engine
+from kiln.settings import CompilationSettings, settings_from_options
+from kiln.translate import Capability, EncodeError, describe_block, kiln_dtype
+
+log = get_logger("compile")
+
+__all__ = ["compile", "save", "load", "extract_engines", "compile_lowered", "KilnModule", "CompileSummary"]
+
+
+def supported_targets() -> list[str]:
+    return list(_C.supported_aten_targets())
+
+
+@dataclasses.dataclass
+class CompileSummary:
+    """What one compiled graph ended up with (kept as ``gm.meta["kiln_summary"]``)."""
+
+    graph_name: str
+    engines: int
+    ops_in_engines: collections.Counter[str]
+    ops_in_pytorch: collections.Counter[str]   # excluding getitems of engine results
+
+    @property
+    def coverage(self) -> float:
+        total = sum(self.ops_in_engines.values()) + sum(self.ops_in_pytorch.values())
+        return 100.0 * sum(self.ops_in_engines.values()) / total if total else 100.0
+
+
+def _check_engine(engine: Any, block: Block, settings: CompilationSettings) -> None:
+    """The engine's I/O must be exactly what PyTorch's metadata says (else it is not used)."""
+    for kind, ios, nodes in (("input", engine.inputs, block.inputs), ("output", engine.outputs, block.outputs)):
+        if len(ios) != len(nodes):
+            raise _C.InternalError(f"engine has {len(ios)} {kind}s, the block {len(nodes)}")
+        for io, node in zip(ios, nodes):
+            val = node.meta["val"]
+            want = (kiln_dtype(val.dtype, settings.truncate_double), list(val.shape))
+            if (io.dtype, list(io.shape)) != want:
+                raise _C.InternalError(f"engine {kind} '{io.name}' is {io.dtype} {list(io.shape)}, but PyTorch "
+                                       f"computes {want[0]} {want[1]} for {node.name}")
+
+
+def _build_block(gm: fx.GraphModule, block: Block, settings: CompilationSettings, device: str,
+                 name: str) -> KilnEngineModule | None:
+    try:
+        engine = build_engine(describe_block(gm, block, settings), settings, device)
+        _check_engine(engine, block, settings)
+    except (_C.KilnError, EncodeError) as err:
+        if settings.pass_through_build_failures or settings.require_full_compilation:
+            raise
+        ops = ", ".join(f"{k} x{v}" for k, v in block.histogram().most_common())
+        msg = f"Kiln could not build {name} ({ops}); running it in PyTorch: {err}"
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+        log.warning("%s", msg)
+        return None
+    log.debug("built %s: %d ops\n%s", name, block.num_ops, engine.build_log)
+    return KilnEngineModule(engine, device, [n.meta["val"].dtype for n in block.inputs],
+                            [n.meta["val"].dtype for n in block.outputs], name=name)
+
+
+def compile_lowered(lowered: LoweredGraph, settings: CompilationSettings, device: str,
+                    graph_name: str = "graph") -> fx.GraphModule:
+    """Partitions the lowered graph and replaces each buildable block by an engine module."""
+    gm = lowered.gm
+    result = partition(gm, Capability(gm, settings), settings)
+    if settings.builds_nothing or settings.debug:
+        emit_report(format_report(result, settings, graph_name), settings)
+    if settings.builds_nothing:
+        gm.meta["kiln_summary"] = CompileSummary(graph_name, 0, collections.Counter(), result.pytorch_ops())
+        return gm
+    built: list[tuple[Block, KilnEngineModule]] = []
+    for i, block in enumerate(result.blocks):
+        module = _build_block(gm, block, settings, device, f"engine {i} of {graph_name}")
+        if module is not None:
+            built.append((block, module))
+    remap: dict[fx.Node, fx.Node] = {}
+    for i, (block, module) in enumerate(built):
+        block.inputs = [remap.get(n, n) for n in block.inputs]
+        replace_block(gm, block, f"_kiln_engine_{i}", module, remap)
+    gm.graph.eliminate_dead_code()
+    used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+    for attr, _ in list(gm.named_buffers(recurse=False)):
+        if attr not in used:
+            delattr(gm, attr)
+    gm.recompile()
+    in_engines = collections.Counter()
+    for block, _ in built:
+        in_engines.update(block.histogram())
+    in_pytorch = collections.Counter(op_name(n) for n in gm.graph.nodes if is_op(n))
+    gm.meta["kiln_summary"] = CompileSummary(graph_name, len(built), in_engines, in_pytorch)
+    log.info("%s: %d engine(s), %d of %d ops in engines", graph_name, len(built),
+             sum(in_engines.values()), result.total_ops)
+    return gm
+
+
+def unflattener(out_spec: pytree.TreeSpec | None) -> Callable[[Sequence[Any]], Any]:
+    """flat outputs -> the program's output structure; plain tuples and single values skip pytree."""
+    if out_spec is None:
+        return lambda flat: flat
+    n = out_spec.num_leaves
+    if out_spec == pytree.tree_flatten(tuple(range(n)))[1]:
+        return tuple
+    if out_spec == pytree.tree_flatten(0)[1]:
+        return operator.itemgetter(0)
+    return lambda flat: pytree.tree_unflatten(list(flat), out_spec)
+
+
+def graph_runner(gm: fx.GraphModule) -> Callable[..., Sequence[Any]]:
+    """How to run a compiled graph: the graph itself, or, when the whole graph is one engine
+    call on its inputs in order, that engine's forward directly (saves the GraphModule's few
+    microseconds per call; hooks on the engine module do not run on this path)."""
+    nodes = list(gm.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    calls = [n for n in nodes if n.op == "call_module"]
+    output = nodes[-1]
+    if len(calls) != 1 or tuple(calls[0].args) != tuple(placeholders) or calls[0].kwargs:
+        return gm
+    engine = gm.get_submodule(str(calls[0].target))
+    rest = [n for n in nodes if n.op not in ("placeholder", "call_module", "output")]
+    results = output.args[0]
+    if not isinstance(engine, KilnEngineModule) or not isinstance(results, (tuple, list)) or any(
+            n.target is not operator.getitem or n.args[0] is not calls[0] for n in rest) \
+            or any(r not in rest for r in results):
+        return gm
+    order = [r.args[1] for r in results]
+    if order == list(range(len(engine.output_names))):
+        return engine.forward
+    forward = engine.forward
+
+    def reordered(*inputs: Any) -> tuple[Any, ...]:
+        outs = forward(*inputs)
+        return tuple(outs[i] for i in order)
+    return reordered
+
+
+class KilnModule(torch.nn.Module):
+    """A compiled program: flattens (args, kwargs) like the exported program, runs the graph."""
+
+    def __init__(self, gm: fx.GraphModule, in_spec: pytree.TreeSpec | None, out_spec: pytree.TreeSpec | None) -> None:
+        super().__init__()
+        self.gm = gm
+        self._in_spec = in_spec
+        self._out_spec = out_spec
+        # Called with positional leaves only (the common case), flattening is the identity.
+        self._positional = in_spec is not None and in_spec == pytree.tree_flatten(
+            (tuple(range(in_spec.num_leaves)), {}))[1]
+        self._unflatten = unflattener(out_spec)
+        self._run = graph_runner(gm)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self._positional and not kwargs and len(args) == self._in_spec.num_leaves \
+                and all(isinstance(a, torch.Tensor) for a in args):
+            flat: Sequence[Any] = args
+        else:
+            flat, spec = pytree.tree_flatten((args, kwargs))
+            if self._in_spec is not None and spec != self._in_spec:
+                raise ValueError(f"Kiln module called with inputs structured as {spec}, "
+                                 f"compiled for {self._in_spec}")
+        return self._unflatten(self._run(*flat))
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._unflatten = unflattener(self._out_spec)
+        self._run = graph_runner(self.gm)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_unflatten", None)
+        state.pop("_run", None)
+        return state
+
+    def engines(self) -> list[KilnEngineModule]:
+        return [m for m in self.modules() if isinstance(m, KilnEngineModule)]
+
+    @property
+    def summary(self) -> CompileSummary:
+        return self.gm.meta["kiln_summary"]
+
+
+def _device_of(settings: CompilationSettings, tensors: Sequence[Any]) -> str:
+    devices = {t.device for t in tensors if isinstance(t, torch.Tensor)}
+    if settings.device is not None:
+        if devices and any(str(d if d.index is not None or d.type == "cpu" else torch.device(d.type, 0))
+                           != settings.device for d in devices):
+            raise ValueError(f"Kiln option 'device' is {settings.device!r}, but the inputs are on "
+                             f"{sorted(str(d) for d in devices)}")
+        return settings.device
+    if len(devices) > 1:
+        raise ValueError(f"inputs on several devices ({sorted(str(d) for d in devices)}); set 'device'")
+    dev = devices.pop() if devices else torch.device("cpu")
+    return "cpu" if dev.type == "cpu" else f"cuda:{dev.index or 0}"
+
+
+def compile(module: torch.nn.Module | torch.export.ExportedProgram, arg_inputs: Sequence[Any] | None = None,
+            kwarg_inputs: dict[str, Any] | None = None, *, settings: CompilationSettings | None = None,
+            **options: Any) -> KilnModule:
+    """Compiles a module (exported with torch.export on ``arg_inputs``) or an ExportedProgram."""
+    settings = settings_from_options(settings, **options)
+    with debug_logging(settings.debug), torch.no_grad():
+        keep = supported_targets()
+        if isinstance(module, torch.export.ExportedProgram):
+            lowered = lower_exported_program(module, keep)
+        else:
+            if arg_inputs is None:
+                raise ValueError("kiln.compile needs arg_inputs (example inputs) to trace a module")
+            lowered = lower_module(module, list(arg_inputs), kwarg_inputs, keep)
+        examples = [n.meta.get("val") for n in lowered.gm.graph.nodes if n.op == "placeholder"]
+        device = _device_of(settings, examples)
+        gm = compile_lowered(lowered, settings, device, graph_name=type(module).__name__)
+    return KilnModule(gm, lowered.in_spec, lowered.out_spec)
+
+
+def _engine_modules(module: torch.nn.Module) -> list[KilnEngineModule]:
+    return [m for m in module.modules() if isinstance(m, KilnEngineModule)]
+
+
+def save(module: torch.nn.Module, path: str | os.PathLike[str], arg_inputs: Sequence[Any],
+         kwarg_inputs: dict[str, Any] | None = None) -> torch.export.ExportedProgram:
+    """Exports a compiled module (engines as kiln::execute_engine calls) and saves it."""
+    engines = _engine_modules(module)
+    if not engines:
+        log.warning("kiln.save: the module contains no Kiln engine; saving a plain exported program")
+    try:
+        for e in engines:
+            e.set_exporting(True)
+        with torch.no_grad():
+            ep = torch.export.export(module, tuple(arg_inputs), kwarg_inputs or {}, strict=False)
+    finally:
+        for e in engines:
+            e.set_exporting(False)
+    torch.export.save(ep, os.fspath(path))
+    return ep
+
+
+def load(path: str | os.PathLike[str]) -> torch.export.ExportedProgram:
+    """Loads a program saved by kiln.save (call ``.module()`` on it to run it)."""
+    return torch.export.load(os.fspath(path))
+
+
+def extract_engines(program: str | os.PathLike[str] | torch.export.ExportedProgram,
+                    out_dir: str | os.PathLike[str]) -> list[Path]:
+    """Writes every engine of a saved program as ``engine_<i>.kiln`` (runnable by kiln-run)."""
+    ep = program if isinstance(program, torch.export.ExportedProgram) else load(program)
+    sig = ep.graph_signature
+    lookup = {**sig.inputs_to_buffers, **sig.inputs_to_parameters,
+              **getattr(sig, "inputs_to_lifted_tensor_constants", {})}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths: list[Path] = []
+    for node in ep.graph.nodes:
+        if node.op == "call_function" and node.target == torch.ops.kiln.execute_engine.default:
+            blob_node = node.args[1]
+            target = lookup[blob_node.name]
+            blob = ep.state_dict[target] if target in ep.state_dict else ep.constants[target]
+            path = out / f"engine_{len(paths)}.kiln"
+            path.write_bytes(blob.detach().cpu().contiguous().numpy().tobytes())
+            paths.append(path)
+    return paths

@@ -1,0 +1,297 @@
+"""Lowering: a Dynamo FX graph, an nn.Module or an ExportedProgram -> a Core ATen FX graph.
+
+Every entry point ends in the same form, a :class:`LoweredGraph`:
+
+* placeholders are the runtime tensor inputs, in call order;
+* ``get_attr`` nodes are the constants (parameters, buffers, lifted tensor constants, folded
+  values); each carries ``meta["kiln_name"]`` (its module path, e.g. ``layer1.0.conv1.weight``)
+  and ``meta["kiln_weight"]`` (True for an untransformed model weight);
+* every other node calls an ATen overload (or ``operator.getitem``) and carries
+  ``meta["val"]``, a FakeTensor (or a tuple of them) with the exact dtype and static shape.
+
+The graph comes from torch.export (non-strict tracing with functionalization and FakeTensor
+propagation, i.e. AOTAutograd's inference export) followed by ``run_decompositions`` with
+Kiln's table: PyTorch's Core ATen decompositions, minus the overloads the C++ importers take
+whole (so ``aten.linear`` or attention stay one node when Kiln has an importer for them),
+plus PyTorch's decomposition of any op left that the importers do not take, where that
+decomposition only uses ops they do take. Clean-ups then
+remove asserts, detach/alias copies, fold computations on constants and drop dead code.
+Lowering is inference-only: it traces under ``torch.no_grad()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import operator
+import re
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from kiln._logging import get_logger
+
+log = get_logger("lowering")
+
+__all__ = ["LoweredGraph", "lower_module", "lower_exported_program", "resolve_op",
+           "decomposition_table", "cleanup"]
+
+_IDENTITY_OPS = ("aten.detach.default", "aten.alias.default", "aten.lift_fresh.default",
+                 "aten.lift_fresh_copy.default", "aten.clone.default")
+
+
+@dataclasses.dataclass
+class LoweredGraph:
+    """A Core ATen graph ready for partitioning (see the module docstring for its form)."""
+
+    gm: fx.GraphModule
+    in_spec: pytree.TreeSpec | None   # how (args, kwargs) flatten to the placeholders
+    out_spec: pytree.TreeSpec | None  # how the flat outputs nest
+
+
+def resolve_op(name: str) -> torch._ops.OpOverload | torch._ops.OpOverloadPacket | None:
+    """"aten.add.Tensor" -> torch.ops.aten.add.Tensor (None when PyTorch has no such op)."""
+    parts = name.split(".")
+    try:
+        obj: Any = getattr(torch.ops, parts[0])
+        for part in parts[1:]:
+            obj = getattr(obj, part)
+    except (AttributeError, RuntimeError):
+        return None
+    return obj if isinstance(obj, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) else None
+
+
+def _core_table() -> dict[Any, Callable[..., Any]]:
+    try:
+        from torch.export import default_decompositions  # torch >= 2.6
+        return default_decompositions()  # type: ignore[return-value]
+    except ImportError:  # pragma: no cover - older torch
+        from torch._decomp import core_aten_decompositions
+        return dict(core_aten_decompositions())
+
+
+def decomposition_table(keep: Iterable[str]) -> dict[Any, Callable[..., Any]]:
+    """Core ATen decompositions minus the overloads in ``keep`` (those stay whole)."""
+    table = _core_table()
+    for name in keep:
+        op = resolve_op(name)
+        if isinstance(op, torch._ops.OpOverload) and op in table:
+            del table[op]
+    return table
+
+
+def _extra_decompositions(gm: fx.GraphModule, keep: set[str]) -> dict[Any, Callable[..., Any]]:
+    """PyTorch decompositions of ops left in the graph that the importers do not take, where
+    the decomposition only produces ops they do take (else the op is better left whole)."""
+    from torch._decomp import decomposition_table as registry
+    extra: dict[Any, Callable[..., Any]] = {}
+    rejected: set[Any] = set()
+    for node in gm.graph.nodes:
+        op = node.target
+        if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload):
+            continue
+        if str(op) in keep or op not in registry or op in extra or op in rejected:
+            continue
+        if _decomposes_into(node, registry[op], keep):
+            extra[op] = registry[op]
+        else:
+            rejected.add(op)
+    return extra
+
+
+def _decomposes_into(node: fx.Node, decomp: Callable[..., Any], keep: set[str]) -> bool:
+    """Traces ``decomp`` on meta tensors shaped like the node's inputs; True when every op it
+    calls is in ``keep``."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def meta(n: fx.Node) -> Any:
+        v = n.meta.get("val")
+        if not isinstance(v, torch.Tensor):
+            raise TypeError("non-tensor input")
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+
+    try:
+        args, kwargs = pytree.tree_map_only(fx.Node, meta, (node.args, node.kwargs))
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        positions = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
+
+        def call(*tensors: torch.Tensor) -> Any:
+            values = list(flat)
+            for i, t in zip(positions, tensors):
+                values[i] = t
+            a, k = pytree.tree_unflatten(values, spec)
+            return decomp(*a, **k)
+        traced = make_fx(call, decomposition_table=decomposition_table(keep))(*[flat[i] for i in positions])
+    except Exception:  # noqa: BLE001 - any failure means: leave the op whole
+        return False
+    return all(str(n.target) in keep for n in traced.graph.nodes if n.op == "call_function" and not is_getitem(n))
+
+
+def _decompose(ep: torch.export.ExportedProgram, keep: set[str]) -> torch.export.ExportedProgram:
+    ep = ep.run_decompositions(decomposition_table(keep))
+    if keep:  # only worth a second pass when the importers' coverage is known
+        extra = _extra_decompositions(ep.graph_module, keep)
+        if extra:
+            log.debug("decomposing further: %s", sorted(str(k) for k in extra))
+            ep = ep.run_decompositions(extra)
+    return ep
+
+
+def lower_exported_program(ep: torch.export.ExportedProgram, keep: Iterable[str] = (),
+                           names: dict[str, str] | None = None) -> LoweredGraph:
+    """Decomposes an ExportedProgram and turns its lifted parameters into constants.
+
+    ``names`` renames constants (export's FQN -> the name weights should carry in engines).
+    """
+    keep = set(keep)
+    with torch.no_grad():
+        ep = _decompose(ep, keep)
+    sig = ep.graph_signature
+    if sig.buffers_to_mutate or getattr(sig, "user_inputs_to_mutate", None):
+        raise NotImplementedError("the program mutates its inputs or buffers in place "
+                                  "(Kiln compiles pure inference graphs)")
+    gm = _constants_to_attrs(ep, names or {})
+    cleanup(gm)
+    return LoweredGraph(gm, ep.call_spec.in_spec, ep.call_spec.out_spec)
+
+
+def lower_module(module: torch.nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None = None,
+                 keep: Iterable[str] = (), names: dict[str, str] | None = None) -> LoweredGraph:
+    """torch.export (non-strict) the module on example inputs, then lower the program."""
+    with torch.no_grad(), _inference_mode_off():
+        ep = torch.export.export(module, tuple(args), kwargs or {}, strict=False)
+    return lower_exported_program(ep, keep, names)
+
+
+@contextlib.contextmanager
+def _inference_mode_off() -> Any:
+    # Export refuses to trace under inference mode; the example tensors may still be
+    # inference tensors, which tracing only reads.
+    if torch.is_inference_mode_enabled():
+        with torch.inference_mode(False):
+            yield
+    else:
+        yield
+
+
+def _attr_name(fqn: str, taken: set[str]) -> str:
+    base = "_k_" + re.sub(r"[^0-9a-zA-Z_]", "_", fqn)
+    name, i = base, 1
+    while name in taken:
+        name, i = f"{base}_{i}", i + 1
+    taken.add(name)
+    return name
+
+
+def _constants_to_attrs(ep: torch.export.ExportedProgram, names: dict[str, str]) -> fx.GraphModule:
+    """Placeholders of parameters/buffers/constants -> get_attr nodes on a fresh root."""
+    from torch.export.graph_signature import InputKind
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(ep.graph, {}))
+    specs = ep.graph_signature.input_specs
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    assert len(specs) == len(placeholders), "export signature and graph disagree"
+    gm = fx.GraphModule(torch.nn.Module(), graph, class_name="KilnLoweredGraph")
+    taken: set[str] = set()
+    for spec, node in zip(specs, placeholders):
+        if spec.kind == InputKind.USER_INPUT:
+            continue
+        if spec.kind not in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            raise NotImplementedError(f"input {node.name} of kind {spec.kind.name} is not supported")
+        target = spec.target
+        tensor = ep.state_dict[target] if target in ep.state_dict else ep.constants[target]
+        attr = _attr_name(target, taken)
+        gm.register_buffer(attr, tensor.detach())
+        with graph.inserting_before(node):
+            new = graph.get_attr(attr)
+        new.meta.update(node.meta)
+        new.meta["kiln_name"] = names.get(target, target)
+        new.meta["kiln_weight"] = spec.kind != InputKind.CONSTANT_TENSOR
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+    gm.recompile()
+    return gm
+
+
+# ---- clean-ups ----------------------------------------------------------------------------
+
+def cleanup(gm: fx.GraphModule) -> None:
+    """Removes asserts and identity copies, folds constant computations, drops dead code."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        schema = node.target._schema
+        writes = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+        if not schema.returns and not writes and not node.users:
+            graph.erase_node(node)  # _assert_tensor_metadata, _assert_async, ...
+        elif str(node.target) in _IDENTITY_OPS and _removable_copy(node):
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+    _fold_constants(gm)
+    graph.eliminate_dead_code()
+    used = {n.target for n in graph.nodes if n.op == "get_attr"}
+    for name, _ in list(gm.named_buffers(recurse=False)):
+        if name not in used:
+            delattr(gm, name)
+    graph.lint()
+    gm.recompile()
+
+
+def _removable_copy(node: fx.Node) -> bool:
+    src = node.args[0]
+    if not isinstance(src, fx.Node) or any(k != "memory_format" for k in node.kwargs):
+        return False
+    # A copy of an input or constant that reaches the output keeps outputs from aliasing inputs.
+    if src.op in ("placeholder", "get_attr"):
+        return not any(u.op == "output" for u in node.users)
+    return True
+
+
+def _is_foldable(node: fx.Node) -> bool:
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    if torch.Tag.nondeterministic_seeded in node.target.tags:
+        return False
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return False
+    inputs = node.all_input_nodes
+    if not inputs or any(n.op != "get_attr" for n in inputs):
+        return False
+    # Never materialize a broadcast: folding must not grow the constants.
+    in_numel = sum(n.meta["val"].numel() for n in inputs if isinstance(n.meta.get("val"), torch.Tensor))
+    return val.numel() <= in_numel
+
+
+def _fold_constants(gm: fx.GraphModule) -> None:
+    graph = gm.graph
+    taken = {name for name, _ in gm.named_buffers()}
+    for node in list(graph.nodes):
+        if not _is_foldable(node):
+            continue
+        args, kwargs = pytree.tree_map_only(fx.Node, lambda n: getattr(gm, n.target), (node.args, node.kwargs))
+        with torch.no_grad():
+            value = node.target(*args, **kwargs)
+        srcs = node.all_input_nodes
+        label = "+".join(s.meta.get("kiln_name", str(s.target)) for s in srcs)
+        fqn = f"{label}:{node.target._opname}"
+        attr = _attr_name(fqn, taken)
+        gm.register_buffer(attr, value.detach())
+        with graph.inserting_before(node):
+            new = graph.get_attr(attr)
+        new.meta.update(node.meta)
+        new.meta["kiln_name"] = fqn
+        new.meta["kiln_weight"] = False
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+        for src in srcs:
+            if not src.users:
+                graph.erase_node(src)
+
+
+def is_getitem(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target is operator.getitem

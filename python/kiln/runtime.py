@@ -1,0 +1,187 @@
+"""The runtime side of the front end: building an engine, the engine module, the custom op.
+
+:class:`KilnEngineModule` is what a block of a compiled graph becomes: an ``nn.Module`` that
+runs one engine. Its hot path checks each input (dtype, shape, device, contiguity), allocates
+the outputs with PyTorch's allocator on the engine's device (so on CUDA they belong to the
+current stream) and hands raw addresses to ``ExecutionContext.execute_ptrs``: no numpy, no
+copies, a few microseconds of Python.
+
+Lifecycle: constructed from a built Engine (or from engine bytes) -> forward()* -> pickled or
+exported (the engine travels as its serialized bytes) -> destroyed. One context per module;
+a lock keeps concurrent callers of one module one at a time, as ExecutionContext requires.
+
+For torch.export (kiln.save) the module calls the custom op ``kiln::execute_engine(inputs,
+engine, spec)`` instead: ``engine`` is a uint8 buffer holding the engine file, ``spec`` a
+JSON string with the I/O dtypes, shapes and device, so the op's fake implementation can give
+output metadata without the engine. The eager implementation deserializes each distinct
+engine buffer once and keeps the runner while the buffer lives.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from kiln import _C
+from kiln._logging import get_logger
+from kiln.settings import CompilationSettings
+from kiln.translate import kiln_dtype, torch_dtype
+
+log = get_logger("runtime")
+
+__all__ = ["KilnEngineModule", "build_engine", "builder_config", "execute_engine"]
+
+_DTYPE_NAMES = {dt: str(dt).removeprefix("torch.") for dt in
+                (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
+                 torch.int8, torch.uint8, torch.bool)}
+_NAME_DTYPES = {v: k for k, v in _DTYPE_NAMES.items()}
+
+
+def builder_config(settings: CompilationSettings, device: str) -> Any:
+    precisions = [kiln_dtype(dt) for dt in sorted(settings.enabled_precisions, key=str)]
+    return _C.BuilderConfig(enabled_precisions=precisions, workspace_limit=settings.workspace_size,
+                            optimization_level=settings.optimization_level, device=device)
+
+
+def build_engine(description: Any, settings: CompilationSettings, device: str) -> Any:
+    """ImportGraph -> Engine (raises kiln.KilnError subclasses naming the cause)."""
+    network = _C.import_aten(description)
+    return _C.Builder(builder_config(settings, device)).build(network)
+
+
+class KilnEngineModule(torch.nn.Module):
+    """Runs one Kiln engine on PyTorch tensors.
+
+    ``input_dtypes`` / ``output_dtypes`` are what the surrounding graph passes and expects; they
+    differ from the engine's only with ``truncate_double`` (float64 outside, float32 inside),
+    in which case the module casts.
+    """
+
+    def __init__(self, engine: Any, device: str, input_dtypes: Sequence[torch.dtype] | None = None,
+                 output_dtypes: Sequence[torch.dtype] | None = None, name: str = "engine") -> None:
+        super().__init__()
+        self.name = name
+        self._set_engine(engine, device, input_dtypes, output_dtypes)
+        self._exporting = False
+
+    def _set_engine(self, engine: Any, device: str, input_dtypes: Sequence[torch.dtype] | None,
+                    output_dtypes: Sequence[torch.dtype] | None) -> None:
+        self._engine = engine
+        self._context = engine.create_execution_context()
+        self._device = torch.device(device)
+        self._cuda = self._device.type == "cuda"
+        self._lock = threading.Lock()
+        self.input_names = [io.name for io in engine.inputs]
+        self.output_names = [io.name for io in engine.outputs]
+        self._in = [(torch.Size(io.shape), torch_dtype(io.dtype)) for io in engine.inputs]
+        self._out = [(tuple(io.shape), torch_dtype(io.dtype)) for io in engine.outputs]
+        self._in_cast = list(input_dtypes) if input_dtypes is not None else [dt for _, dt in self._in]
+        self._out_cast = list(output_dtypes) if output_dtypes is not None else [dt for _, dt in self._out]
+        self._casts = self._in_cast != [dt for _, dt in self._in] or self._out_cast != [dt for _, dt in self._out]
+
+    # -- the hot path --
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self._exporting:
+            return tuple(torch.ops.kiln.execute_engine(list(inputs), self.engine_blob, self.spec))
+        if len(inputs) != len(self._in):
+            raise ValueError(f"Kiln {self.name} takes {len(self._in)} inputs, got {len(inputs)}")
+        if self._casts:
+            inputs = tuple(x.to(dt) for x, (_, dt) in zip(inputs, self._in))
+        device = self._device
+        held = []
+        for x, (shape, dtype) in zip(inputs, self._in):
+            if x.dtype != dtype or x.shape != shape or x.device != device:
+                self._bad_input(x, len(held))
+            held.append(x if x.is_contiguous() else x.contiguous())
+        outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self._out]
+        stream = torch._C._cuda_getCurrentRawStream(device.index) if self._cuda else 0
+        with self._lock:
+            self._context.execute_ptrs([x.data_ptr() for x in held], [o.data_ptr() for o in outs], stream)
+        if self._casts:
+            return tuple(o.to(dt) for o, dt in zip(outs, self._out_cast))
+        return tuple(outs)
+
+    def _bad_input(self, x: torch.Tensor, i: int) -> None:
+        shape, dtype = self._in[i]
+        raise _C.ShapeMismatchError(
+            f"Kiln {self.name} input {i} ('{self.input_names[i]}') must be {dtype} {list(shape)} on "
+            f"{self._device}, got {x.dtype} {list(x.shape)} on {x.device} (engines are built for static shapes)")
+
+    # -- description and serialization --
+    @property
+    def engine(self) -> Any:
+        return self._engine
+
+    @property
+    def spec(self) -> str:
+        def io(items: Sequence[tuple[Any, torch.dtype]]) -> list[Any]:
+            return [[_DTYPE_NAMES[dt], list(shape)] for shape, dt in items]
+        return json.dumps({"inputs": io(list(zip([s for s, _ in self._in], self._in_cast))),
+                           "outputs": io(list(zip([s for s, _ in self._out], self._out_cast))),
+                           "device": str(self._device)}, separators=(",", ":"))
+
+    def engine_bytes(self) -> bytes:
+        return self._engine.serialize()
+
+    def set_exporting(self, on: bool) -> None:
+        """Route forward through kiln::execute_engine (for torch.export) with the engine as a buffer."""
+        if on and not hasattr(self, "engine_blob"):
+            blob = torch.frombuffer(bytearray(self.engine_bytes()), dtype=torch.uint8)
+            self.register_buffer("engine_blob", blob, persistent=True)
+        self._exporting = on
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_engine", "_context", "_lock")}
+        state["_engine_bytes"] = self.engine_bytes()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        data = state.pop("_engine_bytes")
+        self.__dict__.update(state)
+        engine = _C.Engine.deserialize(data, str(self._device))
+        self._set_engine(engine, str(self._device), self._in_cast, self._out_cast)
+
+    def extra_repr(self) -> str:
+        ins = ", ".join(f"{n}: {_DTYPE_NAMES[d]}{list(s)}" for n, (s, d) in zip(self.input_names, self._in))
+        outs = ", ".join(f"{n}: {_DTYPE_NAMES[d]}{list(s)}" for n, (s, d) in zip(self.output_names, self._out))
+        return f"name={self.name}, device={self._device}, inputs=[{ins}], outputs=[{outs}]"
+
+
+# ---- kiln::execute_engine ---------------------------------------------------------------
+
+_RUNNERS: dict[int, tuple[weakref.ref[torch.Tensor], KilnEngineModule]] = {}
+_RUNNERS_LOCK = threading.Lock()
+
+
+def _runner(engine: torch.Tensor, spec: str) -> KilnEngineModule:
+    key = id(engine)
+    hit = _RUNNERS.get(key)
+    if hit is not None and hit[0]() is engine:
+        return hit[1]
+    with _RUNNERS_LOCK:
+        meta = json.loads(spec)
+        data = engine.detach().to("cpu").contiguous().numpy()
+        built = _C.Engine.deserialize(data, meta["device"])
+        module = KilnEngineModule(built, meta["device"], [_NAME_DTYPES[d] for d, _ in meta["inputs"]],
+                                  [_NAME_DTYPES[d] for d, _ in meta["outputs"]], name="execute_engine")
+        _RUNNERS[key] = (weakref.ref(engine, lambda _: _RUNNERS.pop(key, None)), module)
+        log.debug("deserialized an engine of %d bytes for kiln::execute_engine", engine.numel())
+        return module
+
+
+@torch.library.custom_op("kiln::execute_engine", mutates_args=())
+def execute_engine(inputs: list[torch.Tensor], engine: torch.Tensor, spec: str) -> list[torch.Tensor]:
+    """Runs the engine whose file bytes are ``engine`` (uint8) on ``inputs``."""
+    return list(_runner(engine, spec)(*inputs))
+
+
+@execute_engine.register_fake
+def _execute_engine_fake(inputs: list[torch.Tensor], engine: torch.Tensor, spec: str) -> list[torch.Tensor]:
+    meta = json.loads(spec)
+    device = inputs[0].device if inputs else torch.device(meta["device"])
+    return [torch.empty(shape, dtype=_NAME_DTYPES[dt], device=device) for dt, shape in meta["outputs"]]

@@ -1,0 +1,229 @@
+"""Translation: FX nodes of a lowered graph -> kiln._C.ImportGraph, the C++ import description.
+
+One :class:`Encoder` turns FX values into tensor ids (dtype, static shape and strides from the
+FakeTensor in ``meta["val"]``) and FX nodes into import nodes (see include/kiln/import.h):
+
+* target is ``str(overload)``, e.g. "aten.convolution.default";
+* arguments follow the overload's schema: every positional argument in order (absent trailing
+  ones take the schema default), keyword-only arguments as kwargs (defaults included);
+* a tensor is ``ImportArg.of_tensor(id)``; int, float, bool, str and None pass as they are;
+  a torch.dtype becomes a DType (a dtype Kiln lacks makes the node unsupported); a device,
+  layout or memory format becomes its string; lists nest;
+* ``outputs`` has one tensor id per tensor output of the overload, -1 for an output nobody
+  reads; a getitem on a tuple output is the id of that tuple element.
+
+:class:`Capability` describes a whole graph once and asks ``kiln._C.can_import`` per node
+(the partitioner's capability function). :func:`describe_block` describes one block with its
+constants' bytes for the build. No operator knowledge lives here: which node is supported,
+and how, is decided by the C++ importers.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from kiln import _C
+from kiln.partition import Block
+from kiln.settings import CompilationSettings
+
+__all__ = ["Encoder", "Capability", "describe_block", "kiln_dtype", "torch_dtype", "EncodeError"]
+
+_TORCH_TO_KILN: dict[torch.dtype, Any] = {
+    torch.float32: _C.DType.f32, torch.float16: _C.DType.f16, torch.bfloat16: _C.DType.bf16,
+    torch.float64: _C.DType.f64, torch.int64: _C.DType.i64, torch.int32: _C.DType.i32,
+    torch.int8: _C.DType.i8, torch.uint8: _C.DType.u8, torch.bool: _C.DType.bool,
+}
+_KILN_TO_TORCH = {v: k for k, v in _TORCH_TO_KILN.items()}
+
+
+class EncodeError(Exception):
+    """A node or value that cannot be described to the importers (the reason is the message)."""
+
+
+def kiln_dtype(dt: torch.dtype, truncate_double: bool = False) -> Any:
+    if truncate_double and dt == torch.float64:
+        dt = torch.float32
+    try:
+        return _TORCH_TO_KILN[dt]
+    except KeyError:
+        raise EncodeError(f"dtype {dt} has no Kiln equivalent") from None
+
+
+def torch_dtype(dt: Any) -> torch.dtype:
+    return _KILN_TO_TORCH[dt]
+
+
+def _static_shape(t: torch.Tensor, what: str) -> tuple[list[int], list[int] | None]:
+    if t.layout != torch.strided:
+        raise EncodeError(f"{what} has layout {t.layout}")
+    try:
+        shape = [int(s) for s in t.shape]
+        strides = [int(s) for s in t.stride()]
+    except (TypeError, RuntimeError):
+        raise EncodeError(f"{what} has a symbolic shape {tuple(t.shape)} (Kiln builds static shapes)") from None
+    return shape, (None if t.is_contiguous() else strides)
+
+
+class Encoder:
+    """Builds one ImportGraph; remembers the tensor id of every FX value it has described."""
+
+    def __init__(self, settings: CompilationSettings) -> None:
+        self.graph = _C.ImportGraph()
+        self.truncate_double = settings.truncate_double
+        self.ids: dict[fx.Node, int] = {}
+
+    # -- values --
+    def add_value(self, node: fx.Node, dense: bool = False) -> int:
+        """The id of a tensor-valued node (described on first use)."""
+        if node in self.ids:
+            return self.ids[node]
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            raise EncodeError(f"value {node.name} is not a tensor with metadata ({type(val).__name__})")
+        shape, strides = _static_shape(val, f"value {node.name}")
+        dtype = kiln_dtype(val.dtype, self.truncate_double)
+        tid = self.graph.add_tensor(dtype, shape, None if dense else strides)
+        self.ids[node] = tid
+        return tid
+
+    def add_input(self, node: fx.Node) -> int:
+        # Dense: the engine module hands the engine contiguous buffers whatever their strides.
+        tid = self.add_value(node, dense=True)
+        self.graph.add_input(tid, node.name)
+        return tid
+
+    def add_constant(self, node: fx.Node, tensor: torch.Tensor | None) -> int:
+        """A get_attr node; with ``tensor`` its bytes are copied (dense, on the host)."""
+        tid = self.add_value(node, dense=True)
+        if tensor is not None:
+            data = tensor.detach()
+            if self.truncate_double and data.dtype == torch.float64:
+                data = data.float()
+            data = data.to("cpu").contiguous()
+            name = node.meta.get("kiln_name", str(node.target))
+            weight = bool(node.meta.get("kiln_weight", False))
+            self.graph.add_constant_from_ptr(tid, name, data.data_ptr(), data.numel() * data.element_size(), weight)
+        return tid
+
+    # -- nodes --
+    def _arg(self, value: Any, where: str) -> Any:
+        if isinstance(value, fx.Node):
+            if value not in self.ids:
+                raise EncodeError(f"{where}: {value.name} is not a described tensor")
+            return _C.ImportArg.of_tensor(self.ids[value])
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        if isinstance(value, torch.dtype):
+            return kiln_dtype(value, self.truncate_double)
+        if isinstance(value, (torch.device, torch.layout, torch.memory_format)):
+            return str(value)
+        if isinstance(value, (list, tuple)):
+            return [self._arg(v, where) for v in value]
+        raise EncodeError(f"{where}: cannot describe an argument of type {type(value).__name__}")
+
+    def node_arguments(self, node: fx.Node) -> tuple[list[Any], dict[str, Any]]:
+        target = node.target
+        if not isinstance(target, torch._ops.OpOverload):
+            raise EncodeError(f"{node.name} calls {target}, not an ATen overload")
+        args: list[Any] = []
+        kwargs: dict[str, Any] = {}
+        extra = set(node.kwargs) - {a.name for a in target._schema.arguments}
+        if extra:
+            raise EncodeError(f"{node.name}: unknown keyword arguments {sorted(extra)}")
+        positional = [a for a in target._schema.arguments if not a.kwarg_only]
+        if len(node.args) > len(positional):
+            raise EncodeError(f"{node.name}: {len(node.args)} positional arguments for {len(positional)}")
+        for i, a in enumerate(target._schema.arguments):
+            where = f"{target} argument '{a.name}'"
+            if not a.kwarg_only and i < len(node.args):
+                value = node.args[i]
+            elif a.name in node.kwargs:
+                value = node.kwargs[a.name]
+            elif a.has_default_value():
+                value = a.default_value
+            else:
+                raise EncodeError(f"{node.name}: missing argument '{a.name}'")
+            (kwargs.__setitem__(a.name, self._arg(value, where)) if a.kwarg_only
+             else args.append(self._arg(value, where)))
+        return args, kwargs
+
+    def node_outputs(self, node: fx.Node) -> list[int]:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return [self.add_value(node)]
+        if val is None and isinstance(node.target, torch._ops.OpOverload) and not node.target._schema.returns:
+            return []
+        if not isinstance(val, (tuple, list)):
+            raise EncodeError(f"{node.name} produces {type(val).__name__}, not tensors")
+        outs = [-1] * len(val)
+        for user in node.users:
+            if user.target is not operator.getitem or not isinstance(user.args[1], int):
+                raise EncodeError(f"{node.name}: a tuple output used other than by indexing")
+            i = user.args[1]
+            if outs[i] == -1:
+                outs[i] = self.add_value(user)
+            else:  # two getitems of one element name one tensor
+                self.ids[user] = outs[i]
+        return outs
+
+    def describe_node(self, node: fx.Node) -> _C.ImportNode:
+        for value in node.all_input_nodes:
+            if value not in self.ids:
+                self.add_value(value)
+        args, kwargs = self.node_arguments(node)
+        return _C.ImportNode(str(node.target), args, kwargs, self.node_outputs(node), node.name)
+
+
+class Capability:
+    """The partitioner's capability function: every node of ``gm`` asked of the importers."""
+
+    def __init__(self, gm: fx.GraphModule, settings: CompilationSettings) -> None:
+        self.encoder = Encoder(settings)
+        self.answers: dict[fx.Node, tuple[bool, str]] = {}
+        for node in gm.graph.nodes:
+            if node.op == "placeholder" and isinstance(node.meta.get("val"), torch.Tensor):
+                self._try(lambda: self.encoder.add_input(node))
+            elif node.op == "get_attr":
+                self._try(lambda: self.encoder.add_constant(node, None))
+            elif node.op == "call_function" and node.target is not operator.getitem:
+                self.answers[node] = self._ask(node)
+
+    @staticmethod
+    def _try(fn: Any) -> None:
+        try:
+            fn()
+        except EncodeError:
+            pass  # nodes that read this value become unsupported, with the reason
+
+    def _ask(self, node: fx.Node) -> tuple[bool, str]:
+        try:
+            inode = self.encoder.describe_node(node)
+        except EncodeError as e:
+            return False, str(e)
+        answer = _C.can_import(inode, self.encoder.graph)
+        return bool(answer.supported), answer.reason
+
+    def __call__(self, node: fx.Node) -> tuple[bool, str]:
+        return self.answers.get(node, (False, "not an ATen call"))
+
+
+def describe_block(gm: fx.GraphModule, block: Block, settings: CompilationSettings) -> _C.ImportGraph:
+    """The import description of one block, with its constants' bytes."""
+    enc = Encoder(settings)
+    for node in block.inputs:
+        enc.add_input(node)
+    for node in block.constants:
+        enc.add_constant(node, getattr(gm, str(node.target)))
+    for node in block.nodes:
+        if node.target is operator.getitem:
+            if node not in enc.ids:
+                raise EncodeError(f"{node.name} indexes a value the block does not produce")
+            continue
+        enc.graph.add_node(enc.describe_node(node))
+    for i, node in enumerate(block.outputs):
+        enc.graph.add_output(enc.ids[node], f"output_{i}")
+    return enc.graph

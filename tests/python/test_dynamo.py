@@ -1,0 +1,331 @@
+"""torch.compile(backend="kiln"): registration, options, graph breaks, recompilation, fallbacks,
+the dry-run report. Every compiled result is checked against eager PyTorch."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn as nn
+
+import kiln
+import kiln.aot
+import kiln.dynamo
+from harness import compile_and_compare
+
+torch.manual_seed(0)
+
+
+class MLP(nn.Module):
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(d, 32), nn.Linear(32, 32), nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.fc1(x))
+        h = torch.sigmoid(self.fc2(h)) * h + h
+        return self.fc3(h)
+
+
+class Broken(nn.Module):
+    """Two engines' worth of work around a graph break."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = MLP(), MLP(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a(x)
+        torch._dynamo.graph_break()
+        return self.b(y) + 1.0
+
+
+def _entry_point() -> Any:
+    eps = importlib.metadata.entry_points(group="torch_dynamo_backends")
+    return next((ep for ep in eps if ep.name == "kiln"), None)
+
+
+def test_kiln_is_a_registered_backend() -> None:
+    assert "kiln" in torch.compiler.list_backends()
+    from torch._dynamo.backends.registry import lookup_backend
+    assert lookup_backend("kiln") is kiln.dynamo.kiln_backend
+
+
+def test_backend_found_without_importing_kiln(tmp_path: Path) -> None:
+    """torch finds "kiln" through the torch_dynamo_backends entry point, and a later
+    `import kiln` does not register it a second time. Without a pip install, the entry point
+    is declared by a stand-in distribution on the path (the same metadata pip writes)."""
+    env = dict(os.environ)
+    package_root = str(Path(kiln.__file__).absolute().parent.parent)
+    paths = [package_root]
+    ep = _entry_point()
+    if ep is None:
+        dist = tmp_path / "kiln_entry_point-0.0.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: kiln-entry-point\nVersion: 0.0\n")
+        (dist / "entry_points.txt").write_text("[torch_dynamo_backends]\nkiln = kiln.dynamo:kiln_backend\n")
+        paths.append(str(tmp_path))
+    else:
+        assert ep.value == "kiln.dynamo:kiln_backend"
+    env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
+    script = textwrap.dedent("""
+        import sys, torch
+        assert "kiln" not in sys.modules
+        m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+        x = torch.randn(2, 4)
+        with torch.no_grad():
+            y = torch.compile(m, backend="kiln", options={"min_block_size": 1})(x)
+            assert torch.allclose(y, m(x), atol=1e-5)
+        assert "kiln" in torch.compiler.list_backends()
+        import kiln
+        from torch._dynamo.backends.registry import lookup_backend
+        assert lookup_backend("kiln") is kiln.kiln_backend
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+def test_string_backend_with_options_matches_eager(tmp_path: Path) -> None:
+    m, x = MLP().eval(), torch.randn(4, 16)
+    report = tmp_path / "report.txt"
+    with torch.no_grad():
+        y = torch.compile(m, backend="kiln", options={"min_block_size": 1, "debug": True, "dryrun": str(report)})(x)
+    torch.testing.assert_close(y, m(x))
+    assert "Kiln dry run" in report.read_text()  # the options reached the backend
+
+
+def test_small_model_runs_in_one_engine() -> None:
+    result = compile_and_compare(MLP().eval(), [torch.randn(4, 16)], options={"min_block_size": 1})
+    assert result.engines == 1 and result.coverage == 100.0, result.ops_in_pytorch
+
+
+def test_graph_break_gives_two_compiled_graphs() -> None:
+    result = compile_and_compare(Broken().eval(), [torch.randn(4, 16)], options={"min_block_size": 1})
+    assert len(result.graphs) == 2
+    assert result.engines == 2 and result.coverage == 100.0
+
+
+def test_recompiles_only_for_new_shapes_and_dtypes() -> None:
+    calls: list[tuple[int, ...]] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        calls.append(tuple(example_inputs[-1].shape))
+        return kiln.dynamo.kiln_backend(gm, example_inputs, options={"min_block_size": 1})
+
+    torch._dynamo.reset()
+    m = MLP().eval()
+    fn = torch.compile(m, backend=backend, dynamic=False)
+    with torch.no_grad():
+        for batch in (2, 3, 2, 3, 2):
+            x = torch.randn(batch, 16)
+            torch.testing.assert_close(fn(x), m(x))
+        assert len(calls) == 2
+        m64 = MLP().eval().double()
+        fn64 = torch.compile(m64, backend=backend, dynamic=False)
+        x = torch.randn(2, 16, dtype=torch.float64)
+        torch.testing.assert_close(fn64(x), m64(x))
+        assert len(calls) == 3
+
+
+def test_symbolic_graphs_are_specialized_per_shape() -> None:
+    graphs: list[Any] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        graphs.append(kiln.dynamo.kiln_backend(gm, example_inputs, options={"min_block_size": 1}))
+        return graphs[-1]
+
+    torch._dynamo.reset()
+    m = MLP().eval()
+    fn = torch.compile(m, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for batch in (2, 5, 2, 7):
+            x = torch.randn(batch, 16)
+            torch.testing.assert_close(fn(x), m(x))
+    assert len(graphs) == 1 and graphs[0].dynamic
+    assert len(graphs[0].graph_modules) == 3  # batch 2, 5, 7: one build each
+    assert all(gm.meta["kiln_summary"].engines == 1 for gm in graphs[0].graph_modules)
+
+
+def test_gradients_required_runs_eagerly_with_a_warning() -> None:
+    torch._dynamo.reset()
+    m, x = MLP().eval(), torch.randn(2, 16)
+    fn = torch.compile(m, backend="kiln", options={"min_block_size": 1})
+    with pytest.warns(RuntimeWarning, match="inference only"):
+        y = fn(x)
+    assert y.requires_grad
+    torch.testing.assert_close(y, m(x))
+    torch._dynamo.reset()
+    fn = torch.compile(m, backend="kiln", options={"require_full_compilation": True})
+    with pytest.raises(Exception, match="inference only"):
+        fn(x)
+
+
+def _failing_build(target: str) -> Any:
+    real = kiln.aot.build_engine
+
+    def build(description: Any, settings: Any, device: str) -> Any:
+        for node in description.nodes:
+            if node.target == target:
+                raise kiln.UnsupportedError(f"[unsupported] {target} ({node.name}): no kernel for this case")
+        return real(description, settings, device)
+    return build
+
+
+def test_build_failure_falls_back_to_pytorch_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kiln.aot, "build_engine", _failing_build("aten.sigmoid.default"))
+    with pytest.warns(RuntimeWarning) as record:
+        result = compile_and_compare(MLP().eval(), [torch.randn(4, 16)], options={"min_block_size": 1})
+    messages = [str(w.message) for w in record if "Kiln could not build" in str(w.message)]
+    assert len(messages) == 1
+    assert "aten.sigmoid.default" in messages[0] and "no kernel for this case" in messages[0]
+    assert result.engines == 0 and result.ops_in_pytorch["aten.sigmoid.default"] == 1
+
+
+def test_pass_through_build_failures_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kiln.aot, "build_engine", _failing_build("aten.sigmoid.default"))
+    with pytest.raises(Exception, match="no kernel for this case"):
+        compile_and_compare(MLP().eval(), [torch.randn(4, 16)],
+                            options={"min_block_size": 1, "pass_through_build_failures": True})
+
+
+def test_torch_executed_ops_split_the_engine() -> None:
+    result = compile_and_compare(MLP().eval(), [torch.randn(4, 16)],
+                                 options={"min_block_size": 1, "torch_executed_ops": {"aten.sigmoid"}})
+    assert result.ops_in_pytorch == {"aten.sigmoid.default": 1}
+    assert result.engines == 2 and "aten.sigmoid.default" not in result.ops_in_engines
+
+
+def test_min_block_size_keeps_small_graphs_in_pytorch() -> None:
+    result = compile_and_compare(nn.ReLU(), [torch.randn(4, 16)], options={"min_block_size": 2})
+    assert result.engines == 0 and result.ops_in_pytorch == {"aten.relu.default": 1}
+
+
+def test_dry_run_builds_nothing_and_reports(caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    with caplog.at_level(logging.INFO, logger="kiln.dryrun"):
+        result = compile_and_compare(Broken().eval(), [torch.randn(4, 16)], options={"dryrun": True})
+    assert result.engines == 0
+    reports = [r.getMessage() for r in caplog.records if r.name == "kiln.dryrun"]
+    assert len(reports) == 2  # one per graph
+    for text in reports:
+        assert "total ops:" in text and "supported ops:" in text and "coverage: 100.0%" in text
+        assert "engine 0:" in text and "inputs:" in text and "outputs:" in text
+        assert "min_block_size -> engines" in text
+    path = tmp_path / "dry.txt"
+    compile_and_compare(Broken().eval(), [torch.randn(4, 16)], options={"dryrun": str(path)})
+    assert path.read_text().count("Kiln dry run: graph") == 2
+
+
+def test_debug_with_infinite_min_block_size_is_a_dry_run(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG, logger="kiln"):
+        result = compile_and_compare(MLP().eval(), [torch.randn(4, 16)],
+                                     options={"debug": True, "min_block_size": float("inf")})
+    assert result.engines == 0
+    assert any("Kiln dry run" in r.getMessage() for r in caplog.records)
+
+
+def test_dry_run_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    compile_and_compare(nn.ReLU(), [torch.randn(3)], options={"dryrun": "-"})
+    assert "Kiln dry run" in capsys.readouterr().out
+
+
+def test_unknown_mode_is_rejected() -> None:
+    torch._dynamo.reset()
+    fn = torch.compile(nn.ReLU(), backend="kiln", mode="max-autotune")
+    with pytest.raises(Exception, match="not a Kiln mode"):
+        with torch.no_grad():
+            fn(torch.randn(3))
+
+
+def test_require_full_compilation_raises_on_unsupported_ops() -> None:
+    supported = set(kiln.supported_aten_targets())
+    candidates = {"aten.cumsum.default": lambda x: torch.cumsum(x, 1),
+                  "aten.sort.default": lambda x: torch.sort(x, 1)[0],
+                  "aten.flip.default": lambda x: torch.flip(x, [1])}
+    target, fn = next(((t, f) for t, f in candidates.items() if t not in supported), (None, None))
+    if target is None:
+        pytest.skip("every candidate op is supported")
+
+    class M(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return fn(torch.relu(x)) + 1
+
+    with pytest.raises(Exception, match=target.replace(".", r"\.")):
+        compile_and_compare(M(), [torch.randn(2, 5)], options={"require_full_compilation": True})
+    result = compile_and_compare(M(), [torch.randn(2, 5)], options={"min_block_size": 1})
+    assert result.ops_in_pytorch[target] == 1
+
+
+def test_inference_mode_works() -> None:
+    torch._dynamo.reset()
+    m, x = MLP().eval(), torch.randn(3, 16)
+    with torch.inference_mode():
+        y = torch.compile(m, backend="kiln", options={"min_block_size": 1})(x)
+        torch.testing.assert_close(y, m(x))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> Any:
+    yield
+    torch._dynamo.reset()
+
+
+def test_engine_weights_keep_their_module_paths() -> None:
+    result = compile_and_compare(MLP().eval(), [torch.randn(4, 16)], options={"min_block_size": 1})
+    (gm,) = result.graphs[0].graph_modules
+    (engine,) = [m for m in gm.modules() if isinstance(m, kiln.runtime.KilnEngineModule)]
+    names = set(engine.engine.weight_names)
+    assert {"fc1.weight", "fc1.bias"} <= names, names
+
+
+def test_graph_mutating_its_input_runs_eagerly_with_a_warning() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        x.add_(1.0)
+        return torch.relu(x) * 2.0
+
+    torch._dynamo.reset()
+    x = torch.randn(3, 4)
+    expected_x, expected = x.clone() + 1.0, torch.relu(x + 1.0) * 2.0
+    with torch.no_grad(), pytest.warns(RuntimeWarning, match="running it in eager PyTorch"):
+        y = torch.compile(f, backend="kiln", options={"min_block_size": 1})(x)
+    torch.testing.assert_close(y, expected)
+    torch.testing.assert_close(x, expected_x)
+
+
+def test_outputs_that_alias_inputs() -> None:
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return x, x.view(-1), torch.relu(x).sum(0) + 1.0
+
+    torch._dynamo.reset()
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        a, b, c = torch.compile(f, backend="kiln", options={"min_block_size": 1})(x)
+    assert a is x or torch.equal(a, x)
+    torch.testing.assert_close(b, x.view(-1))
+    torch.testing.assert_close(c, torch.relu(x).sum(0) + 1.0)
+
+
+def test_float16_model_with_half_precision() -> None:
+    m = MLP().eval().half()
+    x = torch.randn(4, 16, dtype=torch.float16)
+    result = compile_and_compare(m, [x], options={"min_block_size": 1, "enabled_precisions": {torch.half}},
+                                 atol=1e-2, rtol=1e-2)
+    assert result.engines == 1 and result.outputs[0].dtype == torch.float16
+
+
+def test_non_contiguous_inputs() -> None:
+    conv = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
+    x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+    result = compile_and_compare(conv, [x], options={"min_block_size": 1})
+    assert result.engines == 1
+    t = torch.randn(16, 4).t()  # a transposed view as the input
+    result = compile_and_compare(MLP().eval(), [t], options={"min_block_size": 1})
+    assert result.engines == 1
