@@ -5,10 +5,17 @@
 // running one only needs buffer addresses: no allocation and no shape arithmetic on the hot
 // path. A Kernel's run() is const and may be called from several threads at once (one per
 // ExecutionContext); any scratch it needs comes from the caller's workspace.
+//
+// Kernel lifecycle: at build, make_kernel(node, graph, options, nullptr) chooses an
+// implementation (timing candidates where the backend has several: a tactic) and may generate
+// and compile code; state() then returns what is needed to make the same kernel again, which
+// the engine file stores. At load, make_kernel(..., &state) rebuilds it from those bytes
+// without timing or compiling anything.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,6 +49,15 @@ class Kernel {
   virtual size_t workspace_size() const { return 0; }
   // A short description of the implementation chosen (tactic), for build logs.
   virtual std::string describe() const { return {}; }
+  // The tactic and generated code that make_kernel needs to remake this kernel (see above).
+  virtual Bytes state() const { return {}; }
+};
+
+// A recorded sequence of kernel launches that replays as one unit (a CUDA graph).
+class CapturedGraph {
+ public:
+  virtual ~CapturedGraph() = default;
+  virtual void replay(void* stream) = 0;
 };
 
 struct KernelOptions {
@@ -57,13 +73,22 @@ class Backend {
   virtual std::string device_name() const = 0;    // what an engine file records, e.g. "cpu"
   // The answer to "can you run this node?"; `why` receives the reason when the answer is no.
   virtual bool supports(const Node& node, const Graph& graph, std::string* why = nullptr) const = 0;
-  virtual std::unique_ptr<Kernel> make_kernel(const Node& node, const Graph& graph,
-                                              const KernelOptions& options) = 0;
+  // `state` is null when building (the backend chooses), or the Kernel::state() saved with the
+  // engine when loading one; a state the backend cannot read is kCorrupted.
+  virtual std::unique_ptr<Kernel> make_kernel(const Node& node, const Graph& graph, const KernelOptions& options,
+                                              const Bytes* state = nullptr) = 0;
   // Device memory; the deleter frees it. alignment() bytes aligned.
   virtual std::shared_ptr<void> allocate(size_t bytes) = 0;
   virtual void copy_from_host(void* dst, const void* src, size_t bytes, void* stream) = 0;
   virtual void copy_to_host(void* dst, const void* src, size_t bytes, void* stream) = 0;
+  virtual void copy_on_device(void* dst, const void* src, size_t bytes, void* stream) = 0;
   virtual void synchronize(void* stream) = 0;
+  // Records what `launches` enqueues on `stream` into a graph that replays it; null where the
+  // backend has no such thing (CPU), in which case nothing was run.
+  virtual std::unique_ptr<CapturedGraph> capture(const std::function<void(void* stream)>& launches, void* stream) {
+    (void)launches, (void)stream;
+    return nullptr;
+  }
   virtual size_t alignment() const { return 64; }
 };
 

@@ -9,6 +9,12 @@
 // buffers it is given, runs every kernel in order on the caller's stream and returns; a
 // failed check throws before any kernel runs and leaves the context usable. One context
 // runs one call at a time; several contexts on one engine run concurrently.
+//
+// With graph replay (on a backend that captures, i.e. CUDA, and unless turned off), the
+// context also owns a staging buffer per engine input and output: the first execute()
+// captures every kernel launch, reading and writing the staging buffers, into one graph;
+// each call then copies the inputs in, replays the graph and copies the outputs out, so the
+// caller's buffers may change from call to call.
 #pragma once
 
 #include <cstdint>
@@ -34,8 +40,9 @@ class ExecutionContext;
 class Engine : public std::enable_shared_from_this<Engine> {
  public:
   // Takes an optimized, verified plan. Prefer Builder::build and Engine::deserialize.
+  // `kernel_states` (one per plan node, from an engine file) remake the kernels chosen at build.
   static std::shared_ptr<Engine> create(Graph plan, const Device& device, const KernelOptions& options,
-                                        std::string build_log = {});
+                                        std::string build_log = {}, const std::vector<Bytes>& kernel_states = {});
 
   const std::vector<IOTensor>& inputs() const { return inputs_; }
   const std::vector<IOTensor>& outputs() const { return outputs_; }
@@ -47,7 +54,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   const KernelOptions& kernel_options() const { return options_; }
   size_t workspace_size() const { return workspace_; }
 
-  std::unique_ptr<ExecutionContext> create_execution_context() const;
+  // use_graphs: replay a captured graph per call where the backend can (see above).
+  std::unique_ptr<ExecutionContext> create_execution_context(bool use_graphs = true) const;
 
   // Engine files: see src/serialize/engine_file.h for the format.
   Bytes serialize() const;
@@ -69,6 +77,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<IOTensor> inputs_, outputs_;
   Backend* backend_ = nullptr;
   std::vector<std::unique_ptr<Kernel>> kernels_;       // one per plan node
+  std::vector<Bytes> kernel_states_;                   // Kernel::state() per node (engine files)
   std::vector<std::shared_ptr<void>> constant_memory_;  // device copies of constants
   std::vector<const void*> constant_ptr_;               // per ValueId, null unless constant
   size_t workspace_ = 0;
@@ -76,7 +85,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
 class ExecutionContext {
  public:
-  explicit ExecutionContext(std::shared_ptr<const Engine> engine);
+  explicit ExecutionContext(std::shared_ptr<const Engine> engine, bool use_graphs = true);
   ExecutionContext(const ExecutionContext&) = delete;
   ExecutionContext& operator=(const ExecutionContext&) = delete;
 
@@ -91,8 +100,12 @@ class ExecutionContext {
                        void* stream = nullptr);
 
   const Engine& engine() const { return *engine_; }
+  bool uses_graphs() const { return use_graphs_; }
 
  private:
+  void launch_all(void* stream);
+  void bind(const std::vector<const void*>& inputs, const std::vector<void*>& outputs);
+
   std::shared_ptr<const Engine> engine_;
   std::shared_ptr<void> arena_;
   std::shared_ptr<void> workspace_;
@@ -100,6 +113,9 @@ class ExecutionContext {
   std::vector<std::vector<ValueId>> node_in_, node_out_;
   std::vector<const void*> in_ptrs_;         // scratch reused across calls
   std::vector<void*> out_ptrs_;
+  bool use_graphs_ = false;
+  std::vector<std::shared_ptr<void>> staging_;  // graph replay: one buffer per engine input, then output
+  std::unique_ptr<CapturedGraph> graph_;
 };
 
 }  // namespace kiln

@@ -417,7 +417,7 @@ class Engine:
     def graph(self) -> Graph:
         """A copy of the optimized plan."""
 
-    def create_execution_context(self) -> ExecutionContext: ...
+    def create_execution_context(self, use_graphs: bool = True) -> ExecutionContext: ...
 
     def serialize(self) -> bytes:
         """The engine file's bytes."""

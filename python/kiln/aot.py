@@ -89,7 +89,8 @@ def _build_block(gm: fx.GraphModule, block: Block, settings: CompilationSettings
         return None
     log.debug("built %s: %d ops\n%s", name, block.num_ops, engine.build_log)
     return KilnEngineModule(engine, device, [n.meta["val"].dtype for n in block.inputs],
-                            [n.meta["val"].dtype for n in block.outputs], name=name)
+                            [n.meta["val"].dtype for n in block.outputs], name=name,
+                            use_cuda_graphs=settings.use_cuda_graphs)
 
 
 def compile_lowered(lowered: LoweredGraph, settings: CompilationSettings, device: str,

@@ -63,16 +63,18 @@ class KilnEngineModule(torch.nn.Module):
     """
 
     def __init__(self, engine: Any, device: str, input_dtypes: Sequence[torch.dtype] | None = None,
-                 output_dtypes: Sequence[torch.dtype] | None = None, name: str = "engine") -> None:
+                 output_dtypes: Sequence[torch.dtype] | None = None, name: str = "engine",
+                 use_cuda_graphs: bool = True) -> None:
         super().__init__()
         self.name = name
+        self.use_cuda_graphs = use_cuda_graphs
         self._set_engine(engine, device, input_dtypes, output_dtypes)
         self._exporting = False
 
     def _set_engine(self, engine: Any, device: str, input_dtypes: Sequence[torch.dtype] | None,
                     output_dtypes: Sequence[torch.dtype] | None) -> None:
         self._engine = engine
-        self._context = engine.create_execution_context()
+        self._context = engine.create_execution_context(use_graphs=getattr(self, "use_cuda_graphs", True))
         self._device = torch.device(device)
         self._cuda = self._device.type == "cuda"
         self._lock = threading.Lock()

@@ -66,8 +66,8 @@ class CompilationSettings:
         on-disk engine cache (engines are reused with refit, so they need mutable weights).
         Accepted and validated; the cache itself is not wired in yet.
     immutable_weights: engines may bake weights in (no refit).
-    use_cuda_graphs: replay each engine call as a CUDA graph (CUDA devices only). Accepted and
-        validated; CUDA-graph replay belongs to the CUDA runtime.
+    use_cuda_graphs: on a CUDA device, each engine call replays one captured CUDA graph (the
+        engine is captured on its first call); False launches kernel by kernel. No effect on CPU.
     """
 
     enabled_precisions: frozenset[torch.dtype] = frozenset({torch.float32})
@@ -86,7 +86,7 @@ class CompilationSettings:
     immutable_weights: bool = True
     engine_cache_dir: str = dataclasses.field(default_factory=_default_cache_dir)
     engine_cache_size: int = 5 << 30
-    use_cuda_graphs: bool = False
+    use_cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -107,8 +107,6 @@ class CompilationSettings:
         if self.require_full_compilation and math.isinf(self.min_block_size):
             raise ValueError("require_full_compilation=True contradicts min_block_size=inf "
                              "(which builds no engine)")
-        if self.use_cuda_graphs and self.device == "cpu":
-            raise ValueError("use_cuda_graphs=True needs a CUDA device, but device='cpu'")
 
     @property
     def builds_nothing(self) -> bool:

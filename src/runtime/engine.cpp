@@ -9,7 +9,7 @@
 namespace kiln {
 
 std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const KernelOptions& options,
-                                       std::string build_log) {
+                                       std::string build_log, const std::vector<Bytes>& kernel_states) {
   plan.verify();
   std::shared_ptr<Engine> e(new Engine());
   e->plan_ = std::move(plan);
@@ -37,14 +37,18 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
   }
   if (device.type != DeviceType::kCPU) be.synchronize(nullptr);
 
+  KILN_CHECK(kernel_states.empty() || kernel_states.size() == g.nodes().size(), kCorrupted,
+             kernel_states.size(), " kernel states for a plan of ", g.nodes().size(), " nodes");
   std::ostringstream log;
   log << build_log;
-  for (const auto& n : g.nodes()) {
-    auto k = be.make_kernel(*n, g, options);
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const Node* n = g.nodes()[i].get();
+    auto k = be.make_kernel(*n, g, options, kernel_states.empty() ? nullptr : &kernel_states[i]);
     KILN_CHECK(k != nullptr, kInternal, "backend ", be.name(), " returned no kernel for ", op_name(n->op));
     e->workspace_ = std::max(e->workspace_, k->workspace_size());
     std::string d = k->describe();
-    if (!d.empty()) log << "kernel " << op_name(n->op) << ": " << d << "\n";
+    if (!d.empty() && kernel_states.empty()) log << "kernel " << op_name(n->op) << ": " << d << "\n";
+    e->kernel_states_.push_back(k->state());
     e->kernels_.push_back(std::move(k));
   }
   KILN_CHECK(e->workspace_ <= options.workspace_limit, kInvalidArgument, "the plan needs ", e->workspace_,
@@ -61,11 +65,12 @@ std::vector<std::string> Engine::weight_names() const {
   return names;
 }
 
-std::unique_ptr<ExecutionContext> Engine::create_execution_context() const {
-  return std::make_unique<ExecutionContext>(shared_from_this());
+std::unique_ptr<ExecutionContext> Engine::create_execution_context(bool use_graphs) const {
+  return std::make_unique<ExecutionContext>(shared_from_this(), use_graphs);
 }
 
-ExecutionContext::ExecutionContext(std::shared_ptr<const Engine> engine) : engine_(std::move(engine)) {
+ExecutionContext::ExecutionContext(std::shared_ptr<const Engine> engine, bool use_graphs)
+    : engine_(std::move(engine)), use_graphs_(use_graphs && engine_ && engine_->device_.type != DeviceType::kCPU) {
   KILN_CHECK(engine_ != nullptr, kInvalidArgument, "ExecutionContext needs an engine");
   const Engine& e = *engine_;
   const Graph& g = e.plan_;
@@ -86,6 +91,31 @@ ExecutionContext::ExecutionContext(std::shared_ptr<const Engine> engine) : engin
   }
   in_ptrs_.resize(max_in);
   out_ptrs_.resize(max_out);
+  if (use_graphs_) {
+    for (ValueId v : g.inputs()) staging_.push_back(be.allocate(g.type(v).nbytes()));
+    for (ValueId v : g.outputs()) staging_.push_back(be.allocate(g.type(v).nbytes()));
+  }
+}
+
+void ExecutionContext::bind(const std::vector<const void*>& inputs, const std::vector<void*>& outputs) {
+  const Graph& g = engine_->plan_;
+  for (size_t i = 0; i < inputs.size(); ++i) slot_[g.inputs()[i]] = const_cast<void*>(inputs[i]);
+  for (size_t i = 0; i < outputs.size(); ++i) slot_[g.outputs()[i]] = outputs[i];
+}
+
+void ExecutionContext::launch_all(void* stream) {
+  const Engine& e = *engine_;
+  RunContext rc;
+  rc.stream = stream;
+  rc.workspace = workspace_.get();
+  rc.workspace_size = e.workspace_;
+  for (size_t k = 0; k < e.kernels_.size(); ++k) {
+    const auto& ins = node_in_[k];
+    const auto& outs = node_out_[k];
+    for (size_t i = 0; i < ins.size(); ++i) in_ptrs_[i] = ins[i] == kNoValue ? nullptr : slot_[ins[i]];
+    for (size_t i = 0; i < outs.size(); ++i) out_ptrs_[i] = slot_[outs[i]];
+    e.kernels_[k]->run(in_ptrs_.data(), out_ptrs_.data(), rc);
+  }
 }
 
 void ExecutionContext::execute(const std::vector<const void*>& inputs, const std::vector<void*>& outputs,
@@ -102,20 +132,33 @@ void ExecutionContext::execute(const std::vector<const void*>& inputs, const std
   for (size_t i = 0; i < outputs.size(); ++i)
     KILN_CHECK(outputs[i] != nullptr || g.type(g.outputs()[i]).nbytes() == 0, kInvalidArgument, "output '",
                e.outputs_[i].name, "' has a null buffer");
-  for (size_t i = 0; i < inputs.size(); ++i) slot_[g.inputs()[i]] = const_cast<void*>(inputs[i]);
-  for (size_t i = 0; i < outputs.size(); ++i) slot_[g.outputs()[i]] = outputs[i];
-
-  RunContext rc;
-  rc.stream = stream;
-  rc.workspace = workspace_.get();
-  rc.workspace_size = e.workspace_;
-  for (size_t k = 0; k < e.kernels_.size(); ++k) {
-    const auto& ins = node_in_[k];
-    const auto& outs = node_out_[k];
-    for (size_t i = 0; i < ins.size(); ++i) in_ptrs_[i] = ins[i] == kNoValue ? nullptr : slot_[ins[i]];
-    for (size_t i = 0; i < outs.size(); ++i) out_ptrs_[i] = slot_[outs[i]];
-    e.kernels_[k]->run(in_ptrs_.data(), out_ptrs_.data(), rc);
+  if (!use_graphs_) {
+    bind(inputs, outputs);
+    launch_all(stream);
+    return;
   }
+  Backend& be = *e.backend_;
+  const size_t nin = inputs.size();
+  if (!graph_) {
+    std::vector<const void*> staged_in(nin);
+    std::vector<void*> staged_out(outputs.size());
+    for (size_t i = 0; i < nin; ++i) staged_in[i] = staging_[i].get();
+    for (size_t i = 0; i < outputs.size(); ++i) staged_out[i] = staging_[nin + i].get();
+    bind(staged_in, staged_out);
+    graph_ = be.capture([this](void* s) { launch_all(s); }, stream);
+    if (!graph_) {  // the backend cannot capture: run directly from now on
+      use_graphs_ = false;
+      staging_.clear();
+      bind(inputs, outputs);
+      launch_all(stream);
+      return;
+    }
+  }
+  for (size_t i = 0; i < nin; ++i)
+    be.copy_on_device(staging_[i].get(), inputs[i], g.type(g.inputs()[i]).nbytes(), stream);
+  graph_->replay(stream);
+  for (size_t i = 0; i < outputs.size(); ++i)
+    be.copy_on_device(outputs[i], staging_[nin + i].get(), g.type(g.outputs()[i]).nbytes(), stream);
 }
 
 void ExecutionContext::execute_checked(const std::vector<const void*>& inputs,

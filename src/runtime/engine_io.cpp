@@ -42,6 +42,9 @@ Bytes Engine::serialize() const {
   f.plan = plan_;
   f.options = options_;
   f.build_log = log_;
+  bool any_state = false;
+  for (const Bytes& b : kernel_states_) any_state = any_state || !b.empty();
+  if (any_state) f.kernel_states = kernel_states_;
   return serialize::write_engine_file(f);
 }
 
@@ -50,7 +53,7 @@ std::shared_ptr<Engine> Engine::deserialize(const uint8_t* data, size_t size, co
   serialize::EngineFile f = serialize::read_engine_file(data, size, be.name(), be.device_name());
   std::string log = f.build_log + "loaded from an engine file (" + std::to_string(size) + " bytes, written by Kiln " +
                     f.kiln_version + ")\n";
-  return Engine::create(std::move(f.plan), device, f.options, std::move(log));
+  return Engine::create(std::move(f.plan), device, f.options, std::move(log), f.kernel_states);
 }
 
 void Engine::save(const std::string& path) const {

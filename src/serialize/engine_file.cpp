@@ -22,6 +22,7 @@ constexpr uint32_t kTagPlan = fourcc("PLAN");
 constexpr uint32_t kTagWeights = fourcc("WGTS");
 constexpr uint32_t kTagOptions = fourcc("OPTS");
 constexpr uint32_t kTagLog = fourcc("BLOG");
+constexpr uint32_t kTagKernels = fourcc("KERN");
 constexpr size_t kMinSectionBytes = 4 + 8;
 
 std::string tag_name(uint32_t tag) {
@@ -76,7 +77,7 @@ Bytes write_engine_file(const EngineFile& f) {
   w.str(f.kiln_version);
   w.str(f.backend);
   w.str(f.device_name);
-  w.u32(4);
+  w.u32(f.kernel_states.empty() ? 4 : 5);
   BlobTable blobs;
   write_section(w, kTagPlan, [&] { write_graph(w, f.plan, blobs); });
   write_section(w, kTagWeights, [&] { write_blobs(w, blobs); });
@@ -85,6 +86,15 @@ Bytes write_engine_file(const EngineFile& f) {
     w.u64(f.options.workspace_limit);
   });
   write_section(w, kTagLog, [&] { w.str(f.build_log); });
+  if (!f.kernel_states.empty()) {
+    write_section(w, kTagKernels, [&] {
+      w.u32(uint32_t(f.kernel_states.size()));
+      for (const Bytes& b : f.kernel_states) {
+        w.u64(b.size());
+        w.bytes(b.data(), b.size());
+      }
+    });
+  }
   w.patch_u64(size_at, w.size() + kEngineTrailerBytes);
   w.u64(fnv1a64(w.buffer().data(), w.size()));
   return std::move(w.buffer());
@@ -158,7 +168,7 @@ EngineFile read_engine_file(const uint8_t* data, size_t size, const std::string&
   KILN_CHECK(f.device_name == device_name, kDeviceMismatch, "engine file was built for ", f.backend,
              " device '", f.device_name, "', this device is '", device_name, "'; rebuild the engine for it");
 
-  Section plan, weights, options, log;
+  Section plan, weights, options, log, kernels;
   uint64_t nsections = r.count32(kMinSectionBytes, "sections");
   for (uint64_t i = 0; i < nsections; ++i) {
     uint32_t tag = r.u32();
@@ -166,7 +176,7 @@ EngineFile read_engine_file(const uint8_t* data, size_t size, const std::string&
     size_t offset = r.offset();
     const uint8_t* p = r.take(length);
     Section* s = tag == kTagPlan ? &plan : tag == kTagWeights ? &weights : tag == kTagOptions ? &options
-               : tag == kTagLog ? &log : nullptr;
+               : tag == kTagLog ? &log : tag == kTagKernels ? &kernels : nullptr;
     if (!s) continue;  // a section this build does not use
     if (s->present) r.fail_corrupted(detail::concat("section ", tag_name(tag), " appears twice"));
     *s = Section{p, length, offset, true};
@@ -194,6 +204,19 @@ EngineFile read_engine_file(const uint8_t* data, size_t size, const std::string&
     ByteReader lr(log.data, log.size, log.offset, "section BLOG");
     f.build_log = lr.str();
     expect_consumed(lr);
+  }
+  if (kernels.present) {
+    ByteReader kr(kernels.data, kernels.size, kernels.offset, "section KERN");
+    uint64_t n = kr.count32(8, "kernel states");
+    if (n != f.plan.nodes().size())
+      kr.fail_corrupted(detail::concat(n, " kernel states for a plan of ", f.plan.nodes().size(), " nodes"));
+    f.kernel_states.resize(size_t(n));
+    for (Bytes& b : f.kernel_states) {
+      uint64_t len = kr.u64();
+      const uint8_t* p = kr.take(len);
+      b.assign(p, p + len);
+    }
+    expect_consumed(kr);
   }
   return f;
 }

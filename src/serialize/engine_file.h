@@ -31,6 +31,9 @@
 //         offset that is a multiple of 64, the bytes. Constants sharing bytes share a blob.
 //   OPTS  KernelOptions: i32 optimization level, u64 workspace limit.
 //   BLOG  the build log, str.
+//   KERN  per plan node, in order: u32 node count, then per node u64 length + the bytes of
+//         Kernel::state() (the tactic and generated code; empty for most CPU kernels).
+//         Optional: absent means every state is empty.
 //
 // Reading checks, in order: magic (kCorrupted), format version (kVersionMismatch, naming
 // both), file size (kTruncated when short, kCorrupted when long), then the checksum before
@@ -44,6 +47,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kiln/backend.h"
 #include "kiln/ir.h"
@@ -62,6 +66,7 @@ struct EngineFile {
   Graph plan;
   KernelOptions options;
   std::string build_log;
+  std::vector<Bytes> kernel_states;  // one per plan node, or empty
 };
 
 Bytes write_engine_file(const EngineFile& file);

@@ -19,7 +19,11 @@ class CpuBackend final : public Backend {
     return true;
   }
 
-  std::unique_ptr<Kernel> make_kernel(const Node& n, const Graph& g, const KernelOptions&) override {
+  std::unique_ptr<Kernel> make_kernel(const Node& n, const Graph& g, const KernelOptions&,
+                                      const Bytes* state) override {
+    // CPU kernels have a single implementation each, so they save no state.
+    KILN_CHECK(!state || state->empty(), kCorrupted, "engine file has ", state ? state->size() : 0,
+               " bytes of kernel state for CPU node ", op_name(n.op), ", CPU kernels keep none");
     switch (op_info(n.op).family) {
       case OpFamily::kUnary: return cpu::make_unary_kernel(n, g);
       case OpFamily::kBinary: return cpu::make_binary_kernel(n, g);
@@ -52,6 +56,9 @@ class CpuBackend final : public Backend {
   }
   void copy_to_host(void* dst, const void* src, size_t bytes, void*) override {
     if (bytes) std::memcpy(dst, src, bytes);
+  }
+  void copy_on_device(void* dst, const void* src, size_t bytes, void*) override {
+    if (bytes && dst != src) std::memmove(dst, src, bytes);
   }
   void synchronize(void*) override {}
 };

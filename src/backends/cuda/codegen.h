@@ -1,0 +1,29 @@
+// Building blocks of generated CUDA C++ (see nvrtc.h): the prelude every source starts with
+// and the names and conversions of each dtype in generated code.
+//
+// The prelude includes no header (NVRTC needs none): f16 and bf16 are 16-bit storage types
+// (kiln_half, kiln_bf16) converted to and from float with PTX cvt instructions; all arithmetic
+// on them happens in float (FP32 accumulation everywhere). Loads and stores of 16 bytes use
+// uint4 through the helpers below when a kernel knows its pointers and sizes allow it.
+#pragma once
+
+#include <string>
+
+#include "kiln/dtype.h"
+
+namespace kiln::cuda {
+
+// Type definitions and helpers: kiln_half, kiln_bf16, to_float()/from_float<T>() overloads
+// for every storage type, and the math functions generated code may call (erf, tanh, exp...
+// are NVRTC builtins; gelu, silu, hardswish... are defined here once).
+const std::string& prelude();
+
+// The storage type of a dtype in generated code: f32 "float", f64 "double", f16 "kiln_half",
+// bf16 "kiln_bf16", i64 "long long", i32 "int", i8 "signed char", u8 "unsigned char",
+// bool "bool".
+const char* storage_type(DType t);
+// The type arithmetic on a dtype happens in: "float" for f32/f16/bf16, "double" for f64,
+// the storage type for integers and bool.
+const char* compute_type(DType t);
+
+}  // namespace kiln::cuda

@@ -1,0 +1,43 @@
+// Shared pieces of the CUDA backend: error checking for every CUDA library Kiln calls, the
+// device's properties, and the stream of a call.
+//
+// Every CUDA, cuBLASLt, cuDNN and NVRTC call goes through one of the KILN_*_CHECK macros, which
+// turn a failure into a kiln::Error naming the call, the library's message and the source
+// line. Out-of-memory is kInvalidArgument ("out of device memory ..."), anything else kInternal.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "kiln/backend.h"
+#include "kiln/errors.h"
+
+namespace kiln::cuda {
+
+[[noreturn]] void fail_cuda(cudaError_t err, const char* expr, const char* file, int line);
+
+#define KILN_CUDA_CHECK(expr)                                                      \
+  do {                                                                             \
+    cudaError_t kiln_err_ = (expr);                                                \
+    if (kiln_err_ != cudaSuccess) ::kiln::cuda::fail_cuda(kiln_err_, #expr, __FILE__, __LINE__); \
+  } while (0)
+
+// After a kernel launch: the launch's own error (bad configuration, missing kernel).
+#define KILN_CUDA_CHECK_LAUNCH() KILN_CUDA_CHECK(cudaGetLastError())
+
+struct DeviceInfo {
+  int index = 0;
+  int arch = 0;                      // major * 10 + minor, e.g. 90
+  int sm_count = 0;
+  size_t l2_bytes = 0;
+  size_t shared_per_block_optin = 0;  // the most dynamic shared memory a block may opt in to
+  std::string name;                   // e.g. "NVIDIA H100 80GB HBM3"
+};
+
+// The properties of the device that is current on this thread (read once per device).
+const DeviceInfo& current_device();
+
+inline cudaStream_t stream_of(const RunContext& rc) { return static_cast<cudaStream_t>(rc.stream); }
+
+}  // namespace kiln::cuda
