@@ -56,7 +56,8 @@ if(KILN_HAVE_CUDA AND KILN_CUDA_SOURCES)
   message(STATUS "Kiln: CUDA backend ON (${KILN_CUDART_LIB}, ${KILN_CUDNN_LIB})")
   target_sources(kiln PRIVATE ${KILN_CUDA_SOURCES})
   target_compile_definitions(kiln PUBLIC KILN_WITH_CUDA=1)
-  target_include_directories(kiln SYSTEM PRIVATE ${KILN_CUDART_INCLUDE} ${KILN_CUBLASLT_INCLUDE}
+  # PUBLIC: the tests of the CUDA backend include its headers (src/backends/cuda/*.h).
+  target_include_directories(kiln SYSTEM PUBLIC ${KILN_CUDART_INCLUDE} ${KILN_CUBLASLT_INCLUDE}
                              ${KILN_NVRTC_INCLUDE} ${KILN_CUDNN_INCLUDE})
   target_link_libraries(kiln PUBLIC ${KILN_CUDART_LIB} ${KILN_CUBLASLT_LIB} ${KILN_NVRTC_LIB} ${KILN_CUDNN_LIB})
   # Installed binaries (kiln._C, kiln-run) find the libraries where the build found them.

@@ -24,9 +24,14 @@
 // layer_norm (x, weight?, bias?) {normalized_rank: int (normalize over the last k dims), eps}.
 // group_norm (x[N,C,...], weight[C]?, bias[C]?) {groups: int, eps: float}.
 // matmul (a[...,M,K], b[...,K,N]) -> [broadcast(...),M,N]; both rank >= 2.
-// linear (x[...,K], w[N,K], bias[N]?) -> [...,N].
-// conv (x[N,C,*s], w[O,C/g,*k], bias[O]?) {stride, padding, dilation: ints (one per spatial
-//   dim; 1 or 2 spatial dims), groups: int}.
+// linear (x[...,K], w[N,K], bias[N]?, residual?[broadcasts to the output, x's dtype])
+//   {activation (optional)} -> [...,N] = act(x @ w^T + bias + residual).
+// conv (x[N,C,*s], w[O,C/g,*k], bias[O]?, residual?[the output's type]) {stride, padding,
+//   dilation: ints (one per spatial dim; 1 or 2 spatial dims), groups: int, activation
+//   (optional)} = act(conv(x, w) + bias + residual).
+//   activation: "none" (default) | "relu" | "gelu" | "gelu_tanh" | "silu" | "sigmoid" | "tanh"
+//   (src/ops/epilogue.h). Absent optional inputs are kNoValue (bias may be absent while a
+//   residual is present); fuse_epilogue fills them.
 // conv_transpose (x[N,C,*s], w[C,O/g,*k], bias[O]?) {stride, padding, output_padding,
 //   dilation: ints, groups: int}.
 // max_pool (x[N,C,*s]) {kernel, stride, padding, dilation: ints, ceil_mode: bool}.
@@ -111,8 +116,8 @@ enum class OpFamily : uint8_t {
   X(kLayerNorm, "layer_norm", kNorm, 1, 3)                \
   X(kGroupNorm, "group_norm", kNorm, 1, 3)                \
   X(kMatmul, "matmul", kMatmul, 2, 2)                     \
-  X(kLinear, "linear", kMatmul, 2, 3)                     \
-  X(kConv, "conv", kConv, 2, 3)                           \
+  X(kLinear, "linear", kMatmul, 2, 4)                     \
+  X(kConv, "conv", kConv, 2, 4)                           \
   X(kConvTranspose, "conv_transpose", kConv, 2, 3)        \
   X(kMaxPool, "max_pool", kPool, 1, 1)                    \
   X(kAvgPool, "avg_pool", kPool, 1, 1)                    \

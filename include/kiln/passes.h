@@ -17,8 +17,17 @@ bool fold_constants(Graph& g);
 // Folds inference batch_norm into a preceding conv / conv_transpose / linear whose weight is
 // a constant and whose output has no other use.
 bool fold_batch_norm(Graph& g);
+// Folds a bias add, a residual add and an activation (relu, gelu, silu, sigmoid, tanh) that
+// follow a single-use linear or conv into that op's epilogue (its bias / residual inputs and
+// `activation` attribute). Run it before fuse_pointwise.
+bool fuse_epilogue(Graph& g);
 // Groups chains of pointwise ops into fused_pointwise nodes with a body graph.
 bool fuse_pointwise(Graph& g);
+// Runs the graph in `compute` (f16 or bf16): every f32 value inside it becomes `compute`, f32
+// graph inputs / outputs keep their type behind cast nodes, f32 constants are read through a
+// cast (fold_constants then stores them narrow), dtype attributes saying f32 say `compute`.
+// Integer, bool and f64 values are untouched. Throws kInvalidArgument for another `compute`.
+bool lower_precision(Graph& g, DType compute);
 
 // Assigns every intermediate value an offset in one arena by liveness. Graph inputs,
 // outputs and constants are not in the arena (offset -1).

@@ -4,12 +4,17 @@
 //   conv:           out = floor((in + 2p - d(k-1) - 1) / s) + 1
 //   conv_transpose: out = (in - 1)s - 2p + d(k-1) + output_padding + 1
 //
+// conv also carries the fused epilogue of src/ops/epilogue.h: an optional residual input of
+// the output's type and an `activation` attribute, act(conv(x, w) + bias + residual);
+// conv_transpose has neither.
+//
 // Missing attributes take PyTorch's defaults (stride 1, padding 0, dilation 1, groups 1,
 // output_padding 0). Lists must have one entry per spatial dim: importers expand scalars.
 #include <algorithm>
 #include <string>
 #include <variant>
 
+#include "src/ops/epilogue.h"
 #include "src/ops/shape_rules.h"
 
 namespace kiln {
@@ -57,6 +62,11 @@ std::vector<TensorType> infer_conv(OpKind op, const TypeList& in, const Attrs& a
   const TensorType& x = *in[0];
   const TensorType& w = *in[1];
   const TensorType* bias = in.size() > 2 ? in[2] : nullptr;
+  const TensorType* residual = in.size() > 3 ? in[3] : nullptr;
+  if (transpose)
+    KILN_CHECK(!a.has("activation"), kInvalidArgument, name, ": attribute 'activation' applies to conv only");
+  else
+    pw::parse_activation(op, a);
 
   KILN_CHECK(is_floating(x.dtype), kInvalidArgument, name, ": x must be floating, got ", x.to_string());
   KILN_CHECK(w.dtype == x.dtype, kInvalidArgument, name, ": weight ", w.to_string(), " must have the dtype of x ",
@@ -133,6 +143,12 @@ std::vector<TensorType> infer_conv(OpKind op, const TypeList& in, const Attrs& a
     Dim d;
     d.extent = o;
     out.dims.push_back(d);
+  }
+  if (residual) {
+    KILN_CHECK(residual->dtype == x.dtype, kInvalidArgument, name, ": residual ", residual->to_string(),
+               " must have the dtype of x ", x.to_string());
+    KILN_CHECK(residual->shape() == out.shape(), kShapeMismatch, name, ": residual ", residual->to_string(),
+               " must have the output's shape ", out.to_string());
   }
   return {out};
 }

@@ -1,11 +1,13 @@
 // Shape rules of the matmul family: matmul (numpy-style batched matrix product) and linear
-// (x @ w^T + bias, PyTorch's nn.Linear).
+// (x @ w^T + bias, PyTorch's nn.Linear, with the fused epilogue of src/ops/epilogue.h:
+// act(x @ w^T + bias + residual)).
 //
 // Both take floating inputs of one dtype. Batch dims of matmul broadcast; the output keeps
 // the Dim (symbol and range) of whichever operand supplies a dim, so dynamic batch sizes
 // survive. 1-D operands are not accepted: importers add and remove the unit dims.
 #include <algorithm>
 
+#include "src/ops/epilogue.h"
 #include "src/ops/shape_rules.h"
 
 namespace kiln {
@@ -64,7 +66,24 @@ std::vector<TensorType> infer_matmul_op(OpKind op, const TensorType& a, const Te
   return {out};
 }
 
-std::vector<TensorType> infer_linear(OpKind op, const TensorType& x, const TensorType& w, const TensorType* bias) {
+// The residual of linear: x's dtype, and broadcasting to the output without enlarging it.
+void check_residual(OpKind op, const TensorType& r, const TensorType& out) {
+  check_same_dtype(op, "residual", r, out);
+  bool ok = r.rank() <= out.rank();
+  for (int64_t i = 1; ok && i <= r.rank(); ++i) {
+    const int64_t e = r.dims[size_t(r.rank() - i)].extent;
+    ok = e == 1 || e == out.dims[size_t(out.rank() - i)].extent;
+  }
+  KILN_CHECK(ok, kShapeMismatch, op_name(op), ": residual ", r.to_string(), " does not broadcast to the output ",
+             out.to_string());
+}
+
+std::vector<TensorType> infer_linear(OpKind op, const TypeList& in, const Attrs& a) {
+  const TensorType& x = *in[0];
+  const TensorType& w = *in[1];
+  const TensorType* bias = in.size() > 2 ? in[2] : nullptr;
+  const TensorType* residual = in.size() > 3 ? in[3] : nullptr;
+  pw::parse_activation(op, a);
   check_floating(op, "x", x);
   check_same_dtype(op, "weight", w, x);
   KILN_CHECK(x.rank() >= 1, kShapeMismatch, op_name(op), ": x must have rank >= 1, got ", x.to_string());
@@ -80,15 +99,16 @@ std::vector<TensorType> infer_linear(OpKind op, const TensorType& x, const Tenso
   }
   TensorType out = x;
   out.dims.back() = w.dims[0];
+  if (residual) check_residual(op, *residual, out);
   return {out};
 }
 
 }  // namespace
 
-std::vector<TensorType> infer_matmul(OpKind op, const TypeList& in, const Attrs&) {
+std::vector<TensorType> infer_matmul(OpKind op, const TypeList& in, const Attrs& a) {
   switch (op) {
     case OpKind::kMatmul: return infer_matmul_op(op, *in[0], *in[1]);
-    case OpKind::kLinear: return infer_linear(op, *in[0], *in[1], in.size() > 2 ? in[2] : nullptr);
+    case OpKind::kLinear: return infer_linear(op, in, a);
     default: KILN_FAIL(kInternal, op_name(op), " is not in the matmul family");
   }
 }

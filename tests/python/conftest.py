@@ -19,6 +19,10 @@ if importlib.util.find_spec("kiln") is None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "cuda: needs a CUDA device and a Kiln built with the CUDA backend")
+
+
 @pytest.fixture
 def rng():
     """A seeded numpy generator, so that every run sees the same random (non-zero) data."""

@@ -235,6 +235,19 @@ case("linear", [r(4, 8), r(6, 8), r(6)], {}, F.linear)
 case("linear", [r(2, 3, 8), r(6, 8), None], {}, lambda x, w, b: F.linear(x, w), "no-bias")
 case("linear", [r(5, 40), r(3, 40), r(3)], {}, F.linear, "k40")
 
+# The fused epilogue (src/ops/epilogue.h): act(x @ w^T + bias + residual), every activation.
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "none": lambda t: t, "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+    "silu": F.silu, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
+}
+for _act, _fn in _ACTIVATIONS.items():
+    case("linear", [r(2, 3, 8), r(6, 8), r(6), r(2, 3, 6)], {"activation": _act},
+         lambda x, w, b, res, fn=_fn: fn(F.linear(x, w, b) + res), f"residual-{_act}")
+case("linear", [r(4, 8), r(6, 8), None, r(6)], {"activation": "silu"},
+     lambda x, w, b, res: F.silu(F.linear(x, w) + res), "broadcast-residual-no-bias-silu")
+case("linear", [r(5, 40), r(3, 40), r(3)], {"activation": "relu"}, lambda x, w, b: F.relu(F.linear(x, w, b)),
+     "relu")
+
 # ---- convolution --------------------------------------------------------------------------
 def _conv_case(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], stride: list[int],
                padding: list[int], dilation: list[int], groups: int, note: str) -> None:
@@ -252,6 +265,22 @@ _conv_case(r(1, 3, 8, 7), r(5, 3, 3, 1), r(5), [2, 1], [1, 0], [1, 1], 1, "asymm
 _conv_case(r(2, 3, 5, 5), r(8, 3, 1, 1), r(8), [1, 1], [0, 0], [1, 1], 1, "pointwise")
 _conv_case(r(2, 3, 10), r(4, 3, 3), r(4), [2], [1], [1], 1, "1d")
 _conv_case(r(1, 4, 12), r(4, 2, 5), None, [1], [4], [2], 2, "1d-dilated-groups")
+
+# conv with the fused epilogue: a residual of the output's shape and every activation, on each
+# CPU path (im2col, depthwise, 1x1, 1-D).
+for _act, _fn in _ACTIVATIONS.items():
+    case("conv", [r(2, 4, 7, 7), r(6, 2, 3, 3), r(6), r(2, 6, 7, 7)],
+         {"stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups": 2, "activation": _act},
+         lambda x, w, b, res, fn=_fn: fn(F.conv2d(x, w, b, 1, 1, 1, 2) + res), f"residual-{_act}")
+case("conv", [r(1, 4, 9, 9), r(4, 1, 3, 3), None, r(1, 4, 5, 5)],
+     {"stride": [2, 2], "padding": [1, 1], "dilation": [1, 1], "groups": 4, "activation": "gelu"},
+     lambda x, w, b, res: F.gelu(F.conv2d(x, w, None, 2, 1, 1, 4) + res), "depthwise-residual-no-bias-gelu")
+case("conv", [r(2, 3, 5, 5), r(8, 3, 1, 1), r(8)],
+     {"stride": [1, 1], "padding": [0, 0], "dilation": [1, 1], "groups": 1, "activation": "relu"},
+     lambda x, w, b: F.relu(F.conv2d(x, w, b)), "1x1-relu")
+case("conv", [r(2, 3, 10), r(4, 3, 3), r(4), r(2, 4, 5)],
+     {"stride": [2], "padding": [1], "dilation": [1], "groups": 1, "activation": "tanh"},
+     lambda x, w, b, res: torch.tanh(F.conv1d(x, w, b, 2, 1) + res), "1d-residual-tanh")
 
 
 def _conv_t_case(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], stride: list[int],

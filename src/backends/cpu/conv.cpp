@@ -7,10 +7,13 @@
 //     GEMM would have K = 9 and waste its tiles);
 //   * otherwise im2col into the workspace, then per group W[Og, Cg*kh*kw] @ col (bias in
 //     the GEMM epilogue).
+// A fused conv's residual and activation (epilogue.h) run over the f32 output afterwards
+// (relu alone rides in the GEMM's epilogue on the GEMM paths).
 // conv_transpose is the adjoint: col = W^T @ x per group (GEMM), then col2im scatters col
 // into the output, parallel over output channels so no two threads write one plane.
 #include <cstring>
 
+#include "src/backends/cpu/epilogue.h"
 #include "src/backends/cpu/gemm.h"
 
 namespace kiln::cpu {
@@ -154,8 +157,8 @@ void im2col(const Geom& q, const float* x, float* col) {
   });
 }
 
-void conv_gemm(const Geom& q, bool pointwise, const float* x, const float* w, const float* bias, float* y,
-               float* col, float* gs, int threads) {
+void conv_gemm(const Geom& q, bool pointwise, const float* x, const float* w, const float* bias, bool relu,
+               float* y, float* col, float* gs, int threads) {
   const int64_t kdim = q.Cg * q.KH * q.KW, cols = q.OH * q.OW;
   for (int64_t img = 0; img < q.N; ++img)
     for (int64_t grp = 0; grp < q.groups; ++grp) {
@@ -165,6 +168,7 @@ void conv_gemm(const Geom& q, bool pointwise, const float* x, const float* w, co
                                   y + (img * q.O + grp * q.Og) * cols, cols);
       ga.bias = bias ? bias + grp * q.Og : nullptr;
       ga.bias_per_row = true;
+      ga.relu = relu;
       sgemm(ga, gs, threads);
     }
 }
@@ -234,6 +238,10 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g) {
   }
   ValueId bias_id = n.inputs.size() > 2 ? n.inputs[2] : kNoValue;
   F32Input x(g, n.inputs[0]), w(g, n.inputs[1]), bias(g, bias_id);
+  const Epilogue epi(n, g);
+  // relu in the GEMM's epilogue on the GEMM paths; everything else after the conv.
+  const bool gemm_relu = epi.gemm_relu() && (path == Path::kPointwise || path == Path::kIm2col);
+  const size_t n_inputs = n.inputs.size();
 
   Carver sizes;
   sizes.take(x.scratch_floats());
@@ -242,6 +250,7 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g) {
   sizes.take(dt == DType::kF32 ? 0 : y_numel);
   sizes.take(col_floats);
   sizes.take(gemm_floats);
+  sizes.take(epi.scratch_floats());
   const size_t ws = sizes.used();
   const char* name = op_name(n.op);
 
@@ -258,15 +267,17 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g) {
     float* gs = c.take(gemm_floats);
     switch (path) {
       case Path::kDirect: conv_depthwise(q, dw, X, Wt, B, Y, col); break;
-      case Path::kPointwise: conv_gemm(q, true, X, Wt, B, Y, col, gs, threads); break;
-      case Path::kIm2col: conv_gemm(q, false, X, Wt, B, Y, col, gs, threads); break;
+      case Path::kPointwise: conv_gemm(q, true, X, Wt, B, gemm_relu, Y, col, gs, threads); break;
+      case Path::kIm2col: conv_gemm(q, false, X, Wt, B, gemm_relu, Y, col, gs, threads); break;
       case Path::kTransposed: conv_transpose_gemm(q, X, Wt, B, Y, col, gs, threads); break;
     }
+    float* es = c.take(epi.scratch_floats());
+    epi.apply(Y, n_inputs > 3 ? in[3] : nullptr, es, gemm_relu);
     if (dt != DType::kF32) from_f32_parallel(Y, dt, out[0], y_numel);
   };
   static const char* const kDesc[] = {"cpu conv direct (depthwise)", "cpu conv 1x1 sgemm", "cpu conv im2col + sgemm",
                                       "cpu conv_transpose sgemm + col2im"};
-  return make_fn_kernel(fn, kDesc[static_cast<int>(path)], ws);
+  return make_fn_kernel(fn, kDesc[static_cast<int>(path)] + epi.describe(), ws);
 }
 
 }  // namespace kiln::cpu

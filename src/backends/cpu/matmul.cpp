@@ -1,9 +1,10 @@
 // CPU kernels of the matmul family on top of sgemm (gemm.h).
 //
-// linear: x[..., K] is one [rows, K] matrix; w[N, K] is B transposed; bias rides in the GEMM
-// epilogue. matmul: one GEMM per output batch index, with per-batch offsets into a and b
-// precomputed from the broadcast (so broadcast operands are never copied). When b is shared
-// by every batch and a is dense, the batch folds into the rows: one large GEMM. Many small
+// linear: x[..., K] is one [rows, K] matrix; w[N, K] is B transposed; bias (and relu alone)
+// ride in the GEMM epilogue, a fused residual and other activations in the Epilogue
+// (epilogue.h) right after it. matmul: one GEMM per output batch index, with per-batch offsets
+// into a and b precomputed from the broadcast (so broadcast operands are never copied). When b
+// is shared by every batch and a is dense, the batch folds into the rows: one large GEMM. Many small
 // GEMMs run in parallel over batches (each on one thread, with its own packing scratch);
 // few large ones run one after another, each split over threads.
 //
@@ -13,6 +14,7 @@
 //
 // Non-f32 inputs are converted to f32 in the workspace (constants once, at build time) and
 // the f32 result converted back.
+#include "src/backends/cpu/epilogue.h"
 #include "src/backends/cpu/gemm.h"
 
 namespace kiln::cpu {
@@ -48,7 +50,9 @@ std::unique_ptr<Kernel> make_linear(const Node& n, const Graph& g) {
   int64_t M = 1;
   for (size_t i = 0; i + 1 < xt.dims.size(); ++i) M *= xt.dims[i].extent;
   ValueId bias_id = n.inputs.size() > 2 ? n.inputs[2] : kNoValue;
+  const size_t n_inputs = n.inputs.size();
   F32Input x(g, n.inputs[0]), w(g, n.inputs[1]), bias(g, bias_id);
+  const Epilogue epi(n, g);
   const int threads = num_threads();
   std::shared_ptr<const std::vector<float>> packed;
   if (g.value(n.inputs[1]).is_constant() && M > kFewRows) packed = pack_constant_b(g, n.inputs[1], 1, K, N, true);
@@ -59,6 +63,7 @@ std::unique_ptr<Kernel> make_linear(const Node& n, const Graph& g) {
   sizes.take(bias.scratch_floats());
   sizes.take(dt == DType::kF32 ? 0 : yt.numel());
   sizes.take(sgemm_scratch_floats(M, N, K, threads));
+  sizes.take(epi.scratch_floats());
   const size_t ws = sizes.used();
 
   auto fn = [=](const void* const* in, void* const* out, const RunContext& ctx) {
@@ -73,11 +78,13 @@ std::unique_ptr<Kernel> make_linear(const Node& n, const Graph& g) {
     GemmArgs ga = gemm_rowmajor(M, N, K, x.get(in[0], xs), K, w.get(in[1], wsc), K, true, y, N);
     ga.bias = bias.present() ? bias.get(in[2], bs) : nullptr;
     ga.packed_b = packed ? packed->data() : nullptr;
+    ga.relu = epi.gemm_relu();
     sgemm(ga, gs, threads);
+    epi.apply(y, n_inputs > 3 ? in[3] : nullptr, c.take(epi.scratch_floats()), ga.relu);
     if (dt != DType::kF32) from_f32_parallel(y, dt, out[0], M * N);
   };
   return make_fn_kernel(fn, "cpu sgemm linear " + std::to_string(M) + "x" + std::to_string(N) + "x" +
-                                std::to_string(K) + (packed ? " (prepacked weight)" : ""),
+                                std::to_string(K) + epi.describe() + (packed ? " (prepacked weight)" : ""),
                         ws);
 }
 

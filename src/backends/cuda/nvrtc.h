@@ -43,6 +43,11 @@ class Module {
   cudaLibrary_t library_ = nullptr;
 };
 
+// Compiles `source` with NVRTC into a cubin for sm_<arch> (e.g. 90), with the options
+// Module::compile uses; needs no GPU, so generated sources can be checked on any machine.
+// Results are cached in-process by (source, arch). Throws kInternal with the log and `what`.
+Bytes compile_to_cubin(const std::string& source, const std::string& what, int arch);
+
 // cudaLaunchKernel on a module's kernel, then checks the launch error.
 void launch(cudaKernel_t kernel, dim3 grid, dim3 block, void** args, size_t shared_bytes, cudaStream_t stream);
 

@@ -1,0 +1,215 @@
+"""Kiln against eager PyTorch and TorchInductor on a GPU, in one process.
+
+    python3 benchmarks/gpu_models.py [--models resnet50,bert] [--batches 1,32] [--dtypes fp16,fp32]
+                                     [--backends eager,inductor,ro,kiln] [--runs 100] [--out DIR]
+
+Models are built from configs with random weights (nothing is downloaded) and every parameter
+is re-randomized first (some heads start at zero, which would make any comparison pass):
+torchvision resnet50, mobilenet_v3_large and vit_b_16 at 224x224, transformers BertModel
+(base config) at sequence length 128. Per row (model, batch, precision, backend):
+
+  ms          median of --runs timed forwards (CUDA events, after warm-up)
+  vs_ro       inductor reduce-overhead's ms / this backend's ms (> 1: faster than ro)
+  rel_err     ||out - ref|| / ||ref|| against eager FP32 on the same inputs
+  compile_s   first call (build) seconds; for Kiln with an empty timing cache
+  warm_s      Kiln only: the same compile again in this process after torch._dynamo.reset(),
+              with the timing cache filled by the first
+  peak_mib    device memory in use at the peak of this backend's runs, over what was in use
+              before it started (torch.cuda.mem_get_info, so Kiln's own allocations count)
+
+FP32 rows allow TF32 (torch.backends.cuda.matmul.allow_tf32 and cuDNN's), as Kiln does.
+Results go to DIR/gpu_models.json and DIR/gpu_models.md (a Markdown table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import kiln
+from kiln.testing import randomize_weights, relative_error
+
+log = logging.getLogger("kiln.bench.gpu_models")
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@dataclasses.dataclass
+class Row:
+    model: str
+    batch: int
+    dtype: str
+    backend: str
+    ms: float = float("nan")
+    vs_ro: float = float("nan")
+    rel_err: float = float("nan")
+    compile_s: float = float("nan")
+    warm_s: float = float("nan")
+    peak_mib: float = float("nan")
+    note: str = ""
+
+
+def build_model(name: str, batch: int) -> tuple[torch.nn.Module, list[torch.Tensor]]:
+    gen = torch.Generator().manual_seed(0)
+    if name == "bert":
+        import transformers
+        model = transformers.BertModel(transformers.BertConfig())
+        ids = torch.randint(0, model.config.vocab_size, (batch, 128), generator=gen)
+        return model, [ids, torch.ones(batch, 128, dtype=torch.int64)]
+    import torchvision
+    model = getattr(torchvision.models, name)()
+    return model, [torch.randn(batch, 3, 224, 224, generator=gen)]
+
+
+def first_tensor(out: Any) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out
+    if hasattr(out, "to_tuple"):
+        out = out.to_tuple()
+    return out[0]
+
+
+def used_bytes() -> int:
+    free, total = torch.cuda.mem_get_info()
+    return total - free
+
+
+def median_ms(fn: Callable[[], Any], runs: int) -> tuple[float, int]:
+    """Median ms of `runs` calls timed with CUDA events, and the peak device bytes in use."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    peak = used_bytes()
+    times = []
+    for _ in range(runs):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    peak = max(peak, used_bytes())
+    return statistics.median(times), peak
+
+
+def compile_for(backend: str, model: torch.nn.Module, dtype: torch.dtype) -> Callable[..., Any]:
+    if backend == "eager":
+        return model
+    if backend == "inductor":
+        return torch.compile(model)
+    if backend == "ro":
+        return torch.compile(model, mode="reduce-overhead")
+    if backend == "kiln":
+        return torch.compile(model, backend="kiln",
+                             options={"enabled_precisions": {dtype}, "min_block_size": 1})
+    raise ValueError(f"unknown backend {backend!r}; valid: eager, inductor, ro, kiln")
+
+
+def run_row(name: str, batch: int, dtype_name: str, backend: str, runs: int) -> Row:
+    row = Row(name, batch, dtype_name, backend)
+    dtype = DTYPES[dtype_name]
+    model, inputs = build_model(name, batch)
+    randomize_weights(model.eval())
+    inputs = [x.cuda() for x in inputs]
+    with torch.no_grad():
+        ref = first_tensor(model.cuda()(*inputs)).float()
+        model = model.to(dtype)
+        cast = [x.to(dtype) if x.is_floating_point() else x for x in inputs]
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+        torch.cuda.synchronize()
+        base = used_bytes()
+        fn = compile_for(backend, model, dtype)
+        t0 = time.perf_counter()
+        out = first_tensor(fn(*cast))
+        torch.cuda.synchronize()
+        row.compile_s = time.perf_counter() - t0
+        row.rel_err = relative_error(out.float(), ref)
+        row.ms, peak = median_ms(lambda: fn(*cast), runs)
+        row.peak_mib = (peak - base) / 2**20
+        if backend == "kiln":
+            torch._dynamo.reset()
+            again = compile_for(backend, model, dtype)
+            t0 = time.perf_counter()
+            again(*cast)
+            torch.cuda.synchronize()
+            row.warm_s = time.perf_counter() - t0
+            del again
+        del fn, out
+    del model
+    torch._dynamo.reset()
+    torch.cuda.empty_cache()
+    return row
+
+
+def markdown(rows: list[Row], device: str) -> str:
+    lines = [f"Device: {device}; torch {torch.__version__}; Kiln {kiln.__version__}.", "",
+             "| model | batch | dtype | backend | ms | vs ro | rel err vs FP32 eager | compile s | warm s | peak MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        def f(v: float, fmt: str) -> str:
+            return "" if v != v else format(v, fmt)
+        lines.append(f"| {r.model} | {r.batch} | {r.dtype} | {r.backend}{' (' + r.note + ')' if r.note else ''} | "
+                     f"{f(r.ms, '.3f')} | {f(r.vs_ro, '.2f')} | {f(r.rel_err, '.1e')} | {f(r.compile_s, '.1f')} | "
+                     f"{f(r.warm_s, '.2f')} | {f(r.peak_mib, '.0f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="resnet50,mobilenet_v3_large,vit_b_16,bert")
+    parser.add_argument("--batches", default="1,32")
+    parser.add_argument("--dtypes", default="fp16,fp32")
+    parser.add_argument("--fp32-models", default="resnet50,bert", help="models that also get FP32 rows")
+    parser.add_argument("--backends", default="eager,inductor,ro,kiln")
+    parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--out", default=".")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_models.py needs a CUDA device")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    # Cold builds start from an empty timing cache of their own.
+    os.environ.setdefault("KILN_TIMING_CACHE", os.path.join(tempfile.mkdtemp(prefix="kiln-bench-"), "timing.cache"))
+
+    rows: list[Row] = []
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    fp32_models = set(args.fp32_models.split(","))
+    for name in args.models.split(","):
+        for batch in (int(b) for b in args.batches.split(",")):
+            for dtype_name in args.dtypes.split(","):
+                if dtype_name == "fp32" and name not in fp32_models:
+                    continue
+                group: list[Row] = []
+                for backend in args.backends.split(","):
+                    try:
+                        row = run_row(name, batch, dtype_name, backend, args.runs)
+                    except Exception as err:  # a failing backend is a row with a note, not a lost run
+                        log.exception("%s b%d %s %s failed", name, batch, dtype_name, backend)
+                        row = Row(name, batch, dtype_name, backend, note=f"failed: {type(err).__name__}")
+                    group.append(row)
+                    log.info("%s", row)
+                ro = next((r.ms for r in group if r.backend == "ro"), float("nan"))
+                for r in group:
+                    r.vs_ro = ro / r.ms
+                rows.extend(group)
+                (out / "gpu_models.json").write_text(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
+                (out / "gpu_models.md").write_text(markdown(rows, torch.cuda.get_device_name()))
+    log.info("\n%s", markdown(rows, torch.cuda.get_device_name()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# On a machine with an NVIDIA GPU: builds Kiln with the CUDA backend, runs the CUDA tests, and
+# optionally the GPU benchmark, in one go. Results and logs go to $OUT (default /tmp/kiln-gpu).
+#
+#   bash scripts/gpu_check.sh                 # build + CUDA op tests + CUDA model tests
+#   bash scripts/gpu_check.sh bench [ARGS]    # build + benchmarks/gpu_models.py ARGS
+#   bash scripts/gpu_check.sh tests PYTEST_ARGS...
+#
+# The package is used from the build folder (PYTHONPATH), not pip-installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/kiln-gpu}
+mkdir -p "$OUT"
+B=build/gpu
+PY=${PYTHON:-python3}
+# The system compiler, whose libstdc++ is the one PyTorch's process already has loaded.
+export CXX=${KILN_CXX:-/usr/bin/g++}
+t0=$(date +%s)
+cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON -DKILN_BUILD_TESTS=OFF \
+  -DPython_EXECUTABLE="$(command -v "$PY")" >"$OUT/cmake.log" 2>&1 || { tail -40 "$OUT/cmake.log"; exit 1; }
+cmake --build "$B" -j "$(nproc)" >"$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -60; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+mkdir -p "$B/pyroot/kiln"
+for f in python/kiln/*; do ln -sf "$PWD/$f" "$B/pyroot/kiln/"; done
+ln -sf "$PWD/$B"/_C*.so "$B/pyroot/kiln/"
+export PYTHONPATH="$PWD/$B/pyroot" KILN_BUILD_DIR="$PWD/$B"
+"$PY" -c "import kiln; print('kiln', kiln.__version__, 'cuda', kiln._C.cuda_available())"
+
+mode=${1:-tests}
+[ $# -gt 0 ] && shift
+case "$mode" in
+  tests)
+    (cd tests/python && "$PY" -m pytest -q -p no:cacheprovider -x -m cuda "$@" . 2>&1 | tee "$OUT/pytest.log" | tail -40) ;;
+  bench)
+    "$PY" benchmarks/gpu_models.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | tail -60 ;;
+  *)
+    echo "unknown mode '$mode' (tests | bench)"; exit 2 ;;
+esac

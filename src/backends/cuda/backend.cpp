@@ -1,0 +1,210 @@
+// The CUDA backend: one object per device, dispatching nodes to the kernel families of
+// kernels.h, and owning device memory, copies, synchronization and CUDA graph capture.
+//
+// Device selection: make_kernel and allocate (and the allocation's deleter) make the backend's
+// device current for their duration and restore the caller's. Kernel::run() does not: it
+// launches on the stream it is given, which belongs to the engine's device, and the caller
+// (ExecutionContext::execute on the caller's thread) must have that device current, as
+// PyTorch's does for its current stream; the Python front end sets it before executing.
+//
+// capture() records what the launches enqueue on `stream` (thread-local capture mode, so
+// other threads' CUDA calls are unaffected) and instantiates a CUDA graph. The legacy default
+// stream (null) cannot be captured, so for it capture() returns null without running anything
+// and the engine runs its kernels directly on it.
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "kiln/backend.h"
+#include "kiln/errors.h"
+#include "src/backends/cuda/cuda_util.h"
+#include "src/backends/cuda/kernels.h"
+
+namespace kiln {
+
+namespace cuda {
+namespace {
+
+// Makes `device` current for its lifetime and restores the previous one.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    KILN_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) KILN_CUDA_CHECK(cudaSetDevice(device));
+    device_ = device;
+  }
+  ~DeviceGuard() {
+    if (previous_ != device_) (void)cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0, device_ = 0;
+};
+
+class GraphExec final : public CapturedGraph {
+ public:
+  explicit GraphExec(cudaGraphExec_t exec) : exec_(exec) {}
+  ~GraphExec() override { (void)cudaGraphExecDestroy(exec_); }
+  void replay(void* stream) override { KILN_CUDA_CHECK(cudaGraphLaunch(exec_, static_cast<cudaStream_t>(stream))); }
+
+ private:
+  cudaGraphExec_t exec_;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int index) : index_(index) {
+    DeviceGuard guard(index_);
+    name_ = current_device().name;
+  }
+
+  const char* name() const override { return "cuda"; }
+  Device device() const override { return Device{DeviceType::kCUDA, index_}; }
+  std::string device_name() const override { return name_; }
+  size_t alignment() const override { return 256; }
+
+  bool supports(const Node& n, const Graph& g, std::string* why) const override {
+    switch (op_info(n.op).family) {
+      case OpFamily::kUnary:
+      case OpFamily::kBinary:
+      case OpFamily::kWhere:
+      case OpFamily::kCast:
+      case OpFamily::kFused: return supports_pointwise(n, g, why);
+      case OpFamily::kReduce: return supports_reduce(n, g, why);
+      case OpFamily::kSoftmax: return supports_softmax(n, g, why);
+      case OpFamily::kNorm: return supports_norm(n, g, why);
+      case OpFamily::kMatmul: return supports_matmul(n, g, why);
+      case OpFamily::kConv: return supports_conv(n, g, why);
+      case OpFamily::kPool: return supports_pool(n, g, why);
+      case OpFamily::kShape: return supports_shape(n, g, why);
+      case OpFamily::kGather: return supports_gather(n, g, why);
+      case OpFamily::kAttention: return supports_attention(n, g, why);
+      case OpFamily::kGenerator: return supports_generator(n, g, why);
+    }
+    if (why) *why = std::string("no CUDA kernel family for ") + op_name(n.op);
+    return false;
+  }
+
+  std::unique_ptr<Kernel> make_kernel(const Node& n, const Graph& g, const KernelOptions& o,
+                                      const Bytes* state) override {
+    DeviceGuard guard(index_);
+    switch (op_info(n.op).family) {
+      case OpFamily::kUnary:
+      case OpFamily::kBinary:
+      case OpFamily::kWhere:
+      case OpFamily::kCast:
+      case OpFamily::kFused: return make_pointwise_kernel(n, g, o, state);
+      case OpFamily::kReduce: return make_reduce_kernel(n, g, o, state);
+      case OpFamily::kSoftmax: return make_softmax_kernel(n, g, o, state);
+      case OpFamily::kNorm: return make_norm_kernel(n, g, o, state);
+      case OpFamily::kMatmul: return make_matmul_kernel(n, g, o, state);
+      case OpFamily::kConv: return make_conv_kernel(n, g, o, state);
+      case OpFamily::kPool: return make_pool_kernel(n, g, o, state);
+      case OpFamily::kShape: return make_shape_kernel(n, g, o, state);
+      case OpFamily::kGather: return make_gather_kernel(n, g, o, state);
+      case OpFamily::kAttention: return make_attention_kernel(n, g, o, state);
+      case OpFamily::kGenerator: return make_generator_kernel(n, g, o, state);
+    }
+    KILN_FAIL(kInternal, "no CUDA kernel family for ", op_name(n.op));
+  }
+
+  std::shared_ptr<void> allocate(size_t bytes) override {
+    DeviceGuard guard(index_);
+    void* p = nullptr;
+    KILN_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 1)));
+    const int index = index_;
+    return std::shared_ptr<void>(p, [index](void* q) {
+      // A deleter must not throw; a failure here (e.g. at process exit) leaks the block.
+      int previous = 0;
+      if (cudaGetDevice(&previous) != cudaSuccess) return;
+      if (previous != index) (void)cudaSetDevice(index);
+      (void)cudaFree(q);
+      if (previous != index) (void)cudaSetDevice(previous);
+    });
+  }
+
+  void copy_from_host(void* dst, const void* src, size_t bytes, void* stream) override {
+    if (!bytes) return;
+    DeviceGuard guard(index_);
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
+    KILN_CUDA_CHECK(cudaStreamSynchronize(s));  // the host buffer may be reused on return
+  }
+
+  void copy_to_host(void* dst, const void* src, size_t bytes, void* stream) override {
+    if (!bytes) return;
+    DeviceGuard guard(index_);
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
+    KILN_CUDA_CHECK(cudaStreamSynchronize(s));  // the host buffer is filled on return
+  }
+
+  void copy_on_device(void* dst, const void* src, size_t bytes, void* stream) override {
+    if (!bytes || dst == src) return;
+    KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)));
+  }
+
+  void synchronize(void* stream) override {
+    DeviceGuard guard(index_);
+    KILN_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+  }
+
+  std::unique_ptr<CapturedGraph> capture(const std::function<void(void* stream)>& launches, void* stream) override {
+    if (stream == nullptr) return nullptr;  // the legacy default stream cannot be captured
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    KILN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    cudaGraph_t graph = nullptr;
+    try {
+      launches(stream);
+    } catch (...) {
+      // End the capture so that the stream is usable again, then report the launch's error.
+      if (cudaStreamEndCapture(s, &graph) == cudaSuccess && graph) (void)cudaGraphDestroy(graph);
+      (void)cudaGetLastError();
+      throw;
+    }
+    KILN_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+    (void)cudaGraphDestroy(graph);
+    if (err != cudaSuccess) fail_cuda(err, "cudaGraphInstantiate(&exec, graph, 0)", __FILE__, __LINE__);
+    return std::make_unique<GraphExec>(exec);
+  }
+
+ private:
+  int index_;
+  std::string name_;
+};
+
+int device_count() {
+  static const int count = [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      (void)cudaGetLastError();  // no driver or no device: not an error, just no CUDA
+      return 0;
+    }
+    return n;
+  }();
+  return count;
+}
+
+}  // namespace
+}  // namespace cuda
+
+bool cuda_device_present() { return cuda::device_count() > 0; }
+
+Backend& cuda_backend(int index) {
+  const int count = cuda::device_count();
+  KILN_CHECK(index >= 0 && index < count, kUnsupported, "no CUDA device cuda:", index, " (", count,
+             " present)");
+  static std::mutex mu;
+  static std::map<int, std::unique_ptr<cuda::CudaBackend>> backends;  // live for the process
+  std::lock_guard<std::mutex> lock(mu);
+  auto& b = backends[index];
+  if (!b) b = std::make_unique<cuda::CudaBackend>(index);
+  return *b;
+}
+
+}  // namespace kiln

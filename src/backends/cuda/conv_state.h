@@ -1,0 +1,119 @@
+// The conv family's tactic choice as bytes: what the timing cache stores per conv signature and
+// what Kernel::state() carries (inside pack_state, next to the epilogue's cubin when there is
+// one), so that loading an engine rebuilds the exact cuDNN execution plan without heuristics
+// or timing.
+//
+// Layout (little endian): "KCV1", u8 version, u8 fused, u64 signature (a hash of the conv's
+// shapes, dtypes and attributes, so a state from another node is refused), i64 engine global
+// index, u32 knob count, per knob (i32 type, i64 value), u64 FNV-1a of everything before.
+// decode_conv_choice throws kCorrupted naming what is wrong. No CUDA header here: the layout is
+// tested on machines without a GPU.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kiln/errors.h"
+#include "kiln/ir.h"
+
+namespace kiln::cuda {
+
+struct ConvChoice {
+  bool fused = true;        // one cuDNN graph with the epilogue; false: conv graph + generated epilogue
+  uint64_t signature = 0;   // conv_signature() of the node it was made for
+  int64_t engine = -1;      // cuDNN engine global index
+  std::vector<std::pair<int32_t, int64_t>> knobs;  // (knob type, value)
+  bool operator==(const ConvChoice& o) const {
+    return fused == o.fused && signature == o.signature && engine == o.engine && knobs == o.knobs;
+  }
+};
+
+inline uint64_t fnv1a(const uint8_t* p, size_t n, uint64_t h = 1469598103934665603ull) {
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+inline uint64_t conv_signature(const std::vector<std::string>& parts) {
+  uint64_t h = fnv1a(nullptr, 0);
+  for (const auto& s : parts) {
+    h = fnv1a(reinterpret_cast<const uint8_t*>(s.data()), s.size(), h);
+    const uint8_t sep = '|';
+    h = fnv1a(&sep, 1, h);
+  }
+  return h;
+}
+
+namespace conv_state_detail {
+inline constexpr uint8_t kMagic[4] = {'K', 'C', 'V', '1'};
+inline constexpr uint8_t kVersion = 1;
+inline constexpr uint32_t kMaxKnobs = 256;
+
+template <typename T>
+void put(Bytes& b, T v) {
+  const size_t at = b.size();
+  b.resize(at + sizeof(T));
+  std::memcpy(b.data() + at, &v, sizeof(T));
+}
+
+struct Reader {
+  const Bytes& b;
+  size_t pos = 0;
+  template <typename T>
+  T get(const char* what) {
+    KILN_CHECK(pos + sizeof(T) <= b.size(), kCorrupted, "conv state: truncated at ", what, " (", b.size(), " bytes)");
+    T v;
+    std::memcpy(&v, b.data() + pos, sizeof(T));
+    pos += sizeof(T);
+    return v;
+  }
+};
+}  // namespace conv_state_detail
+
+inline Bytes encode_conv_choice(const ConvChoice& c) {
+  using namespace conv_state_detail;
+  Bytes b(kMagic, kMagic + 4);
+  put<uint8_t>(b, kVersion);
+  put<uint8_t>(b, c.fused ? 1 : 0);
+  put<uint64_t>(b, c.signature);
+  put<int64_t>(b, c.engine);
+  put<uint32_t>(b, uint32_t(c.knobs.size()));
+  for (const auto& [type, value] : c.knobs) {
+    put<int32_t>(b, type);
+    put<int64_t>(b, value);
+  }
+  put<uint64_t>(b, fnv1a(b.data(), b.size()));
+  return b;
+}
+
+inline ConvChoice decode_conv_choice(const Bytes& b) {
+  using namespace conv_state_detail;
+  KILN_CHECK(b.size() >= 4 && std::memcmp(b.data(), kMagic, 4) == 0, kCorrupted,
+             "conv state: bad magic (not a conv tactic, ", b.size(), " bytes)");
+  Reader r{b, 4};
+  const auto version = r.get<uint8_t>("version");
+  KILN_CHECK(version == kVersion, kCorrupted, "conv state: version ", int(version), ", expected ", int(kVersion));
+  ConvChoice c;
+  const auto fused = r.get<uint8_t>("fused flag");
+  KILN_CHECK(fused <= 1, kCorrupted, "conv state: fused flag ", int(fused), " is not 0 or 1");
+  c.fused = fused == 1;
+  c.signature = r.get<uint64_t>("signature");
+  c.engine = r.get<int64_t>("engine index");
+  KILN_CHECK(c.engine >= 0, kCorrupted, "conv state: engine index ", c.engine, " is negative");
+  const auto n = r.get<uint32_t>("knob count");
+  KILN_CHECK(n <= kMaxKnobs, kCorrupted, "conv state: ", n, " knobs (at most ", kMaxKnobs, ")");
+  for (uint32_t i = 0; i < n; ++i) {
+    const auto type = r.get<int32_t>("knob type");
+    const auto value = r.get<int64_t>("knob value");
+    c.knobs.emplace_back(type, value);
+  }
+  const size_t body = r.pos;
+  const auto sum = r.get<uint64_t>("checksum");
+  KILN_CHECK(sum == fnv1a(b.data(), body), kCorrupted, "conv state: checksum mismatch (damaged bytes)");
+  KILN_CHECK(r.pos == b.size(), kCorrupted, "conv state: ", b.size() - r.pos, " trailing bytes");
+  return c;
+}
+
+}  // namespace kiln::cuda

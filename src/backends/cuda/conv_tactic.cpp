@@ -1,0 +1,170 @@
+// Choosing the cuDNN plan of a conv node (conv_tactic.h): heuristics, plan finalization,
+// timing on scratch buffers, and rebuilding a saved choice.
+#include "src/backends/cuda/conv_tactic.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "src/backends/cuda/cuda_util.h"
+#include "src/backends/cuda/tactics.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+// Numerics Kiln does not accept: f16/bf16 accumulation, and for strict f32 (TF32 disabled)
+// tensor cores (TF32), down-converted inputs, FFT and Winograd.
+const char* refused_numerics(const EngineInfo& info, bool strict) {
+  if (info.has_numerical(CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION)) return "reduced-precision reduction";
+  if (!strict) return nullptr;
+  if (info.has_numerical(CUDNN_NUMERICAL_NOTE_TENSOR_CORE)) return "TF32 tensor cores (KILN_DISABLE_TF32=1)";
+  if (info.has_numerical(CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS)) return "down-converted inputs (KILN_DISABLE_TF32=1)";
+  if (info.has_numerical(CUDNN_NUMERICAL_NOTE_FFT) || info.has_numerical(CUDNN_NUMERICAL_NOTE_WINOGRAD))
+    return "FFT / Winograd (KILN_DISABLE_TF32=1)";
+  return nullptr;
+}
+
+size_t plans_to_try(int level) {
+  static const size_t kCount[] = {1, 2, 4, 8, 16, 64};
+  return kCount[std::min(std::max(level, 0), 5)];
+}
+
+struct DeviceBuffer {
+  void* p = nullptr;
+  explicit DeviceBuffer(size_t bytes) {
+    if (bytes == 0) return;
+    KILN_CUDA_CHECK(cudaMalloc(&p, bytes));
+    KILN_CUDA_CHECK(cudaMemset(p, 0x3C, bytes));  // f32 ~0.0115, f16 ~1.06, bf16 ~0.0115: finite, nonzero
+  }
+  ~DeviceBuffer() {
+    if (p) cudaFree(p);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+struct Cand {
+  Desc plan;
+  EngineId id;
+  size_t ws = 0;
+};
+
+}  // namespace
+
+bool strict_f32(DType dt) {
+  const char* e = std::getenv("KILN_DISABLE_TF32");
+  return dt == DType::kF32 && e != nullptr && std::string(e) == "1";
+}
+
+Desc make_variant_pack(const std::vector<int64_t>& uids, const std::vector<void*>& ptrs, void* workspace) {
+  Desc vp(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "conv variant pack");
+  vp.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, int64_t(uids.size()), uids.data())
+      .set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, int64_t(ptrs.size()), ptrs.data())
+      .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace)
+      .finalize();
+  return vp;
+}
+
+void execute(const Desc& plan, const Desc& vp, cudaStream_t stream) {
+  HandleLock h = lock_handle();
+  KILN_CUDNN_CHECK(cudnnSetStream(h.handle, stream));
+  KILN_CUDNN_CHECK(cudnnBackendExecute(h.handle, plan.get(), vp.get()));
+}
+bool rebuild_conv_plan(const ConvGeom& q, cudnnHandle_t h, const ConvChoice& c, const std::string& what, ConvPlan& out,
+             std::string* why) {
+  try {
+    out.og = build_conv_graph(q, h, c.fused || !q.has_epilogue(), what);
+    EngineId id{c.engine, c.knobs};
+    Desc cfg = make_engine_config(out.og.graph, id);
+    out.plan = make_plan(h, cfg, why);
+    out.choice = c;
+    return bool(out.plan);
+  } catch (const Error& e) {
+    if (why) *why = e.what();
+    return false;
+  }
+}
+
+ConvPlan search_conv_plan(const ConvGeom& q, const KernelOptions& options, const std::string& what, uint64_t sig) {
+  HandleLock hl = lock_handle();
+  const bool strict = strict_f32(q.dtype);
+  const size_t limit = plans_to_try(options.optimization_level);
+  std::string log;
+  std::vector<bool> modes = q.has_epilogue() ? std::vector<bool>{true, false} : std::vector<bool>{true};
+  for (bool fused : modes) {
+    ConvPlan b;
+    try {
+      b.og = build_conv_graph(q, hl.handle, fused, what);
+    } catch (const Error& e) {
+      log += std::string(fused ? "fused graph" : "conv graph") + " refused: " + e.what() + "; ";
+      continue;
+    }
+    std::vector<Cand> cands;
+    std::vector<Desc> cfgs;
+    try {
+      cfgs = heuristic_configs(b.og.graph, &log);
+    } catch (const Error& e) {
+      log += std::string("heuristics failed: ") + e.what() + "; ";
+    }
+    for (Desc& cfg : cfgs) {
+      if (cands.size() >= limit) break;
+      try {
+        const EngineInfo info = engine_info(cfg);
+        if (const char* r = refused_numerics(info, strict)) {
+          log += info.id.to_string() + ": " + r + "; ";
+          continue;
+        }
+        std::string why;
+        Desc plan = make_plan(hl.handle, cfg, &why);
+        if (!plan) {
+          log += info.id.to_string() + ": " + why + "; ";
+          continue;
+        }
+        const size_t ws = size_t(plan.get_i64(CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE));
+        if (ws > options.workspace_limit) {
+          log += info.id.to_string() + ": workspace " + std::to_string(ws) + " B over the limit; ";
+          continue;
+        }
+        cands.push_back({std::move(plan), info.id, ws});
+      } catch (const Error& e) {
+        log += std::string("engine config skipped: ") + e.what() + "; ";
+      }
+    }
+    if (cands.empty()) {
+      log += std::string(fused ? "fused graph (" : "conv graph (") + b.og.ops + "): no usable engine; ";
+      continue;
+    }
+    size_t best = 0;
+    std::string report;
+    if (cands.size() > 1 && options.optimization_level > 0) {
+      hl.lock.unlock();  // timing executes through the handle's lock itself
+      const size_t es = dtype_size(q.dtype);
+      size_t ws = 0;
+      for (const auto& c : cands) ws = std::max(ws, c.ws);
+      DeviceBuffer x(size_t(q.N * q.C * q.H * q.W) * es), w(size_t(q.W0 * q.W1 * q.KH * q.KW) * es),
+          bias(size_t(q.O) * es), res(size_t(q.y_numel()) * es), y(size_t(q.y_numel()) * es), wsb(ws);
+      KILN_CUDA_CHECK(cudaDeviceSynchronize());
+      std::vector<void*> ptrs;
+      for (int64_t uid : b.og.uids)
+        ptrs.push_back(uid == kUidX ? x.p : uid == kUidW ? w.p : uid == kUidBias ? bias.p : uid == kUidResidual ? res.p : y.p);
+      std::vector<Desc> packs;
+      std::vector<Candidate> fns;
+      for (size_t i = 0; i < cands.size(); ++i) packs.push_back(make_variant_pack(b.og.uids, ptrs, wsb.p));
+      for (size_t i = 0; i < cands.size(); ++i)
+        fns.push_back([&, i](cudaStream_t s) { execute(cands[i].plan, packs[i], s); });
+      best = time_candidates(fns, options.optimization_level, &report);
+      KILN_CUDA_CHECK(cudaDeviceSynchronize());
+    }
+    b.plan = std::move(cands[best].plan);
+    b.choice.fused = fused;
+    b.choice.signature = sig;
+    b.choice.engine = cands[best].id.engine;
+    b.choice.knobs = cands[best].id.knobs;
+    b.note = std::to_string(cands.size()) + " candidate plan(s)" + (report.empty() ? "" : ", timed");
+    if (!fused) b.note += "; " + log;
+    return b;
+  }
+  KILN_FAIL(kUnsupported, what, ": cuDNN has no engine for it: ", log);
+}
+
+}  // namespace kiln::cuda

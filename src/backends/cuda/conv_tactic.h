@@ -1,0 +1,43 @@
+// The conv family's tactic: which cuDNN engine configuration runs a conv node's graph.
+//
+// search_conv_plan builds the fused graph (conv_graph.h), asks cuDNN's heuristics for engine
+// configs (mode A, then fallback), finalizes plans for the first few that pass Kiln's numerics
+// rules (f32 accumulation; with KILN_DISABLE_TF32=1 and f32 data no TF32 tensor cores, down-
+// converted inputs, FFT or Winograd) and whose workspace fits, times them (tactics.h) and keeps
+// the fastest. When no engine runs the fused graph it does the same for the conv alone (the
+// caller then adds a generated epilogue). rebuild_conv_plan remakes a saved choice exactly.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <vector>
+
+#include "kiln/backend.h"
+#include "src/backends/cuda/conv_graph.h"
+#include "src/backends/cuda/conv_state.h"
+
+namespace kiln::cuda {
+
+struct ConvPlan {
+  ConvOpGraph og;
+  Desc plan;
+  ConvChoice choice;
+  std::string note;  // how it was chosen, for describe()
+};
+
+// f32 data with KILN_DISABLE_TF32=1.
+bool strict_f32(DType dt);
+
+// Throws kUnsupported (with cuDNN's reasons) when no engine runs the conv.
+ConvPlan search_conv_plan(const ConvGeom& q, const KernelOptions& options, const std::string& what, uint64_t sig);
+// False (and *why) when cuDNN refuses the saved choice `c`.
+bool rebuild_conv_plan(const ConvGeom& q, cudnnHandle_t h, const ConvChoice& c, const std::string& what, ConvPlan& out,
+                       std::string* why);
+
+// A finalized variant pack: `ptrs` in the order of `uids`.
+Desc make_variant_pack(const std::vector<int64_t>& uids, const std::vector<void*>& ptrs, void* workspace);
+// cudnnSetStream + cudnnBackendExecute under the handle's lock.
+void execute(const Desc& plan, const Desc& vp, cudaStream_t stream);
+
+}  // namespace kiln::cuda

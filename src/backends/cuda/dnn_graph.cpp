@@ -1,0 +1,242 @@
+// The cuDNN backend-API layer of dnn_graph.h: descriptor ownership, error messages, the
+// per-device handles, and reading / rebuilding engine configurations.
+#include "src/backends/cuda/dnn_graph.h"
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <map>
+#include <memory>
+
+#include "src/backends/cuda/cuda_util.h"
+
+namespace kiln::cuda {
+
+std::string cudnn_last_error() {
+  std::array<char, 1024> buf{};
+  cudnnGetLastErrorString(buf.data(), buf.size());
+  return std::string(buf.data());
+}
+
+void fail_cudnn(cudnnStatus_t status, const char* expr, const char* file, int line) {
+  const std::string last = cudnn_last_error();
+  const std::string msg = detail::concat(expr, " failed: ", cudnnGetErrorString(status), " (", int(status), ")",
+                                         last.empty() ? "" : ": ", last, " at ", file, ":", line);
+  if (status == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED)
+    throw Error(ErrorCode::kInvalidArgument, "out of device memory: " + msg);
+  if (CUDNN_STATUS_CATEGORY(status) == CUDNN_STATUS_NOT_SUPPORTED) throw Error(ErrorCode::kUnsupported, msg);
+  throw Error(ErrorCode::kInternal, msg);
+}
+
+Desc::Desc(cudnnBackendDescriptorType_t type, std::string what) : what_(std::move(what)) {
+  const cudnnStatus_t st = cudnnBackendCreateDescriptor(type, &d_);
+  if (st != CUDNN_STATUS_SUCCESS) {
+    d_ = nullptr;
+    fail_cudnn(st, ("cudnnBackendCreateDescriptor for " + what_).c_str(), __FILE__, __LINE__);
+  }
+}
+
+Desc& Desc::operator=(Desc&& o) noexcept {
+  if (this != &o) {
+    reset();
+    d_ = std::exchange(o.d_, nullptr);
+    what_ = std::move(o.what_);
+  }
+  return *this;
+}
+
+void Desc::reset() {
+  if (d_) cudnnBackendDestroyDescriptor(d_);
+  d_ = nullptr;
+}
+
+Desc& Desc::set(cudnnBackendAttributeName_t attr, cudnnBackendAttributeType_t type, int64_t count, const void* values) {
+  KILN_CHECK(d_ != nullptr, kInternal, "cuDNN: setting attribute ", int(attr), " of an empty descriptor (", what_, ")");
+  const cudnnStatus_t st = cudnnBackendSetAttribute(d_, attr, type, count, values);
+  if (st != CUDNN_STATUS_SUCCESS)
+    fail_cudnn(st, detail::concat("cudnnBackendSetAttribute(", what_, ", attribute ", int(attr), ")").c_str(),
+               __FILE__, __LINE__);
+  return *this;
+}
+
+Desc& Desc::set_descs(cudnnBackendAttributeName_t attr, const std::vector<const Desc*>& ds) {
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (const Desc* d : ds) raw.push_back(d->get());
+  return set(attr, CUDNN_TYPE_BACKEND_DESCRIPTOR, int64_t(raw.size()), raw.data());
+}
+
+cudnnStatus_t Desc::try_finalize() { return d_ ? cudnnBackendFinalize(d_) : CUDNN_STATUS_BAD_PARAM_NULL_POINTER; }
+
+Desc& Desc::finalize() {
+  const cudnnStatus_t st = try_finalize();
+  if (st != CUDNN_STATUS_SUCCESS) fail_cudnn(st, ("cudnnBackendFinalize(" + what_ + ")").c_str(), __FILE__, __LINE__);
+  return *this;
+}
+
+int64_t Desc::get_i64(cudnnBackendAttributeName_t attr) const {
+  int64_t v = 0, n = 0;
+  KILN_CUDNN_CHECK(cudnnBackendGetAttribute(d_, attr, CUDNN_TYPE_INT64, 1, &n, &v));
+  return v;
+}
+
+HandleLock lock_handle() {
+  struct Slot {
+    std::recursive_mutex mu;
+    cudnnHandle_t handle = nullptr;
+  };
+  static std::mutex table_mu;
+  static std::map<int, std::unique_ptr<Slot>> table;  // handles live for the process
+  int device = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
+  Slot* slot;
+  {
+    std::lock_guard<std::mutex> g(table_mu);
+    auto& s = table[device];
+    if (!s) s = std::make_unique<Slot>();
+    slot = s.get();
+  }
+  std::unique_lock<std::recursive_mutex> lock(slot->mu);
+  if (!slot->handle) KILN_CUDNN_CHECK(cudnnCreate(&slot->handle));
+  return HandleLock{slot->handle, std::move(lock)};
+}
+
+std::string EngineId::to_string() const {
+  std::string s = "engine ";
+  s += std::to_string(engine);
+  s += " {";
+  for (size_t i = 0; i < knobs.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(knobs[i].first);
+    s += '=';
+    s += std::to_string(knobs[i].second);
+  }
+  return s + "}";
+}
+
+bool EngineInfo::has_numerical(cudnnBackendNumericalNote_t n) const {
+  for (auto v : numerical)
+    if (v == n) return true;
+  return false;
+}
+
+EngineInfo engine_info(const Desc& cfg) {
+  EngineInfo info;
+  Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR, std::string("engine of ") + cfg.what());
+  cudnnBackendDescriptor_t e = engine.get();
+  int64_t n = 0;
+  KILN_CUDNN_CHECK(cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                                            &n, &e));
+  info.id.engine = engine.get_i64(CUDNN_ATTR_ENGINE_GLOBAL_INDEX);
+
+  std::vector<Desc> choices;
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (int i = 0; i < CUDNN_KNOB_TYPE_COUNTS; ++i) {
+    choices.emplace_back(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR, "knob choice");
+    raw.push_back(choices.back().get());
+  }
+  KILN_CUDNN_CHECK(cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_KNOB_CHOICES,
+                                            CUDNN_TYPE_BACKEND_DESCRIPTOR, int64_t(raw.size()), &n, raw.data()));
+  for (int64_t i = 0; i < n && i < int64_t(raw.size()); ++i) {
+    cudnnBackendKnobType_t type{};
+    int64_t value = 0, c = 0;
+    KILN_CUDNN_CHECK(cudnnBackendGetAttribute(raw[size_t(i)], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1,
+                                              &c, &type));
+    KILN_CUDNN_CHECK(cudnnBackendGetAttribute(raw[size_t(i)], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1,
+                                              &c, &value));
+    info.id.knobs.emplace_back(int32_t(type), value);
+  }
+
+  std::array<cudnnBackendNumericalNote_t, CUDNN_NUMERICAL_NOTE_TYPE_COUNT> notes{};
+  if (cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE, int64_t(notes.size()), &n,
+                               notes.data()) == CUDNN_STATUS_SUCCESS)
+    info.numerical.assign(notes.begin(), notes.begin() + std::min<int64_t>(n, int64_t(notes.size())));
+  std::array<cudnnBackendBehaviorNote_t, CUDNN_BEHAVIOR_NOTE_TYPE_COUNT> behavior{};
+  if (cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, CUDNN_TYPE_BEHAVIOR_NOTE, int64_t(behavior.size()),
+                               &n, behavior.data()) == CUDNN_STATUS_SUCCESS)
+    info.behavior.assign(behavior.begin(), behavior.begin() + std::min<int64_t>(n, int64_t(behavior.size())));
+  return info;
+}
+
+namespace {
+
+void append_mode(const Desc& graph, cudnnBackendHeurMode_t mode, const char* name, std::vector<Desc>& out,
+                 std::vector<EngineId>& seen, std::string* log) {
+  Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, std::string("heuristics ") + name);
+  heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph).set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1,
+                                                                  &mode);
+  if (cudnnStatus_t st = heur.try_finalize(); st != CUDNN_STATUS_SUCCESS) {
+    if (log) *log += detail::concat("heuristics ", name, ": ", cudnnGetErrorString(st), " ", cudnn_last_error(), "; ");
+    return;
+  }
+  int64_t count = 0;
+  if (cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
+                               nullptr) != CUDNN_STATUS_SUCCESS)
+    count = 0;
+  std::vector<Desc> cfgs;
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (int64_t i = 0; i < count; ++i) {
+    cfgs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, std::string("engine config (") + name + ")");
+    raw.push_back(cfgs.back().get());
+  }
+  int64_t got = 0;
+  if (count > 0)
+    KILN_CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                              count, &got, raw.data()));
+  if (log) *log += detail::concat("heuristics ", name, ": ", got, " configs; ");
+  for (int64_t i = 0; i < got && i < count; ++i) {
+    EngineId id;
+    try {
+      id = engine_info(cfgs[size_t(i)]).id;
+    } catch (const Error&) {
+      continue;
+    }
+    bool dup = false;
+    for (const auto& s : seen) dup = dup || s == id;
+    if (dup) continue;
+    seen.push_back(id);
+    out.push_back(std::move(cfgs[size_t(i)]));
+  }
+}
+
+}  // namespace
+
+std::vector<Desc> heuristic_configs(const Desc& graph, std::string* log) {
+  std::vector<Desc> out;
+  std::vector<EngineId> seen;
+  append_mode(graph, CUDNN_HEUR_MODE_A, "A", out, seen, log);
+  append_mode(graph, CUDNN_HEUR_MODE_FALLBACK, "fallback", out, seen, log);
+  return out;
+}
+
+Desc make_engine_config(const Desc& graph, const EngineId& id) {
+  Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR, std::string("engine ") + std::to_string(id.engine));
+  engine.set_desc(CUDNN_ATTR_ENGINE_OPERATION_GRAPH, graph).set_i64(CUDNN_ATTR_ENGINE_GLOBAL_INDEX, id.engine);
+  engine.finalize();
+  std::vector<Desc> knobs;
+  std::vector<const Desc*> ptrs;
+  for (const auto& [type, value] : id.knobs) {
+    knobs.emplace_back(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR, std::string("knob choice ") + std::to_string(type));
+    auto t = static_cast<cudnnBackendKnobType_t>(type);
+    knobs.back().set(CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &t);
+    knobs.back().set_i64(CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, value).finalize();
+  }
+  for (const auto& k : knobs) ptrs.push_back(&k);
+  Desc cfg(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine config " + id.to_string());
+  cfg.set_desc(CUDNN_ATTR_ENGINECFG_ENGINE, engine);
+  if (!ptrs.empty()) cfg.set_descs(CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, ptrs);
+  cfg.finalize();
+  return cfg;
+}
+
+Desc make_plan(cudnnHandle_t handle, const Desc& config, std::string* why) {
+  Desc plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, std::string("execution plan of ") + config.what());
+  plan.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle).set_desc(
+      CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config);
+  if (cudnnStatus_t st = plan.try_finalize(); st != CUDNN_STATUS_SUCCESS) {
+    if (why) *why = detail::concat(cudnnGetErrorString(st), " ", cudnn_last_error());
+    return Desc();
+  }
+  return plan;
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,110 @@
+// A thin RAII layer over the cuDNN v9 backend (graph) API, which the conv family builds its
+// operation graphs with: descriptors that destroy themselves, setters that name the attribute
+// in their error, the per-device cuDNN handle, and the identity of an engine configuration
+// (engine global index + knob choices) that the timing cache and engine files store so that a
+// plan can be rebuilt exactly, without heuristics or timing.
+//
+// Named dnn_graph.h (not cudnn_graph.h) so that it never shadows cuDNN's own header.
+#pragma once
+
+#include <cudnn.h>
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kiln/errors.h"
+
+namespace kiln::cuda {
+
+[[noreturn]] void fail_cudnn(cudnnStatus_t status, const char* expr, const char* file, int line);
+
+#define KILN_CUDNN_CHECK(expr)                                                             \
+  do {                                                                                     \
+    cudnnStatus_t kiln_st_ = (expr);                                                       \
+    if (kiln_st_ != CUDNN_STATUS_SUCCESS) ::kiln::cuda::fail_cudnn(kiln_st_, #expr, __FILE__, __LINE__); \
+  } while (0)
+
+// One backend descriptor. Setters and finalize throw kiln::Error naming `what` (the thing
+// being built, e.g. "conv 'layer1.0.conv1': tensor x") and cuDNN's last error message.
+class Desc {
+ public:
+  Desc() = default;
+  Desc(cudnnBackendDescriptorType_t type, std::string what);
+  ~Desc() { reset(); }
+  Desc(Desc&& o) noexcept : d_(std::exchange(o.d_, nullptr)), what_(std::move(o.what_)) {}
+  Desc& operator=(Desc&& o) noexcept;
+  Desc(const Desc&) = delete;
+  Desc& operator=(const Desc&) = delete;
+
+  cudnnBackendDescriptor_t get() const { return d_; }
+  explicit operator bool() const { return d_ != nullptr; }
+  const std::string& what() const { return what_; }
+
+  Desc& set(cudnnBackendAttributeName_t attr, cudnnBackendAttributeType_t type, int64_t count, const void* values);
+  Desc& set_i64(cudnnBackendAttributeName_t attr, int64_t v) { return set(attr, CUDNN_TYPE_INT64, 1, &v); }
+  Desc& set_i64s(cudnnBackendAttributeName_t attr, const std::vector<int64_t>& v) {
+    return set(attr, CUDNN_TYPE_INT64, int64_t(v.size()), v.data());
+  }
+  Desc& set_desc(cudnnBackendAttributeName_t attr, const Desc& d) {
+    cudnnBackendDescriptor_t p = d.get();
+    return set(attr, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &p);
+  }
+  Desc& set_descs(cudnnBackendAttributeName_t attr, const std::vector<const Desc*>& ds);
+  Desc& set_dtype(cudnnBackendAttributeName_t attr, cudnnDataType_t t) { return set(attr, CUDNN_TYPE_DATA_TYPE, 1, &t); }
+  // Throws on failure.
+  Desc& finalize();
+  // Returns the status instead (for probing: an engine config that does not fit the graph).
+  cudnnStatus_t try_finalize();
+  int64_t get_i64(cudnnBackendAttributeName_t attr) const;
+
+ private:
+  void reset();
+  cudnnBackendDescriptor_t d_ = nullptr;
+  std::string what_;
+};
+
+// cuDNN's last error message (empty when none), for messages that explain a refusal.
+std::string cudnn_last_error();
+
+// The cuDNN handle of the current device, created on first use. cuDNN handles must not be used
+// by two threads at once: every use (building graphs and plans, setting the stream, executing)
+// holds the handle's lock.
+struct HandleLock {
+  cudnnHandle_t handle;
+  std::unique_lock<std::recursive_mutex> lock;
+};
+HandleLock lock_handle();
+
+// What identifies an engine configuration across processes (same cuDNN version and GPU).
+struct EngineId {
+  int64_t engine = -1;
+  std::vector<std::pair<int32_t, int64_t>> knobs;  // (cudnnBackendKnobType_t, value)
+  std::string to_string() const;                   // "engine 12 {3=1,5=0}"
+  bool operator==(const EngineId& o) const { return engine == o.engine && knobs == o.knobs; }
+};
+
+// Facts read from a finalized engine config.
+struct EngineInfo {
+  EngineId id;
+  std::vector<cudnnBackendNumericalNote_t> numerical;
+  std::vector<cudnnBackendBehaviorNote_t> behavior;
+  bool has_numerical(cudnnBackendNumericalNote_t n) const;
+};
+EngineInfo engine_info(const Desc& engine_config);
+
+// The engine configs that cuDNN's heuristics propose for a finalized operation graph, in
+// order: mode A first, then the fallback list (duplicates dropped). Failures of a mode are
+// skipped (the graph may only have fallback engines); `log` collects what happened.
+std::vector<Desc> heuristic_configs(const Desc& op_graph, std::string* log);
+
+// The finalized engine config `id` of `op_graph` (throws kUnsupported when cuDNN refuses it,
+// e.g. a config saved by another cuDNN version).
+Desc make_engine_config(const Desc& op_graph, const EngineId& id);
+
+// A finalized execution plan of `config`, or an empty Desc (and *why set) when cuDNN refuses it.
+Desc make_plan(cudnnHandle_t handle, const Desc& config, std::string* why);
+
+}  // namespace kiln::cuda

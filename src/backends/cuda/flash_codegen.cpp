@@ -1,0 +1,235 @@
+// Source of the fused flash-attention kernel (gemm_codegen.h: flash_attention_source).
+//
+// One CTA of 4 warps takes 64 query rows (16 per warp) of one batch matrix. Q is staged
+// through shared memory into mma A fragments held in registers for the whole kernel; then for
+// each block of 64 keys, K and V are loaded to shared memory with 16-byte vector loads (rows
+// past S are zero), each warp computes its 16 x 64 scores with mma.sync.m16n8k16 (f32
+// accumulators), applies scale, causal/bool/additive masks and the online softmax (running
+// max and sum in f32, exp2 domain), converts the probabilities to f16/bf16 in registers (the
+// accumulator layout of two n-tiles is the A layout of one k-step) and accumulates P V with
+// mma.sync (V's fragments through ldmatrix.trans). Causal blocks stop at the last key their
+// rows can see. A row with nothing to attend gives zeros, as the CPU reference does.
+//
+// Fragment layouts (PTX ISA, m16n8k16, g = lane / 4, t = lane % 4): A regs {a0..a3} hold rows
+// g / g+8, cols 2t..2t+1 / +8; B regs {b0, b1} hold k rows 2t..2t+1 / +8 of column g; C holds
+// rows g / g+8, cols 2t..2t+1.
+#include "kiln/errors.h"
+#include "src/backends/cuda/codegen.h"
+#include "src/backends/cuda/gemm_codegen.h"
+
+namespace kiln::cuda {
+
+std::string flash_attention_source(DType dtype, int head_dim, int mask_kind) {
+  KILN_CHECK(dtype == DType::kF16 || dtype == DType::kBF16, kInternal, "flash attention: dtype ", dtype_name(dtype));
+  KILN_CHECK(head_dim == 64 || head_dim == 128, kInternal, "flash attention: head dim ", head_dim);
+  KILN_CHECK(mask_kind >= 0 && mask_kind <= 2, kInternal, "flash attention: mask kind ", mask_kind);
+  const bool bf16 = dtype == DType::kBF16;
+  std::string s = prelude();
+  s += "#define FA_D " + std::to_string(head_dim) + "\n";
+  s += "#define FA_MASK " + std::to_string(mask_kind) + "\n";
+  s += "#define FA_BF16 " + std::string(bf16 ? "1" : "0") + "\n";
+  s += "#define FA_TY \"" + std::string(bf16 ? "bf16" : "f16") + "\"\n";
+  s += "#define FA_BM " + std::to_string(kFlashBlockM) + "\n#define FA_BN " + std::to_string(kFlashBlockN) + "\n";
+  s += R"(
+#define FA_LDS (FA_D + 8)
+#define FA_NEG_INF __int_as_float(0xff800000)
+typedef unsigned short fa_u16;
+typedef unsigned int fa_u32;
+#if FA_MASK == 1
+typedef unsigned char fa_mask_t;
+#else
+typedef fa_u16 fa_mask_t;
+#endif
+struct KilnDims { long long size[8]; long long stride[8]; };
+
+__device__ __forceinline__ float fa_to_float(fa_u16 h) {
+#if FA_BF16
+  return __uint_as_float(((fa_u32)h) << 16);
+#else
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+#endif
+}
+
+// {lo, hi} -> one register of two 16-bit floats, lo in the low half.
+__device__ __forceinline__ fa_u32 fa_pack(float lo, float hi) {
+  fa_u32 r;
+  asm("cvt.rn." FA_TY "x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+__device__ __forceinline__ void fa_mma(float* c, fa_u32 a0, fa_u32 a1, fa_u32 a2, fa_u32 a3, fa_u32 b0, fa_u32 b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." FA_TY "." FA_TY ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+               "{%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ fa_u32 fa_smem_addr(const void* p) {
+  fa_u32 a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
+
+// rows x FA_D elements (row stride FA_D in memory) -> shared (row stride FA_LDS); rows >= valid are zero.
+__device__ __forceinline__ void fa_load_tile(fa_u16* sm, const fa_u16* g, int rows, int valid) {
+  const int per_row = FA_D / 8;
+  for (int i = threadIdx.x; i < rows * per_row; i += blockDim.x) {
+    const int r = i / per_row, c = (i % per_row) * 8;
+    uint4 val;
+    val.x = val.y = val.z = val.w = 0u;
+    if (r < valid) val = *reinterpret_cast<const uint4*>(g + (long long)r * FA_D + c);
+    *reinterpret_cast<uint4*>(sm + r * FA_LDS + c) = val;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+kiln_flash_attention(const fa_u16* __restrict__ q, const fa_u16* __restrict__ k, const fa_u16* __restrict__ v,
+                     fa_u16* __restrict__ o, const fa_mask_t* __restrict__ mask, int L, int S, float scale_log2,
+                     int causal, KilnDims qd, KilnDims kd, KilnDims vd, KilnDims md, int brank, long long mrs,
+                     long long mcs) {
+  __shared__ __align__(16) fa_u16 sk[FA_BN * FA_LDS];
+  __shared__ __align__(16) fa_u16 sv[FA_BN * FA_LDS];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const long long b = blockIdx.y;
+  const int m0 = blockIdx.x * FA_BM;
+  long long qo = 0, ko = 0, vo = 0, mo = 0;
+  {
+    long long rem = b;
+#pragma unroll
+    for (int d = 7; d >= 0; --d) {  // constant indices keep the parameter structs off the stack
+      if (d >= brank) continue;
+      const long long i = rem % qd.size[d];
+      rem /= qd.size[d];
+      qo += i * qd.stride[d], ko += i * kd.stride[d], vo += i * vd.stride[d], mo += i * md.stride[d];
+    }
+  }
+  q += qo + (long long)m0 * FA_D;
+  k += ko;
+  v += vo;
+  o += (b * L + m0) * (long long)FA_D;
+
+  // Q fragments, through shared memory.
+  fa_load_tile(sk, q, FA_BM, min(FA_BM, L - m0));
+  __syncthreads();
+  const int r0 = warp * 16 + g;
+  fa_u32 qa[FA_D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < FA_D / 16; ++kk) {
+    const int c = kk * 16 + t * 2;
+    qa[kk][0] = *reinterpret_cast<const fa_u32*>(sk + r0 * FA_LDS + c);
+    qa[kk][1] = *reinterpret_cast<const fa_u32*>(sk + (r0 + 8) * FA_LDS + c);
+    qa[kk][2] = *reinterpret_cast<const fa_u32*>(sk + r0 * FA_LDS + c + 8);
+    qa[kk][3] = *reinterpret_cast<const fa_u32*>(sk + (r0 + 8) * FA_LDS + c + 8);
+  }
+  __syncthreads();
+
+  float acc[FA_D / 8][4];
+#pragma unroll
+  for (int i = 0; i < FA_D / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+  float row_max[2] = {FA_NEG_INF, FA_NEG_INF}, row_sum[2] = {0.0f, 0.0f};
+  const int qi[2] = {m0 + r0, m0 + r0 + 8};
+  const int n_end = causal ? min(S, m0 + FA_BM) : S;
+
+  for (int n0 = 0; n0 < n_end; n0 += FA_BN) {
+    const int valid = min(FA_BN, S - n0);
+    fa_load_tile(sk, k + (long long)n0 * FA_D, FA_BN, valid);
+    fa_load_tile(sv, v + (long long)n0 * FA_D, FA_BN, valid);
+    __syncthreads();
+
+    float sc[FA_BN / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < FA_BN / 8; ++nt) {
+      sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < FA_D / 16; ++kk) {
+        const fa_u16* kr = sk + (nt * 8 + g) * FA_LDS + kk * 16 + t * 2;
+        fa_mma(sc[nt], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], *reinterpret_cast<const fa_u32*>(kr),
+               *reinterpret_cast<const fa_u32*>(kr + 8));
+      }
+    }
+
+    float mx[2] = {row_max[0], row_max[1]};
+#pragma unroll
+    for (int nt = 0; nt < FA_BN / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = e >> 1, kj = n0 + nt * 8 + t * 2 + (e & 1), i = qi[row];
+        float x = sc[nt][e] * scale_log2;
+        bool keep = kj < S && (!causal || kj <= i);
+#if FA_MASK == 1
+        keep = keep && i < L && mask[mo + (long long)i * mrs + (long long)kj * mcs] != 0;
+#elif FA_MASK == 2
+        if (keep && i < L) x += fa_to_float(mask[mo + (long long)i * mrs + (long long)kj * mcs]) * 1.4426950408889634f;
+#endif
+        x = keep ? x : FA_NEG_INF;
+        sc[nt][e] = x;
+        mx[row] = fmaxf(mx[row], x);
+      }
+    }
+    float safe[2], alpha[2], part[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int row = 0; row < 2; ++row) {
+      mx[row] = fmaxf(mx[row], __shfl_xor_sync(0xffffffffu, mx[row], 1));
+      mx[row] = fmaxf(mx[row], __shfl_xor_sync(0xffffffffu, mx[row], 2));
+      safe[row] = mx[row] == FA_NEG_INF ? 0.0f : mx[row];
+      alpha[row] = exp2f(row_max[row] - safe[row]);  // 0 while the old max is -inf
+      row_max[row] = mx[row];
+    }
+#pragma unroll
+    for (int nt = 0; nt < FA_BN / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p = exp2f(sc[nt][e] - safe[e >> 1]);
+        sc[nt][e] = p;
+        part[e >> 1] += p;
+      }
+    }
+#pragma unroll
+    for (int row = 0; row < 2; ++row) row_sum[row] = row_sum[row] * alpha[row] + part[row];
+#pragma unroll
+    for (int dn = 0; dn < FA_D / 8; ++dn) {
+      acc[dn][0] *= alpha[0], acc[dn][1] *= alpha[0];
+      acc[dn][2] *= alpha[1], acc[dn][3] *= alpha[1];
+    }
+
+#pragma unroll
+    for (int kk = 0; kk < FA_BN / 16; ++kk) {
+      const fa_u32 a0 = fa_pack(sc[2 * kk][0], sc[2 * kk][1]), a1 = fa_pack(sc[2 * kk][2], sc[2 * kk][3]);
+      const fa_u32 a2 = fa_pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]), a3 = fa_pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+      // V's B fragments by ldmatrix.trans: lanes 0..15 address key rows kk*16 + 0..15.
+      const fa_u32 vrow = fa_smem_addr(sv + (kk * 16 + (lane & 15)) * FA_LDS);
+#pragma unroll
+      for (int dn = 0; dn < FA_D / 8; ++dn) {
+        fa_u32 b0, b1;
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
+                     : "=r"(b0), "=r"(b1)
+                     : "r"(vrow + dn * 16));
+        fa_mma(acc[dn], a0, a1, a2, a3, b0, b1);
+      }
+    }
+    __syncthreads();
+  }
+
+  float inv[2];
+#pragma unroll
+  for (int row = 0; row < 2; ++row) {
+    float l = row_sum[row];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    inv[row] = l > 0.0f ? 1.0f / l : 0.0f;
+  }
+#pragma unroll
+  for (int dn = 0; dn < FA_D / 8; ++dn) {
+    const int c = dn * 8 + t * 2;
+    if (qi[0] < L) *reinterpret_cast<fa_u32*>(o + r0 * FA_D + c) = fa_pack(acc[dn][0] * inv[0], acc[dn][1] * inv[0]);
+    if (qi[1] < L)
+      *reinterpret_cast<fa_u32*>(o + (r0 + 8) * FA_D + c) = fa_pack(acc[dn][2] * inv[1], acc[dn][3] * inv[1]);
+  }
+}
+)";
+  return s;
+}
+
+}  // namespace kiln::cuda

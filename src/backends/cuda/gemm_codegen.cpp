@@ -1,0 +1,144 @@
+// Generated sources of the GEMM families (gemm_codegen.h): the activation / broadcast-residual
+// epilogue after a cuBLASLt GEMM, and the masked softmax of attention's fallback path. The
+// fused attention kernel is in flash_codegen.cpp.
+//
+// Activations are the prelude's kiln_<name> helpers (codegen.h: src/ops/pointwise.h's formulas
+// in f32), so a fused linear computes what the separate add and activation nodes would.
+#include "src/backends/cuda/gemm_codegen.h"
+
+#include "kiln/errors.h"
+#include "src/backends/cuda/codegen.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+const char* kDimsStruct = R"(
+struct KilnDims { long long size[8]; long long stride[8]; };
+#define KILN_NEG_INF __int_as_float(0xff800000)
+)";
+
+std::string activation_body(const std::string& act) {
+  if (act == "none") return "return x;";
+  for (const char* a : {"relu", "gelu", "gelu_tanh", "silu", "sigmoid"})
+    if (act == a) return std::string("return kiln_") + a + "(x);";
+  if (act == "tanh") return "return tanhf(x);";
+  KILN_FAIL(kInvalidArgument, "unknown GEMM epilogue activation \"", act, "\"");
+}
+
+}  // namespace
+
+std::string gemm_epilogue_source(DType dtype, const std::string& activation, bool residual) {
+  std::string s = prelude();
+  s += kDimsStruct;
+  s += "typedef " + std::string(storage_type(dtype)) + " T;\n";
+  s += "#define KILN_RESIDUAL " + std::string(residual ? "1" : "0") + "\n";
+  s += "__device__ __forceinline__ float kiln_act(float x) { " + activation_body(activation) + " }\n";
+  s += R"(
+extern "C" __global__ void kiln_gemm_epilogue(T* y, const T* __restrict__ r, long long n, int rank, KilnDims rd) {
+  const long long step = (long long)gridDim.x * blockDim.x;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+    float v = to_float(y[i]);
+#if KILN_RESIDUAL
+    long long rem = i, off = 0;
+#pragma unroll
+    for (int d = 7; d >= 0; --d) {  // constant indices keep rd off the stack
+      if (d >= rank) continue;
+      const long long sz = rd.size[d];
+      off += (rem % sz) * rd.stride[d];
+      rem /= sz;
+    }
+    v += to_float(r[off]);
+#endif
+    y[i] = from_float<T>(kiln_act(v));
+  }
+}
+
+extern "C" __global__ void kiln_gemm_epilogue_vec(T* y, long long nvec) {
+  const int kPer = 16 / sizeof(T);
+  const long long step = (long long)gridDim.x * blockDim.x;
+  uint4* yv = reinterpret_cast<uint4*>(y);
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += step) {
+    uint4 u = yv[i];
+    T* e = reinterpret_cast<T*>(&u);
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) e[j] = from_float<T>(kiln_act(to_float(e[j])));
+    yv[i] = u;
+  }
+}
+)";
+  return s;
+}
+
+std::string sdpa_softmax_source(DType dtype, int mask_kind) {
+  KILN_CHECK(mask_kind >= 0 && mask_kind <= 2, kInternal, "sdpa softmax: mask kind ", mask_kind);
+  std::string s = prelude();
+  s += kDimsStruct;
+  s += "typedef " + std::string(storage_type(dtype)) + " T;\n";
+  s += "typedef " + std::string(mask_kind == 1 ? "bool" : storage_type(dtype)) + " MT;\n";
+  s += "#define KILN_MASK " + std::to_string(mask_kind) + "\n";
+  s += R"(
+__device__ __forceinline__ float kiln_block_reduce(float v, bool is_max, float* sh) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = is_max ? fmaxf(v, w) : v + w;
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+  __syncthreads();
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  v = lane < nwarps ? sh[lane] : (is_max ? KILN_NEG_INF : 0.0f);
+  for (int o = 16; o > 0; o >>= 1) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = is_max ? fmaxf(v, w) : v + w;
+  }
+  return v;
+}
+
+extern "C" __global__ void kiln_sdpa_softmax(const float* scores, T* probs, const MT* __restrict__ mask,
+                                             long long rows, int L, int S, long long row0, int brank, KilnDims md,
+                                             long long mrs, long long mcs, int causal) {
+  __shared__ float sh[32];
+  for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+    const long long g = row0 + r;
+    const int i = (int)(g % L);
+    const float* srow = scores + r * S;
+    T* prow = probs + r * S;
+#if KILN_MASK
+    long long moff = (long long)i * mrs, rem = g / L;
+#pragma unroll
+    for (int d = 7; d >= 0; --d) {
+      if (d >= brank) continue;
+      moff += (rem % md.size[d]) * md.stride[d];
+      rem /= md.size[d];
+    }
+    const MT* mrow = mask + moff;
+#endif
+    const int valid = causal ? min(S, i + 1) : S;
+#if KILN_MASK == 1
+#define KILN_SCORE(j) (mrow[(long long)(j) * mcs] ? srow[j] : KILN_NEG_INF)
+#elif KILN_MASK == 2
+#define KILN_SCORE(j) (srow[j] + to_float(mrow[(long long)(j) * mcs]))
+#else
+#define KILN_SCORE(j) (srow[j])
+#endif
+    float mx = KILN_NEG_INF;
+    for (int j = threadIdx.x; j < valid; j += blockDim.x) mx = fmaxf(mx, KILN_SCORE(j));
+    mx = kiln_block_reduce(mx, true, sh);
+    float sum = 0.0f;
+    if (mx != KILN_NEG_INF)
+      for (int j = threadIdx.x; j < valid; j += blockDim.x) sum += expf(KILN_SCORE(j) - mx);
+    sum = kiln_block_reduce(sum, false, sh);
+    const float inv = (mx == KILN_NEG_INF || !(sum > 0.0f)) ? 0.0f : 1.0f / sum;
+    for (int j = threadIdx.x; j < S; j += blockDim.x) {
+      const float p = (j < valid && inv != 0.0f) ? expf(KILN_SCORE(j) - mx) * inv : 0.0f;
+      prow[j] = from_float<T>(p);
+    }
+    __syncthreads();
+  }
+}
+)";
+  return s;
+}
+
+}  // namespace kiln::cuda

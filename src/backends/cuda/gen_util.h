@@ -1,0 +1,160 @@
+// Shared machinery of the generated-kernel families (reduce, softmax, norm, pool, shape,
+// gather, generator): a kernel is a *plan* (a list of launches of one NVRTC module) that is
+// decided entirely at make time from the node's shapes, plus the module's source.
+//
+// A Launch names an extern "C" kernel of the module, its grid / block / dynamic shared
+// memory, and its arguments: an input or output buffer (plus a byte offset, so concat can
+// write into the middle of its output), the workspace, or a fixed value (an integer, a float
+// or a by-value struct of sizes and strides) whose bytes are stored in the plan. run() only
+// assembles the argument array and launches on the caller's stream, so it is capturable into
+// a CUDA graph. The plan serializes into the params of pack_state(cubin, params): loading an
+// engine rebuilds the kernel from those bytes without generating or compiling anything.
+//
+// generate_<family>(node, graph) returns the source and the plan without touching the GPU,
+// which is what the codegen tests compile for sm_90 on a machine with no device.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/backend.h"
+#include "kiln/errors.h"
+#include "kiln/ir.h"
+
+namespace kiln::cuda::gen {
+
+constexpr int kMaxRank = 8;            // dims of a strided walk after collapsing
+constexpr uint32_t kMaxBlocks = 8192;  // grid-stride kernels launch at most this many blocks
+
+enum class ArgKind : uint8_t { kInput = 0, kOutput = 1, kWorkspace = 2, kValue = 3 };
+
+struct Arg {
+  ArgKind kind = ArgKind::kValue;
+  int32_t index = 0;        // which input / output
+  int64_t offset = 0;       // bytes added to the buffer's address
+  std::vector<uint8_t> value;  // kValue: the parameter's bytes (its exact C type in the source)
+};
+
+struct Launch {
+  std::string kernel;
+  uint32_t grid[3] = {1, 1, 1};
+  uint32_t block[3] = {1, 1, 1};
+  uint32_t shared = 0;
+  std::vector<Arg> args;
+  // Vectorized launches: every buffer argument must be aligned to `align` bytes; when one is
+  // not (a caller's buffer at an odd offset), run() launches alt[0] (the same work with
+  // narrower accesses) instead.
+  uint32_t align = 0;
+  std::vector<Launch> alt;
+
+  Launch() = default;
+  Launch(std::string name, uint32_t gx, uint32_t bx, uint32_t gy = 1, uint32_t by = 1) : kernel(std::move(name)) {
+    grid[0] = gx, grid[1] = gy, block[0] = bx, block[1] = by;
+  }
+  Launch& in(int i, int64_t offset = 0) { return ptr(ArgKind::kInput, i, offset); }
+  Launch& out(int i, int64_t offset = 0) { return ptr(ArgKind::kOutput, i, offset); }
+  Launch& ws(int64_t offset = 0) { return ptr(ArgKind::kWorkspace, 0, offset); }
+  Launch& null() { return val<const void*>(nullptr); }  // an absent optional buffer
+  // Input i, or a null pointer when the node's input i is absent.
+  Launch& opt_in(const Node& n, size_t i) {
+    return i < n.inputs.size() && n.inputs[i] != kNoValue ? in(int(i)) : null();
+  }
+  // A by-value parameter: T must have exactly the layout of the source's parameter type.
+  template <typename T>
+  Launch& val(const T& v) {
+    Arg a;
+    a.value.resize(sizeof(T));
+    std::memcpy(a.value.data(), &v, sizeof(T));
+    args.push_back(std::move(a));
+    return *this;
+  }
+  Launch& i64(int64_t v) { return val<long long>(static_cast<long long>(v)); }
+  Launch& f32(double v) { return val<float>(static_cast<float>(v)); }
+  Launch& f64(double v) { return val<double>(v); }
+
+ private:
+  Launch& ptr(ArgKind k, int i, int64_t offset) {
+    Arg a;
+    a.kind = k, a.index = i, a.offset = offset;
+    args.push_back(std::move(a));
+    return *this;
+  }
+};
+
+struct Plan {
+  std::vector<Launch> launches;
+  uint64_t workspace = 0;
+  std::string describe;
+};
+
+// What a family's generator returns: the module source (empty when the plan has no launch,
+// e.g. an empty tensor) and the plan.
+struct Generated {
+  std::string source;
+  Plan plan;
+};
+
+// Makes `l` vectorized: it needs `align`-byte aligned buffers, else `fallback` runs.
+inline void with_fallback(Launch& l, uint32_t align, Launch fallback) {
+  if (align <= 1) return;
+  l.align = align;
+  l.alt.clear();
+  l.alt.push_back(std::move(fallback));
+}
+
+// By-value structs of sizes and strides (the source declares the same layout: kDimsDecl).
+struct Dims {
+  long long ext[kMaxRank];
+  long long ist[kMaxRank];  // input element (or word) strides
+  long long ost[kMaxRank];  // output element (or word) strides
+};
+inline const char* kDimsDecl = "struct Dims { long long ext[8]; long long ist[8]; long long ost[8]; };\n";
+
+Bytes serialize(const Plan& p);
+Plan deserialize(const Bytes& b);  // kCorrupted when malformed
+
+// The kernel: compiles `g.source` (state null) or loads the state's cubin (state given, no
+// compile), resolves every launch's kernel, and launches them in order on run().
+std::unique_ptr<Kernel> build(const Generated& g, const std::string& what, const Bytes* state);
+
+// compile_to_cubin (nvrtc.h) for tests, which then need no CUDA header: needs no GPU.
+Bytes compile_for_arch(const std::string& source, const std::string& what, int arch);
+
+// "layer_norm node 'ln_3'" for messages.
+std::string what_of(const Node& n);
+
+// ---- source helpers ------------------------------------------------------------------
+// `typedef <storage> T_<alias>;` plus `ld_<alias>(T) -> C` and `st_<alias>(C) -> T` where C is
+// the compute type (float for f32/f16/bf16, double for f64, long long for integers and bool).
+std::string type_defs(const std::string& alias, DType t);
+// The compute type type_defs uses: "float", "double" or "long long".
+const char* compute_of(DType t);
+// The unsigned word type of `bytes` bytes (1, 2, 4, 8 or 16: uint4).
+const char* word_type(int bytes);
+// prelude() plus warp / block reduction helpers (kg_warp_sum, kg_block_sum, ...).
+std::string source_head();
+// The largest word (16, 8, 4, 2 or esz bytes) dividing every given byte count.
+int word_bytes(int esz, std::initializer_list<int64_t> byte_counts);
+// Replaces every occurrence of `from` in s by `to` (fills in generated-code templates).
+std::string replace_all(std::string s, const std::string& from, const std::string& to);
+// Grid-stride block count for n work items of `per_block` each.
+uint32_t blocks_for(int64_t n, int64_t per_block);
+
+// Family generators (for tests; make_<family>_kernel wraps them with build()).
+Generated generate_reduce(const Node& n, const Graph& g);
+Generated generate_softmax(const Node& n, const Graph& g);
+Generated generate_norm(const Node& n, const Graph& g);
+Generated generate_pool(const Node& n, const Graph& g);
+Generated generate_shape(const Node& n, const Graph& g);
+Generated generate_gather(const Node& n, const Graph& g);
+Generated generate_generator(const Node& n, const Graph& g);
+
+// A fill of `count` elements of `esz` bytes with the bit pattern `bits` (low esz bytes), into
+// output `out` at byte offset 0: used by full and by empty reductions. Appends its kernel to
+// `source` (once) and its launch to `plan`.
+void add_fill(std::string& source, Plan& plan, int out, int64_t count, int esz, uint64_t bits);
+
+}  // namespace kiln::cuda::gen

@@ -1,0 +1,75 @@
+// Code generation for the pointwise family (unary, binary, where, cast, fused_pointwise).
+//
+// Every pointwise node becomes a Program: its leaves (the node's inputs, then scalar
+// constants of a fused body), the ops in order, and which values are the node's outputs. A
+// single op node is a one-step program, so one generator serves all five families. Each
+// output element computes the whole chain in registers, in the register type of each value's
+// dtype (float for f32/f16/bf16, double for f64, the integer type itself for integers, bool);
+// only casts round to a narrower dtype, as the CPU's fused kernel does.
+//
+// A Layout is the make-time choice of how to index: `flat` when every input is either the
+// output's size and contiguous or a single element (no index math, plus a vectorized kernel
+// of `vec` elements per thread step), otherwise `rank` collapsed dims with per-input element
+// strides (0 on broadcast dims). Sizes, strides and constant values are kernel arguments,
+// so the source depends only on the op chain, the dtypes and the layout.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kiln/ir.h"
+#include "src/ops/pointwise.h"
+
+namespace kiln::cuda::pwgen {
+
+inline constexpr int kMaxRank = 8;       // collapsed dims of a strided layout
+inline constexpr int kMaxPointers = 48;  // inputs + outputs of one node
+
+struct Step {
+  OpKind op;
+  DType out;
+  std::vector<int> in;  // value indices
+  pw::UnaryParams params;
+};
+
+struct Program {
+  std::vector<DType> dtype;  // per value: leaves first (inputs, then constants), then steps
+  int num_inputs = 0;
+  std::vector<double> const_float;    // per constant of floating dtype, in order
+  std::vector<int64_t> const_int;     // per constant of integer or bool dtype, in order
+  std::vector<int> const_slot;        // per constant: index into const_float or const_int
+  std::vector<Step> steps;            // step k defines value num_leaves() + k
+  std::vector<int> outputs;           // value index of each node output
+  int num_leaves() const { return num_inputs + int(const_slot.size()); }
+};
+
+// The program of a pointwise node; false (with `why`) for what the generator cannot run.
+bool program_of(const Node& n, const Graph& g, Program* out, std::string* why);
+
+struct Layout {
+  bool flat = true;
+  bool wide = false;  // 64-bit indices (numel >= 2^30)
+  int rank = 1;       // collapsed dims (strided layouts)
+  int vec = 1;        // elements per thread step of the vectorized flat kernel (1: none)
+  std::vector<uint8_t> scalar;          // per input: one element for the whole output
+  int64_t numel = 0;
+  std::vector<int64_t> dims;            // collapsed output dims (strided)
+  std::vector<std::vector<int64_t>> strides;  // per input (strided), element strides per dim
+};
+
+Layout layout_of(const Node& n, const Graph& g, const Program& p, std::string* why, bool* ok);
+
+// The CUDA source: extern "C" kernels `kiln_pw` (grid-stride, scalar) and, when layout.vec > 1,
+// `kiln_pw_vec` (flat only; every non-scalar pointer aligned to vec elements).
+std::string generate(const Program& p, const Layout& layout);
+
+// The kernel's by-value argument block (8-byte fields in the order generate() declares them).
+std::vector<int64_t> argument_block(const Program& p, const Layout& layout);
+
+// Register and storage type names of a dtype in generated pointwise code (bool is stored as
+// unsigned char, read as != 0 and written as 0 / 1).
+const char* reg_type(DType t);
+const char* store_type(DType t);
+
+}  // namespace kiln::cuda::pwgen

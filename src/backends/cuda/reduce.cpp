@@ -1,0 +1,360 @@
+// CUDA kernels of the reduce family: reduce_sum / _mean / _max / _min / _var over any axes and
+// argmax over one, generated and compiled by NVRTC.
+//
+// At make time x's dims are collapsed as on the CPU (unit dims dropped, neighbours that are
+// both reduced or both kept merged), leaving kept dims and reduced dims around an innermost
+// run that is either reduced (rows) or kept (columns):
+//   rows:    one warp per output (at most 2048 reduced elements) or one 256-thread block,
+//            16-byte loads when every run starts aligned; warp shuffles combine the lanes;
+//   columns: 32 consecutive outputs per block, 8 rows of threads splitting the reduction,
+//            combined through shared memory; reads are coalesced along the kept run.
+// The numbers of kept and reduced dims are part of the source (they unroll); extents and
+// strides are arguments. Floating sums accumulate in f32 (f64 for f64), integer sums in 64
+// bits, wrapping like the CPU; max / min propagate NaN; reduce_var is two-pass (mean, then
+// squared deviations), as on the CPU. argmax keeps the first index of the largest value, a
+// NaN counting as largest. An empty reduction writes sum 0, mean / var NaN.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "src/backends/cpu/kernels.h"
+#include "src/backends/cuda/codegen.h"
+#include "src/backends/cuda/gen_util.h"
+#include "src/backends/cuda/kernels.h"
+
+namespace kiln::cuda {
+
+namespace gen {
+namespace {
+
+constexpr int kMaxSide = 4;  // kept / reduced dims outside the innermost run
+
+struct Layout {
+  std::vector<int64_t> kept_shape, kept_stride, red_shape, red_stride;
+  int64_t inner = 1, count = 1, outputs = 1;
+  bool inner_reduced = false;
+};
+
+Layout collapse(const std::vector<int64_t>& shape, const std::vector<char>& reduced) {
+  struct D { int64_t extent, stride; bool red; };
+  std::vector<D> rev, dims;
+  int64_t stride = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    if (shape[i] != 1) rev.push_back({shape[i], stride, reduced[i] != 0});
+    stride *= shape[i];
+  }
+  for (size_t i = rev.size(); i-- > 0;) {
+    if (!dims.empty() && dims.back().red == rev[i].red) {
+      dims.back().extent *= rev[i].extent;
+      dims.back().stride = rev[i].stride;
+    } else {
+      dims.push_back(rev[i]);
+    }
+  }
+  Layout L;
+  if (!dims.empty()) {
+    L.inner = dims.back().extent;
+    L.inner_reduced = dims.back().red;
+    dims.pop_back();
+  }
+  for (const D& d : dims) {
+    (d.red ? L.red_shape : L.kept_shape).push_back(d.extent);
+    (d.red ? L.red_stride : L.kept_stride).push_back(d.stride);
+  }
+  for (int64_t e : L.red_shape) L.count *= e;
+  for (int64_t e : L.kept_shape) L.outputs *= e;
+  (L.inner_reduced ? L.count : L.outputs) *= L.inner;
+  return L;
+}
+
+struct Side {
+  long long kext[kMaxSide], kst[kMaxSide], rext[kMaxSide], rst[kMaxSide];
+};
+const char* kSideDecl = "struct Side { long long kext[4]; long long kst[4]; long long rext[4]; long long rst[4]; };\n";
+
+// Offset code: `var += offset of index idx over dims <pre>ext/<pre>st[0..n)`.
+std::string offset_code(const std::string& var, const std::string& idx, const std::string& pre, size_t n) {
+  if (n == 0) return "";
+  std::string s = "    { long long q_ = " + idx + ";\n";
+  for (size_t k = n; k-- > 1;)
+    s += "      " + var + " += (q_ % g." + pre + "ext[" + std::to_string(k) + "]) * g." + pre + "st[" +
+         std::to_string(k) + "]; q_ /= g." + pre + "ext[" + std::to_string(k) + "];\n";
+  s += "      " + var + " += q_ * g." + pre + "st[0]; }\n";
+  return s;
+}
+
+// The accumulator: type A, identity, combine, load of one element.
+struct AccSpec {
+  std::string type, identity, combine, load, store;
+};
+
+AccSpec acc_spec(OpKind op, DType dt) {
+  AccSpec a;
+  const bool flt = is_floating(dt);
+  const std::string c = compute_of(dt);
+  const bool isum = !flt && (op == OpKind::kReduceSum);
+  a.type = isum ? "unsigned long long" : c;
+  a.load = isum ? "(unsigned long long)ld_x(v)" : "ld_x(v)";
+  a.store = isum ? "st_x((long long)r)" : "st_x(r)";
+  if (op == OpKind::kReduceMax || op == OpKind::kReduceMin) {
+    const bool mx = op == OpKind::kReduceMax;
+    a.combine = mx ? "kg_max(a, b)" : "kg_min(a, b)";
+    if (flt) a.identity = mx ? "-(A)KG_INF" : "(A)KG_INF";
+    else a.identity = mx ? "(A)(-9223372036854775807LL - 1)" : "(A)9223372036854775807LL";
+  } else {
+    a.combine = "a + b";
+    a.identity = "(A)0";
+  }
+  return a;
+}
+
+std::string acc_helpers(const AccSpec& a) {
+  return "typedef " + a.type + " A;\n"
+         "__device__ __forceinline__ A kg_comb(A a, A b) { return " + a.combine + "; }\n"
+         "__device__ __forceinline__ A kg_ld(T_x v) { return " + a.load + "; }\n"
+         "__device__ __forceinline__ A kg_wred(A v) {\n"
+         "  for (int o = 16; o > 0; o >>= 1) v = kg_comb(v, __shfl_xor_sync(0xffffffffu, v, o));\n  return v;\n}\n"
+         "__device__ __forceinline__ A kg_bred(A v, A* sm) {\n"
+         "  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;\n"
+         "  v = kg_wred(v);\n  if (nw == 1) return v;\n  if (lane == 0) sm[wid] = v;\n  __syncthreads();\n"
+         "  v = lane < nw ? sm[lane] : " + a.identity + ";\n  v = kg_wred(v);\n  __syncthreads();\n  return v;\n}\n";
+}
+
+// Rows: the innermost run is reduced. mode: 0 plain, 1 mean, 2 var.
+std::string rows_kernel(const Layout& L, const AccSpec& a, int mode, bool block, int vec, const std::string& name) {
+  const size_t kr = L.kept_shape.size(), rr = L.red_shape.size();
+  std::string s = "extern \"C\" __global__ void " + name + "(const T_x* __restrict__ x, T_x* __restrict__ y, Side g,"
+                  " long long outputs, long long nro, long long run, long long count, double correction) {\n";
+  s += "  __shared__ A sm[33];\n";
+  if (block) {
+    s += "  const long long gid0 = blockIdx.x, ngroups = gridDim.x; const int lane = threadIdx.x, G = blockDim.x;\n";
+  } else {
+    s += "  const long long gid0 = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5, ngroups = "
+         "((long long)gridDim.x * blockDim.x) >> 5;\n  const int lane = threadIdx.x & 31, G = 32;\n";
+  }
+  const std::string red = block ? "kg_bred(acc, sm)" : "kg_wred(acc)";
+  // One pass over the reduced elements, folding `expr` (of A v) into acc.
+  auto pass = [&](const std::string& fold) {
+    std::string p = "    for (long long ro = 0; ro < nro; ++ro) {\n      long long off = base;\n";
+    p += offset_code("off", "ro", "r", rr);
+    if (vec > 1) {
+      p += "      const uint4* p4 = reinterpret_cast<const uint4*>(x + off);\n"
+           "      for (long long i = lane; i < run / " + std::to_string(vec) + "; i += G) {\n"
+           "        const uint4 u = p4[i]; const T_x* e = reinterpret_cast<const T_x*>(&u);\n"
+           "#pragma unroll\n        for (int j = 0; j < " + std::to_string(vec) + "; ++j) { const A v = kg_ld(e[j]); " +
+           fold + " }\n      }\n";
+    } else {
+      p += "      const T_x* p = x + off;\n      for (long long i = lane; i < run; i += G) { const A v = kg_ld(p[i]); " +
+           fold + " }\n";
+    }
+    return p + "    }\n";
+  };
+  s += "  for (long long o = gid0; o < outputs; o += ngroups) {\n    long long base = 0;\n";
+  s += offset_code("base", "o", "k", kr);
+  s += "    A acc = " + a.identity + ";\n";
+  s += pass("acc = kg_comb(acc, v);");
+  s += "    acc = " + red + ";\n";
+  if (mode == 2) {
+    s += "    const A mean = acc / (A)count;\n    acc = (A)0;\n";
+    s += pass("acc += (v - mean) * (v - mean);");
+    s += "    acc = " + red + ";\n    const A r = (A)((double)acc / ((double)count - correction));\n";
+  } else if (mode == 1) {
+    s += "    const A r = acc / (A)count;\n";
+  } else {
+    s += "    const A r = acc;\n";
+  }
+  s += "    if (lane == 0) y[o] = " + a.store + ";\n  }\n}\n";
+  return s;
+}
+
+// Columns: the innermost run is kept. Block (32, 8): x over the run, y splits the reduction.
+std::string cols_kernel(const Layout& L, const AccSpec& a, int mode) {
+  const size_t kr = L.kept_shape.size(), rr = L.red_shape.size();
+  std::string s = "extern \"C\" __global__ void kg_reduce_cols(const T_x* __restrict__ x, T_x* __restrict__ y, Side g,"
+                  " long long rows, long long inner, long long count, double correction) {\n";
+  s += "  __shared__ A sm[8][33];\n  const int tx = threadIdx.x, ty = threadIdx.y;\n"
+       "  const long long tiles = (inner + 31) / 32;\n";
+  s += "  for (long long t = blockIdx.x; t < rows * tiles; t += gridDim.x) {\n"
+       "    const long long row = t / tiles, j = (t % tiles) * 32 + tx;\n    long long base = 0;\n";
+  s += offset_code("base", "row", "k", kr);
+  auto pass = [&](const std::string& fold) {
+    std::string p = "    if (j < inner) for (long long r = ty; r < count; r += 8) {\n      long long off = base + j;\n";
+    p += offset_code("off", "r", "r", rr);
+    return p + "      const A v = kg_ld(x[off]); " + fold + "\n    }\n";
+  };
+  auto combine = [&](const std::string& out) {
+    return "    sm[ty][tx] = acc;\n    __syncthreads();\n    if (ty == 0) for (int k = 1; k < 8; ++k) acc = kg_comb(acc, "
+           "sm[k][tx]);\n    __syncthreads();\n    if (ty == 0) sm[0][tx] = acc;\n    __syncthreads();\n    " + out +
+           " = sm[0][tx];\n    __syncthreads();\n";
+  };
+  s += "    A acc = " + a.identity + ";\n" + pass("acc = kg_comb(acc, v);") + combine("acc");
+  if (mode == 2) {
+    s += "    const A mean = acc / (A)count;\n    acc = (A)0;\n" + pass("acc += (v - mean) * (v - mean);") +
+         combine("acc") + "    const A r = (A)((double)acc / ((double)count - correction));\n";
+  } else if (mode == 1) {
+    s += "    const A r = acc / (A)count;\n";
+  } else {
+    s += "    const A r = acc;\n";
+  }
+  s += "    if (ty == 0 && j < inner) y[row * inner + j] = " + a.store + ";\n  }\n}\n";
+  return s;
+}
+
+std::string argmax_kernels(DType dt) {
+  const bool flt = is_floating(dt);
+  std::string s = "typedef " + std::string(compute_of(dt)) + " A;\n";
+  s += std::string("#define KG_LOWEST ") + (flt ? "(-(A)KG_INF)" : "((A)(-9223372036854775807LL - 1))") + "\n";
+  s += R"(// b beats a: larger, or NaN over a number, or equal (both NaN) with a smaller index.
+__device__ __forceinline__ bool kg_better(A bv, long long bi, A av, long long ai) {
+  const bool bn = bv != bv, an = av != av;
+  if (bn != an) return bn;
+  if (!bn && bv != av) return bv > av;
+  return bi < ai;
+}
+extern "C" __global__ void kg_argmax_rows(const T_x* __restrict__ x, long long* __restrict__ y, long long outer, long long R) {
+  const long long w0 = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5, nw = ((long long)gridDim.x * blockDim.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  for (long long o = w0; o < outer; o += nw) {
+    const T_x* p = x + o * R;
+    A bv = KG_LOWEST; long long bi = 9223372036854775807LL;
+    for (long long r = lane; r < R; r += 32) {
+      const A v = ld_x(p[r]);
+      if (kg_better(v, r, bv, bi)) bv = v, bi = r;
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      const A ov = __shfl_xor_sync(0xffffffffu, bv, off);
+      const long long oi = __shfl_xor_sync(0xffffffffu, bi, off);
+      if (kg_better(ov, oi, bv, bi)) bv = ov, bi = oi;
+    }
+    if (lane == 0) y[o] = bi;
+  }
+}
+extern "C" __global__ void kg_argmax_cols(const T_x* __restrict__ x, long long* __restrict__ y, long long outer, long long R,
+                                          long long inner) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < outer * inner; i += (long long)gridDim.x * blockDim.x) {
+    const long long o = i / inner, j = i % inner;
+    const T_x* p = x + o * R * inner + j;
+    A bv = ld_x(p[0]); long long bi = 0;
+    for (long long r = 1; r < R; ++r) {
+      const A v = ld_x(p[r * inner]);
+      if (kg_better(v, r, bv, bi)) bv = v, bi = r;
+    }
+    y[i] = bi;
+  }
+}
+)";
+  return s;
+}
+
+Generated gen_argmax(const Node& n, const Graph& g) {
+  const TensorType& xt = g.type(n.inputs[0]);
+  const auto shape = xt.shape();
+  const auto axis = size_t(n.attrs.get_int("axis"));
+  int64_t outer = 1, inner = 1;
+  for (size_t d = 0; d < axis; ++d) outer *= shape[d];
+  for (size_t d = axis + 1; d < shape.size(); ++d) inner *= shape[d];
+  const int64_t R = shape[axis];
+  Generated gn;
+  gn.plan.describe = std::string("cuda argmax ") + xt.to_string() + (inner == 1 ? " (warp per row)" : " (columns)");
+  if (outer * inner == 0) return gn;
+  gn.source = source_head() + type_defs("x", xt.dtype) + argmax_kernels(xt.dtype);
+  if (inner == 1) {
+    Launch l("kg_argmax_rows", blocks_for(outer, 8), 256);
+    l.in(0).out(0).i64(outer).i64(R);
+    gn.plan.launches.push_back(std::move(l));
+  } else {
+    Launch l("kg_argmax_cols", blocks_for(outer * inner, 256), 256);
+    l.in(0).out(0).i64(outer).i64(R).i64(inner);
+    gn.plan.launches.push_back(std::move(l));
+  }
+  return gn;
+}
+
+}  // namespace
+
+Generated generate_reduce(const Node& n, const Graph& g) {
+  if (n.op == OpKind::kArgmax) return gen_argmax(n, g);
+  const TensorType& xt = g.type(n.inputs[0]);
+  const TensorType& yt = g.type(n.outputs[0]);
+  const DType dt = xt.dtype;
+  const auto shape = xt.shape();
+  std::vector<int64_t> axes = n.attrs.get_ints("axes", {});
+  std::vector<char> reduced(shape.size(), axes.empty() ? 1 : 0);
+  for (int64_t a : axes) reduced[size_t(a)] = 1;
+  const double correction = n.attrs.get_float("correction", 1.0);
+  const int mode = n.op == OpKind::kReduceMean ? 1 : n.op == OpKind::kReduceVar ? 2 : 0;
+  KILN_CHECK(n.op != OpKind::kReduceVar || is_floating(dt), kUnsupported, "reduce_var of ", xt.to_string());
+
+  Generated gn;
+  const std::string desc = std::string("cuda ") + op_name(n.op) + " " + xt.to_string();
+  if (yt.numel() == 0) {
+    gn.plan.describe = desc + " (empty)";
+    return gn;
+  }
+  int64_t count = 1;
+  for (size_t d = 0; d < shape.size(); ++d) count *= reduced[d] ? shape[d] : 1;
+  if (count == 0) {  // sum 0; mean and var NaN
+    uint64_t bits = 0;
+    cpu::store_double(&bits, dt, 0, n.op == OpKind::kReduceSum ? 0.0 : std::numeric_limits<double>::quiet_NaN());
+    add_fill(gn.source, gn.plan, 0, yt.numel(), int(dtype_size(dt)), bits);
+    gn.plan.describe = desc + " (empty reduction)";
+    return gn;
+  }
+  const Layout L = collapse(shape, reduced);
+  KILN_CHECK(L.kept_shape.size() <= size_t(kMaxSide) && L.red_shape.size() <= size_t(kMaxSide), kUnsupported,
+             op_name(n.op), ": more than ", kMaxSide, " alternating reduced and kept dims");
+  Side side{};
+  for (size_t k = 0; k < L.kept_shape.size(); ++k) side.kext[k] = L.kept_shape[k], side.kst[k] = L.kept_stride[k];
+  for (size_t k = 0; k < L.red_shape.size(); ++k) side.rext[k] = L.red_shape[k], side.rst[k] = L.red_stride[k];
+
+  const AccSpec acc = acc_spec(n.op, dt);
+  gn.source = source_head() + kSideDecl + type_defs("x", dt) + acc_helpers(acc);
+  if (L.inner_reduced) {
+    const int esz = int(dtype_size(dt));
+    int vec = 16 / esz;
+    bool ok = esz <= 8 && L.inner % vec == 0;
+    for (int64_t s : L.kept_stride) ok = ok && s % vec == 0;
+    for (int64_t s : L.red_stride) ok = ok && s % vec == 0;
+    if (!ok) vec = 1;
+    const bool block = L.count > 2048;
+    const int64_t nro = L.count / L.inner;
+    auto rows = [&](int v) {
+      const std::string name = "kg_reduce_rows_v" + std::to_string(v);
+      gn.source += rows_kernel(L, acc, mode, block, v, name);
+      Launch l(name, block ? blocks_for(L.outputs, 1) : blocks_for(L.outputs, 8), 256);
+      l.in(0).out(0).val(side).i64(L.outputs).i64(nro).i64(L.inner).i64(L.count).f64(correction);
+      return l;
+    };
+    Launch l = rows(vec);
+    if (vec > 1) with_fallback(l, 16, rows(1));
+    gn.plan.launches.push_back(std::move(l));
+    gn.plan.describe = desc + (block ? " (block" : " (warp") + " per output, " + std::to_string(vec) + "-wide loads)";
+  } else {
+    gn.source += cols_kernel(L, acc, mode);
+    const int64_t rows = L.outputs / L.inner, tiles = (L.inner + 31) / 32;
+    Launch l("kg_reduce_cols", blocks_for(rows * tiles, 1), 32, 1, 8);
+    l.in(0).out(0).val(side).i64(rows).i64(L.inner).i64(L.count).f64(correction);
+    gn.plan.launches.push_back(std::move(l));
+    gn.plan.describe = desc + " (columns)";
+  }
+  return gn;
+}
+
+}  // namespace gen
+
+bool supports_reduce(const Node& n, const Graph& g, std::string* why) {
+  try {
+    gen::generate_reduce(n, g);
+    return true;
+  } catch (const Error& e) {
+    if (why) *why = e.what();
+    return false;
+  }
+}
+
+std::unique_ptr<Kernel> make_reduce_kernel(const Node& n, const Graph& g, const KernelOptions&, const Bytes* state) {
+  if (state) return gen::build({}, gen::what_of(n), state);
+  return gen::build(gen::generate_reduce(n, g), gen::what_of(n), nullptr);
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,309 @@
+// CUDA kernels of the shape family (reshape, permute, expand, slice, concat, split, pad, copy),
+// generated and compiled by NVRTC. Elements move as opaque words, so one source serves every
+// dtype of a size.
+//
+// Everything but pad is one *strided copy*: an iteration shape walked in row-major order,
+// reading the input at sum(i_k * ist_k) and writing the output at sum(i_k * ost_k) (expand:
+// input stride 0; slice: start offset and stride * step; concat / split: each part is one copy
+// into / out of the joined tensor at its byte offset). At make time unit dims are dropped and
+// dims contiguous in both tensors merged; when the innermost run is contiguous in both, the
+// copy moves the widest word (up to 16 bytes) that divides every extent, stride and offset.
+// When the last dim is strided in the input but some other dim is contiguous there (e.g.
+// NCHW -> NHWC), a 32 x 32 tile goes through shared memory so that reads and writes are both
+// coalesced. reshape and copy are a flat copy (the memory planner gives every value its own
+// buffer). pad maps each output coordinate to an input one (constant / reflect / replicate).
+#include <algorithm>
+#include <numeric>
+
+#include "src/backends/cpu/kernels.h"
+#include "src/backends/cuda/gen_util.h"
+#include "src/backends/cuda/kernels.h"
+
+namespace kiln::cuda {
+
+namespace gen {
+namespace {
+
+std::vector<int64_t> row_major(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> s(shape.size(), 1);
+  for (size_t k = shape.size(); k-- > 1;) s[k - 1] = s[k] * shape[k];
+  return s;
+}
+
+struct Walk {
+  std::vector<int64_t> ext, ist, ost;
+};
+
+Walk collapse(const std::vector<int64_t>& ext, const std::vector<int64_t>& ist, const std::vector<int64_t>& ost) {
+  Walk w;
+  for (size_t k = 0; k < ext.size(); ++k) {
+    if (ext[k] == 1) continue;
+    if (!w.ext.empty() && w.ist.back() == ist[k] * ext[k] && w.ost.back() == ost[k] * ext[k]) {
+      w.ext.back() *= ext[k];
+      w.ist.back() = ist[k], w.ost.back() = ost[k];
+    } else {
+      w.ext.push_back(ext[k]), w.ist.push_back(ist[k]), w.ost.push_back(ost[k]);
+    }
+  }
+  if (w.ext.empty()) w.ext = {1}, w.ist = {1}, w.ost = {1};
+  return w;
+}
+
+std::string copy_kernel(int rank, int w, bool wide, bool out_contig) {
+  const std::string name = "kg_copy_r" + std::to_string(rank) + "_w" + std::to_string(w) + (wide ? "_l" : "_i") +
+                           (out_contig ? "_c" : "_s");
+  const std::string idx = wide ? "unsigned long long" : "unsigned int";
+  std::string s = "extern \"C\" __global__ void " + name + "(const " + word_type(w) + "* __restrict__ x, " +
+                  word_type(w) + "* __restrict__ y, Dims d, long long n) {\n";
+  s += "  for (" + idx + " i = blockIdx.x * (" + idx + ")blockDim.x + threadIdx.x; i < (" + idx + ")n; i += (" + idx +
+       ")gridDim.x * blockDim.x) {\n";
+  s += "    " + idx + " r = i; long long io = 0, oo = 0;\n";
+  s += "#pragma unroll\n    for (int k = " + std::to_string(rank - 1) + "; k > 0; --k) {\n";
+  s += "      const " + idx + " e = (" + idx + ")d.ext[k]; const " + idx + " c = r % e; r /= e;\n";
+  s += "      io += (long long)c * d.ist[k]; oo += (long long)c * d.ost[k];\n    }\n";
+  s += "    io += (long long)r * d.ist[0]; oo += (long long)r * d.ost[0];\n";
+  s += std::string("    y[") + (out_contig ? "i" : "oo") + "] = x[io];\n  }\n}\n";
+  return s;
+}
+
+std::string transpose_kernel(int batch_rank, int w) {
+  const std::string name = "kg_transpose_b" + std::to_string(batch_rank) + "_w" + std::to_string(w);
+  std::string s = "extern \"C\" __global__ void " + name + "(const " + std::string(word_type(w)) +
+                  "* __restrict__ x, " + word_type(w) +
+                  "* __restrict__ y, Dims d, long long L, long long sl, long long D, long long od, long long tilesL,"
+                  " long long batch) {\n";
+  s += "  __shared__ " + std::string(word_type(w)) + " tile[32][33];\n";
+  s += R"(  const long long t = blockIdx.x, l0 = (t % tilesL) * 32, d0 = (t / tilesL) * 32;
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  for (long long b = blockIdx.y; b < batch; b += gridDim.y) {
+    long long r = b, io = 0, oo = 0;
+)";
+  s += "#pragma unroll\n    for (int k = " + std::to_string(batch_rank - 1) + "; k >= 0; --k) {\n";
+  s += R"(      const long long c = r % d.ext[k]; r /= d.ext[k];
+      io += c * d.ist[k]; oo += c * d.ost[k];
+    }
+    for (int j = ty; j < 32; j += 8)
+      if (l0 + j < L && d0 + tx < D) tile[j][tx] = x[io + (l0 + j) * sl + d0 + tx];
+    __syncthreads();
+    for (int j = ty; j < 32; j += 8)
+      if (d0 + j < D && l0 + tx < L) y[oo + (d0 + j) * od + l0 + tx] = tile[tx][j];
+    __syncthreads();
+  }
+}
+)";
+  return s;
+}
+
+void add_kernel_once(std::string& source, const std::string& kernel) {
+  const size_t end = kernel.find('(');
+  if (source.find(kernel.substr(0, end) + "(") == std::string::npos) source += kernel;
+}
+
+Dims dims_of(const Walk& w, size_t from, size_t count) {
+  Dims d{};
+  for (size_t k = 0; k < count; ++k) d.ext[k] = w.ext[from + k], d.ist[k] = w.ist[from + k], d.ost[k] = w.ost[from + k];
+  return d;
+}
+
+// Adds a strided copy of the iteration shape `ext` (element strides ist / ost, byte offsets
+// ioff / ooff) from input `in` to output `out`. Returns a short description.
+std::string add_strided(std::string& source, Plan& plan, const std::vector<int64_t>& ext,
+                        const std::vector<int64_t>& ist, const std::vector<int64_t>& ost, int in, int64_t ioff, int out,
+                        int64_t ooff, int esz) {
+  const int64_t numel = std::accumulate(ext.begin(), ext.end(), int64_t(1), std::multiplies<>());
+  if (numel == 0) return "empty";
+  Walk w = collapse(ext, ist, ost);
+  const size_t R = w.ext.size();
+  KILN_CHECK(R <= size_t(kMaxRank), kUnsupported, "strided copy with ", R, " non-mergeable dims (the CUDA kernel takes ",
+             kMaxRank, ")");
+  const size_t last = R - 1;
+  if (source.empty()) source = source_head() + kDimsDecl;
+
+  // Tiled transpose: the last dim is strided in the input, another dim is contiguous there.
+  int dcont = -1;
+  if (R >= 2 && w.ost[last] == 1 && w.ist[last] > 1 && w.ext[last] >= 4)
+    for (size_t k = 0; k < last; ++k)
+      if (w.ist[k] == 1 && w.ext[k] >= 4) dcont = int(k);
+  if (dcont >= 0) {
+    Walk batch;
+    for (size_t k = 0; k < last; ++k)
+      if (int(k) != dcont) batch.ext.push_back(w.ext[k]), batch.ist.push_back(w.ist[k]), batch.ost.push_back(w.ost[k]);
+    if (batch.ext.empty()) batch.ext = {1}, batch.ist = {0}, batch.ost = {0};
+    const int br = int(batch.ext.size());
+    add_kernel_once(source, transpose_kernel(br, esz));
+    const int64_t L = w.ext[last], D = w.ext[size_t(dcont)];
+    const int64_t tilesL = (L + 31) / 32, tilesD = (D + 31) / 32;
+    const int64_t nb = std::accumulate(batch.ext.begin(), batch.ext.end(), int64_t(1), std::multiplies<>());
+    KILN_CHECK(tilesL * tilesD < (int64_t(1) << 31), kUnsupported, "transpose of ", L, " x ", D, " is too large");
+    Launch l("kg_transpose_b" + std::to_string(br) + "_w" + std::to_string(esz), uint32_t(tilesL * tilesD), 32,
+             uint32_t(std::min<int64_t>(nb, 65535)), 8);
+    l.in(in, ioff).out(out, ooff).val(dims_of(batch, 0, size_t(br)));
+    l.i64(L).i64(w.ist[last]).i64(D).i64(w.ost[size_t(dcont)]).i64(tilesL).i64(nb);
+    plan.launches.push_back(std::move(l));
+    return "tiled transpose";
+  }
+
+  // The copy as words of wb bytes (wb > esz: the innermost run is contiguous in both).
+  auto copy_launch = [&](Walk v, int wb) {
+    if (wb != esz) {
+      const int64_t f = wb / esz;
+      v.ext[last] /= f;
+      for (size_t k = 0; k < last; ++k) v.ist[k] /= f, v.ost[k] /= f;
+    }
+    const int64_t words = numel * esz / wb;
+    bool out_contig = true;
+    for (int64_t k = int64_t(R) - 1, s = 1; k >= 0; --k) {
+      out_contig = out_contig && (v.ext[size_t(k)] == 1 || v.ost[size_t(k)] == s);
+      s *= v.ext[size_t(k)];
+    }
+    const bool wide = words >= (int64_t(1) << 31);
+    add_kernel_once(source, copy_kernel(int(R), wb, wide, out_contig));
+    Launch l("kg_copy_r" + std::to_string(R) + "_w" + std::to_string(wb) + (wide ? "_l" : "_i") +
+                 (out_contig ? "_c" : "_s"),
+             blocks_for(words, 256), 256);
+    l.in(in, ioff).out(out, ooff).val(dims_of(v, 0, R)).i64(words);
+    return l;
+  };
+  int wb = esz;
+  if (w.ist[last] == 1 && w.ost[last] == 1) {
+    std::vector<int64_t> counts = {w.ext[last] * esz, ioff, ooff};
+    for (size_t k = 0; k < last; ++k) counts.push_back(w.ist[k] * esz), counts.push_back(w.ost[k] * esz);
+    for (int c : {16, 8, 4, 2})
+      if (c > esz && std::all_of(counts.begin(), counts.end(), [c](int64_t b) { return b % c == 0; })) {
+        wb = c;
+        break;
+      }
+  }
+  Launch l = copy_launch(w, wb);
+  if (wb != esz) with_fallback(l, uint32_t(wb), copy_launch(w, esz));
+  plan.launches.push_back(std::move(l));
+  return "copy of " + std::to_string(wb) + "-byte words over " + std::to_string(R) + " dims";
+}
+
+std::string pad_kernel(const std::string& mode, int rank, int esz) {
+  const std::string name = "kg_pad_" + mode + "_r" + std::to_string(rank) + "_w" + std::to_string(esz);
+  std::string s = "struct PadDims { long long oext[8]; long long iext[8]; long long before[8]; long long ist[8]; };\n";
+  s += "extern \"C\" __global__ void " + name + "(const " + word_type(esz) + "* __restrict__ x, " + word_type(esz) +
+       "* __restrict__ y, PadDims p, unsigned long long fill, long long n) {\n";
+  s += "  typedef " + std::string(word_type(esz)) + " W;\n  const W f = (W)fill;\n";
+  s += "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * "
+       "blockDim.x) {\n    long long r = i, io = 0; bool inside = true;\n";
+  s += "#pragma unroll\n    for (int k = " + std::to_string(rank - 1) + "; k >= 0; --k) {\n";
+  s += "      const long long c = r % p.oext[k]; r /= p.oext[k];\n      long long j = c - p.before[k];\n";
+  if (mode == "reflect") s += "      j = j < 0 ? -j : (j >= p.iext[k] ? 2 * (p.iext[k] - 1) - j : j);\n";
+  else if (mode == "replicate") s += "      j = j < 0 ? 0 : (j >= p.iext[k] ? p.iext[k] - 1 : j);\n";
+  else s += "      inside = inside && j >= 0 && j < p.iext[k];\n";
+  s += "      io += j * p.ist[k];\n    }\n    y[i] = inside ? x[io] : f;\n  }\n}\n";
+  return s;
+}
+
+struct PadDims {
+  long long oext[kMaxRank], iext[kMaxRank], before[kMaxRank], ist[kMaxRank];
+};
+
+Generated gen_pad(const Node& n, const Graph& g) {
+  const TensorType& xt = g.type(n.inputs[0]);
+  auto x = xt.shape(), y = g.type(n.outputs[0]).shape();
+  auto pads = n.attrs.get_ints("pads");
+  if (x.empty()) x = y = {1}, pads = {0, 0};
+  KILN_CHECK(x.size() <= size_t(kMaxRank), kUnsupported, "pad: rank ", x.size(), " exceeds the CUDA kernel's ",
+             kMaxRank);
+  const std::string mode = n.attrs.get_string("mode", "constant");
+  KILN_CHECK(mode == "constant" || mode == "reflect" || mode == "replicate", kUnsupported, "pad: mode '", mode, "'");
+  Generated gn;
+  const int64_t numel = g.type(n.outputs[0]).numel();
+  gn.plan.describe = "cuda pad " + mode;
+  if (numel == 0) return gn;
+  const int esz = int(dtype_size(xt.dtype));
+  const int R = int(x.size());
+  PadDims p{};
+  const auto xs = row_major(x);
+  for (int k = 0; k < R; ++k) p.oext[k] = y[size_t(k)], p.iext[k] = x[size_t(k)], p.before[k] = pads[size_t(2 * k)], p.ist[k] = xs[size_t(k)];
+  uint64_t fill = 0;
+  cpu::store_double(&fill, xt.dtype, 0, mode == "constant" ? n.attrs.get_float("value", 0.0) : 0.0);
+  gn.source = source_head() + pad_kernel(mode, R, esz);
+  Launch l("kg_pad_" + mode + "_r" + std::to_string(R) + "_w" + std::to_string(esz), blocks_for(numel, 256), 256);
+  l.in(0).out(0).val(p).val<unsigned long long>(fill).i64(numel);
+  gn.plan.launches.push_back(std::move(l));
+  return gn;
+}
+
+}  // namespace
+
+Generated generate_shape(const Node& n, const Graph& g) {
+  if (n.op == OpKind::kPad) return gen_pad(n, g);
+  const TensorType& xt = g.type(n.inputs[0]);
+  const int esz = int(dtype_size(xt.dtype));
+  const auto x = xt.shape();
+  const auto xs = row_major(x);
+  Generated gn;
+  std::string how;
+  switch (n.op) {
+    case OpKind::kReshape:
+    case OpKind::kCopy: {
+      const int64_t numel = xt.numel();
+      how = add_strided(gn.source, gn.plan, {numel}, {1}, {1}, 0, 0, 0, 0, esz);
+      break;
+    }
+    case OpKind::kPermute:
+    case OpKind::kExpand:
+    case OpKind::kSlice: {
+      const auto y = g.type(n.outputs[0]).shape();
+      std::vector<int64_t> st(y.size());
+      int64_t off = 0;
+      if (n.op == OpKind::kPermute) {
+        const auto& perm = n.attrs.get_ints("perm");
+        for (size_t k = 0; k < y.size(); ++k) st[k] = xs[size_t(perm[k])];
+      } else if (n.op == OpKind::kExpand) {
+        for (size_t k = 0; k < y.size(); ++k) st[k] = x[k] == y[k] ? xs[k] : 0;
+      } else {
+        const auto axis = size_t(n.attrs.get_int("axis"));
+        st = xs;
+        st[axis] *= n.attrs.get_int("step");
+        off = n.attrs.get_int("start") * xs[axis];
+      }
+      how = add_strided(gn.source, gn.plan, y, st, row_major(y), 0, off * esz, 0, 0, esz);
+      break;
+    }
+    case OpKind::kConcat:
+    case OpKind::kSplit: {
+      const bool join = n.op == OpKind::kConcat;
+      const auto axis = size_t(n.attrs.get_int("axis"));
+      const ValueId whole = join ? n.outputs[0] : n.inputs[0];
+      const auto& parts = join ? n.inputs : n.outputs;
+      const auto ws = row_major(g.type(whole).shape());
+      int64_t start = 0;
+      for (size_t i = 0; i < parts.size(); ++i) {
+        const auto ps = g.type(parts[i]).shape();
+        const int64_t off = start * ws[axis] * esz;
+        if (join) how = add_strided(gn.source, gn.plan, ps, row_major(ps), ws, int(i), 0, 0, off, esz);
+        else how = add_strided(gn.source, gn.plan, ps, ws, row_major(ps), 0, off, int(i), 0, esz);
+        start += ps[axis];
+      }
+      how = std::to_string(parts.size()) + " parts, last: " + how;
+      break;
+    }
+    default: KILN_FAIL(kInternal, op_name(n.op), " is not in the shape family");
+  }
+  gn.plan.describe = std::string("cuda ") + op_name(n.op) + " " + how;
+  return gn;
+}
+
+}  // namespace gen
+
+bool supports_shape(const Node& n, const Graph& g, std::string* why) {
+  try {
+    gen::generate_shape(n, g);
+    return true;
+  } catch (const Error& e) {
+    if (why) *why = e.what();
+    return false;
+  }
+}
+
+std::unique_ptr<Kernel> make_shape_kernel(const Node& n, const Graph& g, const KernelOptions&, const Bytes* state) {
+  if (state) return gen::build({}, gen::what_of(n), state);
+  return gen::build(gen::generate_shape(n, g), gen::what_of(n), nullptr);
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,123 @@
+// Timing tactic candidates with CUDA events (tactics.h) and the timing cache's key. The cache
+// itself (map + file) is in timing_cache.cpp, apart from CUDA.
+//
+// Each candidate runs on a private non-blocking stream: two warm-up runs (which also size the
+// batch: a sample repeats the candidate until it lasts about 50 us, so microsecond kernels are
+// not measured as launch latency), then the median of 7 samples. A candidate that throws is
+// skipped and noted in the report; if every candidate throws the first error is rethrown. An
+// asynchronous fault inside a candidate would poison the context, so candidates must only be
+// configurations the library itself accepted.
+#include "src/backends/cuda/tactics.h"
+
+#include <cublasLt.h>
+#include <cudnn.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <sstream>
+
+#include "src/backends/cuda/cuda_util.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+constexpr int kWarmup = 2;
+constexpr int kSamples = 7;
+constexpr float kSampleTargetMs = 0.05f;
+constexpr int kMaxRepeats = 64;
+
+size_t candidates_for_level(int level, size_t available) {
+  if (level <= 0) return std::min<size_t>(available, 1);
+  if (level >= 5) return available;
+  return std::min(available, size_t(1) << level);  // 1: 2, 2: 4, 3: 8, 4: 16
+}
+
+// Owns a stream and two events, released whatever happens.
+class Timer {
+ public:
+  Timer() {
+    KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    KILN_CUDA_CHECK(cudaEventCreate(&start_));
+    KILN_CUDA_CHECK(cudaEventCreate(&stop_));
+  }
+  ~Timer() {
+    if (stop_) cudaEventDestroy(stop_);
+    if (start_) cudaEventDestroy(start_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  Timer(const Timer&) = delete;
+  Timer& operator=(const Timer&) = delete;
+
+  // Milliseconds for `repeats` back-to-back runs of c.
+  float time(const Candidate& c, int repeats) {
+    KILN_CUDA_CHECK(cudaEventRecord(start_, stream_));
+    for (int i = 0; i < repeats; ++i) c(stream_);
+    KILN_CUDA_CHECK(cudaEventRecord(stop_, stream_));
+    KILN_CUDA_CHECK(cudaEventSynchronize(stop_));
+    float ms = 0;
+    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+    return ms;
+  }
+
+  // Median milliseconds of one run of c.
+  float measure(const Candidate& c) {
+    const float warm = time(c, kWarmup) / float(kWarmup);
+    const int repeats = std::clamp(int(kSampleTargetMs / std::max(warm, 1e-4f)), 1, kMaxRepeats);
+    std::vector<float> samples;
+    for (int s = 0; s < kSamples; ++s) samples.push_back(time(c, repeats) / float(repeats));
+    std::nth_element(samples.begin(), samples.begin() + kSamples / 2, samples.end());
+    return samples[kSamples / 2];
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+};
+
+}  // namespace
+
+size_t time_candidates(const std::vector<Candidate>& candidates, int optimization_level, std::string* report) {
+  KILN_CHECK(!candidates.empty(), kInternal, "time_candidates: no candidate");
+  const size_t n = candidates_for_level(optimization_level, candidates.size());
+  if (n <= 1) {
+    if (report) *report += "untimed (first of " + std::to_string(candidates.size()) + ")";
+    return 0;
+  }
+  Timer timer;
+  std::ostringstream log;
+  std::exception_ptr first_error;
+  size_t best = n;
+  float best_ms = 0;
+  for (size_t i = 0; i < n; ++i) {
+    try {
+      const float ms = timer.measure(candidates[i]);
+      log << (i ? ", " : "") << "#" << i << " " << ms * 1000.0f << " us";
+      if (best == n || ms < best_ms) best = i, best_ms = ms;
+    } catch (const std::exception& e) {
+      if (!first_error) first_error = std::current_exception();
+      log << (i ? ", " : "") << "#" << i << " failed (" << e.what() << ")";
+      cudaGetLastError();  // clear a non-sticky launch error so the next candidate starts clean
+    }
+  }
+  if (best == n) std::rethrow_exception(first_error);
+  if (report) *report += "timed " + std::to_string(n) + " of " + std::to_string(candidates.size()) + ": " + log.str() +
+                         "; chose #" + std::to_string(best);
+  return best;
+}
+
+std::string timing_key(const std::string& family, const std::vector<std::string>& parts) {
+  static const std::string versions = [] {
+    int runtime = 0;
+    cudaRuntimeGetVersion(&runtime);
+    std::ostringstream os;
+    os << "|cuda=" << runtime << "|cublaslt=" << cublasLtGetVersion() << "|cudnn=" << cudnnGetVersion();
+    return os.str();
+  }();
+  std::string key = family;
+  for (const std::string& p : parts) key += "|" + p;
+  return key + "|gpu=" + current_device().name + versions;
+}
+
+}  // namespace kiln::cuda

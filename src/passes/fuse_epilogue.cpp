@@ -1,0 +1,174 @@
+// fuse_epilogue: folds the add and activation that follow a linear or conv into the op's own
+// epilogue (src/ops/epilogue.h), y = act(x @ w^T + bias + residual), so a GEMM backend (the CPU
+// sgemm, cuBLASLt, cuDNN) applies them while the result is still in registers.
+//
+// Rewrites, for P a linear or conv whose output y has exactly one use (no other node, not a
+// graph output) and whose activation is "none":
+//   add(y, c) / add(c, y), P without bias, c broadcasting as a bias (linear: [..1.., N];
+//       conv: [..1.., O, 1..1] with O on the output's channel axis; or a constant scalar)
+//       -> P(x, w, c') with c' = c as [N] / [O] through a reshape (and, for a scalar, an
+//       expand) node; run fold_constants after this pass to make a constant c' a constant;
+//   add(y, r) / add(r, y), P without residual, r of exactly y's shape and dtype
+//       -> P(x, w, bias, r). r cannot depend on y: y's one use is this add;
+//   relu / gelu (approximate none or tanh) / silu / sigmoid / tanh (y)
+//       -> P with that activation (after which P takes no further add: the add would come
+//       after the activation).
+// The add's output must have y's type (an add that broadcasts y to a larger shape stays). The
+// sweep runs in topological order, so chains (conv -> add bias -> add skip -> relu) fuse in one
+// pass; it repeats until nothing changes. Values that lose their uses are dropped (compact).
+// Does not: fuse into conv_transpose or matmul, fuse a second bias into a biased op (even
+// when both are constants), look inside fused_pointwise nodes (run this pass before
+// fuse_pointwise), or fuse an add whose other operand has another dtype.
+#include <optional>
+
+#include "kiln/errors.h"
+#include "kiln/passes.h"
+#include "src/ops/epilogue.h"
+
+namespace kiln {
+
+namespace {
+
+ValueId input_or_none(const Node& n, size_t i) { return i < n.inputs.size() ? n.inputs[i] : kNoValue; }
+
+size_t position_of(const Graph& g, const Node* n, size_t before) {
+  for (size_t p = before; p-- > 0;)
+    if (g.nodes()[p].get() == n) return p;
+  KILN_FAIL(kInternal, "fuse_epilogue: producer of a fused value is not before its consumer");
+}
+
+// The producer of `y` when it can take an epilogue: a linear or conv with no activation yet
+// whose output is used once.
+Node* fusable_producer(const Graph& g, ValueId y) {
+  Node* p = g.value(y).producer;
+  if (p == nullptr || (p->op != OpKind::kLinear && p->op != OpKind::kConv)) return nullptr;
+  if (!pw::parse_activation(p->op, p->attrs).none) return nullptr;
+  if (g.num_uses(y) != 1) return nullptr;
+  return p;
+}
+
+// The channel count a bias of P's output `out` has: N (last dim) for linear, O (dim 1) for conv.
+int64_t bias_axis(const Node& p, const TensorType& out) { return p.op == OpKind::kLinear ? out.rank() - 1 : 1; }
+
+enum class BiasForm { kNone, kChannels, kScalar };
+
+// Whether c, broadcast against out, is a per-channel vector (every dim 1 except the channel
+// axis, which has the channel count) or a scalar.
+BiasForm bias_form(const Node& p, const TensorType& c, const TensorType& out) {
+  if (c.rank() > out.rank()) return BiasForm::kNone;
+  const int64_t axis = bias_axis(p, out), channels = out.dims[size_t(axis)].extent;
+  const int64_t shift = out.rank() - c.rank();  // c's dim i lines up with out's dim i + shift
+  bool channels_only = axis >= shift, ones = true;
+  for (int64_t i = 0; i < c.rank(); ++i) {
+    const int64_t e = c.dims[size_t(i)].extent;
+    ones = ones && e == 1;
+    if (i + shift == axis) channels_only = channels_only && e == channels;
+    else channels_only = channels_only && e == 1;
+  }
+  if (channels_only) return BiasForm::kChannels;
+  return ones ? BiasForm::kScalar : BiasForm::kNone;
+}
+
+// c as a [channels] bias: c itself when it has that shape, else a reshape (a scalar: reshape
+// to [1] and expand) inserted before position `pos` (which advances past it). On constants,
+// the fold_constants that follows this pass turns those nodes into the bias constant (the one
+// place derived constants are made, so a refit re-derives them: src/passes/refit_record.h).
+// Nothing when c cannot become one.
+std::optional<ValueId> as_bias(Graph& g, const Node& p, ValueId c, const TensorType& out, size_t& pos) {
+  const TensorType ct = g.type(c);
+  const BiasForm form = bias_form(p, ct, out);
+  if (form == BiasForm::kNone) return std::nullopt;
+  const int64_t channels = out.dims[size_t(bias_axis(p, out))].extent;
+  const std::vector<int64_t> want = {channels};
+  if (ct.shape() == want) return c;
+  auto insert = [&](OpKind op, ValueId in, const std::vector<int64_t>& shape) {
+    Attrs a;
+    a.set("shape", shape);
+    return g.insert_node(pos++, op, {in}, a, p.name)[0];
+  };
+  if (form == BiasForm::kChannels) return insert(OpKind::kReshape, c, want);
+  const ValueId one = ct.shape() == std::vector<int64_t>{1} ? c : insert(OpKind::kReshape, c, {1});
+  return channels == 1 ? one : insert(OpKind::kExpand, one, want);
+}
+
+// Replaces P (at p_pos) and its consumer (at c_pos) by P with `inputs` and `attrs`, placed
+// where the consumer was.
+void replace_pair(Graph& g, size_t p_pos, size_t c_pos, const std::vector<ValueId>& inputs, const Attrs& attrs) {
+  const Node& p = *g.nodes()[p_pos];
+  const OpKind op = p.op;
+  const std::string name = p.name;
+  const ValueId consumer_out = g.nodes()[c_pos]->outputs[0];
+  std::vector<ValueId> ins = inputs;
+  while (ins.size() > 2 && ins.back() == kNoValue) ins.pop_back();
+  const ValueId fused = g.insert_node(c_pos, op, ins, attrs, name)[0];
+  g.replace_all_uses(consumer_out, fused);
+  g.erase_node(c_pos + 1);
+  g.erase_node(p_pos);
+}
+
+bool try_add(Graph& g, size_t pos, ValueId y, ValueId other) {
+  Node* p = fusable_producer(g, y);
+  if (p == nullptr || other == y) return false;
+  const TensorType out = g.type(y);
+  const TensorType& sum = g.type(g.nodes()[pos]->outputs[0]);
+  if (sum.dtype != out.dtype || sum.shape() != out.shape() || g.type(other).dtype != out.dtype) return false;
+  std::vector<ValueId> ins = {p->inputs[0], p->inputs[1], input_or_none(*p, 2), input_or_none(*p, 3)};
+  const Attrs attrs = p->attrs;
+  if (ins[2] == kNoValue && bias_form(*p, g.type(other), out) != BiasForm::kNone) {
+    std::optional<ValueId> b = as_bias(g, *p, other, out, pos);
+    if (b) {
+      ins[2] = *b;
+      replace_pair(g, position_of(g, p, pos), pos, ins, attrs);
+      return true;
+    }
+  }
+  if (ins[3] != kNoValue || g.type(other).shape() != out.shape()) return false;
+  ins[3] = other;
+  replace_pair(g, position_of(g, p, pos), pos, ins, attrs);
+  return true;
+}
+
+bool try_activation(Graph& g, size_t pos) {
+  const Node& k = *g.nodes()[pos];
+  const std::optional<std::string> act = pw::activation_for_unary(k.op, k.attrs);
+  if (!act) return false;
+  Node* p = fusable_producer(g, k.inputs[0]);
+  if (p == nullptr) return false;
+  Attrs attrs = p->attrs;
+  attrs.set("activation", *act);
+  replace_pair(g, position_of(g, p, pos), pos, p->inputs, attrs);
+  return true;
+}
+
+// One sweep in topological order; returns whether anything fused.
+bool sweep(Graph& g) {
+  bool changed = false;
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const Node& k = *g.nodes()[i];
+    bool fused = false;
+    if (k.op == OpKind::kAdd) {
+      const ValueId a = k.inputs[0], b = k.inputs[1];
+      fused = try_add(g, i, a, b) || try_add(g, i, b, a);
+    } else if (op_info(k.op).family == OpFamily::kUnary) {
+      fused = try_activation(g, i);
+    }
+    // A fusion removes the producer (before i) and replaces node i: the fused node now sits
+    // at i - 1 (or i with an inserted reshape), and the next node to look at at i (i + 1).
+    if (fused) {
+      changed = true;
+      --i;
+    }
+  }
+  return changed;
+}
+
+}  // namespace
+
+bool fuse_epilogue(Graph& g) {
+  bool changed = false;
+  while (sweep(g)) changed = true;
+  if (changed) g.compact();
+  return changed;
+}
+
+}  // namespace kiln

@@ -1,0 +1,114 @@
+// Helpers shared by the pass tests of fuse_epilogue and lower_precision: random f32 data,
+// constants, running a graph exactly as given on the CPU reference kernels (Engine::create
+// applies no passes), comparing results, and checking an error's code and message.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kiln/kiln.h"
+
+namespace kiln::test {
+
+using Shape = std::vector<int64_t>;
+using Floats = std::vector<float>;
+
+inline Floats random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  Floats v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+inline size_t numel(const Shape& s) {
+  size_t n = 1;
+  for (int64_t d : s) n *= size_t(d);
+  return n;
+}
+
+inline ValueId f32_constant(Graph& g, const std::string& name, const Shape& shape, const Floats& v, bool weight) {
+  return g.add_constant(name, TensorType(DType::kF32, shape), v.data(), v.size() * 4, weight);
+}
+
+inline ValueId f32_weight(Graph& g, const std::string& name, const Shape& shape, uint32_t seed, float lo = -1.0f,
+                          float hi = 1.0f) {
+  return f32_constant(g, name, shape, random_floats(numel(shape), seed, lo, hi), true);
+}
+
+inline Attrs conv2d_attrs(int64_t stride, int64_t pad, int64_t groups) {
+  Attrs a;
+  a.set("stride", Shape{stride, stride});
+  a.set("padding", Shape{pad, pad});
+  a.set("dilation", Shape{1, 1});
+  a.set("groups", groups);
+  return a;
+}
+
+// Runs the graph as given (no passes) on f32 inputs; returns its f32 outputs.
+inline std::vector<Floats> run_plain(const Graph& g, const std::vector<Floats>& inputs) {
+  auto e = Engine::create(g, Device{}, KernelOptions{});
+  std::vector<const void*> in;
+  for (const Floats& x : inputs) in.push_back(x.data());
+  std::vector<Floats> outs;
+  for (const IOTensor& o : e->outputs()) {
+    EXPECT_EQ(o.type.dtype, DType::kF32) << o.name;
+    outs.emplace_back(size_t(o.type.numel()), std::nanf(""));
+  }
+  std::vector<void*> out;
+  for (Floats& o : outs) out.push_back(o.data());
+  e->create_execution_context()->execute(in, out);
+  return outs;
+}
+
+inline std::vector<Floats> random_inputs(const Graph& g, uint32_t seed) {
+  std::vector<Floats> in;
+  for (ValueId v : g.inputs()) in.push_back(random_floats(size_t(g.type(v).numel()), seed++));
+  return in;
+}
+
+// |got - want| <= atol + rtol |want| elementwise.
+inline void expect_close(const std::vector<Floats>& got, const std::vector<Floats>& want, float rtol, float atol) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t k = 0; k < got.size(); ++k) {
+    ASSERT_EQ(got[k].size(), want[k].size()) << "output " << k;
+    for (size_t i = 0; i < got[k].size(); ++i)
+      ASSERT_NEAR(got[k][i], want[k][i], atol + rtol * std::fabs(want[k][i])) << "output " << k << " element " << i;
+  }
+}
+
+// max |got - want| / max(|want|): the relative error of a whole output.
+inline double relative_error(const Floats& got, const Floats& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    num = std::max(num, double(std::fabs(got[i] - want[i])));
+    den = std::max(den, double(std::fabs(want[i])));
+  }
+  return den > 0 ? num / den : num;
+}
+
+inline int count_ops(const Graph& g, OpKind op) {
+  int n = 0;
+  for (const auto& node : g.nodes()) n += node->op == op;
+  return n;
+}
+
+// fn throws a kiln::Error of `code` whose message contains every one of `parts`.
+inline void expect_error(const std::function<void()>& fn, ErrorCode code, const std::vector<std::string>& parts) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error thrown";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    for (const std::string& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace kiln::test

@@ -1,0 +1,225 @@
+// The CUDA conv family without (and, where present, with) a GPU: the saved tactic format
+// round-trips and refuses damage, supports_conv answers with reasons, a damaged engine state is
+// refused before any device call, and on a GPU a conv with bias + residual + activation matches
+// the CPU backend and remakes identically from its state.
+#ifdef KILN_WITH_CUDA
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+
+#include "kiln/kiln.h"
+#include "src/backends/cuda/conv_state.h"
+#include "src/backends/cuda/kernels.h"
+
+namespace kiln::cuda {
+Bytes pack_state(const Bytes& cubin, const Bytes& params);  // nvrtc.h (which needs CUDA headers)
+}
+
+namespace {
+
+using namespace kiln;
+using cuda::ConvChoice;
+
+ConvChoice random_choice(std::mt19937& rng) {
+  ConvChoice c;
+  c.fused = rng() % 2 == 0;
+  c.signature = (uint64_t(rng()) << 32) | rng();
+  c.engine = int64_t(rng() % 100);
+  const int n = int(rng() % 6);
+  for (int i = 0; i < n; ++i) c.knobs.emplace_back(int32_t(rng() % 46), int64_t(rng() % 1000) - 3);
+  return c;
+}
+
+ErrorCode code_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.code();
+  }
+  ADD_FAILURE() << "no error thrown";
+  return ErrorCode::kInternal;
+}
+
+TEST(CudaConvState, RoundTrips) {
+  std::mt19937 rng(7);
+  for (int i = 0; i < 50; ++i) {
+    const ConvChoice c = random_choice(rng);
+    EXPECT_EQ(cuda::decode_conv_choice(cuda::encode_conv_choice(c)), c);
+  }
+}
+
+TEST(CudaConvState, RefusesEveryFlippedByteTruncationAndTrailingBytes) {
+  std::mt19937 rng(11);
+  const ConvChoice c = random_choice(rng);
+  const Bytes good = cuda::encode_conv_choice(c);
+  for (size_t i = 0; i < good.size(); ++i) {
+    Bytes bad = good;
+    bad[i] ^= uint8_t(1 + rng() % 255);
+    EXPECT_EQ(code_of([&] { cuda::decode_conv_choice(bad); }), ErrorCode::kCorrupted) << "byte " << i;
+  }
+  for (size_t n = 0; n < good.size(); ++n) {
+    const Bytes cut(good.begin(), good.begin() + long(n));
+    EXPECT_EQ(code_of([&] { cuda::decode_conv_choice(cut); }), ErrorCode::kCorrupted) << n << " bytes";
+  }
+  Bytes longer = good;
+  longer.push_back(0);
+  EXPECT_EQ(code_of([&] { cuda::decode_conv_choice(longer); }), ErrorCode::kCorrupted);
+}
+
+TEST(CudaConvState, SignatureSeparatesParts) {
+  EXPECT_EQ(cuda::conv_signature({"conv", "x=1,2"}), cuda::conv_signature({"conv", "x=1,2"}));
+  EXPECT_NE(cuda::conv_signature({"conv", "x=1,2"}), cuda::conv_signature({"conv", "x=1,3"}));
+  EXPECT_NE(cuda::conv_signature({"conv", "ab"}), cuda::conv_signature({"conva", "b"}));
+}
+
+struct ConvGraph {
+  Graph g;
+  const Node* node = nullptr;
+};
+
+// conv (or conv_transpose) on random-free shapes; `attrs` are added to the node's.
+ConvGraph conv_graph(OpKind op, DType dt, std::vector<int64_t> x, std::vector<int64_t> w, bool bias, Attrs attrs,
+                     bool residual = false) {
+  ConvGraph c;
+  std::vector<ValueId> in{c.g.add_input("x", TensorType(dt, x)), c.g.add_input("w", TensorType(dt, w))};
+  const int64_t out_c = op == OpKind::kConv ? w[0] : w[1] * attrs.get_int("groups", 1);
+  in.push_back(bias ? c.g.add_input("b", TensorType(dt, {out_c})) : kNoValue);
+  if (residual) {
+    Graph probe;  // the output's shape, from the shape rule
+    auto px = probe.add_input("x", TensorType(dt, x)), pw = probe.add_input("w", TensorType(dt, w));
+    const auto y = probe.add_node1(op, {px, pw}, attrs);
+    in.push_back(c.g.add_input("r", probe.type(y)));
+  }
+  const ValueId y = c.g.add_node1(op, in, attrs, "conv0");
+  c.g.mark_output(y, "y");
+  c.node = c.g.nodes().back().get();
+  return c;
+}
+
+Attrs attrs_2d(int64_t stride, int64_t pad, int64_t dil, int64_t groups) {
+  Attrs a;
+  a.set("stride", std::vector<int64_t>{stride, stride});
+  a.set("padding", std::vector<int64_t>{pad, pad});
+  a.set("dilation", std::vector<int64_t>{dil, dil});
+  a.set("groups", groups);
+  return a;
+}
+
+TEST(CudaConvSupports, AnswersWithReasons) {
+  std::string why;
+  auto c = conv_graph(OpKind::kConv, DType::kF16, {2, 4, 9, 9}, {6, 2, 3, 3}, true, attrs_2d(2, 1, 2, 2));
+  EXPECT_TRUE(cuda::supports_conv(*c.node, c.g, &why)) << why;
+
+  Attrs a1;
+  a1.set("stride", std::vector<int64_t>{2});
+  a1.set("activation", std::string("gelu_tanh"));
+  c = conv_graph(OpKind::kConv, DType::kBF16, {2, 3, 10}, {4, 3, 3}, true, a1, true);
+  EXPECT_TRUE(cuda::supports_conv(*c.node, c.g, &why)) << why;
+
+  Attrs t = attrs_2d(2, 1, 1, 1);
+  t.set("output_padding", std::vector<int64_t>{1, 1});
+  c = conv_graph(OpKind::kConvTranspose, DType::kF32, {2, 4, 5, 5}, {4, 3, 3, 3}, true, t);
+  EXPECT_TRUE(cuda::supports_conv(*c.node, c.g, &why)) << why;
+
+  c = conv_graph(OpKind::kConv, DType::kF64, {1, 3, 8, 8}, {4, 3, 3, 3}, false, attrs_2d(1, 1, 1, 1));
+  why.clear();
+  EXPECT_FALSE(cuda::supports_conv(*c.node, c.g, &why));
+  EXPECT_NE(why.find("f64"), std::string::npos) << why;
+
+  Attrs bad = attrs_2d(1, 1, 1, 1);
+  bad.set("layout", std::string("nwhc"));
+  c = conv_graph(OpKind::kConv, DType::kF32, {1, 3, 8, 8}, {4, 3, 3, 3}, false, bad);
+  why.clear();
+  EXPECT_FALSE(cuda::supports_conv(*c.node, c.g, &why));
+  EXPECT_NE(why.find("layout"), std::string::npos) << why;
+
+  // output_padding >= stride (allowed by the shape rule when below the dilation): not on cuDNN.
+  Attrs op = attrs_2d(1, 0, 2, 1);
+  op.set("output_padding", std::vector<int64_t>{1, 1});
+  c = conv_graph(OpKind::kConvTranspose, DType::kF32, {1, 2, 4, 4}, {2, 2, 3, 3}, false, op);
+  why.clear();
+  EXPECT_FALSE(cuda::supports_conv(*c.node, c.g, &why));
+  EXPECT_NE(why.find("output_padding"), std::string::npos) << why;
+}
+
+TEST(CudaConvState, DamagedEngineStateIsRefusedBeforeTheDevice) {
+  auto c = conv_graph(OpKind::kConv, DType::kF32, {2, 4, 9, 9}, {6, 4, 3, 3}, true, attrs_2d(1, 1, 1, 1));
+  const KernelOptions opt;
+  const Bytes junk{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28};
+  EXPECT_EQ(code_of([&] { cuda::make_conv_kernel(*c.node, c.g, opt, &junk); }), ErrorCode::kCorrupted);
+  const Bytes not_conv = cuda::pack_state({}, junk);
+  EXPECT_EQ(code_of([&] { cuda::make_conv_kernel(*c.node, c.g, opt, &not_conv); }), ErrorCode::kCorrupted);
+  ConvChoice other;
+  other.signature = 12345;  // made for some other conv
+  other.engine = 3;
+  const Bytes foreign = cuda::pack_state({}, cuda::encode_conv_choice(other));
+  EXPECT_EQ(code_of([&] { cuda::make_conv_kernel(*c.node, c.g, opt, &foreign); }), ErrorCode::kCorrupted);
+}
+
+// ---- on a GPU ----------------------------------------------------------------------------
+
+std::vector<float> random_values(size_t n, std::mt19937& rng) {
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Runs `k` on `backend` with f32 inputs; returns the f32 output.
+std::vector<float> run_kernel(Backend& be, const Kernel& k, const std::vector<std::vector<float>>& ins, size_t out_n) {
+  std::vector<std::shared_ptr<void>> bufs;
+  std::vector<const void*> in_ptrs;
+  for (const auto& v : ins) {
+    bufs.push_back(be.allocate(v.size() * 4));
+    be.copy_from_host(bufs.back().get(), v.data(), v.size() * 4, nullptr);
+    in_ptrs.push_back(bufs.back().get());
+  }
+  auto out = be.allocate(out_n * 4);
+  auto ws = be.allocate(std::max<size_t>(k.workspace_size(), 1));
+  void* outs[] = {out.get()};
+  RunContext rc;
+  rc.workspace = ws.get();
+  rc.workspace_size = k.workspace_size();
+  k.run(in_ptrs.data(), outs, rc);
+  std::vector<float> y(out_n);
+  be.copy_to_host(y.data(), out.get(), out_n * 4, nullptr);
+  be.synchronize(nullptr);
+  return y;
+}
+
+TEST(CudaConvDevice, FusedEpilogueMatchesCpuAndStateRemakesTheSamePlan) {
+  if (!backend_available(DeviceType::kCUDA)) GTEST_SKIP() << "no CUDA device";
+  setenv("KILN_DISABLE_TF32", "1", 1);
+  Attrs a = attrs_2d(1, 1, 1, 1);
+  a.set("activation", std::string("silu"));
+  auto c = conv_graph(OpKind::kConv, DType::kF32, {2, 8, 9, 9}, {16, 8, 3, 3}, true, a, true);
+  std::mt19937 rng(3);
+  std::vector<std::vector<float>> ins;
+  for (ValueId v : c.node->inputs) ins.push_back(random_values(size_t(c.g.type(v).numel()), rng));
+  const size_t out_n = size_t(c.g.type(c.node->outputs[0]).numel());
+
+  Backend& gpu = get_backend(Device::parse("cuda:0"));
+  Backend& cpu = get_backend(Device::parse("cpu"));
+  KernelOptions opt;
+  auto k = gpu.make_kernel(*c.node, c.g, opt);
+  auto ref = cpu.make_kernel(*c.node, c.g, opt);
+  const auto y = run_kernel(gpu, *k, ins, out_n), r = run_kernel(cpu, *ref, ins, out_n);
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < out_n; ++i) err += (y[i] - r[i]) * double(y[i] - r[i]), norm += double(r[i]) * r[i];
+  EXPECT_GT(norm, 1.0);
+  EXPECT_LT(std::sqrt(err / norm), 1e-5) << k->describe();
+
+  const Bytes state = k->state();
+  auto again = gpu.make_kernel(*c.node, c.g, opt, &state);
+  EXPECT_EQ(again->state(), state);
+  EXPECT_EQ(run_kernel(gpu, *again, ins, out_n), y);
+}
+
+}  // namespace
+
+#endif  // KILN_WITH_CUDA

@@ -1,0 +1,245 @@
+// The CUDA backend's generated-kernel families (reduce, softmax, norm, pool, shape, gather,
+// generator) without a GPU: for nodes of many ops, dtypes and shapes (every case of
+// tests/python/test_ops.py in these families, plus the large shapes that select the other
+// variants), the generator must accept the node, its source must compile with NVRTC for sm_90,
+// every launch (and its misaligned-buffer fallback) must name a kernel of that source, and the plan must survive the engine-file
+// round trip. A few planning decisions that matter for speed are checked as well (vectorized
+// words, the tiled transpose, the register-cached row kernels). Running the kernels and
+// comparing with the CPU backend is tests/python/test_cuda_ops.py, on a machine with a GPU.
+#ifdef KILN_WITH_CUDA
+
+#include <gtest/gtest.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "kiln/kiln.h"
+#include "src/backends/cuda/gen_util.h"
+
+using namespace kiln;
+namespace gen = kiln::cuda::gen;
+
+namespace {
+
+using Shape = std::vector<int64_t>;
+using Generator = gen::Generated (*)(const Node&, const Graph&);
+
+struct Built {
+  Graph g;
+  const Node* node = nullptr;
+};
+
+// A graph of one node over inputs of the given types (a null type: an absent input).
+Built one_node(OpKind op, const std::vector<std::optional<TensorType>>& ins, const Attrs& attrs) {
+  Built b;
+  std::vector<ValueId> ids;
+  for (size_t i = 0; i < ins.size(); ++i)
+    ids.push_back(ins[i] ? b.g.add_input("x" + std::to_string(i), *ins[i]) : kNoValue);
+  b.g.add_node(op, ids, attrs, std::string(op_name(op)) + "_t");
+  b.node = b.g.nodes().back().get();
+  return b;
+}
+
+TensorType tt(DType d, Shape s) { return TensorType(d, s); }
+
+// Generates, compiles and round-trips the plan; returns the plan's description.
+std::string check(Generator fn, const Built& b) {
+  const gen::Generated gn = fn(*b.node, b.g);
+  const std::string what = std::string(op_name(b.node->op)) + " " + b.g.type(b.node->inputs.empty() ? b.node->outputs[0] : b.node->inputs[0]).to_string();
+  if (!gn.plan.launches.empty()) {
+    EXPECT_FALSE(gn.source.empty()) << what;
+    const Bytes cubin = gen::compile_for_arch(gn.source, what, 90);
+    EXPECT_GT(cubin.size(), 0u) << what;
+    for (const gen::Launch& l : gn.plan.launches) {
+      EXPECT_NE(gn.source.find("void " + l.kernel + "("), std::string::npos) << what << ": no kernel " << l.kernel;
+      EXPECT_GE(l.grid[0], 1u);
+      EXPECT_LE(l.block[0] * l.block[1] * l.block[2], 1024u);
+      // A vectorized launch carries a narrower fallback for misaligned caller buffers.
+      EXPECT_EQ(l.align > 1, l.alt.size() == 1) << what << ": " << l.kernel;
+      for (const gen::Launch& a : l.alt)
+        EXPECT_NE(gn.source.find("void " + a.kernel + "("), std::string::npos) << what << ": no kernel " << a.kernel;
+    }
+  }
+  const Bytes bytes = gen::serialize(gn.plan);
+  const gen::Plan back = gen::deserialize(bytes);
+  EXPECT_EQ(gen::serialize(back), bytes) << what;
+  EXPECT_EQ(back.describe, gn.plan.describe);
+  return gn.plan.describe;
+}
+
+Attrs attrs(std::initializer_list<std::pair<const char*, AttrValue>> kv) {
+  Attrs a;
+  for (const auto& [k, v] : kv) a.set(k, v);
+  return a;
+}
+
+const DType kFloats[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kF64};
+
+}  // namespace
+
+TEST(CudaGenCodegen, Reduce) {
+  const OpKind ops[] = {OpKind::kReduceSum, OpKind::kReduceMean, OpKind::kReduceMax, OpKind::kReduceMin,
+                        OpKind::kReduceVar};
+  const std::vector<std::vector<int64_t>> axes = {{1}, {0, 2}, {}, {2}, {0, 1, 2}};
+  for (DType dt : kFloats)
+    for (OpKind op : ops)
+      for (const auto& ax : axes)
+        for (bool keep : {false, dt == DType::kF32}) {
+          Attrs a = attrs({{"axes", ax}, {"keepdim", keep}});
+          if (op == OpKind::kReduceVar) a.set("correction", 1.0);
+          check(gen::generate_reduce, one_node(op, {tt(dt, {3, 4, 5})}, a));
+        }
+  // Integers (sum, max, min) and bool (max / min).
+  for (DType dt : {DType::kI64, DType::kI32, DType::kI8, DType::kU8})
+    for (OpKind op : {OpKind::kReduceSum, OpKind::kReduceMax, OpKind::kReduceMin})
+      check(gen::generate_reduce, one_node(op, {tt(dt, {4, 6})}, attrs({{"axes", std::vector<int64_t>{1}}})));
+  check(gen::generate_reduce, one_node(OpKind::kReduceMax, {tt(DType::kBool, {4, 6})},
+                                       attrs({{"axes", std::vector<int64_t>{0}}})));
+  // Long rows take the block kernel with 16-byte loads; columns the column kernel.
+  const std::string rows = check(gen::generate_reduce, one_node(OpKind::kReduceMean, {tt(DType::kF16, {8, 4096})},
+                                                                attrs({{"axes", std::vector<int64_t>{1}}})));
+  EXPECT_NE(rows.find("block per output, 8-wide"), std::string::npos) << rows;
+  const std::string cols = check(gen::generate_reduce, one_node(OpKind::kReduceSum, {tt(DType::kF32, {64, 3, 100})},
+                                                                attrs({{"axes", std::vector<int64_t>{0}}})));
+  EXPECT_NE(cols.find("columns"), std::string::npos) << cols;
+  // Empty reduction: a fill.
+  check(gen::generate_reduce, one_node(OpKind::kReduceMean, {tt(DType::kF32, {3, 0})},
+                                       attrs({{"axes", std::vector<int64_t>{1}}})));
+  for (DType dt : {DType::kF32, DType::kF16, DType::kI64, DType::kBool})
+    for (int64_t axis : {0, 1, 2})
+      check(gen::generate_reduce, one_node(OpKind::kArgmax, {tt(dt, {3, 5, 7})}, attrs({{"axis", axis}, {"keepdim", true}})));
+}
+
+TEST(CudaGenCodegen, Softmax) {
+  for (DType dt : kFloats)
+    for (OpKind op : {OpKind::kSoftmax, OpKind::kLogSoftmax})
+      for (const auto& [shape, axis] : std::vector<std::pair<Shape, int64_t>>{
+               {{2, 5, 7}, 2}, {{2, 5, 7}, 1}, {{4, 3}, 0}, {{3, 130}, 1}, {{4, 1000}, 1}, {{2, 4096}, 1},
+               {{2, 50000}, 1}, {{8, 128}, 1}})
+        check(gen::generate_softmax, one_node(op, {tt(dt, shape)}, attrs({{"axis", axis}})));
+  const std::string warp =
+      check(gen::generate_softmax, one_node(OpKind::kSoftmax, {tt(DType::kF16, {64, 512})}, attrs({{"axis", int64_t(1)}})));
+  EXPECT_NE(warp.find("warp per row in registers, 8-wide"), std::string::npos) << warp;
+  const std::string block =
+      check(gen::generate_softmax, one_node(OpKind::kSoftmax, {tt(DType::kF32, {4, 4096})}, attrs({{"axis", int64_t(1)}})));
+  EXPECT_NE(block.find("block per row in registers, 4-wide"), std::string::npos) << block;
+}
+
+TEST(CudaGenCodegen, Norm) {
+  for (DType dt : kFloats) {
+    const std::vector<DType> pdts = dt == DType::kF16 ? std::vector<DType>{dt, DType::kF32} : std::vector<DType>{dt};
+    for (DType pd : pdts) {
+      for (const auto& [shape, k] : std::vector<std::pair<Shape, int64_t>>{
+               {{2, 5, 8}, 1}, {{3, 4, 6}, 2}, {{4, 10}, 1}, {{2, 768}, 1}, {{2, 4096}, 1}, {{2, 40000}, 1}}) {
+        const Shape ps(shape.end() - k, shape.end());
+        Attrs a = attrs({{"normalized_rank", k}, {"eps", 1e-5}});
+        check(gen::generate_norm, one_node(OpKind::kLayerNorm, {tt(dt, shape), tt(pd, ps), tt(pd, ps)}, a));
+        check(gen::generate_norm, one_node(OpKind::kLayerNorm, {tt(dt, shape), std::nullopt, std::nullopt}, a));
+        check(gen::generate_norm, one_node(OpKind::kLayerNorm, {tt(dt, shape), tt(pd, ps), std::nullopt}, a));
+      }
+      check(gen::generate_norm, one_node(OpKind::kGroupNorm, {tt(dt, {2, 6, 3, 3}), tt(pd, {6}), tt(pd, {6})},
+                                         attrs({{"groups", int64_t(2)}, {"eps", 1e-5}})));
+      check(gen::generate_norm, one_node(OpKind::kGroupNorm, {tt(dt, {3, 4, 5}), std::nullopt, std::nullopt},
+                                         attrs({{"groups", int64_t(4)}, {"eps", 1e-5}})));
+      for (const Shape& s : std::vector<Shape>{{2, 3, 4, 5}, {4, 3}, {2, 3, 7}}) {
+        check(gen::generate_norm, one_node(OpKind::kBatchNorm, {tt(dt, s), tt(pd, {3}), tt(pd, {3}), tt(pd, {3}), tt(pd, {3})},
+                                           attrs({{"eps", 1e-5}})));
+        check(gen::generate_norm, one_node(OpKind::kBatchNorm, {tt(dt, s), tt(pd, {3}), tt(pd, {3})}, attrs({{"eps", 1e-3}})));
+      }
+    }
+  }
+  const std::string ln = check(gen::generate_norm, one_node(OpKind::kLayerNorm, {tt(DType::kBF16, {16, 768}),
+                                                                                   tt(DType::kBF16, {768}), tt(DType::kBF16, {768})},
+                                                           attrs({{"normalized_rank", int64_t(1)}, {"eps", 1e-5}})));
+  EXPECT_NE(ln.find("warp per row in registers, 8-wide"), std::string::npos) << ln;
+}
+
+TEST(CudaGenCodegen, Pool) {
+  for (DType dt : kFloats) {
+    for (const auto& [shape, k, s, p, d, ceil] : std::vector<std::tuple<Shape, Shape, Shape, Shape, Shape, bool>>{
+             {{2, 3, 8, 8}, {2, 2}, {2, 2}, {0, 0}, {1, 1}, false}, {{1, 2, 9, 7}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, false},
+             {{1, 2, 8, 8}, {3, 3}, {2, 2}, {0, 0}, {1, 1}, true}, {{1, 2, 9, 9}, {2, 3}, {1, 2}, {1, 1}, {2, 1}, false},
+             {{2, 3, 11}, {3}, {2}, {1}, {1}, false}}) {
+      check(gen::generate_pool, one_node(OpKind::kMaxPool, {tt(dt, shape)},
+                                         attrs({{"kernel", k}, {"stride", s}, {"padding", p}, {"dilation", d}, {"ceil_mode", ceil}})));
+      check(gen::generate_pool, one_node(OpKind::kAvgPool, {tt(dt, shape)},
+                                         attrs({{"kernel", k}, {"stride", s}, {"padding", p}, {"ceil_mode", ceil},
+                                                {"count_include_pad", false}, {"divisor", int64_t(0)}})));
+    }
+    check(gen::generate_pool, one_node(OpKind::kAdaptiveAvgPool, {tt(dt, {2, 3, 8, 8})}, attrs({{"output_size", Shape{1, 1}}})));
+    check(gen::generate_pool, one_node(OpKind::kAdaptiveAvgPool, {tt(dt, {1, 2, 7, 5})}, attrs({{"output_size", Shape{3, 2}}})));
+    check(gen::generate_pool, one_node(OpKind::kAdaptiveAvgPool, {tt(dt, {2, 3, 10})}, attrs({{"output_size", Shape{4}}})));
+  }
+}
+
+TEST(CudaGenCodegen, Shape) {
+  const DType dts[] = {DType::kF32, DType::kF16, DType::kI64, DType::kBool, DType::kF64};
+  for (DType dt : dts) {
+    check(gen::generate_shape, one_node(OpKind::kReshape, {tt(dt, {2, 3, 4})}, attrs({{"shape", Shape{6, 4}}})));
+    check(gen::generate_shape, one_node(OpKind::kCopy, {tt(dt, {3, 4})}, {}));
+    check(gen::generate_shape, one_node(OpKind::kPermute, {tt(dt, {2, 3, 4})}, attrs({{"perm", Shape{2, 0, 1}}})));
+    check(gen::generate_shape, one_node(OpKind::kPermute, {tt(dt, {2, 3, 4, 5})}, attrs({{"perm", Shape{0, 2, 3, 1}}})));
+    check(gen::generate_shape, one_node(OpKind::kPermute, {tt(dt, {2, 12, 64, 64})}, attrs({{"perm", Shape{0, 2, 1, 3}}})));
+    check(gen::generate_shape, one_node(OpKind::kExpand, {tt(dt, {3, 1, 4})}, attrs({{"shape", Shape{3, 5, 4}}})));
+    check(gen::generate_shape, one_node(OpKind::kExpand, {tt(dt, {1, 4})}, attrs({{"shape", Shape{3, 4}}})));
+    check(gen::generate_shape, one_node(OpKind::kSlice, {tt(dt, {3, 7})},
+                                        attrs({{"axis", int64_t(1)}, {"start", int64_t(1)}, {"end", int64_t(6)}, {"step", int64_t(2)}})));
+    check(gen::generate_shape, one_node(OpKind::kSlice, {tt(dt, {5, 2, 3})},
+                                        attrs({{"axis", int64_t(0)}, {"start", int64_t(0)}, {"end", int64_t(2)}, {"step", int64_t(1)}})));
+    check(gen::generate_shape, one_node(OpKind::kConcat, {tt(dt, {2, 3}), tt(dt, {2, 5}), tt(dt, {2, 1})}, attrs({{"axis", int64_t(1)}})));
+    check(gen::generate_shape, one_node(OpKind::kSplit, {tt(dt, {3, 6})}, attrs({{"axis", int64_t(1)}, {"sizes", Shape{2, 3, 1}}})));
+    for (const char* mode : {"constant", "reflect", "replicate"})
+      check(gen::generate_shape, one_node(OpKind::kPad, {tt(dt, {1, 2, 5, 5})},
+                                          attrs({{"pads", Shape{0, 0, 0, 0, 2, 1, 1, 3}}, {"mode", std::string(mode)}, {"value", 0.5}})));
+  }
+  const std::string nhwc = check(gen::generate_shape, one_node(OpKind::kPermute, {tt(DType::kF16, {8, 64, 56, 56})},
+                                                               attrs({{"perm", Shape{0, 2, 3, 1}}})));
+  EXPECT_NE(nhwc.find("tiled transpose"), std::string::npos) << nhwc;
+  const std::string heads = check(gen::generate_shape, one_node(OpKind::kPermute, {tt(DType::kF16, {2, 128, 12, 64})},
+                                                                attrs({{"perm", Shape{0, 2, 1, 3}}})));
+  EXPECT_NE(heads.find("16-byte words"), std::string::npos) << heads;
+  const std::string flat = check(gen::generate_shape, one_node(OpKind::kCopy, {tt(DType::kF32, {1000, 8})}, {}));
+  EXPECT_NE(flat.find("16-byte words over 1 dims"), std::string::npos) << flat;
+  // Empty tensors make no launch.
+  const Built e = one_node(OpKind::kCopy, {tt(DType::kF32, {0, 8})}, {});
+  const gen::Generated empty = gen::generate_shape(*e.node, e.g);
+  EXPECT_TRUE(empty.plan.launches.empty());
+}
+
+TEST(CudaGenCodegen, GatherAndGenerator) {
+  for (DType dt : {DType::kF32, DType::kF16, DType::kI64, DType::kBool})
+    for (DType it : {DType::kI64, DType::kI32}) {
+      check(gen::generate_gather, one_node(OpKind::kGather, {tt(dt, {3, 5}), tt(it, {3, 4})}, attrs({{"axis", int64_t(1)}})));
+      check(gen::generate_gather, one_node(OpKind::kGather, {tt(dt, {4, 3}), tt(it, {2, 3})}, attrs({{"axis", int64_t(0)}})));
+      check(gen::generate_gather, one_node(OpKind::kIndexSelect, {tt(dt, {5, 3}), tt(it, {4})}, attrs({{"axis", int64_t(0)}})));
+      check(gen::generate_gather, one_node(OpKind::kIndexSelect, {tt(dt, {2, 6, 3}), tt(it, {2})}, attrs({{"axis", int64_t(1)}})));
+    }
+  const std::string emb = check(gen::generate_gather, one_node(OpKind::kIndexSelect, {tt(DType::kF16, {30000, 768}),
+                                                                                     tt(DType::kI64, {128})},
+                                                               attrs({{"axis", int64_t(0)}})));
+  EXPECT_NE(emb.find("16-byte words"), std::string::npos) << emb;
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16, DType::kI64, DType::kI32, DType::kBool, DType::kU8}) {
+    Attrs a = attrs({{"start", 0.0}, {"end", 10.0}, {"step", 1.0}, {"dtype", dt}});
+    check(gen::generate_generator, one_node(OpKind::kArange, {}, a));
+    check(gen::generate_generator, one_node(OpKind::kFull, {}, attrs({{"shape", Shape{2, 3}}, {"value", 1.0}, {"dtype", dt}})));
+  }
+}
+
+TEST(CudaGenCodegen, CorruptPlanIsRejected) {
+  gen::Plan p;
+  p.describe = "x";
+  gen::Launch l("k", 4, 128);
+  l.in(0).out(0).i64(7);
+  p.launches.push_back(l);
+  Bytes b = gen::serialize(p);
+  Bytes cut(b.begin(), b.end() - 3);
+  EXPECT_THROW(gen::deserialize(cut), Error);
+  Bytes longer = b;
+  longer.push_back(0);
+  EXPECT_THROW(gen::deserialize(longer), Error);
+  b[0] = 99;  // version
+  EXPECT_THROW(gen::deserialize(b), Error);
+}
+
+#endif  // KILN_WITH_CUDA

@@ -1,0 +1,326 @@
+// The CUDA pointwise generator (unary, binary, where, cast, fused_pointwise) without a GPU:
+// for every op of those families on every dtype the CPU backend accepts, and for flat,
+// scalar-broadcast, strided and 64-bit-index layouts and fused bodies with constants and
+// several outputs, the generated source must compile with NVRTC for sm_90. Also checked: the
+// layout decisions that matter for speed (flat + 16-byte vectors, collapsed broadcast dims),
+// that nodes differing only in sizes share one source (so they compile once), the limits
+// that are refused with a reason, and that a damaged kernel state is refused as kCorrupted.
+// Running the kernels against the CPU backend is tests/python/test_cuda_ops.py (needs a GPU).
+#ifdef KILN_WITH_CUDA
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "kiln/kiln.h"
+#include "src/backends/cuda/kernels.h"
+#include "src/backends/cuda/nvrtc.h"
+#include "src/backends/cuda/pointwise_codegen.h"
+
+using namespace kiln;
+namespace pwg = kiln::cuda::pwgen;
+
+namespace {
+
+using Shape = std::vector<int64_t>;
+
+struct Built {
+  Graph g;
+  const Node* node = nullptr;
+};
+
+Built one_node(OpKind op, const std::vector<TensorType>& ins, const Attrs& attrs = {}) {
+  Built b;
+  std::vector<ValueId> ids;
+  for (size_t i = 0; i < ins.size(); ++i) {
+    std::string name = "x";
+    name += std::to_string(i);
+    ids.push_back(b.g.add_input(name, ins[i]));
+  }
+  b.g.add_node(op, ids, attrs, std::string(op_name(op)) + "_t");
+  b.node = b.g.nodes().back().get();
+  return b;
+}
+
+struct Generated {
+  pwg::Program program;
+  pwg::Layout layout;
+  std::string source;
+};
+
+Generated generate(const Built& b) {
+  Generated out;
+  std::string why;
+  EXPECT_TRUE(cuda::supports_pointwise(*b.node, b.g, &why)) << why;
+  EXPECT_TRUE(pwg::program_of(*b.node, b.g, &out.program, &why)) << why;
+  bool ok = false;
+  out.layout = pwg::layout_of(*b.node, b.g, out.program, &why, &ok);
+  EXPECT_TRUE(ok) << why;
+  out.source = pwg::generate(out.program, out.layout);
+  return out;
+}
+
+// Generates and compiles the node's kernel; returns what was generated.
+Generated compiles(const Built& b, const std::string& what) {
+  Generated gen = generate(b);
+  EXPECT_NO_THROW({
+    const Bytes cubin = cuda::compile_to_cubin(gen.source, what, 90);
+    EXPECT_GT(cubin.size(), 0u) << what;
+  }) << what << "\n" << gen.source;
+  EXPECT_NE(gen.source.find("void __launch_bounds__(256) kiln_pw("), std::string::npos) << what;
+  if (gen.layout.vec > 1) {
+    EXPECT_NE(gen.source.find("kiln_pw_vec("), std::string::npos) << what;
+  }
+  return gen;
+}
+
+const DType kFloats[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kF64};
+const DType kInts[] = {DType::kI64, DType::kI32, DType::kI8, DType::kU8};
+const DType kAll[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kF64, DType::kI64,
+                      DType::kI32, DType::kI8, DType::kU8, DType::kBool};
+
+// Input shapes of a binary / where node, rotating over the three layouts.
+std::vector<Shape> shapes_for(int variant, size_t n) {
+  switch (variant % 3) {
+    case 0: return std::vector<Shape>(n, Shape{4, 33});  // flat
+    case 1: {                                             // a [33] bias broadcast over rows
+      std::vector<Shape> s(n, Shape{4, 33});
+      s.back() = {33};
+      return s;
+    }
+    default: {  // a one-element operand
+      std::vector<Shape> s(n, Shape{4, 33});
+      s.back() = {1};
+      return s;
+    }
+  }
+}
+
+TEST(CudaPointwiseCodegen, EveryUnaryOpAndDtypeCompiles) {
+  const OpKind float_ops[] = {OpKind::kRelu, OpKind::kGelu, OpKind::kSilu, OpKind::kSigmoid, OpKind::kTanh,
+                              OpKind::kExp, OpKind::kLog, OpKind::kSqrt, OpKind::kRsqrt, OpKind::kNeg,
+                              OpKind::kAbs, OpKind::kErf, OpKind::kHardswish, OpKind::kHardsigmoid,
+                              OpKind::kReciprocal, OpKind::kSin, OpKind::kCos, OpKind::kClamp, OpKind::kLeakyRelu};
+  int count = 0;
+  for (DType dt : kFloats) {
+    for (OpKind op : float_ops) {
+      Attrs a;
+      if (op == OpKind::kClamp) a.set("min", -0.5), a.set("max", 0.75);
+      if (op == OpKind::kLeakyRelu) a.set("negative_slope", 0.2);
+      compiles(one_node(op, {TensorType(dt, {3, 40})}, a), std::string(op_name(op)) + " " + dtype_name(dt));
+      ++count;
+    }
+    Attrs tanh_form;
+    tanh_form.set("approximate", std::string("tanh"));
+    compiles(one_node(OpKind::kGelu, {TensorType(dt, {3, 40})}, tanh_form), "gelu tanh");
+    Attrs lower_only;
+    lower_only.set("min", 0.0);
+    compiles(one_node(OpKind::kClamp, {TensorType(dt, {3, 40})}, lower_only), "clamp min only");
+    count += 2;
+  }
+  for (DType dt : kInts) {
+    for (OpKind op : {OpKind::kRelu, OpKind::kNeg, OpKind::kAbs, OpKind::kClamp}) {
+      Attrs a;
+      if (op == OpKind::kClamp) a.set("min", -2.5), a.set("max", 1e30);
+      compiles(one_node(op, {TensorType(dt, {7, 9})}, a), std::string(op_name(op)) + " " + dtype_name(dt));
+      ++count;
+    }
+  }
+  compiles(one_node(OpKind::kLogicalNot, {TensorType(DType::kBool, {5, 64})}), "logical_not bool");
+  EXPECT_EQ(count + 1, 4 * 21 + 16 + 1);
+}
+
+TEST(CudaPointwiseCodegen, EveryBinaryOpAndDtypeCompiles) {
+  const OpKind arith[] = {OpKind::kAdd, OpKind::kSub, OpKind::kMul, OpKind::kDiv, OpKind::kMaximum, OpKind::kMinimum};
+  const OpKind compare[] = {OpKind::kEq, OpKind::kNe, OpKind::kLt, OpKind::kLe, OpKind::kGt, OpKind::kGe};
+  int variant = 0;
+  auto run = [&](OpKind op, DType dt) {
+    const auto s = shapes_for(variant++, 2);
+    const Generated gen = compiles(one_node(op, {TensorType(dt, s[0]), TensorType(dt, s[1])}),
+                                   std::string(op_name(op)) + " " + dtype_name(dt) + " variant " +
+                                       std::to_string(variant % 3));
+    EXPECT_EQ(gen.layout.flat, (variant - 1) % 3 != 1);
+  };
+  for (DType dt : kAll) {
+    if (dt != DType::kBool)
+      for (OpKind op : arith) run(op, dt);
+    for (OpKind op : compare) run(op, dt);
+  }
+  for (DType dt : kFloats) run(OpKind::kPow, dt);
+  run(OpKind::kLogicalAnd, DType::kBool);
+  run(OpKind::kLogicalOr, DType::kBool);
+  EXPECT_EQ(variant, 8 * 6 + 9 * 6 + 4 + 2);
+}
+
+TEST(CudaPointwiseCodegen, WhereAndEveryCastCompile) {
+  int variant = 0;
+  for (DType dt : kAll) {
+    const auto s = shapes_for(variant++, 3);
+    compiles(one_node(OpKind::kWhere, {TensorType(DType::kBool, s[2]), TensorType(dt, s[0]), TensorType(dt, s[1])}),
+             std::string("where ") + dtype_name(dt));
+  }
+  for (DType from : kAll) {
+    for (DType to : kAll) {
+      Attrs a;
+      a.set("dtype", to);
+      compiles(one_node(OpKind::kCast, {TensorType(from, {2, 50})}, a),
+               std::string("cast ") + dtype_name(from) + " -> " + dtype_name(to));
+    }
+  }
+}
+
+// A fused node: body inputs x (f16 [4,8]), b (f32 [8], broadcast over rows), i (i32 [4,8]);
+// constants 0.5 (f32) and 3 (i32); outputs y = gelu(cast(x, f32) * 0.5 + b) (f32) and
+// z = where(i > 3, neg(x), x) (f16). Every body op gives the group shape, as the fusion pass
+// guarantees.
+Built fused_example(bool with_big_constant) {
+  auto body = std::make_shared<Graph>();
+  const TensorType xt(DType::kF16, {4, 8}), bt(DType::kF32, {8}), it(DType::kI32, {4, 8});
+  const ValueId x = body->add_input("x", xt), b = body->add_input("b", bt), i = body->add_input("i", it);
+  const float half = 0.5f;
+  const int32_t three = 3;
+  const ValueId c_half = body->add_constant("c_half", TensorType(DType::kF32, {}), &half, sizeof half);
+  const ValueId c_three = body->add_constant("c_three", TensorType(DType::kI32, {}), &three, sizeof three);
+  Attrs to_f32;
+  to_f32.set("dtype", DType::kF32);
+  const ValueId xf = body->add_node1(OpKind::kCast, {x}, to_f32);
+  ValueId scaled = body->add_node1(OpKind::kMul, {xf, c_half});
+  if (with_big_constant) {
+    const std::vector<float> row(8, 1.5f);
+    const ValueId big = body->add_constant("row", TensorType(DType::kF32, {8}), row.data(), row.size() * 4);
+    scaled = body->add_node1(OpKind::kMul, {scaled, big});
+  }
+  const ValueId y = body->add_node1(OpKind::kGelu, {body->add_node1(OpKind::kAdd, {scaled, b})});
+  const ValueId gt = body->add_node1(OpKind::kGt, {i, c_three});
+  const ValueId z = body->add_node1(OpKind::kWhere, {gt, body->add_node1(OpKind::kNeg, {x}), x});
+  body->mark_output(y, "y");
+  body->mark_output(z, "z");
+  Built out;
+  const std::vector<ValueId> ins{out.g.add_input("x", xt), out.g.add_input("b", bt), out.g.add_input("i", it)};
+  const auto outs = out.g.insert_fused(0, ins, body, "fused_t");
+  out.g.mark_output(outs[0], "y");
+  out.g.mark_output(outs[1], "z");
+  out.node = out.g.nodes().back().get();
+  return out;
+}
+
+TEST(CudaPointwiseCodegen, FusedBodyWithConstantsAndTwoOutputsCompiles) {
+  const Generated gen = compiles(fused_example(false), "fused example");
+  EXPECT_EQ(gen.program.steps.size(), 7u);
+  EXPECT_EQ(gen.program.const_float.size(), 1u);
+  EXPECT_EQ(gen.program.const_int.size(), 1u);
+  EXPECT_EQ(gen.program.outputs.size(), 2u);
+  EXPECT_FALSE(gen.layout.flat);  // b broadcasts over rows
+  EXPECT_EQ(gen.layout.rank, 2);
+  // The constants are kernel arguments, not part of the source.
+  EXPECT_EQ(gen.source.find("0x1p-1"), std::string::npos);
+  const std::vector<int64_t> args = pwg::argument_block(gen.program, gen.layout);
+  // n, 2 dims, 3 inputs x 2 strides, 1 float constant, 1 int constant.
+  ASSERT_EQ(args.size(), 1u + 2 + 6 + 1 + 1);
+  EXPECT_EQ(args[0], 32);
+  EXPECT_EQ(args.back(), 3);
+}
+
+TEST(CudaPointwiseCodegen, FusedBodyWithALargeConstantIsRefusedWithAReason) {
+  Built b = fused_example(true);
+  std::string why;
+  EXPECT_FALSE(cuda::supports_pointwise(*b.node, b.g, &why));
+  EXPECT_NE(why.find("constant of 8 elements"), std::string::npos) << why;
+}
+
+TEST(CudaPointwiseCodegen, LayoutsCollapseBroadcastsAndVectorize) {
+  // Same shapes: flat, 4 f32 per 16-byte vector.
+  Generated g1 = generate(one_node(OpKind::kAdd, {TensorType(DType::kF32, {8, 16, 32}), TensorType(DType::kF32, {8, 16, 32})}));
+  EXPECT_TRUE(g1.layout.flat);
+  EXPECT_EQ(g1.layout.vec, 4);
+  // f16 -> f32 cast: the widest array (f32) sets the width.
+  Attrs to_f32;
+  to_f32.set("dtype", DType::kF32);
+  EXPECT_EQ(generate(one_node(OpKind::kCast, {TensorType(DType::kF16, {1024})}, to_f32)).layout.vec, 4);
+  EXPECT_EQ(generate(one_node(OpKind::kRelu, {TensorType(DType::kBF16, {1024})})).layout.vec, 8);
+  // A per-channel scale [C,1,1] against [N,C,H,W]: H and W merge, so rank 3 (N, C, H*W).
+  Generated g2 = generate(one_node(OpKind::kMul, {TensorType(DType::kF32, {2, 3, 5, 7}), TensorType(DType::kF32, {3, 1, 1})}));
+  EXPECT_FALSE(g2.layout.flat);
+  ASSERT_EQ(g2.layout.rank, 3);
+  EXPECT_EQ(g2.layout.dims, (Shape{2, 3, 35}));
+  EXPECT_EQ(g2.layout.strides[1], (Shape{0, 1, 0}));
+  EXPECT_EQ(g2.layout.strides[0], (Shape{105, 35, 1}));
+  // A scalar operand keeps the layout flat and is read once.
+  Generated g3 = generate(one_node(OpKind::kSub, {TensorType(DType::kF32, {9, 9}), TensorType(DType::kF32, {1, 1})}));
+  EXPECT_TRUE(g3.layout.flat);
+  EXPECT_EQ(g3.layout.scalar, (std::vector<uint8_t>{0, 1}));
+  // More than 2^30 elements: 64-bit indices, and it still compiles.
+  Generated g4 = compiles(one_node(OpKind::kAdd, {TensorType(DType::kF16, {3, 1 << 29}), TensorType(DType::kF16, {1 << 29})}),
+                          "add with 64-bit indices");
+  EXPECT_TRUE(g4.layout.wide);
+  EXPECT_FALSE(generate(one_node(OpKind::kAdd, {TensorType(DType::kF16, {3, 100}), TensorType(DType::kF16, {100})})).layout.wide);
+}
+
+TEST(CudaPointwiseCodegen, NodesDifferingOnlyInSizesShareOneSource) {
+  auto src = [](Shape a, Shape b) {
+    return generate(one_node(OpKind::kAdd, {TensorType(DType::kF32, a), TensorType(DType::kF32, b)})).source;
+  };
+  EXPECT_EQ(src({4, 33}, {4, 33}), src({128, 1024}, {128, 1024}));
+  EXPECT_EQ(src({4, 33}, {33}), src({64, 768}, {768}));
+  EXPECT_NE(src({4, 33}, {4, 33}), src({4, 33}, {33}));
+  Attrs a1, a2;
+  a1.set("negative_slope", 0.1);
+  a2.set("negative_slope", 0.3);
+  EXPECT_NE(generate(one_node(OpKind::kLeakyRelu, {TensorType(DType::kF32, {10})}, a1)).source,
+            generate(one_node(OpKind::kLeakyRelu, {TensorType(DType::kF32, {10})}, a2)).source);
+}
+
+TEST(CudaPointwiseCodegen, TooManyUnmergeableDimsAreRefused) {
+  // Alternating broadcast dims cannot merge: 10 dims after collapsing, over the limit of 8.
+  Shape a, b;
+  for (int d = 0; d < 10; ++d) a.push_back(d % 2 ? 1 : 2), b.push_back(d % 2 ? 2 : 1);
+  Built n = one_node(OpKind::kAdd, {TensorType(DType::kF32, a), TensorType(DType::kF32, b)});
+  std::string why;
+  EXPECT_FALSE(cuda::supports_pointwise(*n.node, n.g, &why));
+  EXPECT_NE(why.find("non-mergeable dims"), std::string::npos) << why;
+}
+
+TEST(CudaPointwiseCodegen, CompileErrorsNameTheNodeAndCarryTheLog) {
+  try {
+    cuda::compile_to_cubin("extern \"C\" __global__ void k() { undefined_thing(); }", "test node 'broken'", 90);
+    FAIL() << "expected a compile error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInternal);
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("test node 'broken'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("undefined_thing"), std::string::npos) << msg;
+  }
+}
+
+TEST(CudaPointwiseCodegen, KernelStateRoundTripsAndDamageIsCorrupted) {
+  Bytes cubin(300), params(9);
+  for (size_t i = 0; i < cubin.size(); ++i) cubin[i] = uint8_t(i * 7 + 1);
+  for (size_t i = 0; i < params.size(); ++i) params[i] = uint8_t(200 - i);
+  const Bytes state = cuda::pack_state(cubin, params);
+  const cuda::CompiledState back = cuda::unpack_state(state);
+  EXPECT_EQ(back.cubin, cubin);
+  EXPECT_EQ(back.params, params);
+  auto corrupted = [](const Bytes& s) {
+    try {
+      cuda::unpack_state(s);
+    } catch (const Error& e) {
+      return e.code() == ErrorCode::kCorrupted;
+    }
+    return false;
+  };
+  for (size_t len = 0; len < state.size(); ++len)
+    EXPECT_TRUE(corrupted(Bytes(state.begin(), state.begin() + std::ptrdiff_t(len)))) << "truncated to " << len;
+  for (size_t i = 0; i < state.size(); ++i) {
+    Bytes d = state;
+    d[i] ^= 0x20;
+    EXPECT_TRUE(corrupted(d)) << "byte " << i << " flipped";
+  }
+  Bytes longer = state;
+  longer.push_back(0);
+  EXPECT_TRUE(corrupted(longer));
+}
+
+}  // namespace
+
+#endif  // KILN_WITH_CUDA

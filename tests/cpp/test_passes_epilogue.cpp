@@ -1,0 +1,331 @@
+// fuse_epilogue (src/passes/fuse_epilogue.cpp) and the epilogue of linear / conv it targets
+// (bias, residual, activation): golden before/after IR, the fused graph computing what the
+// unfused one computes on the CPU reference kernels (every conv path, every activation), the
+// single-use and ordering rules, and the shape rules' messages for bad epilogues.
+#include "tests/cpp/pass_test_util.h"
+
+namespace {
+
+using namespace kiln;
+using namespace kiln::test;
+
+const char* const kActivations[] = {"none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"};
+
+// The unary node computing `act` on v (v itself for "none").
+ValueId apply_activation(Graph& g, ValueId v, const std::string& act) {
+  if (act == "none") return v;
+  Attrs a;
+  OpKind op = OpKind::kRelu;
+  if (act == "gelu" || act == "gelu_tanh") {
+    op = OpKind::kGelu;
+    a.set("approximate", std::string(act == "gelu" ? "none" : "tanh"));
+  } else if (act == "silu") {
+    op = OpKind::kSilu;
+  } else if (act == "sigmoid") {
+    op = OpKind::kSigmoid;
+  } else if (act == "tanh") {
+    op = OpKind::kTanh;
+  }
+  return g.add_node1(op, {v}, a);
+}
+
+// Fuses a copy of g (then folds the bias reshapes of constants, as the builder does), checks
+// it verifies and matches g numerically; returns the fused graph.
+Graph fuse_and_compare(const Graph& g, uint32_t seed, bool fold = true) {
+  Graph f = g;
+  fuse_epilogue(f);
+  f.verify();
+  if (fold) fold_constants(f);
+  auto in = random_inputs(g, seed);
+  expect_close(run_plain(f, in), run_plain(g, in), 1e-5f, 1e-5f);
+  return f;
+}
+
+TEST(FuseEpilogue, LinearBiasResidualGeluGolden) {
+  Graph g;
+  ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 4}));
+  ValueId r = g.add_input("r", TensorType(DType::kF32, {2, 3}));
+  ValueId w = f32_weight(g, "w", {3, 4}, 1);
+  ValueId b = f32_weight(g, "b", {3}, 2);
+  ValueId y = g.add_node1(OpKind::kLinear, {x, w});
+  y = g.add_node1(OpKind::kAdd, {y, b});
+  y = g.add_node1(OpKind::kAdd, {r, y});
+  Attrs tanh_approx;
+  tanh_approx.set("approximate", std::string("tanh"));
+  g.mark_output(g.add_node1(OpKind::kGelu, {y}, tanh_approx), "y");
+  EXPECT_EQ(g.to_string(),
+            "graph(%0 \"x\": f32[2,4], %1 \"r\": f32[2,3]) {\n"
+            "  %2 \"w\": f32[3,4] = weight\n"
+            "  %3 \"b\": f32[3] = weight\n"
+            "  %4: f32[2,3] = linear(%0, %2)\n"
+            "  %5: f32[2,3] = add(%4, %3)\n"
+            "  %6: f32[2,3] = add(%1, %5)\n"
+            "  %7: f32[2,3] = gelu(%6) {approximate=\"tanh\"}\n"
+            "  return %7 \"y\"\n"
+            "}\n");
+  Graph f = fuse_and_compare(g, 11);
+  EXPECT_EQ(f.to_string(),
+            "graph(%0 \"x\": f32[2,4], %1 \"r\": f32[2,3]) {\n"
+            "  %2 \"w\": f32[3,4] = weight\n"
+            "  %3 \"b\": f32[3] = weight\n"
+            "  %4: f32[2,3] = linear(%0, %2, %3, %1) {activation=\"gelu_tanh\"}\n"
+            "  return %4 \"y\"\n"
+            "}\n");
+  EXPECT_FALSE(fuse_epilogue(f));
+}
+
+TEST(FuseEpilogue, ConvChannelShiftBecomesBiasGolden) {
+  Graph g;
+  ValueId x = g.add_input("x", TensorType(DType::kF32, {1, 3, 6, 6}));
+  ValueId w = f32_weight(g, "conv.weight", {4, 3, 3, 3}, 3);
+  ValueId shift = f32_weight(g, "shift", {4, 1, 1}, 4);
+  ValueId y = g.add_node1(OpKind::kConv, {x, w}, conv2d_attrs(1, 1, 1));
+  y = g.add_node1(OpKind::kAdd, {shift, y});
+  g.mark_output(g.add_node1(OpKind::kRelu, {y}), "out");
+  Graph f = fuse_and_compare(g, 12, false);
+  EXPECT_EQ(f.to_string(),
+            "graph(%0 \"x\": f32[1,3,6,6]) {\n"
+            "  %1 \"conv.weight\": f32[4,3,3,3] = weight\n"
+            "  %2 \"shift\": f32[4,1,1] = weight\n"
+            "  %3: f32[4] = reshape(%2) {shape=[4]}\n"
+            "  %4: f32[1,4,6,6] = conv(%0, %1, %3) {activation=\"relu\", dilation=[1,1], groups=1, padding=[1,1], "
+            "stride=[1,1]}\n"
+            "  return %4 \"out\"\n"
+            "}\n");
+  // fold_constants makes the reshaped shift the bias constant, holding the shift's values.
+  EXPECT_TRUE(fold_constants(f));
+  EXPECT_EQ(f.to_string(),
+            "graph(%0 \"x\": f32[1,3,6,6]) {\n"
+            "  %1 \"conv.weight\": f32[4,3,3,3] = weight\n"
+            "  %3: f32[4] = constant\n"
+            "  %2: f32[1,4,6,6] = conv(%0, %1, %3) {activation=\"relu\", dilation=[1,1], groups=1, padding=[1,1], "
+            "stride=[1,1]}\n"
+            "  return %2 \"out\"\n"
+            "}\n");
+  const Value& bias = f.value(f.nodes()[0]->inputs[2]);
+  ASSERT_TRUE(bias.is_constant());
+  EXPECT_EQ(*bias.data, *g.value(shift).data);
+}
+
+TEST(FuseEpilogue, ResidualWithoutBiasAndRunTimeBiasGolden) {
+  Graph g;
+  ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 4}));
+  ValueId c = g.add_input("c", TensorType(DType::kF32, {1, 3}));
+  ValueId r = g.add_input("r", TensorType(DType::kF32, {2, 3}));
+  ValueId w = f32_weight(g, "w", {3, 4}, 5);
+  ValueId y = g.add_node1(OpKind::kLinear, {x, w});
+  y = g.add_node1(OpKind::kAdd, {y, r});
+  y = g.add_node1(OpKind::kAdd, {y, c});
+  g.mark_output(g.add_node1(OpKind::kSigmoid, {y}), "y");
+  Graph f = fuse_and_compare(g, 13, false);
+  EXPECT_EQ(f.to_string(),
+            "graph(%0 \"x\": f32[2,4], %1 \"c\": f32[1,3], %2 \"r\": f32[2,3]) {\n"
+            "  %3 \"w\": f32[3,4] = weight\n"
+            "  %4: f32[3] = reshape(%1) {shape=[3]}\n"
+            "  %5: f32[2,3] = linear(%0, %3, %4, %2) {activation=\"sigmoid\"}\n"
+            "  return %5 \"y\"\n"
+            "}\n");
+}
+
+struct ConvCase {
+  const char* what;
+  Shape x, w;
+  Attrs attrs;
+};
+
+std::vector<ConvCase> conv_cases() {
+  Attrs one_d;
+  one_d.set("stride", Shape{2});
+  one_d.set("padding", Shape{1});
+  return {
+      {"im2col", {2, 4, 7, 7}, {6, 2, 3, 3}, conv2d_attrs(1, 1, 2)},
+      {"depthwise", {1, 4, 9, 9}, {4, 1, 3, 3}, conv2d_attrs(2, 1, 4)},
+      {"1x1", {2, 3, 5, 5}, {8, 3, 1, 1}, conv2d_attrs(1, 0, 1)},
+      {"1d", {2, 3, 10}, {4, 3, 3}, one_d},
+  };
+}
+
+// Every conv path x {shift as bias, biased conv} x {residual or not} x every activation: the
+// chain fuses into one conv that computes the same.
+TEST(FuseEpilogue, ConvEveryPathAndActivationMatchesUnfused) {
+  uint32_t seed = 100;
+  for (const ConvCase& cc : conv_cases()) {
+    for (bool has_bias : {false, true})
+      for (bool residual : {false, true})
+        for (const char* act : kActivations) {
+          SCOPED_TRACE(std::string(cc.what) + " bias=" + std::to_string(has_bias) + " residual=" +
+                       std::to_string(residual) + " act=" + act);
+          Graph g;
+          ValueId x = g.add_input("x", TensorType(DType::kF32, cc.x));
+          ValueId w = f32_weight(g, "w", cc.w, seed++);
+          std::vector<ValueId> ins = {x, w};
+          if (has_bias) ins.push_back(f32_weight(g, "b", {cc.w[0]}, seed++));
+          ValueId y = g.add_node1(OpKind::kConv, ins, cc.attrs);
+          const Shape out = g.type(y).shape();
+          if (!has_bias) {  // a per-channel shift, broadcast as [O, 1(, 1)]
+            Shape s(out.size() - 1, 1);
+            s[0] = out[1];
+            y = g.add_node1(OpKind::kAdd, {y, f32_weight(g, "shift", s, seed++)});
+          }
+          if (residual) y = g.add_node1(OpKind::kAdd, {g.add_input("skip", TensorType(DType::kF32, out)), y});
+          g.mark_output(apply_activation(g, y, act), "y");
+          Graph f = fuse_and_compare(g, seed++);
+          EXPECT_EQ(f.nodes().size(), 1u) << f.to_string();
+          EXPECT_EQ(f.nodes()[0]->attrs.get_string("activation", "none"), act);
+        }
+  }
+}
+
+TEST(FuseEpilogue, LinearEveryActivationWithScalarBiasMatchesUnfused) {
+  uint32_t seed = 300;
+  for (bool residual : {false, true})
+    for (const char* act : kActivations) {
+      SCOPED_TRACE(std::string("residual=") + std::to_string(residual) + " act=" + act);
+      Graph g;
+      ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 3, 8}));
+      ValueId y = g.add_node1(OpKind::kLinear, {x, f32_weight(g, "w", {5, 8}, seed++)});
+      y = g.add_node1(OpKind::kAdd, {y, f32_constant(g, "", {}, {0.375f}, false)});  // a scalar: repeated
+      if (residual) y = g.add_node1(OpKind::kAdd, {y, g.add_input("r", TensorType(DType::kF32, {2, 3, 5}))});
+      g.mark_output(apply_activation(g, y, act), "y");
+      Graph f = fuse_and_compare(g, seed++);
+      EXPECT_EQ(f.nodes().size(), 1u) << f.to_string();
+      EXPECT_EQ(f.type(f.nodes()[0]->inputs[2]).shape(), Shape{5});
+    }
+}
+
+// The kernels' own semantics against the unfused ops: a broadcast residual of linear, an
+// absent bias next to a present residual, and f16 tensors computed in f32.
+TEST(FuseEpilogue, KernelsMatchUnfusedOpsForBroadcastResidualAndHalf) {
+  for (DType dt : {DType::kF32, DType::kF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Attrs to;
+    to.set("dtype", dt);
+    Attrs silu;
+    silu.set("activation", std::string("silu"));
+    Graph fused, plain;
+    for (Graph* g : {&fused, &plain}) {
+      ValueId x = g->add_node1(OpKind::kCast, {g->add_input("x", TensorType(DType::kF32, {4, 6}))}, to);
+      ValueId r = g->add_node1(OpKind::kCast, {g->add_input("r", TensorType(DType::kF32, {1, 3}))}, to);
+      ValueId w = g->add_node1(OpKind::kCast, {f32_weight(*g, "w", {3, 6}, 7)}, to);
+      ValueId y;
+      if (g == &fused) {
+        y = g->add_node1(OpKind::kLinear, {x, w, kNoValue, r}, silu);
+      } else {
+        y = g->add_node1(OpKind::kSilu, {g->add_node1(OpKind::kAdd, {g->add_node1(OpKind::kLinear, {x, w}), r})});
+      }
+      Attrs back;
+      back.set("dtype", DType::kF32);
+      g->mark_output(g->add_node1(OpKind::kCast, {y}, back), "y");
+    }
+    auto in = random_inputs(plain, 21);
+    // f16: the unfused graph rounds twice more (after linear, after add).
+    const float tol = dt == DType::kF32 ? 1e-5f : 4e-3f;
+    expect_close(run_plain(fused, in), run_plain(plain, in), tol, tol);
+  }
+}
+
+TEST(FuseEpilogue, OnlySingleUseOutputsFuse) {
+  {  // the conv's output is also a graph output
+    Graph g;
+    ValueId x = g.add_input("x", TensorType(DType::kF32, {1, 2, 5, 5}));
+    ValueId y = g.add_node1(OpKind::kConv, {x, f32_weight(g, "w", {3, 2, 3, 3}, 8)}, conv2d_attrs(1, 1, 1));
+    g.mark_output(y, "conv");
+    g.mark_output(g.add_node1(OpKind::kRelu, {y}), "relu");
+    EXPECT_FALSE(fuse_epilogue(g));
+  }
+  {  // the linear's output feeds the add and another node
+    Graph g;
+    ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 4}));
+    ValueId y = g.add_node1(OpKind::kLinear, {x, f32_weight(g, "w", {3, 4}, 9)});
+    ValueId s = g.add_node1(OpKind::kAdd, {y, f32_weight(g, "b", {3}, 10)});
+    g.mark_output(g.add_node1(OpKind::kMul, {s, y}), "y");
+    EXPECT_FALSE(fuse_epilogue(g));
+  }
+  {  // add(y, y): y is used twice by one node
+    Graph g;
+    ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 4}));
+    ValueId y = g.add_node1(OpKind::kLinear, {x, f32_weight(g, "w", {3, 4}, 11)});
+    g.mark_output(g.add_node1(OpKind::kAdd, {y, y}), "y");
+    EXPECT_FALSE(fuse_epilogue(g));
+  }
+}
+
+TEST(FuseEpilogue, RespectsOrderAndWhatAnOpCanHold) {
+  {  // relu -> add -> sigmoid: relu fuses; the add comes after it and stays, so does sigmoid
+    Graph g;
+    ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 4}));
+    ValueId y = g.add_node1(OpKind::kRelu, {g.add_node1(OpKind::kLinear, {x, f32_weight(g, "w", {3, 4}, 12)})});
+    y = g.add_node1(OpKind::kAdd, {y, f32_weight(g, "b", {3}, 13)});
+    g.mark_output(g.add_node1(OpKind::kSigmoid, {y}), "y");
+    Graph f = fuse_and_compare(g, 14);
+    EXPECT_EQ(f.nodes().size(), 3u);
+    EXPECT_EQ(f.nodes()[0]->attrs.get_string("activation"), "relu");
+    EXPECT_EQ(count_ops(f, OpKind::kAdd), 1);
+  }
+  {  // a biased linear takes a full-shape add as residual, but not a second one
+    Graph g;
+    ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 4}));
+    ValueId y = g.add_node1(OpKind::kLinear, {x, f32_weight(g, "w", {3, 4}, 15), f32_weight(g, "b", {3}, 16)});
+    y = g.add_node1(OpKind::kAdd, {y, f32_weight(g, "c", {3}, 17)});  // not a residual: [3] != [2,3]
+    y = g.add_node1(OpKind::kAdd, {y, g.add_input("r1", TensorType(DType::kF32, {2, 3}))});
+    y = g.add_node1(OpKind::kAdd, {y, g.add_input("r2", TensorType(DType::kF32, {2, 3}))});
+    g.mark_output(y, "y");
+    Graph f = fuse_and_compare(g, 18);
+    EXPECT_EQ(count_ops(f, OpKind::kAdd), 3);  // the [3] add blocks everything after it
+  }
+  {  // an add that broadcasts the output to a larger shape, conv_transpose and matmul stay
+    Graph g;
+    ValueId x = g.add_input("x", TensorType(DType::kF32, {1, 4}));
+    ValueId y = g.add_node1(OpKind::kLinear, {x, f32_weight(g, "w", {3, 4}, 19)});
+    g.mark_output(g.add_node1(OpKind::kAdd, {y, g.add_input("big", TensorType(DType::kF32, {5, 3}))}), "a");
+    ValueId m = g.add_node1(OpKind::kMatmul, {g.add_input("p", TensorType(DType::kF32, {2, 3})),
+                                              f32_weight(g, "q", {3, 2}, 20)});
+    g.mark_output(g.add_node1(OpKind::kRelu, {m}), "b");
+    Attrs ta;
+    ta.set("stride", Shape{2, 2});
+    ValueId t = g.add_node1(OpKind::kConvTranspose, {g.add_input("t", TensorType(DType::kF32, {1, 2, 3, 3})),
+                                                     f32_weight(g, "tw", {2, 3, 2, 2}, 21)},
+                            ta);
+    g.mark_output(g.add_node1(OpKind::kRelu, {t}), "c");
+    EXPECT_FALSE(fuse_epilogue(g));
+  }
+}
+
+TEST(FuseEpilogue, ShapeRulesRejectBadActivationsAndResiduals) {
+  Graph g;
+  ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 4}));
+  ValueId w = f32_weight(g, "w", {3, 4}, 22);
+  Attrs swish;
+  swish.set("activation", std::string("swish"));
+  expect_error([&] { g.add_node1(OpKind::kLinear, {x, w}, swish); }, ErrorCode::kInvalidArgument,
+               {"linear", "'activation'", "\"swish\"", "gelu_tanh"});
+  Attrs not_string;
+  not_string.set("activation", int64_t(1));
+  expect_error([&] { g.add_node1(OpKind::kLinear, {x, w}, not_string); }, ErrorCode::kInvalidArgument,
+               {"linear", "'activation' must be a string"});
+  ValueId bad = g.add_input("bad", TensorType(DType::kF32, {2, 4}));
+  expect_error([&] { g.add_node1(OpKind::kLinear, {x, w, kNoValue, bad}); }, ErrorCode::kShapeMismatch,
+               {"linear: residual f32[2,4] does not broadcast to the output f32[2,3]"});
+  ValueId half = g.add_input("half", TensorType(DType::kF16, {2, 3}));
+  expect_error([&] { g.add_node1(OpKind::kLinear, {x, w, kNoValue, half}); }, ErrorCode::kInvalidArgument,
+               {"linear", "residual f16[2,3]"});
+  ValueId row = g.add_input("row", TensorType(DType::kF32, {3}));
+  EXPECT_EQ(g.type(g.add_node1(OpKind::kLinear, {x, w, kNoValue, row})).shape(), (Shape{2, 3}));
+
+  ValueId img = g.add_input("img", TensorType(DType::kF32, {1, 2, 6, 6}));
+  ValueId cw = f32_weight(g, "cw", {4, 2, 3, 3}, 23);
+  ValueId skip = g.add_input("skip", TensorType(DType::kF32, {1, 4, 6, 5}));
+  expect_error([&] { g.add_node1(OpKind::kConv, {img, cw, kNoValue, skip}, conv2d_attrs(1, 1, 1)); },
+               ErrorCode::kShapeMismatch, {"conv: residual f32[1,4,6,5] must have the output's shape f32[1,4,6,6]"});
+  Attrs conv_swish = conv2d_attrs(1, 1, 1);
+  conv_swish.set("activation", std::string("swish"));
+  expect_error([&] { g.add_node1(OpKind::kConv, {img, cw}, conv_swish); }, ErrorCode::kInvalidArgument,
+               {"conv", "'activation'", "\"swish\""});
+  Attrs transpose_relu;
+  transpose_relu.set("activation", std::string("relu"));
+  ValueId tw = f32_weight(g, "tw", {2, 3, 2, 2}, 24);
+  expect_error([&] { g.add_node1(OpKind::kConvTranspose, {img, tw}, transpose_relu); }, ErrorCode::kInvalidArgument,
+               {"conv_transpose", "applies to conv only"});
+}
+
+}  // namespace
