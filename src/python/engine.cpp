@@ -161,7 +161,7 @@ void bind_engine(nb::module_& m) {
       .def_prop_ro("num_nodes", [](const Engine& e) { return e.graph().nodes().size(); })
       .def_prop_ro("graph_text", [](const Engine& e) { return e.graph().to_string(); }, "The plan as text.")
       .def("graph", [](const Engine& e) { return Graph(e.graph()); }, "A copy of the optimized plan.")
-      .def("create_execution_context", &Engine::create_execution_context, "use_graphs"_a = true,
+      .def("create_execution_context", &Engine::create_execution_context, nb::arg("use_graphs") = true,
            "A context with its own activation memory; use_graphs replays one captured CUDA graph per call.")
       .def("serialize", [](const Engine& e) {
         Bytes b = e.serialize();
