@@ -23,7 +23,7 @@ import torch
 import torchvision
 
 import kiln  # noqa: F401  (registers the backend)
-from kiln.testing import randomize_weights
+from kiln.testing import first_output, randomize_weights
 
 log = logging.getLogger("kiln.bench.cpu_models")
 
@@ -44,14 +44,6 @@ def build(name: str, image_size: int) -> tuple[torch.nn.Module, list[Any]]:
         ids = torch.randint(0, 512, (1, 16), generator=torch.Generator().manual_seed(1))
         return transformers.BertModel(config), [ids, torch.ones(1, 16, dtype=torch.int64)]
     raise ValueError(f"unknown model {name!r}")
-
-
-def first_tensor(out: Any) -> torch.Tensor:
-    if isinstance(out, torch.Tensor):
-        return out
-    if hasattr(out, "to_tuple"):
-        out = out.to_tuple()
-    return out[0]
 
 
 def median_ms(fn: Callable[[], Any], runs: int) -> float:
@@ -120,9 +112,9 @@ def main() -> None:
             torch._dynamo.reset()
             t0 = time.perf_counter()
             fast = torch.compile(model, backend="kiln", dynamic=False)
-            out = first_tensor(fast(*inputs))
+            out = first_output(fast(*inputs))
             compile_s = time.perf_counter() - t0
-            ref = first_tensor(model(*inputs))
+            ref = first_output(model(*inputs))
             err = (out - ref).abs().max().item()
             eager = median_ms(lambda: model(*inputs), args.runs)
             kiln_ms = median_ms(lambda: fast(*inputs), args.runs)

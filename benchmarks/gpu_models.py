@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 import kiln
-from kiln.testing import randomize_weights, relative_error
+from kiln.testing import first_output, randomize_weights, relative_error
 
 log = logging.getLogger("kiln.bench.gpu_models")
 
@@ -70,14 +70,6 @@ def build_model(name: str, batch: int) -> tuple[torch.nn.Module, list[torch.Tens
     import torchvision
     model = getattr(torchvision.models, name)()
     return model, [torch.randn(batch, 3, 224, 224, generator=gen)]
-
-
-def first_tensor(out: Any) -> torch.Tensor:
-    if isinstance(out, torch.Tensor):
-        return out
-    if hasattr(out, "to_tuple"):
-        out = out.to_tuple()
-    return out[0]
 
 
 def used_bytes() -> int:
@@ -123,7 +115,7 @@ def run_row(name: str, batch: int, dtype_name: str, backend: str, runs: int) -> 
     randomize_weights(model.eval())
     inputs = [x.cuda() for x in inputs]
     with torch.no_grad():
-        ref = first_tensor(model.cuda()(*inputs)).float()
+        ref = first_output(model.cuda()(*inputs)).float()
         model = model.to(dtype)
         cast = [x.to(dtype) if x.is_floating_point() else x for x in inputs]
         torch._dynamo.reset()
@@ -132,7 +124,7 @@ def run_row(name: str, batch: int, dtype_name: str, backend: str, runs: int) -> 
         base = used_bytes()
         fn = compile_for(backend, model, dtype)
         t0 = time.perf_counter()
-        out = first_tensor(fn(*cast))
+        out = first_output(fn(*cast))
         torch.cuda.synchronize()
         row.compile_s = time.perf_counter() - t0
         row.rel_err = relative_error(out.float(), ref)

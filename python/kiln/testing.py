@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-__all__ = ["randomize_weights", "relative_error"]
+__all__ = ["first_output", "randomize_weights", "relative_error"]
 
 
 def randomize_weights(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
@@ -38,3 +40,12 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     denom = e.norm().item()
     diff = (a - e).norm().item()
     return diff / denom if denom > 0 else diff
+
+
+def first_output(out: Any) -> torch.Tensor:
+    """The first tensor of a model's output: a tensor, a tuple, or a transformers ModelOutput."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if hasattr(out, "to_tuple"):
+        out = out.to_tuple()
+    return out[0]

@@ -21,29 +21,6 @@ namespace kiln {
 
 namespace {
 
-std::string list_str(const std::vector<int64_t>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (i) s += ',';
-    s += std::to_string(v[i]);
-  }
-  return s + "]";
-}
-
-// An int-list attribute with one value per spatial dim, each >= lo.
-std::vector<int64_t> spatial_attr(OpKind op, const Attrs& a, const char* key, size_t n, int64_t fallback,
-                                  int64_t lo) {
-  if (!a.has(key)) return std::vector<int64_t>(n, fallback);
-  const auto* v = std::get_if<std::vector<int64_t>>(&a.items().at(key));
-  KILN_CHECK(v != nullptr, kInvalidArgument, op_name(op), ": attribute '", key, "' must be a list of ints");
-  KILN_CHECK(v->size() == n, kInvalidArgument, op_name(op), ": attribute '", key, "' ", list_str(*v), " has ",
-             v->size(), " values, expected ", n, " (one per spatial dim)");
-  for (int64_t x : *v)
-    KILN_CHECK(x >= lo, kInvalidArgument, op_name(op), ": attribute '", key, "' ", list_str(*v),
-               " must have every value >= ", lo);
-  return *v;
-}
-
 int64_t int_attr(OpKind op, const Attrs& a, const char* key, int64_t fallback) {
   if (!a.has(key)) return fallback;
   const AttrValue& v = a.items().at(key);
@@ -79,14 +56,14 @@ std::vector<TensorType> infer_conv(OpKind op, const TypeList& in, const Attrs& a
 
   int64_t groups = int_attr(op, a, "groups", 1);
   KILN_CHECK(groups >= 1, kInvalidArgument, name, ": groups must be >= 1, got ", groups);
-  auto stride = spatial_attr(op, a, "stride", nsp, 1, 1);
-  auto padding = spatial_attr(op, a, "padding", nsp, 0, 0);
-  auto dilation = spatial_attr(op, a, "dilation", nsp, 1, 1);
+  auto stride = spatial_attr(op, a, "stride", nsp, std::vector<int64_t>(nsp, 1), 1);
+  auto padding = spatial_attr(op, a, "padding", nsp, std::vector<int64_t>(nsp, 0), 0);
+  auto dilation = spatial_attr(op, a, "dilation", nsp, std::vector<int64_t>(nsp, 1), 1);
   std::vector<int64_t> out_pad(nsp, 0);
   if (transpose) {
-    out_pad = spatial_attr(op, a, "output_padding", nsp, 0, 0);
+    out_pad = spatial_attr(op, a, "output_padding", nsp, std::vector<int64_t>(nsp, 0), 0);
   } else if (a.has("output_padding")) {  // tolerated as all zeros (aten.convolution carries one)
-    auto op_list = spatial_attr(op, a, "output_padding", nsp, 0, 0);
+    auto op_list = spatial_attr(op, a, "output_padding", nsp, std::vector<int64_t>(nsp, 0), 0);
     KILN_CHECK(std::all_of(op_list.begin(), op_list.end(), [](int64_t v) { return v == 0; }), kInvalidArgument, name,
                ": output_padding ", list_str(op_list), " applies to conv_transpose only");
   }

@@ -38,17 +38,6 @@ DType dtype_attr(OpKind op, const Attrs& a) {
   return *t;
 }
 
-void check_fits(OpKind op, DType dt, double v, const char* what) {
-  if (!is_integral(dt)) return;
-  double lo = -9223372036854775808.0, hi = 9223372036854775807.0;
-  if (dt == DType::kI32) lo = -2147483648.0, hi = 2147483647.0;
-  if (dt == DType::kI8) lo = -128.0, hi = 127.0;
-  if (dt == DType::kU8) lo = 0.0, hi = 255.0;
-  const double t = std::trunc(v);
-  KILN_CHECK(std::isfinite(v) && t >= lo && (dt == DType::kI64 ? t < hi : t <= hi), kInvalidArgument, op_name(op),
-             ": ", what, " ", v, " cannot be converted to ", dtype_name(dt), " without overflow");
-}
-
 TensorType infer_arange(OpKind op, const Attrs& a) {
   const DType dt = dtype_attr(op, a);
   const double start = float_attr(op, a, "start", 0.0), end = float_attr(op, a, "end"),

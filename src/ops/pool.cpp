@@ -16,33 +16,11 @@ namespace kiln {
 
 namespace {
 
-std::string list_str(const std::vector<int64_t>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (i) s += ',';
-    s += std::to_string(v[i]);
-  }
-  return s + "]";
-}
-
 const std::vector<int64_t>* ints_or_null(OpKind op, const Attrs& a, const char* key) {
   if (!a.has(key)) return nullptr;
   const auto* v = std::get_if<std::vector<int64_t>>(&a.items().at(key));
   KILN_CHECK(v != nullptr, kInvalidArgument, op_name(op), ": attribute '", key, "' must be a list of ints");
   return v;
-}
-
-// An int-list attribute with one value per spatial dim, each >= lo.
-std::vector<int64_t> spatial_attr(OpKind op, const Attrs& a, const char* key, size_t n,
-                                  const std::vector<int64_t>& fallback, int64_t lo) {
-  const std::vector<int64_t>* v = ints_or_null(op, a, key);
-  if (!v) return fallback;
-  KILN_CHECK(v->size() == n, kInvalidArgument, op_name(op), ": attribute '", key, "' ", list_str(*v), " has ",
-             v->size(), " values, expected ", n, " (one per spatial dim)");
-  for (int64_t x : *v)
-    KILN_CHECK(x >= lo, kInvalidArgument, op_name(op), ": attribute '", key, "' ", list_str(*v),
-               " must have every value >= ", lo);
-  return *v;
 }
 
 bool bool_attr(OpKind op, const Attrs& a, const char* key, bool fallback) {

@@ -16,15 +16,6 @@ namespace kiln {
 
 namespace {
 
-std::string list_str(const std::vector<int64_t>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (i) s += ',';
-    s += std::to_string(v[i]);
-  }
-  return s + "]";
-}
-
 const AttrValue& attr(OpKind op, const Attrs& a, const char* key) {
   KILN_CHECK(a.has(key), kInvalidArgument, op_name(op), ": missing attribute '", key, "'");
   return a.items().at(key);
@@ -64,19 +55,6 @@ void check_extents(OpKind op, const char* key, const std::vector<int64_t>& shape
     KILN_CHECK(!__builtin_mul_overflow(n, e, &n), kInvalidArgument, op_name(op), ": attribute '", key, "' ",
                list_str(shape), " has too many elements");
   }
-}
-
-// The fill value of a constant pad must convert to an integral dtype without overflow, as in
-// PyTorch (the kernel's cast would otherwise be undefined).
-void check_fill_value(OpKind op, DType dt, double v) {
-  if (!is_integral(dt)) return;
-  double lo = -9223372036854775808.0, hi = 9223372036854775807.0;
-  if (dt == DType::kI32) lo = -2147483648.0, hi = 2147483647.0;
-  if (dt == DType::kI8) lo = -128.0, hi = 127.0;
-  if (dt == DType::kU8) lo = 0.0, hi = 255.0;
-  const double t = std::trunc(v);
-  KILN_CHECK(std::isfinite(v) && t >= lo && (dt == DType::kI64 ? t < hi : t <= hi), kInvalidArgument, op_name(op),
-             ": value ", v, " cannot be converted to ", dtype_name(dt), " without overflow");
 }
 
 TensorType infer_reshape(OpKind op, const TensorType& x, const Attrs& a) {
@@ -194,7 +172,7 @@ TensorType infer_pad(OpKind op, const TensorType& x, const Attrs& a) {
     const AttrValue& v = a.items().at("value");
     KILN_CHECK(std::holds_alternative<double>(v) || std::holds_alternative<int64_t>(v), kInvalidArgument,
                op_name(op), ": attribute 'value' must be a float");
-    check_fill_value(op, x.dtype, a.get_float("value"));
+    check_fits(op, x.dtype, a.get_float("value"), "value");
   }
   TensorType out = x;
   for (size_t d = 0; d < x.dims.size(); ++d) {

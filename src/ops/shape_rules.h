@@ -1,6 +1,7 @@
 // Per-family shape rules (one .cpp per family under src/ops/) and the helpers they share.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "kiln/errors.h"
@@ -28,6 +29,17 @@ std::vector<TensorType> infer_fused(OpKind op, const TypeList& in, const Attrs& 
 
 // numpy broadcasting of two shapes; throws kShapeMismatch naming op and both shapes.
 std::vector<int64_t> broadcast_shapes(OpKind op, const std::vector<int64_t>& a, const std::vector<int64_t>& b);
+
+// Attribute checks several op families share (src/ops/attr_checks.cpp); each failure is
+// kInvalidArgument naming the op and the attribute.
+std::string list_str(const std::vector<int64_t>& v);  // "[1,2,3]"
+// An int-list attribute with one value per spatial dim (n of them), each >= lo; `fallback`
+// when absent.
+std::vector<int64_t> spatial_attr(OpKind op, const Attrs& a, const char* key, size_t n,
+                                  const std::vector<int64_t>& fallback, int64_t lo);
+// That `v` (the op's `what`, e.g. "value") converts to integral `dt` without overflow, as
+// PyTorch requires (a kernel's cast would otherwise be undefined); no check for floats.
+void check_fits(OpKind op, DType dt, double v, const char* what);
 
 // A type with the dims of `like` (symbols kept) and another dtype.
 inline TensorType with_dtype(const TensorType& like, DType dt) {

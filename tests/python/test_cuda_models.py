@@ -6,13 +6,12 @@ Skipped, with the reason, where Kiln has no CUDA device."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 import torch
 
 import kiln
-from kiln.testing import randomize_weights, relative_error
+from kiln.testing import first_output, randomize_weights, relative_error
 
 pytestmark = [
     pytest.mark.cuda,
@@ -42,12 +41,6 @@ MODELS = {"resnet50": _vision("resnet50"), "mobilenet_v3_large": _vision("mobile
 TOLERANCE = {torch.float16: 1e-2, torch.float32: 2e-3}
 
 
-def _first(out: Any) -> torch.Tensor:
-    if hasattr(out, "to_tuple"):
-        out = out.to_tuple()
-    return out if isinstance(out, torch.Tensor) else out[0]
-
-
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_model_on_cuda_matches_eager_fp32(name: str, dtype: torch.dtype) -> None:
@@ -58,17 +51,17 @@ def test_model_on_cuda_matches_eager_fp32(name: str, dtype: torch.dtype) -> None
     model = randomize_weights(model.eval()).cuda()
     inputs = [x.cuda() for x in inputs]
     with torch.no_grad():
-        ref = _first(model(*inputs)).float()
+        ref = first_output(model(*inputs)).float()
         model = model.to(dtype)
         cast = [x.to(dtype) if x.is_floating_point() else x for x in inputs]
         torch._dynamo.reset()
         fast = torch.compile(model, backend="kiln",
                              options={"enabled_precisions": {dtype}, "min_block_size": 1,
                                       "require_full_compilation": True})
-        out = _first(fast(*cast)).float()
+        out = first_output(fast(*cast)).float()
         assert relative_error(out, ref) <= TOLERANCE[dtype], relative_error(out, ref)
         # A second call replays the captured graph on new data.
         again = [torch.randn_like(x) if x.is_floating_point() else x for x in cast]
-        want = _first(model(*again)).float()
-        got = _first(fast(*again)).float()
+        want = first_output(model(*again)).float()
+        got = first_output(fast(*again)).float()
         assert relative_error(got, want) <= TOLERANCE[dtype], relative_error(got, want)

@@ -13,34 +13,13 @@
 #include <limits>
 
 #include "src/backends/cpu/gemm.h"
+#include "src/ops/access.h"
 
 namespace kiln::cpu {
 
 namespace {
 
-struct Geom {
-  int64_t planes, H, W, OH, OW;
-  int64_t KH = 1, KW = 1, sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
-};
-
-Geom geometry(const Node& n, const Graph& g) {
-  const auto x = g.type(n.inputs[0]).shape(), y = g.type(n.outputs[0]).shape();
-  const bool two_d = x.size() == 4;
-  Geom q;
-  q.planes = x[0] * x[1];
-  q.H = two_d ? x[2] : 1, q.W = x.back(), q.OH = two_d ? y[2] : 1, q.OW = y.back();
-  if (n.op == OpKind::kAdaptiveAvgPool) return q;
-  const size_t nsp = x.size() - 2;
-  const Attrs& a = n.attrs;
-  auto k = a.get_ints("kernel");
-  auto s = a.get_ints("stride", k);
-  if (s.empty()) s = k;
-  auto p = a.get_ints("padding", std::vector<int64_t>(nsp, 0));
-  auto d = a.get_ints("dilation", std::vector<int64_t>(nsp, 1));
-  q.KW = k.back(), q.sw = s.back(), q.pw = p.back(), q.dw = d.back();
-  if (two_d) q.KH = k[0], q.sh = s[0], q.ph = p[0], q.dh = d[0];
-  return q;
-}
+using Geom = PoolGeometry;
 
 // One output row: fold every in-bounds tap of every kernel row into orow with op.
 template <typename Op>
@@ -114,7 +93,7 @@ std::unique_ptr<Kernel> make(const Node& n, const Graph& g, std::function<void(c
 }  // namespace
 
 std::unique_ptr<Kernel> make_pool_kernel(const Node& n, const Graph& g) {
-  const Geom q = geometry(n, g);
+  const Geom q = pool_geometry(n, g);
   if (n.op == OpKind::kMaxPool)
     return make(n, g, [q](const float* x, float* y, float*) { max_pool(q, x, y); }, 0, "cpu max_pool rows");
 

@@ -16,6 +16,7 @@
 
 #include "src/backends/cpu/kernels.h"
 #include "src/ops/pointwise.h"
+#include "src/ops/access.h"
 
 namespace kiln::cpu {
 
@@ -24,48 +25,7 @@ namespace {
 constexpr int64_t kTile = 256;      // case B: accumulators per tile
 constexpr int64_t kWork = 32768;    // elements per parallel chunk, at least
 
-struct Layout {
-  std::vector<int64_t> kept_shape, kept_stride;  // kept dims outside the inner run
-  std::vector<int64_t> red_shape, red_stride;    // reduced dims outside the inner run
-  int64_t inner = 1;                             // the contiguous innermost run
-  bool inner_reduced = false;                    // case A (true) or B (false)
-  int64_t count = 1;                             // reduced elements per output
-  int64_t outputs = 1;
-};
-
-Layout collapse(const std::vector<int64_t>& shape, const std::vector<char>& reduced) {
-  struct D { int64_t extent, stride; bool red; };
-  std::vector<D> dims;
-  int64_t stride = 1;
-  std::vector<D> rev;
-  for (size_t i = shape.size(); i-- > 0;) {
-    if (shape[i] != 1) rev.push_back({shape[i], stride, reduced[i] != 0});
-    stride *= shape[i];
-  }
-  for (size_t i = rev.size(); i-- > 0;) {
-    if (!dims.empty() && dims.back().red == rev[i].red) {
-      dims.back().extent *= rev[i].extent;
-      dims.back().stride = rev[i].stride;
-    } else {
-      dims.push_back(rev[i]);
-    }
-  }
-  Layout L;
-  if (!dims.empty()) {
-    L.inner = dims.back().extent;
-    L.inner_reduced = dims.back().red;
-    dims.pop_back();
-  }
-  for (const D& d : dims) {
-    (d.red ? L.red_shape : L.kept_shape).push_back(d.extent);
-    (d.red ? L.red_stride : L.kept_stride).push_back(d.stride);
-  }
-  for (int64_t e : L.red_shape) L.count *= e;
-  for (int64_t e : L.kept_shape) L.outputs *= e;
-  if (L.inner_reduced) L.count *= L.inner;
-  else L.outputs *= L.inner;
-  return L;
-}
+using Layout = ReduceLayout;
 
 // Element offset of index i (row-major over shape) given per-dim strides.
 int64_t offset_of(int64_t i, const std::vector<int64_t>& shape, const std::vector<int64_t>& stride) {
@@ -295,7 +255,7 @@ std::unique_ptr<Kernel> make_reduce_kernel(const Node& n, const Graph& g) {
         },
         desc + " (empty)");
   }
-  auto layout = std::make_shared<const Layout>(collapse(shape, reduced));
+  auto layout = std::make_shared<const Layout>(collapse_reduction(shape, reduced));
   KILN_CHECK(layout->kept_shape.size() <= 16 && layout->red_shape.size() <= 16, kUnsupported, op_name(n.op),
              ": more than 16 alternating reduced and kept dims");
   KernelFn fn = pw::visit_dtype(xt.dtype, [&](auto t) { return make_typed<decltype(t)::value>(n.op, layout, correction); });

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "src/backends/cpu/kernels.h"
+#include "src/ops/access.h"
 
 namespace kiln::cpu {
 
@@ -38,12 +39,6 @@ void copy_bytes(void* dst, const void* src, int64_t bytes) {
     const int64_t lo = b * kChunkBytes, hi = std::min(bytes, e * kChunkBytes);
     std::memcpy(static_cast<char*>(dst) + lo, static_cast<const char*>(src) + lo, size_t(hi - lo));
   });
-}
-
-std::vector<int64_t> row_major_strides(const std::vector<int64_t>& shape) {
-  std::vector<int64_t> s(shape.size(), 1);
-  for (size_t k = shape.size(); k-- > 1;) s[k - 1] = s[k] * shape[k];
-  return s;
 }
 
 // ---- strided copy (permute, expand, slice) --------------------------------------------
@@ -198,21 +193,8 @@ struct Strided {
 std::unique_ptr<Kernel> make_strided(const Node& n, const Graph& g) {
   const TensorType& xt = g.type(n.inputs[0]);
   const auto x = xt.shape(), y = g.type(n.outputs[0]).shape();
-  const auto xs = row_major_strides(x);
-  std::vector<int64_t> st(y.size());
-  int64_t off = 0;
-  if (n.op == OpKind::kPermute) {
-    const auto& perm = n.attrs.get_ints("perm");
-    for (size_t k = 0; k < y.size(); ++k) st[k] = xs[size_t(perm[k])];
-  } else if (n.op == OpKind::kExpand) {
-    for (size_t k = 0; k < y.size(); ++k) st[k] = x[k] == y[k] ? xs[k] : 0;
-  } else {  // slice
-    const auto axis = size_t(n.attrs.get_int("axis"));
-    st = xs;
-    st[axis] *= n.attrs.get_int("step");
-    off = n.attrs.get_int("start") * xs[axis];
-  }
-  const Walk w = coalesce(n, y, st, off);
+  const StridedView view = strided_view(n, g);
+  const Walk w = coalesce(n, y, view.strides, view.offset);
   const bool whole = w.rank == 0 || (w.rank == 1 && w.st[0] == 1);
   const char* how = w.numel == 0 ? "empty" : whole ? "memcpy" : w.d >= 0 ? "tiled" : "rows";
   return make_fn_kernel(by_size<Strided>(dtype_size(xt.dtype), w),

@@ -14,38 +14,17 @@
 #include "src/backends/cuda/codegen.h"
 #include "src/backends/cuda/gen_util.h"
 #include "src/backends/cuda/kernels.h"
+#include "src/ops/access.h"
 
 namespace kiln::cuda {
 
 namespace gen {
 namespace {
 
-struct Geom {
-  long long planes, H, W, OH, OW;
-  long long KH = 1, KW = 1, sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
-};
+using Geom = PoolGeometry;
+static_assert(sizeof(Geom) == 13 * sizeof(long long), "kernels take Geom by value as 13 long longs");
 const char* kGeomDecl =
     "struct Geom { long long planes, H, W, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw; };\n";
-
-Geom geometry(const Node& n, const Graph& g) {
-  const auto x = g.type(n.inputs[0]).shape(), y = g.type(n.outputs[0]).shape();
-  const bool two_d = x.size() == 4;
-  Geom q{};
-  q.KH = q.KW = q.sh = q.sw = q.dh = q.dw = 1;
-  q.planes = x[0] * x[1];
-  q.H = two_d ? x[2] : 1, q.W = x.back(), q.OH = two_d ? y[2] : 1, q.OW = y.back();
-  if (n.op == OpKind::kAdaptiveAvgPool) return q;
-  const size_t nsp = x.size() - 2;
-  const Attrs& a = n.attrs;
-  auto k = a.get_ints("kernel");
-  auto s = a.get_ints("stride", k);
-  if (s.empty()) s = k;
-  auto p = a.get_ints("padding", std::vector<int64_t>(nsp, 0));
-  auto d = a.get_ints("dilation", std::vector<int64_t>(nsp, 1));
-  q.KW = k.back(), q.sw = s.back(), q.pw = p.back(), q.dw = d.back();
-  if (two_d) q.KH = k[0], q.sh = s[0], q.ph = p[0], q.dh = d[0];
-  return q;
-}
 
 const char* kWindowLoop = R"(  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
     const long long ow = i % q.OW, oh = (i / q.OW) % q.OH, pl = i / (q.OW * q.OH);
@@ -136,7 +115,7 @@ Generated generate_pool(const Node& n, const Graph& g) {
   const TensorType& xt = g.type(n.inputs[0]);
   KILN_CHECK(is_floating(xt.dtype), kUnsupported, op_name(n.op), ": x must be floating, got ", xt.to_string());
   KILN_CHECK(xt.rank() == 3 || xt.rank() == 4, kUnsupported, op_name(n.op), ": x must be [N, C, W] or [N, C, H, W]");
-  const Geom q = geometry(n, g);
+  const Geom q = pool_geometry(n, g);
   const int64_t total = g.type(n.outputs[0]).numel();
   Generated gn;
   const std::string desc = std::string("cuda ") + op_name(n.op) + " " + xt.to_string();

@@ -21,6 +21,7 @@
 #include "src/backends/cuda/codegen.h"
 #include "src/backends/cuda/gen_util.h"
 #include "src/backends/cuda/kernels.h"
+#include "src/ops/access.h"
 
 namespace kiln::cuda {
 
@@ -29,43 +30,7 @@ namespace {
 
 constexpr int kMaxSide = 4;  // kept / reduced dims outside the innermost run
 
-struct Layout {
-  std::vector<int64_t> kept_shape, kept_stride, red_shape, red_stride;
-  int64_t inner = 1, count = 1, outputs = 1;
-  bool inner_reduced = false;
-};
-
-Layout collapse(const std::vector<int64_t>& shape, const std::vector<char>& reduced) {
-  struct D { int64_t extent, stride; bool red; };
-  std::vector<D> rev, dims;
-  int64_t stride = 1;
-  for (size_t i = shape.size(); i-- > 0;) {
-    if (shape[i] != 1) rev.push_back({shape[i], stride, reduced[i] != 0});
-    stride *= shape[i];
-  }
-  for (size_t i = rev.size(); i-- > 0;) {
-    if (!dims.empty() && dims.back().red == rev[i].red) {
-      dims.back().extent *= rev[i].extent;
-      dims.back().stride = rev[i].stride;
-    } else {
-      dims.push_back(rev[i]);
-    }
-  }
-  Layout L;
-  if (!dims.empty()) {
-    L.inner = dims.back().extent;
-    L.inner_reduced = dims.back().red;
-    dims.pop_back();
-  }
-  for (const D& d : dims) {
-    (d.red ? L.red_shape : L.kept_shape).push_back(d.extent);
-    (d.red ? L.red_stride : L.kept_stride).push_back(d.stride);
-  }
-  for (int64_t e : L.red_shape) L.count *= e;
-  for (int64_t e : L.kept_shape) L.outputs *= e;
-  (L.inner_reduced ? L.count : L.outputs) *= L.inner;
-  return L;
-}
+using Layout = ReduceLayout;
 
 struct Side {
   long long kext[kMaxSide], kst[kMaxSide], rext[kMaxSide], rst[kMaxSide];
@@ -300,7 +265,7 @@ Generated generate_reduce(const Node& n, const Graph& g) {
     gn.plan.describe = desc + " (empty reduction)";
     return gn;
   }
-  const Layout L = collapse(shape, reduced);
+  const Layout L = collapse_reduction(shape, reduced);
   KILN_CHECK(L.kept_shape.size() <= size_t(kMaxSide) && L.red_shape.size() <= size_t(kMaxSide), kUnsupported,
              op_name(n.op), ": more than ", kMaxSide, " alternating reduced and kept dims");
   Side side{};

@@ -18,17 +18,12 @@
 #include "src/backends/cpu/kernels.h"
 #include "src/backends/cuda/gen_util.h"
 #include "src/backends/cuda/kernels.h"
+#include "src/ops/access.h"
 
 namespace kiln::cuda {
 
 namespace gen {
 namespace {
-
-std::vector<int64_t> row_major(const std::vector<int64_t>& shape) {
-  std::vector<int64_t> s(shape.size(), 1);
-  for (size_t k = shape.size(); k-- > 1;) s[k - 1] = s[k] * shape[k];
-  return s;
-}
 
 struct Walk {
   std::vector<int64_t> ext, ist, ost;
@@ -217,7 +212,7 @@ Generated gen_pad(const Node& n, const Graph& g) {
   const int esz = int(dtype_size(xt.dtype));
   const int R = int(x.size());
   PadDims p{};
-  const auto xs = row_major(x);
+  const auto xs = row_major_strides(x);
   for (int k = 0; k < R; ++k) p.oext[k] = y[size_t(k)], p.iext[k] = x[size_t(k)], p.before[k] = pads[size_t(2 * k)], p.ist[k] = xs[size_t(k)];
   uint64_t fill = 0;
   cpu::store_double(&fill, xt.dtype, 0, mode == "constant" ? n.attrs.get_float("value", 0.0) : 0.0);
@@ -235,7 +230,7 @@ Generated generate_shape(const Node& n, const Graph& g) {
   const TensorType& xt = g.type(n.inputs[0]);
   const int esz = int(dtype_size(xt.dtype));
   const auto x = xt.shape();
-  const auto xs = row_major(x);
+  const auto xs = row_major_strides(x);
   Generated gn;
   std::string how;
   switch (n.op) {
@@ -249,20 +244,8 @@ Generated generate_shape(const Node& n, const Graph& g) {
     case OpKind::kExpand:
     case OpKind::kSlice: {
       const auto y = g.type(n.outputs[0]).shape();
-      std::vector<int64_t> st(y.size());
-      int64_t off = 0;
-      if (n.op == OpKind::kPermute) {
-        const auto& perm = n.attrs.get_ints("perm");
-        for (size_t k = 0; k < y.size(); ++k) st[k] = xs[size_t(perm[k])];
-      } else if (n.op == OpKind::kExpand) {
-        for (size_t k = 0; k < y.size(); ++k) st[k] = x[k] == y[k] ? xs[k] : 0;
-      } else {
-        const auto axis = size_t(n.attrs.get_int("axis"));
-        st = xs;
-        st[axis] *= n.attrs.get_int("step");
-        off = n.attrs.get_int("start") * xs[axis];
-      }
-      how = add_strided(gn.source, gn.plan, y, st, row_major(y), 0, off * esz, 0, 0, esz);
+      const StridedView view = strided_view(n, g);
+      how = add_strided(gn.source, gn.plan, y, view.strides, row_major_strides(y), 0, view.offset * esz, 0, 0, esz);
       break;
     }
     case OpKind::kConcat:
@@ -271,13 +254,13 @@ Generated generate_shape(const Node& n, const Graph& g) {
       const auto axis = size_t(n.attrs.get_int("axis"));
       const ValueId whole = join ? n.outputs[0] : n.inputs[0];
       const auto& parts = join ? n.inputs : n.outputs;
-      const auto ws = row_major(g.type(whole).shape());
+      const auto ws = row_major_strides(g.type(whole).shape());
       int64_t start = 0;
       for (size_t i = 0; i < parts.size(); ++i) {
         const auto ps = g.type(parts[i]).shape();
         const int64_t off = start * ws[axis] * esz;
-        if (join) how = add_strided(gn.source, gn.plan, ps, row_major(ps), ws, int(i), 0, 0, off, esz);
-        else how = add_strided(gn.source, gn.plan, ps, ws, row_major(ps), 0, off, int(i), 0, esz);
+        if (join) how = add_strided(gn.source, gn.plan, ps, row_major_strides(ps), ws, int(i), 0, 0, off, esz);
+        else how = add_strided(gn.source, gn.plan, ps, ws, row_major_strides(ps), 0, off, int(i), 0, esz);
         start += ps[axis];
       }
       how = std::to_string(parts.size()) + " parts, last: " + how;

@@ -1,0 +1,89 @@
+// Shared access geometry of reductions, pooling and strided views (see access.h).
+#include "src/ops/access.h"
+
+#include "kiln/errors.h"
+#include "kiln/ops.h"
+
+namespace kiln {
+
+std::vector<int64_t> row_major_strides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> s(shape.size(), 1);
+  for (size_t k = shape.size(); k-- > 1;) s[k - 1] = s[k] * shape[k];
+  return s;
+}
+
+ReduceLayout collapse_reduction(const std::vector<int64_t>& shape, const std::vector<char>& reduced) {
+  struct D {
+    int64_t extent, stride;
+    bool red;
+  };
+  std::vector<D> rev, dims;
+  int64_t stride = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    if (shape[i] != 1) rev.push_back({shape[i], stride, reduced[i] != 0});
+    stride *= shape[i];
+  }
+  for (size_t i = rev.size(); i-- > 0;) {
+    if (!dims.empty() && dims.back().red == rev[i].red) {
+      dims.back().extent *= rev[i].extent;
+      dims.back().stride = rev[i].stride;
+    } else {
+      dims.push_back(rev[i]);
+    }
+  }
+  ReduceLayout L;
+  if (!dims.empty()) {
+    L.inner = dims.back().extent;
+    L.inner_reduced = dims.back().red;
+    dims.pop_back();
+  }
+  for (const D& d : dims) {
+    (d.red ? L.red_shape : L.kept_shape).push_back(d.extent);
+    (d.red ? L.red_stride : L.kept_stride).push_back(d.stride);
+  }
+  for (int64_t e : L.red_shape) L.count *= e;
+  for (int64_t e : L.kept_shape) L.outputs *= e;
+  (L.inner_reduced ? L.count : L.outputs) *= L.inner;
+  return L;
+}
+
+PoolGeometry pool_geometry(const Node& n, const Graph& g) {
+  const auto x = g.type(n.inputs[0]).shape(), y = g.type(n.outputs[0]).shape();
+  const bool two_d = x.size() == 4;
+  PoolGeometry q;
+  q.planes = x[0] * x[1];
+  q.H = two_d ? x[2] : 1, q.W = x.back(), q.OH = two_d ? y[2] : 1, q.OW = y.back();
+  if (n.op == OpKind::kAdaptiveAvgPool) return q;
+  const size_t nsp = x.size() - 2;
+  const Attrs& a = n.attrs;
+  auto k = a.get_ints("kernel");
+  auto s = a.get_ints("stride", k);
+  if (s.empty()) s = k;
+  auto p = a.get_ints("padding", std::vector<int64_t>(nsp, 0));
+  auto d = a.get_ints("dilation", std::vector<int64_t>(nsp, 1));
+  q.KW = k.back(), q.sw = s.back(), q.pw = p.back(), q.dw = d.back();
+  if (two_d) q.KH = k[0], q.sh = s[0], q.ph = p[0], q.dh = d[0];
+  return q;
+}
+
+StridedView strided_view(const Node& n, const Graph& g) {
+  const auto x = g.type(n.inputs[0]).shape(), y = g.type(n.outputs[0]).shape();
+  const std::vector<int64_t> xs = row_major_strides(x);
+  StridedView v;
+  v.strides.resize(y.size());
+  if (n.op == OpKind::kPermute) {
+    const auto& perm = n.attrs.get_ints("perm");
+    for (size_t k = 0; k < y.size(); ++k) v.strides[k] = xs[size_t(perm[k])];
+  } else if (n.op == OpKind::kExpand) {
+    for (size_t k = 0; k < y.size(); ++k) v.strides[k] = x[k] == y[k] ? xs[k] : 0;
+  } else {
+    KILN_CHECK(n.op == OpKind::kSlice, kInternal, "strided_view of ", op_name(n.op));
+    const auto axis = size_t(n.attrs.get_int("axis"));
+    v.strides = xs;
+    v.strides[axis] *= n.attrs.get_int("step");
+    v.offset = n.attrs.get_int("start") * xs[axis];
+  }
+  return v;
+}
+
+}  // namespace kiln

@@ -1,0 +1,48 @@
+// How an op walks its input, as every backend computes it: the collapsed layout of a
+// reduction, the window geometry of a pooling op, and the strided view that permute, expand
+// and slice read through. These follow from the op's shapes and attributes alone, so they
+// live with the ops and the CPU and CUDA kernels share them.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kiln/ir.h"
+
+namespace kiln {
+
+// Element strides of a dense row-major tensor of `shape`.
+std::vector<int64_t> row_major_strides(const std::vector<int64_t>& shape);
+
+// A reduction over a dense row-major tensor with size-1 dims dropped and neighbouring dims of
+// the same kind (kept / reduced) merged. The innermost run is `inner`; it is reduced
+// (inner_reduced) or kept.
+struct ReduceLayout {
+  std::vector<int64_t> kept_shape, kept_stride;  // kept dims outside the inner run
+  std::vector<int64_t> red_shape, red_stride;    // reduced dims outside the inner run
+  int64_t inner = 1;
+  bool inner_reduced = false;
+  int64_t count = 1;    // reduced elements per output
+  int64_t outputs = 1;
+};
+// reduced[i] != 0 marks dim i as reduced.
+ReduceLayout collapse_reduction(const std::vector<int64_t>& shape, const std::vector<char>& reduced);
+
+// max_pool / avg_pool / adaptive_avg_pool over NC[H]W: planes = N*C, 1d pools have H = OH =
+// KH = 1. Thirteen int64 fields in this order: the CUDA kernels take it by value as a struct
+// of thirteen long longs.
+struct PoolGeometry {
+  int64_t planes = 0, H = 1, W = 1, OH = 1, OW = 1;
+  int64_t KH = 1, KW = 1, sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
+};
+PoolGeometry pool_geometry(const Node& n, const Graph& g);
+
+// permute / expand / slice: output element (i0, i1, ...) reads input element
+// offset + sum(ik * strides[k]) (in elements; expand gives stride 0 on broadcast dims).
+struct StridedView {
+  std::vector<int64_t> strides;
+  int64_t offset = 0;
+};
+StridedView strided_view(const Node& n, const Graph& g);
+
+}  // namespace kiln

@@ -1,0 +1,43 @@
+// Attribute checks shared by the shape rules of several op families (see shape_rules.h).
+#include <cmath>
+#include <string>
+#include <variant>
+
+#include "src/ops/shape_rules.h"
+
+namespace kiln {
+
+std::string list_str(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(v[i]);
+  }
+  return s + "]";
+}
+
+std::vector<int64_t> spatial_attr(OpKind op, const Attrs& a, const char* key, size_t n,
+                                  const std::vector<int64_t>& fallback, int64_t lo) {
+  if (!a.has(key)) return fallback;
+  const auto* v = std::get_if<std::vector<int64_t>>(&a.items().at(key));
+  KILN_CHECK(v != nullptr, kInvalidArgument, op_name(op), ": attribute '", key, "' must be a list of ints");
+  KILN_CHECK(v->size() == n, kInvalidArgument, op_name(op), ": attribute '", key, "' ", list_str(*v), " has ",
+             v->size(), " values, expected ", n, " (one per spatial dim)");
+  for (int64_t x : *v)
+    KILN_CHECK(x >= lo, kInvalidArgument, op_name(op), ": attribute '", key, "' ", list_str(*v),
+               " must have every value >= ", lo);
+  return *v;
+}
+
+void check_fits(OpKind op, DType dt, double v, const char* what) {
+  if (!is_integral(dt)) return;
+  double lo = -9223372036854775808.0, hi = 9223372036854775807.0;
+  if (dt == DType::kI32) lo = -2147483648.0, hi = 2147483647.0;
+  if (dt == DType::kI8) lo = -128.0, hi = 127.0;
+  if (dt == DType::kU8) lo = 0.0, hi = 255.0;
+  const double t = std::trunc(v);
+  KILN_CHECK(std::isfinite(v) && t >= lo && (dt == DType::kI64 ? t < hi : t <= hi), kInvalidArgument, op_name(op),
+             ": ", what, " ", v, " cannot be converted to ", dtype_name(dt), " without overflow");
+}
+
+}  // namespace kiln
