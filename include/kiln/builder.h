@@ -1,8 +1,10 @@
 // Builder: a verified network Graph + BuilderConfig -> Engine.
 //
 // build() copies the network, runs the passes (dead code, constant and batch-norm folding,
-// pointwise fusion), plans memory, asks the backend for a kernel per node and returns an
-// immutable Engine. The builder's log says what each pass did and which kernel each node got.
+// lowering to f16 / bf16 when enabled on a GPU, epilogue and pointwise fusion), plans memory, asks the backend for a kernel per node and returns an
+// Engine. The builder's log says what each pass did and which kernel each node got. With
+// `refittable` (the default) every constant folded from weights is recorded into the engine's
+// refit program, so that a Refitter can change the weights later (kiln/refit.h).
 #pragma once
 
 #include <memory>
@@ -16,11 +18,15 @@
 namespace kiln {
 
 struct BuilderConfig {
-  std::vector<DType> enabled_precisions{DType::kF32};  // compute types the builder may use
+  // Compute types the builder may use. A GPU build with f16 (else bf16) enabled computes in it
+  // (lower_precision; the engine's inputs and outputs keep their types); a CPU build computes
+  // in f32 whenever f32 is enabled.
+  std::vector<DType> enabled_precisions{DType::kF32};
   size_t workspace_limit = size_t(1) << 30;            // bytes of scratch per context
   int optimization_level = 3;                          // 0..5: how hard to search tactics
   Device device;                                       // cpu by default
   bool fuse_pointwise = true;
+  bool refittable = true;                              // false: immutable weights, no refit program
 
   void validate() const;  // throws kInvalidArgument naming the field
 };

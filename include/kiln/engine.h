@@ -1,8 +1,10 @@
 // Engine and ExecutionContext: what the builder produces and what runs it.
 //
-// Engine lifecycle: constructed by Builder::build or Engine::deserialize/load, immutable
-// afterwards. Construction uploads the constants to the device and makes one Kernel per node;
-// both are shared by every context. An engine outlives its contexts (contexts hold it).
+// Engine lifecycle: constructed by Builder::build or Engine::deserialize/load; afterwards only
+// a Refitter changes it (its weights, in place: kiln/refit.h). Construction uploads the
+// constants to the device and makes one Kernel per node; both are shared by every context. A
+// refittable engine (one with a refit program) owns private host copies of the constants a
+// refit may write. An engine outlives its contexts (contexts hold it).
 //
 // ExecutionContext lifecycle: created by Engine::create_execution_context (allocates the
 // activation arena and workspace once) -> execute()* -> destroyed. execute() checks the
@@ -14,7 +16,8 @@
 // context also owns a staging buffer per engine input and output: the first execute()
 // captures every kernel launch, reading and writing the staging buffers, into one graph;
 // each call then copies the inputs in, replays the graph and copies the outputs out, so the
-// caller's buffers may change from call to call.
+// caller's buffers may change from call to call. After a refit (Engine::weights_version()
+// changed) the next execute() captures again, since a refit may remake kernels.
 #pragma once
 
 #include <cstdint>
@@ -41,8 +44,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
  public:
   // Takes an optimized, verified plan. Prefer Builder::build and Engine::deserialize.
   // `kernel_states` (one per plan node, from an engine file) remake the kernels chosen at build.
+  // `refit_program` (kiln/refit.h; null: immutable weights) must name plan constants of its
+  // output types and take plan weights of their own types (kCorrupted naming the value if not).
   static std::shared_ptr<Engine> create(Graph plan, const Device& device, const KernelOptions& options,
-                                        std::string build_log = {}, const std::vector<Bytes>& kernel_states = {});
+                                        std::string build_log = {}, const std::vector<Bytes>& kernel_states = {},
+                                        std::shared_ptr<const Graph> refit_program = nullptr);
 
   const std::vector<IOTensor>& inputs() const { return inputs_; }
   const std::vector<IOTensor>& outputs() const { return outputs_; }
@@ -53,6 +59,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
   const std::string& build_log() const { return log_; }
   const KernelOptions& kernel_options() const { return options_; }
   size_t workspace_size() const { return workspace_; }
+  // Whether a Refitter can change the weights (a refit program was kept), and the program.
+  bool refittable() const { return refit_program_ != nullptr; }
+  const Graph* refit_program() const { return refit_program_.get(); }
+  // Incremented by every refit.
+  uint64_t weights_version() const { return weights_version_; }
 
   // use_graphs: replay a captured graph per call where the backend can (see above).
   std::unique_ptr<ExecutionContext> create_execution_context(bool use_graphs = true) const;
@@ -67,7 +78,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
  private:
   friend class ExecutionContext;
+  friend class Refitter;
   Engine() = default;
+  void own_refittable_constants();
 
   Graph plan_;
   Device device_;
@@ -81,6 +94,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<std::shared_ptr<void>> constant_memory_;  // device copies of constants
   std::vector<const void*> constant_ptr_;               // per ValueId, null unless constant
   size_t workspace_ = 0;
+  std::shared_ptr<const Graph> refit_program_;  // null: immutable weights
+  std::vector<Value*> refit_targets_;           // per program output: the plan (or fused body) constant
+  uint64_t weights_version_ = 0;
 };
 
 class ExecutionContext {
@@ -116,6 +132,7 @@ class ExecutionContext {
   bool use_graphs_ = false;
   std::vector<std::shared_ptr<void>> staging_;  // graph replay: one buffer per engine input, then output
   std::unique_ptr<CapturedGraph> graph_;
+  uint64_t captured_version_ = 0;  // the engine's weights_version() when graph_ was captured
 };
 
 }  // namespace kiln

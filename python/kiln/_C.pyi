@@ -306,7 +306,7 @@ class Graph:
 class BuilderConfig:
     """How the builder turns a network into an engine."""
 
-    def __init__(self, *, enabled_precisions: Sequence[DType] = [DType.f32], workspace_limit: int = 1073741824, optimization_level: int = 3, device: str = 'cpu', fuse_pointwise: bool = True) -> None: ...
+    def __init__(self, *, enabled_precisions: Sequence[DType] = [DType.f32], workspace_limit: int = 1073741824, optimization_level: int = 3, device: str = 'cpu', fuse_pointwise: bool = True, refittable: bool = True) -> None: ...
 
     @property
     def enabled_precisions(self) -> list[DType]:
@@ -341,6 +341,15 @@ class BuilderConfig:
 
     @fuse_pointwise.setter
     def fuse_pointwise(self, arg: bool, /) -> None: ...
+
+    @property
+    def refittable(self) -> bool:
+        """
+        Keep a refit program so a Refitter can change the weights (False: immutable weights).
+        """
+
+    @refittable.setter
+    def refittable(self, arg: bool, /) -> None: ...
 
     def validate(self) -> None:
         """Raises InvalidArgumentError naming the bad field."""
@@ -379,7 +388,9 @@ class IOTensor:
     def __repr__(self) -> str: ...
 
 class Engine:
-    """An immutable built engine: the plan, its kernels and its constants."""
+    """
+    A built engine: the plan, its kernels and its constants (weights change only by a Refitter).
+    """
 
     @property
     def inputs(self) -> list[IOTensor]: ...
@@ -408,6 +419,14 @@ class Engine:
     def workspace_size(self) -> int: ...
 
     @property
+    def refittable(self) -> bool:
+        """Whether a Refitter can change the weights (built with refittable=True)."""
+
+    @property
+    def weights_version(self) -> int:
+        """How many refits the engine has had."""
+
+    @property
     def num_nodes(self) -> int: ...
 
     @property
@@ -433,11 +452,53 @@ class Engine:
     @staticmethod
     def load(path: str | os.PathLike, device: str = 'cpu') -> Engine: ...
 
+class Refitter:
+    """
+    Replaces a refittable engine's weights by name without rebuilding it; contexts already created see the new weights.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        """Raises UnsupportedError for an engine built with immutable weights."""
+
+    @property
+    def engine(self) -> Engine: ...
+
+    @property
+    def weight_names(self) -> list[str]:
+        """Every weight the engine takes: plan weights and the inputs of its refit program."""
+
+    def weight_type(self, name: str) -> TensorType:
+        """The type a weight must have; InvalidArgumentError for a name the engine lacks."""
+
+    def set_weight(self, name: str, array: Annotated[NDArray, dict(writable=False, order='C', device='cpu')]) -> None:
+        """
+        A new value (a CPU array: numpy or DLPack); InvalidArgumentError naming the weight when its name, shape or dtype is wrong.
+        """
+
+    def set_weight_ptr(self, name: str, dtype: DType, shape: Sequence[int], address: int) -> None:
+        """A new value from a dense host buffer at `address`, copied before returning."""
+
+    def missing_weights(self) -> list[str]:
+        """
+        Weights that must still be given before refit(): derived constants need all of their sources.
+        """
+
+    def refit(self) -> None:
+        """
+        Applies the weights given since the last refit (InvalidArgumentError naming missing ones).
+        """
+
 class ExecutionContext:
     """Runs an engine; one call at a time per context."""
 
     @property
     def engine(self) -> Engine: ...
+
+    @property
+    def uses_graphs(self) -> bool:
+        """
+        Whether calls replay a captured graph (false on the CPU, when turned off, or after a failed capture).
+        """
 
     def execute(self, inputs: Sequence[Annotated[NDArray, dict(order='C', device='cpu', writable=False)]]) -> list[Annotated[NDArray, dict(order='C', device='cpu')]]:
         """

@@ -46,6 +46,7 @@ from ._C import (
     IOTensor,
     KilnError,
     Node,
+    Refitter,
     ShapeMismatchError,
     TensorType,
     TruncatedError,
@@ -92,6 +93,7 @@ __all__ = [
     "IOTensor",
     "KilnError",
     "Node",
+    "Refitter",
     "ShapeMismatchError",
     "TensorType",
     "TruncatedError",
@@ -121,7 +123,10 @@ except ImportError:  # pragma: no cover - core-only installs
     pass
 else:
     from .aot import compile, extract_engines, load, save
+    from .cache import DiskEngineCache, EngineCache
     from .dynamo import kiln_backend
+    from .mutable import MutableModule
+    from .refit import refit  # the function; "from kiln.refit import ..." still reaches the module
     from .settings import CompilationSettings
 
     def _register_backend() -> None:
@@ -135,4 +140,5 @@ else:
             register_backend(compiler_fn=kiln_backend, name="kiln")
 
     _register_backend()
-    __all__ += ["CompilationSettings", "compile", "extract_engines", "kiln_backend", "load", "save"]
+    __all__ += ["CompilationSettings", "DiskEngineCache", "EngineCache", "MutableModule", "compile",
+                "extract_engines", "kiln_backend", "load", "refit", "save"]

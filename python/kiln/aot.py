@@ -7,6 +7,8 @@
 
 :func:`compile_lowered` is the pipeline after lowering: ask the importers, partition, report
 (dry run) or describe + build each block, and swap each built block for a KilnEngineModule.
+With ``reuse_cached_engines`` / ``cache_built_engines`` a block's engine comes from / goes to
+the engine cache (kiln/cached_build.py: a hit is loaded and refitted with the block's weights).
 A block whose build fails stays in PyTorch with a warning naming the cause, unless
 ``pass_through_build_failures`` (or ``require_full_compilation``) asks for the error.
 In a saved program each engine is a call of ``kiln::execute_engine`` whose engine bytes are a
@@ -19,6 +21,7 @@ import collections
 import dataclasses
 import operator
 import os
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,6 +33,7 @@ import torch.utils._pytree as pytree
 
 from kiln import _C
 from kiln._logging import debug_logging, get_logger
+from kiln.cached_build import CachedBuild, count
 from kiln.dryrun import emit_report, format_report
 from kiln.lowering import LoweredGraph, lower_exported_program, lower_module
 from kiln.partition import Block, is_op, op_name, partition, replace_block
@@ -54,6 +58,7 @@ class CompileSummary:
     engines: int
     ops_in_engines: collections.Counter[str]
     ops_in_pytorch: collections.Counter[str]   # excluding getitems of engine results
+    seconds: float = 0.0                       # Kiln's part: partition, describe, build or load
 
     @property
     def coverage(self) -> float:
@@ -76,8 +81,21 @@ def _check_engine(engine: Any, block: Block, settings: CompilationSettings) -> N
 
 def _build_block(gm: fx.GraphModule, block: Block, settings: CompilationSettings, device: str,
                  name: str) -> KilnEngineModule | None:
+    """The engine module of one block: from the engine cache (refitted) or freshly built."""
+    def make_module(engine: Any) -> KilnEngineModule:
+        return KilnEngineModule(engine, device, [n.meta["val"].dtype for n in block.inputs],
+                                [n.meta["val"].dtype for n in block.outputs], name=name,
+                                use_cuda_graphs=settings.use_cuda_graphs)
     try:
-        engine = build_engine(describe_block(gm, block, settings), settings, device)
+        description = describe_block(gm, block, settings)
+        sources = {n.meta.get("kiln_name", str(n.target)): getattr(gm, str(n.target)) for n in block.constants}
+        cached = CachedBuild.create(description, settings, device, name, sources)
+        if cached is not None and settings.reuse_cached_engines:
+            module = cached.load(make_module, lambda e: _check_engine(e, block, settings))
+            if module is not None:
+                return module
+        engine = build_engine(description, settings, device)
+        count("builds")
         _check_engine(engine, block, settings)
     except (_C.KilnError, EncodeError) as err:
         if settings.pass_through_build_failures or settings.require_full_compilation:
@@ -88,14 +106,15 @@ def _build_block(gm: fx.GraphModule, block: Block, settings: CompilationSettings
         log.warning("%s", msg)
         return None
     log.debug("built %s: %d ops\n%s", name, block.num_ops, engine.build_log)
-    return KilnEngineModule(engine, device, [n.meta["val"].dtype for n in block.inputs],
-                            [n.meta["val"].dtype for n in block.outputs], name=name,
-                            use_cuda_graphs=settings.use_cuda_graphs)
+    if cached is not None and settings.cache_built_engines:
+        cached.store(engine)
+    return make_module(engine)
 
 
 def compile_lowered(lowered: LoweredGraph, settings: CompilationSettings, device: str,
                     graph_name: str = "graph") -> fx.GraphModule:
     """Partitions the lowered graph and replaces each buildable block by an engine module."""
+    start = time.perf_counter()
     gm = lowered.gm
     result = partition(gm, Capability(gm, settings), settings)
     if settings.builds_nothing or settings.debug:
@@ -122,9 +141,10 @@ def compile_lowered(lowered: LoweredGraph, settings: CompilationSettings, device
     for block, _ in built:
         in_engines.update(block.histogram())
     in_pytorch = collections.Counter(op_name(n) for n in gm.graph.nodes if is_op(n))
-    gm.meta["kiln_summary"] = CompileSummary(graph_name, len(built), in_engines, in_pytorch)
-    log.info("%s: %d engine(s), %d of %d ops in engines", graph_name, len(built),
-             sum(in_engines.values()), result.total_ops)
+    seconds = time.perf_counter() - start
+    gm.meta["kiln_summary"] = CompileSummary(graph_name, len(built), in_engines, in_pytorch, seconds)
+    log.info("%s: %d engine(s), %d of %d ops in engines, %.3f s", graph_name, len(built),
+             sum(in_engines.values()), result.total_ops, seconds)
     return gm
 
 
@@ -234,11 +254,12 @@ def compile(module: torch.nn.Module | torch.export.ExportedProgram, arg_inputs: 
     with debug_logging(settings.debug), torch.no_grad():
         keep = supported_targets()
         if isinstance(module, torch.export.ExportedProgram):
-            lowered = lower_exported_program(module, keep)
+            lowered = lower_exported_program(module, keep, fold_weights=settings.immutable_weights)
         else:
             if arg_inputs is None:
                 raise ValueError("kiln.compile needs arg_inputs (example inputs) to trace a module")
-            lowered = lower_module(module, list(arg_inputs), kwarg_inputs, keep)
+            lowered = lower_module(module, list(arg_inputs), kwarg_inputs, keep,
+                                     fold_weights=settings.immutable_weights)
         examples = [n.meta.get("val") for n in lowered.gm.graph.nodes if n.op == "placeholder"]
         device = _device_of(settings, examples)
         gm = compile_lowered(lowered, settings, device, graph_name=type(module).__name__)

@@ -4,8 +4,10 @@ Every entry point ends in the same form, a :class:`LoweredGraph`:
 
 * placeholders are the runtime tensor inputs, in call order;
 * ``get_attr`` nodes are the constants (parameters, buffers, lifted tensor constants, folded
-  values); each carries ``meta["kiln_name"]`` (its module path, e.g. ``layer1.0.conv1.weight``)
-  and ``meta["kiln_weight"]`` (True for an untransformed model weight);
+  values); each carries ``meta["kiln_name"]`` (its module path, e.g. ``layer1.0.conv1.weight``,
+  the model's state_dict key, which is the name the engines give the weight and the name
+  ``kiln.refit`` finds new values by) and ``meta["kiln_weight"]`` (True for an untransformed
+  model weight);
 * every other node calls an ATen overload (or ``operator.getitem``) and carries
   ``meta["val"]``, a FakeTensor (or a tuple of them) with the exact dtype and static shape.
 
@@ -16,6 +18,9 @@ whole (so ``aten.linear`` or attention stay one node when Kiln has an importer f
 plus PyTorch's decomposition of any op left that the importers do not take, where that
 decomposition only uses ops they do take. Clean-ups then
 remove asserts, detach/alias copies, fold computations on constants and drop dead code.
+Computations on model weights are folded here only with ``fold_weights=True`` (immutable
+weights): otherwise they are left to the engine builder, whose folding is recorded so that a
+refit derives them again from new weights (a value folded here would keep the old weights).
 Lowering is inference-only: it traces under ``torch.no_grad()``.
 """
 
@@ -141,10 +146,11 @@ def _decompose(ep: torch.export.ExportedProgram, keep: set[str]) -> torch.export
 
 
 def lower_exported_program(ep: torch.export.ExportedProgram, keep: Iterable[str] = (),
-                           names: dict[str, str] | None = None) -> LoweredGraph:
+                           names: dict[str, str] | None = None, fold_weights: bool = False) -> LoweredGraph:
     """Decomposes an ExportedProgram and turns its lifted parameters into constants.
 
     ``names`` renames constants (export's FQN -> the name weights should carry in engines).
+    ``fold_weights`` lets the clean-up fold computations on weights (see the module docstring).
     """
     keep = set(keep)
     with torch.no_grad():
@@ -154,16 +160,17 @@ def lower_exported_program(ep: torch.export.ExportedProgram, keep: Iterable[str]
         raise NotImplementedError("the program mutates its inputs or buffers in place "
                                   "(Kiln compiles pure inference graphs)")
     gm = _constants_to_attrs(ep, names or {})
-    cleanup(gm)
+    cleanup(gm, fold_weights)
     return LoweredGraph(gm, ep.call_spec.in_spec, ep.call_spec.out_spec)
 
 
 def lower_module(module: torch.nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None = None,
-                 keep: Iterable[str] = (), names: dict[str, str] | None = None) -> LoweredGraph:
+                 keep: Iterable[str] = (), names: dict[str, str] | None = None,
+                 fold_weights: bool = False) -> LoweredGraph:
     """torch.export (non-strict) the module on example inputs, then lower the program."""
     with torch.no_grad(), _inference_mode_off():
         ep = torch.export.export(module, tuple(args), kwargs or {}, strict=False)
-    return lower_exported_program(ep, keep, names)
+    return lower_exported_program(ep, keep, names, fold_weights)
 
 
 @contextlib.contextmanager
@@ -218,8 +225,9 @@ def _constants_to_attrs(ep: torch.export.ExportedProgram, names: dict[str, str])
 
 # ---- clean-ups ----------------------------------------------------------------------------
 
-def cleanup(gm: fx.GraphModule) -> None:
-    """Removes asserts and identity copies, folds constant computations, drops dead code."""
+def cleanup(gm: fx.GraphModule, fold_weights: bool = False) -> None:
+    """Removes asserts and identity copies, folds constant computations (on model weights only
+    with ``fold_weights``), drops dead code."""
     graph = gm.graph
     for node in list(graph.nodes):
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
@@ -231,7 +239,7 @@ def cleanup(gm: fx.GraphModule) -> None:
         elif str(node.target) in _IDENTITY_OPS and _removable_copy(node):
             node.replace_all_uses_with(node.args[0])
             graph.erase_node(node)
-    _fold_constants(gm)
+    _fold_constants(gm, fold_weights)
     graph.eliminate_dead_code()
     used = {n.target for n in graph.nodes if n.op == "get_attr"}
     for name, _ in list(gm.named_buffers(recurse=False)):
@@ -251,7 +259,7 @@ def _removable_copy(node: fx.Node) -> bool:
     return True
 
 
-def _is_foldable(node: fx.Node) -> bool:
+def _is_foldable(node: fx.Node, fold_weights: bool) -> bool:
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
         return False
     if torch.Tag.nondeterministic_seeded in node.target.tags:
@@ -262,16 +270,18 @@ def _is_foldable(node: fx.Node) -> bool:
     inputs = node.all_input_nodes
     if not inputs or any(n.op != "get_attr" for n in inputs):
         return False
+    if not fold_weights and any(n.meta.get("kiln_weight", False) for n in inputs):
+        return False  # the engine builder folds it, recorded for refit
     # Never materialize a broadcast: folding must not grow the constants.
     in_numel = sum(n.meta["val"].numel() for n in inputs if isinstance(n.meta.get("val"), torch.Tensor))
     return val.numel() <= in_numel
 
 
-def _fold_constants(gm: fx.GraphModule) -> None:
+def _fold_constants(gm: fx.GraphModule, fold_weights: bool) -> None:
     graph = gm.graph
     taken = {name for name, _ in gm.named_buffers()}
     for node in list(graph.nodes):
-        if not _is_foldable(node):
+        if not _is_foldable(node, fold_weights):
             continue
         args, kwargs = pytree.tree_map_only(fx.Node, lambda n: getattr(gm, n.target), (node.args, node.kwargs))
         with torch.no_grad():

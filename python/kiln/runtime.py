@@ -45,7 +45,8 @@ _NAME_DTYPES = {v: k for k, v in _DTYPE_NAMES.items()}
 def builder_config(settings: CompilationSettings, device: str) -> Any:
     precisions = [kiln_dtype(dt) for dt in sorted(settings.enabled_precisions, key=str)]
     return _C.BuilderConfig(enabled_precisions=precisions, workspace_limit=settings.workspace_size,
-                            optimization_level=settings.optimization_level, device=device)
+                            optimization_level=settings.optimization_level, device=device,
+                            refittable=not settings.immutable_weights)
 
 
 def build_engine(description: Any, settings: CompilationSettings, device: str) -> Any:

@@ -15,11 +15,12 @@ import dataclasses
 import difflib
 import math
 import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from typing import Any, Union
 
 import torch
+
+from kiln.cache import EngineCache, default_cache_dir
 
 __all__ = ["CompilationSettings", "settings_from_options", "option_names"]
 
@@ -39,7 +40,7 @@ MinBlockSize = Union[int, float]  # a positive int, or float("inf") to build not
 
 
 def _default_cache_dir() -> str:
-    return os.path.join(tempfile.gettempdir(), "kiln_engine_cache")
+    return default_cache_dir()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,10 +63,20 @@ class CompilationSettings:
     dryrun: True, or a file path: partition and report coverage, build nothing, run eagerly.
         The report is logged at INFO on the ``kiln.dryrun`` logger; a path receives it as a
         file; "-" prints it to stdout.
-    cache_built_engines / reuse_cached_engines / engine_cache_dir / engine_cache_size: the
-        on-disk engine cache (engines are reused with refit, so they need mutable weights).
-        Accepted and validated; the cache itself is not wired in yet.
-    immutable_weights: engines may bake weights in (no refit).
+    cache_built_engines / reuse_cached_engines: store every engine Kiln builds in the engine
+        cache / look each engine up there before building it. A hit is loaded and refitted with
+        the current weights, so the cache needs mutable weights (docs/engine-cache.md).
+    engine_cache_dir / engine_cache_size: the directory (default ``$XDG_CACHE_HOME/kiln/engines``,
+        else ``~/.cache/kiln/engines``) and byte budget (least recently used entries are evicted)
+        of the default on-disk store.
+    custom_engine_cache: a ``kiln.EngineCache`` to use instead of the on-disk store (e.g. one on
+        shared storage); None uses the store set with ``kiln.cache.set_engine_cache``, else the
+        on-disk one.
+    immutable_weights: False (the default) builds refittable engines: each keeps the recipe that
+        derives its folded constants from the model's weights, so ``kiln.refit`` can swap the
+        weights without a rebuild (it costs no speed on the CPU backend). True builds engines
+        whose weights cannot change (no refit program; ``kiln.refit`` raises on them), and is
+        refused together with the engine cache, which reuses engines by refitting them.
     use_cuda_graphs: on a CUDA device, each engine call replays one captured CUDA graph (the
         engine is captured on its first call); False launches kernel by kernel. No effect on CPU.
     """
@@ -83,9 +94,10 @@ class CompilationSettings:
     dryrun: bool | str = False
     cache_built_engines: bool = False
     reuse_cached_engines: bool = False
-    immutable_weights: bool = True
+    immutable_weights: bool = False
     engine_cache_dir: str = dataclasses.field(default_factory=_default_cache_dir)
     engine_cache_size: int = 5 << 30
+    custom_engine_cache: EngineCache | None = None
     use_cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
@@ -100,6 +112,10 @@ class CompilationSettings:
             raise ValueError(
                 "cache_built_engines / reuse_cached_engines need immutable_weights=False: cached "
                 "engines are reused by refitting their weights")
+        if self.custom_engine_cache is not None and not (self.cache_built_engines or self.reuse_cached_engines):
+            raise ValueError(
+                "custom_engine_cache is set but neither cache_built_engines nor reuse_cached_engines is "
+                "True: the store would never be used")
         if self.require_full_compilation and self.torch_executed_ops:
             raise ValueError(
                 "require_full_compilation=True contradicts torch_executed_ops="
@@ -258,6 +274,12 @@ def _dryrun(key: str, value: Any) -> bool | str:
     raise _type_error(key, "a bool or a file path", value)
 
 
+def _engine_cache(key: str, value: Any) -> EngineCache | None:
+    if value is not None and not isinstance(value, EngineCache):
+        raise _type_error(key, "a kiln.EngineCache (or None)", value)
+    return value
+
+
 def _path(key: str, value: Any) -> str:
     if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
         raise _type_error(key, "a directory path", value)
@@ -281,6 +303,7 @@ _NORMALIZERS: dict[str, Any] = {
     "immutable_weights": _bool,
     "engine_cache_dir": _path,
     "engine_cache_size": _int_in(0, None),
+    "custom_engine_cache": _engine_cache,
     "use_cuda_graphs": _bool,
 }
 

@@ -227,3 +227,50 @@ def describe_block(gm: fx.GraphModule, block: Block, settings: CompilationSettin
     for i, node in enumerate(block.outputs):
         enc.graph.add_output(enc.ids[node], f"output_{i}")
     return enc.graph
+
+
+def canonical_description(graph: _C.ImportGraph) -> str:
+    """A deterministic text of an import description without any constant's bytes.
+
+    It holds every tensor's dtype, shape, strides and symbolic ranges, the inputs and outputs
+    with their names, each constant's tensor, name, weight flag and size, and every node's
+    target, arguments (tensor references, values and their kinds, lists nested) and outputs.
+    Node names are left out: they label the FX graph and do not change the engine. Two blocks
+    with the same text build the same engine up to the constants' values (the engine cache's
+    key, see kiln/cached_build.py).
+    """
+    def arg(a: Any) -> str:
+        if isinstance(a, _C.ImportArg):
+            kind = a.kind
+            if kind == _C.ImportArgKind.tensor:
+                return f"t{a.tensor}"
+            if kind == _C.ImportArgKind.list:
+                return "[" + ",".join(arg(x) for x in a.list) + "]"
+            return arg(a.to_value())
+        if a is None:
+            return "None"
+        if isinstance(a, bool):
+            return "True" if a else "False"
+        if isinstance(a, int):
+            return f"i{a}"
+        if isinstance(a, float):
+            return f"f{float(a).hex()}"
+        if isinstance(a, str):
+            return "s" + repr(a)
+        if isinstance(a, _C.DType):
+            return f"d{a.name}"
+        if isinstance(a, (list, tuple)):
+            return "[" + ",".join(arg(x) for x in a) + "]"
+        raise EncodeError(f"cannot describe an argument of type {type(a).__name__} canonically")
+
+    lines = []
+    for i, t in enumerate(graph.tensors):
+        sym = f" sym={list(t.symbols)}{list(t.sym_min)}{list(t.sym_max)}" if list(t.symbols) else ""
+        lines.append(f"tensor {i} {t.dtype.name} {list(t.shape)} {list(t.strides)}{sym}")
+    lines += [f"input {tid} {name!r}" for tid, name in graph.inputs]
+    lines += [f"constant {c.tensor} {c.name!r} weight={c.weight} nbytes={c.nbytes}" for c in graph.constants]
+    for node in graph.nodes:
+        kwargs = ",".join(f"{k}={arg(v)}" for k, v in sorted(node.kwargs.items()))
+        lines.append(f"node {node.target}({','.join(arg(a) for a in node.args)};{kwargs}) -> {list(node.outputs)}")
+    lines += [f"output {tid} {name!r}" for tid, name in graph.outputs]
+    return "\n".join(lines) + "\n"

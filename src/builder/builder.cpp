@@ -2,10 +2,13 @@
 #include "kiln/builder.h"
 
 #include <algorithm>
+#include <optional>
 #include <sstream>
+#include <string>
 
 #include "kiln/errors.h"
 #include "kiln/passes.h"
+#include "src/passes/refit_record.h"
 
 namespace kiln {
 
@@ -20,6 +23,22 @@ void BuilderConfig::validate() const {
   KILN_CHECK(device.index >= 0, kInvalidArgument, "BuilderConfig.device index must be >= 0");
 }
 
+namespace {
+
+// The narrow compute type a build uses, if any: f16 before bf16 when both are enabled. Only GPU
+// backends compute faster in them; the CPU backend computes every type through f32, so a CPU
+// build keeps f32 (the engine's results then match the f32 reference) unless f32 is not enabled.
+std::optional<DType> reduced_precision(const BuilderConfig& c) {
+  auto enabled = [&](DType t) { return std::find(c.enabled_precisions.begin(), c.enabled_precisions.end(), t) !=
+                                       c.enabled_precisions.end(); };
+  if (c.device.type == DeviceType::kCPU && enabled(DType::kF32)) return std::nullopt;
+  if (enabled(DType::kF16)) return DType::kF16;
+  if (enabled(DType::kBF16)) return DType::kBF16;
+  return std::nullopt;
+}
+
+}  // namespace
+
 Builder::Builder(BuilderConfig config) : config_(std::move(config)) { config_.validate(); }
 
 std::shared_ptr<Engine> Builder::build(const Graph& network) const {
@@ -28,8 +47,12 @@ std::shared_ptr<Engine> Builder::build(const Graph& network) const {
   std::ostringstream log;
   Graph g = network;
   size_t before = g.nodes().size();
+  // Records every fold of a weight while the passes run (the refit program, kiln/refit.h).
+  std::optional<passes::RefitRecorder> recorder;
+  if (config_.refittable) recorder.emplace();
+  passes::RefitRecorder::Scope recording(recorder ? &*recorder : nullptr);
 
-  auto run = [&](const char* name, bool (*pass)(Graph&)) {
+  auto run = [&](const std::string& name, auto&& pass) {
     size_t n = g.nodes().size();
     bool changed = pass(g);
     log << "pass " << name << ": " << (changed ? "changed" : "no change") << ", " << n << " -> " << g.nodes().size()
@@ -38,9 +61,23 @@ std::shared_ptr<Engine> Builder::build(const Graph& network) const {
   run("eliminate_dead_code", &eliminate_dead_code);
   run("fold_constants", &fold_constants);
   run("fold_batch_norm", &fold_batch_norm);
+  // Batch norm folds in f32 first; the narrowed weights are then cast once, at build time.
+  if (std::optional<DType> compute = reduced_precision(config_))
+    run(std::string("lower_precision(") + dtype_name(*compute) + ")",
+        [&](Graph& graph) { return lower_precision(graph, *compute); });
+  run("fold_constants", &fold_constants);
+  run("fuse_epilogue", &fuse_epilogue);
   run("fold_constants", &fold_constants);
   if (config_.fuse_pointwise) run("fuse_pointwise", &fuse_pointwise);
   run("eliminate_dead_code", &eliminate_dead_code);
+  std::shared_ptr<const Graph> refit_program;
+  if (recorder) {
+    refit_program = std::make_shared<const Graph>(recorder->finish(g));
+    log << "refit program: " << refit_program->inputs().size() << " weights -> " << refit_program->outputs().size()
+        << " derived constants, " << refit_program->nodes().size() << " nodes\n";
+  } else {
+    log << "immutable weights: no refit program\n";
+  }
   g.verify();
 
   for (const auto& n : g.nodes()) {
@@ -54,7 +91,7 @@ std::shared_ptr<Engine> Builder::build(const Graph& network) const {
   KernelOptions options;
   options.optimization_level = config_.optimization_level;
   options.workspace_limit = config_.workspace_limit;
-  return Engine::create(std::move(g), config_.device, options, log.str());
+  return Engine::create(std::move(g), config_.device, options, log.str(), {}, std::move(refit_program));
 }
 
 }  // namespace kiln

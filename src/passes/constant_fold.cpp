@@ -8,14 +8,21 @@
 // its users read the constant itself, and a copy that feeds a graph output stays (it is what
 // makes a constant output a distinct buffer). Values that lose their last use are dropped
 // (Graph::compact) before returning.
-// Does not: fold a node whose outputs would exceed kMaxFoldedBytes (a constant that large costs
-// engine size and load time more than computing it costs at run time), fold a node with a
-// symbolic output dim, or fold a node the CPU backend reports as unsupported (it stays a node).
-// Folded constants are not weights: refit cannot address them by name.
-#include "kiln/backend.h"
+// While a RefitRecorder is active (Builder::build of a refittable engine), every evaluated node is
+// recorded, so that a refit can derive the folded constants again from new weights: this is the
+// only place where a constant derived from a weight is made (src/passes/refit_record.h).
+// Does not: fold a node whose outputs exceed kMaxFoldedBytes and have more elements than its
+// largest input (a generator or broadcast that large costs engine size and load time more than
+// computing it costs at run time; a transformation of a weight, such as a cast, a scale or a
+// permutation, never grows it and always folds), fold a node with a symbolic output dim, or
+// fold a node the CPU backend reports as unsupported (it stays a node).
+// Folded constants are not weights: refit reaches them through the recorded program only.
+#include <algorithm>
+
 #include "kiln/errors.h"
 #include "kiln/passes.h"
 #include "src/passes/pass_util.h"
+#include "src/passes/refit_record.h"
 
 namespace kiln {
 
@@ -37,45 +44,17 @@ bool all_inputs_constant(const Graph& g, const Node& n) {
 
 bool small_and_static(const Graph& g, const Node& n) {
   size_t bytes = 0;
+  int64_t out_numel = 0, in_numel = 0;
   for (ValueId out : n.outputs) {
     const TensorType& t = g.type(out);
     for (const Dim& d : t.dims)
       if (!d.is_static()) return false;
     bytes += t.nbytes();
+    out_numel = std::max(out_numel, t.numel());
   }
-  return bytes <= kMaxFoldedBytes;
-}
-
-// Runs node `n` on the CPU reference kernel; one buffer per output. Returns false when the
-// CPU backend has no kernel for it.
-bool evaluate(const Graph& g, const Node& n, std::vector<std::shared_ptr<Bytes>>& results) {
-  Backend& cpu = get_backend(Device{});
-  std::unique_ptr<Kernel> kernel;
-  try {
-    kernel = cpu.make_kernel(n, g, KernelOptions{});
-  } catch (const Error& e) {
-    if (e.code() == ErrorCode::kUnsupported) return false;
-    throw;
-  }
-  KILN_CHECK(kernel != nullptr, kInternal, "fold_constants: no CPU kernel for ", op_name(n.op));
-
-  std::vector<const void*> ins;
-  for (ValueId in : n.inputs) ins.push_back(in == kNoValue ? nullptr : g.value(in).data->data());
-  results.clear();
-  std::vector<void*> outs;
-  for (ValueId out : n.outputs) {
-    results.push_back(std::make_shared<Bytes>(g.type(out).nbytes()));
-    outs.push_back(results.back()->data());
-  }
-  RunContext rc;
-  std::shared_ptr<void> workspace;
-  if (size_t ws = kernel->workspace_size()) {
-    workspace = cpu.allocate(ws);
-    rc.workspace = workspace.get();
-    rc.workspace_size = ws;
-  }
-  kernel->run(ins.data(), outs.data(), rc);
-  return true;
+  for (ValueId in : n.inputs)
+    if (in != kNoValue) in_numel = std::max(in_numel, g.type(in).numel());
+  return bytes <= kMaxFoldedBytes || (in_numel > 0 && out_numel <= in_numel);
 }
 
 }  // namespace
@@ -96,10 +75,12 @@ bool fold_constants(Graph& g) {
       ++i;
       continue;
     }
-    if (!all_inputs_constant(g, n) || !small_and_static(g, n) || !evaluate(g, n, results)) {
+    if (!all_inputs_constant(g, n) || !small_and_static(g, n) ||
+        !passes::evaluate_constant_node(g, n, results)) {
       ++i;
       continue;
     }
+    if (passes::RefitRecorder* recorder = passes::RefitRecorder::active()) recorder->record_fold(g, n, results);
     const std::vector<ValueId> outs = n.outputs;  // n is gone after erase_node
     for (size_t k = 0; k < outs.size(); ++k) {
       TensorType t = g.type(outs[k]);

@@ -11,18 +11,17 @@
 // (c / (C/g)) * (O/g) + j through W[c, j], so the scale depends on both leading axes.
 //
 // Does: fold when W, b and every batch_norm parameter are floating constants and P's output has
-// no other use (not even as a graph output). Arithmetic is in double, rounded once into W's
-// dtype; W' and b' are derived constants (not weights: the model's names no longer hold their
-// values). For linear, only a rank-2 output [N, F] qualifies: batch_norm normalizes axis 1,
-// which must be the feature axis.
+// no other use (not even as a graph output). The arithmetic is emitted as nodes on the constants
+// (casts to f64, add, sqrt, div, sub, mul, reshape / expand of s to W's layout, casts back to W's
+// dtype), so W' and b' are computed in double and rounded once into W's dtype when the
+// fold_constants that follows evaluates them; that fold is what makes them constants and what
+// records how to re-derive them from new weights (refit). For linear, only a rank-2 output
+// [N, F] qualifies: batch_norm normalizes axis 1, which must be the feature axis.
 // Does not: fold a batch_norm whose parameters are graph inputs or computed at run time, fold
 // into a P with another consumer (the unnormalized value would be lost), or fold a batch_norm
 // that precedes the conv (that needs a padding-aware bias and is not worth it).
-#include <cmath>
-
 #include "kiln/errors.h"
 #include "kiln/passes.h"
-#include "src/passes/pass_util.h"
 
 namespace kiln {
 
@@ -34,33 +33,68 @@ bool is_float_constant(const Graph& g, ValueId v) {
 
 ValueId input_or_none(const Node& n, size_t i) { return i < n.inputs.size() ? n.inputs[i] : kNoValue; }
 
-// Output channel of every element of W, for the producer's weight layout.
-std::vector<int64_t> out_channel_of_elements(const Node& p, const TensorType& w) {
-  const std::vector<int64_t> shape = w.shape();
-  int64_t inner = 1;
-  for (size_t d = 2; d < shape.size(); ++d) inner *= shape[d];
-  const int64_t d0 = shape[0], d1 = shape.size() > 1 ? shape[1] : 1;
-  std::vector<int64_t> ch(size_t(w.numel()));
-  const bool transpose = p.op == OpKind::kConvTranspose;
-  const int64_t groups = transpose ? p.attrs.get_int("groups", 1) : 1;
-  const int64_t in_per_group = d0 / groups;
-  for (int64_t a = 0; a < d0; ++a)
-    for (int64_t b = 0; b < d1; ++b) {
-      const int64_t o = transpose ? (a / in_per_group) * d1 + b : a;
-      for (int64_t k = 0; k < inner; ++k) ch[size_t((a * d1 + b) * inner + k)] = o;
-    }
-  return ch;
+// Inserts the folding arithmetic as nodes on constants, at consecutive positions; they are all
+// evaluated by the fold_constants that follows (the only place where derived constants are made,
+// so that a refit re-derives them: src/passes/refit_record.h).
+struct Emitter {
+  Graph& g;
+  size_t pos;
+  std::string name;
+
+  ValueId node(OpKind op, const std::vector<ValueId>& ins, const Attrs& a = {}) {
+    return g.insert_node(pos++, op, ins, a, name)[0];
+  }
+  ValueId cast(ValueId v, DType to) {
+    if (g.type(v).dtype == to) return v;
+    Attrs a;
+    a.set("dtype", to);
+    return node(OpKind::kCast, {v}, a);
+  }
+  ValueId reshape(ValueId v, const std::vector<int64_t>& shape) {
+    if (g.type(v).shape() == shape) return v;
+    Attrs a;
+    a.set("shape", shape);
+    return node(OpKind::kReshape, {v}, a);
+  }
+  ValueId expand(ValueId v, const std::vector<int64_t>& shape) {
+    Attrs a;
+    a.set("shape", shape);
+    return node(OpKind::kExpand, {v}, a);
+  }
+  // A per-channel [C] parameter as f64.
+  ValueId channel(ValueId v, int64_t channels) { return reshape(cast(v, DType::kF64), {channels}); }
+};
+
+// The per-output-channel scale s[O] laid out to broadcast against W (see the file comment).
+ValueId scale_for_weight(Emitter& e, ValueId s, OpKind op, int64_t groups, const std::vector<int64_t>& w) {
+  std::vector<int64_t> shape(w.size(), 1);
+  if (op != OpKind::kConvTranspose) {
+    shape[0] = w[0];
+    return e.reshape(s, shape);
+  }
+  if (groups == 1) {
+    shape[1] = w[1];
+    return e.reshape(s, shape);
+  }
+  // W[C, O/g, k..]: input channel c feeds output channel (c / (C/g)) * (O/g) + j through W[c, j].
+  const int64_t in_per_group = w[0] / groups, out_per_group = w[1];
+  ValueId grouped = e.reshape(s, {groups, 1, out_per_group});
+  ValueId wide = e.expand(grouped, {groups, in_per_group, out_per_group});
+  shape[0] = w[0];
+  shape[1] = w[1];
+  return e.reshape(wide, shape);
 }
 
 // Tries to fold the batch_norm at index `bn_pos`; returns whether it did.
 bool try_fold(Graph& g, size_t bn_pos, const std::vector<std::vector<int>>& users) {
   const Node& bn = *g.nodes()[bn_pos];
   const ValueId y = bn.inputs[0];
-  const Value& yv = g.value(y);
-  if (yv.producer == nullptr) return false;
-  const Node& p = *yv.producer;
+  const Node* producer = g.value(y).producer;
+  if (producer == nullptr) return false;
+  const Node& p = *producer;
+  const TensorType yt = g.type(y);
   if (p.op != OpKind::kConv && p.op != OpKind::kConvTranspose && p.op != OpKind::kLinear) return false;
-  if (p.op == OpKind::kLinear && yv.type.rank() != 2) return false;
+  if (p.op == OpKind::kLinear && yt.rank() != 2) return false;
   if (users[size_t(y)].size() != 1 || g.num_uses(y) != 1) return false;
 
   const ValueId w = p.inputs[1], b = input_or_none(p, 2);
@@ -69,45 +103,13 @@ bool try_fold(Graph& g, size_t bn_pos, const std::vector<std::vector<int>>& user
   if (!is_float_constant(g, w) || !is_float_constant(g, mean) || !is_float_constant(g, var)) return false;
   for (ValueId opt : {b, gamma, beta})
     if (opt != kNoValue && !is_float_constant(g, opt)) return false;
+  const int64_t channels = yt.dims[1].extent;
+  for (ValueId param : {mean, var, gamma, beta, b})
+    KILN_CHECK(param == kNoValue || g.type(param).numel() == channels, kInternal, "fold_batch_norm: ",
+               g.type(param).to_string(), " does not have ", channels, " channels");
 
-  const int64_t channels = yv.type.dims[1].extent;
-  const double eps = bn.attrs.get_float("eps", 1e-5);
-  const std::vector<double> m = passes::constant_as_doubles(g, mean);
-  const std::vector<double> v = passes::constant_as_doubles(g, var);
-  const size_t nch = static_cast<size_t>(channels);
-  std::vector<double> s(nch), shift(nch);
-  {
-    const std::vector<double> ga = gamma == kNoValue ? std::vector<double>(nch, 1.0)
-                                                     : passes::constant_as_doubles(g, gamma);
-    const std::vector<double> be = beta == kNoValue ? std::vector<double>(nch, 0.0)
-                                                    : passes::constant_as_doubles(g, beta);
-    const std::vector<double> bias = b == kNoValue ? std::vector<double>(nch, 0.0)
-                                                   : passes::constant_as_doubles(g, b);
-    for (ValueId param : {mean, var, gamma, beta, b})
-      KILN_CHECK(param == kNoValue || g.type(param).numel() == channels, kInternal, "fold_batch_norm: ",
-                 g.type(param).to_string(), " does not have ", channels, " channels");
-    for (int64_t c = 0; c < channels; ++c) {
-      s[size_t(c)] = ga[size_t(c)] / std::sqrt(v[size_t(c)] + eps);
-      shift[size_t(c)] = (bias[size_t(c)] - m[size_t(c)]) * s[size_t(c)] + be[size_t(c)];
-    }
-  }
-
-  const TensorType wt = g.type(w);
-  std::vector<double> wd = passes::constant_as_doubles(g, w);
-  const std::vector<int64_t> ch = out_channel_of_elements(p, wt);
-  for (size_t i = 0; i < wd.size(); ++i) {
-    KILN_CHECK(ch[i] >= 0 && ch[i] < channels, kInternal, "fold_batch_norm: weight ", wt.to_string(),
-               " maps to output channel ", ch[i], " of ", channels);
-    wd[i] *= s[size_t(ch[i])];
-  }
-  const ValueId new_w =
-      g.add_constant(passes::derived_constant_name(g, "bn_folded"), wt, passes::bytes_from_doubles(wt.dtype, wd));
-  const TensorType bt(wt.dtype, {channels});
-  const ValueId new_b =
-      g.add_constant(passes::derived_constant_name(g, "bn_folded"), bt, passes::bytes_from_doubles(wt.dtype, shift));
-
-  // Locate the producer, insert the folded node just before the batch_norm (all of its inputs
-  // are defined by then), reroute, then drop the pair.
+  // Locate the producer; the folded node goes just before the batch_norm (all of its inputs are
+  // defined by then), after the arithmetic that makes W' and b'.
   size_t p_pos = bn_pos;
   while (p_pos-- > 0)
     if (g.nodes()[p_pos].get() == &p) break;
@@ -117,9 +119,29 @@ bool try_fold(Graph& g, size_t bn_pos, const std::vector<std::vector<int>>& user
   const OpKind op = p.op;
   const Attrs attrs = p.attrs;
   const std::string name = p.name;
-  const ValueId folded = g.insert_node(bn_pos, op, {x, new_w, new_b}, attrs, name)[0];
+  const TensorType wt = g.type(w);
+  const double eps = bn.attrs.get_float("eps", 1e-5);
+
+  // s = gamma / sqrt(var + eps);  W' = W * s;  b' = (b - mean) * s + beta, all in f64.
+  Emitter e{g, bn_pos, bn.name};
+  const double one = 1.0;
+  const TensorType scalar(DType::kF64, {});
+  const ValueId eps_c = g.add_constant("", scalar, &eps, sizeof eps);
+  const ValueId denom = e.node(OpKind::kSqrt, {e.node(OpKind::kAdd, {e.channel(var, channels), eps_c})});
+  const ValueId numer = gamma != kNoValue ? e.channel(gamma, channels) : g.add_constant("", scalar, &one, sizeof one);
+  const ValueId s = e.node(OpKind::kDiv, {numer, denom});
+  const ValueId m = e.channel(mean, channels);
+  const ValueId centered = b != kNoValue ? e.node(OpKind::kSub, {e.channel(b, channels), m}) : e.node(OpKind::kNeg, {m});
+  ValueId shift = e.node(OpKind::kMul, {centered, s});
+  if (beta != kNoValue) shift = e.node(OpKind::kAdd, {shift, e.channel(beta, channels)});
+  const ValueId s_w = scale_for_weight(e, s, op, op == OpKind::kConvTranspose ? attrs.get_int("groups", 1) : 1,
+                                       wt.shape());
+  const ValueId new_w = e.cast(e.node(OpKind::kMul, {e.cast(w, DType::kF64), s_w}), wt.dtype);
+  const ValueId new_b = e.cast(shift, wt.dtype);
+
+  const ValueId folded = g.insert_node(e.pos, op, {x, new_w, new_b}, attrs, name)[0];
   g.replace_all_uses(bn_out, folded);
-  g.erase_node(bn_pos + 1);
+  g.erase_node(e.pos + 1);
   g.erase_node(p_pos);
   return true;
 }

@@ -26,6 +26,7 @@ void bind_ir(nb::module_& m);       // ir.cpp: op list, Dim, TensorType, Value, 
 void bind_builder(nb::module_& m);  // builder.cpp: BuilderConfig, Builder
 void bind_engine(nb::module_& m);   // engine.cpp: IOTensor, Engine, ExecutionContext
 void bind_import(nb::module_& m);   // import.cpp: Import* structures, can_import, import_aten
+void bind_refit(nb::module_& m);    // refit.cpp: Refitter
 
 // numpy dtype (anything numpy.dtype() accepts) -> DType; throws kUnsupported for a dtype
 // Kiln has no equivalent of.

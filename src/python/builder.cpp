@@ -23,7 +23,8 @@ std::string config_repr(const BuilderConfig& c) {
   for (size_t i = 0; i < c.enabled_precisions.size(); ++i)
     os << (i ? ", " : "") << "DType." << dtype_name(c.enabled_precisions[i]);
   os << "], workspace_limit=" << c.workspace_limit << ", optimization_level=" << c.optimization_level
-     << ", device='" << c.device.to_string() << "', fuse_pointwise=" << (c.fuse_pointwise ? "True" : "False") << ")";
+     << ", device='" << c.device.to_string() << "', fuse_pointwise=" << (c.fuse_pointwise ? "True" : "False")
+     << ", refittable=" << (c.refittable ? "True" : "False") << ")";
   return os.str();
 }
 
@@ -33,19 +34,20 @@ void bind_builder(nb::module_& m) {
   const BuilderConfig defaults;
   nb::class_<BuilderConfig>(m, "BuilderConfig", "How the builder turns a network into an engine.")
       .def("__init__", [](BuilderConfig* c, std::vector<DType> precisions, size_t workspace_limit, int level,
-                          const std::string& device, bool fuse) {
+                          const std::string& device, bool fuse, bool refittable) {
         BuilderConfig cfg;
         cfg.enabled_precisions = std::move(precisions);
         cfg.workspace_limit = workspace_limit;
         cfg.optimization_level = level;
         cfg.device = Device::parse(device);
         cfg.fuse_pointwise = fuse;
+        cfg.refittable = refittable;
         cfg.validate();
         new (c) BuilderConfig(std::move(cfg));
       }, nb::kw_only(), nb::arg("enabled_precisions") = defaults.enabled_precisions,
          nb::arg("workspace_limit") = defaults.workspace_limit,
          nb::arg("optimization_level") = defaults.optimization_level, nb::arg("device") = defaults.device.to_string(),
-         nb::arg("fuse_pointwise") = defaults.fuse_pointwise)
+         nb::arg("fuse_pointwise") = defaults.fuse_pointwise, nb::arg("refittable") = defaults.refittable)
       .def_rw("enabled_precisions", &BuilderConfig::enabled_precisions,
               "Compute types the builder may use (f32, f16, bf16).")
       .def_rw("workspace_limit", &BuilderConfig::workspace_limit, "Bytes of scratch per execution context.")
@@ -54,6 +56,8 @@ void bind_builder(nb::module_& m) {
                    [](BuilderConfig& c, const std::string& s) { c.device = Device::parse(s); },
                    "'cpu' or 'cuda:N'.")
       .def_rw("fuse_pointwise", &BuilderConfig::fuse_pointwise)
+      .def_rw("refittable", &BuilderConfig::refittable,
+              "Keep a refit program so a Refitter can change the weights (False: immutable weights).")
       .def("validate", &BuilderConfig::validate, "Raises InvalidArgumentError naming the bad field.")
       .def("__repr__", &config_repr);
 
@@ -61,7 +65,7 @@ void bind_builder(nb::module_& m) {
       .def(nb::init<BuilderConfig>(), nb::arg("config") = BuilderConfig{})
       .def_prop_ro("config", [](const Builder& b) { return b.config(); }, "A copy of the configuration.")
       .def("build", &Builder::build, nb::arg("network"),
-           "Copies the network, runs the passes, picks kernels and returns an immutable Engine.");
+           "Copies the network, runs the passes, picks kernels and returns an Engine.");
 }
 
 }  // namespace kiln::python

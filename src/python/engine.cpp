@@ -147,7 +147,7 @@ void bind_engine(nb::module_& m) {
       .def_prop_ro("shape", [](const IOTensor& t) { return t.type.shape(); })
       .def("__repr__", [](const IOTensor& t) { return "IOTensor('" + t.name + "', " + t.type.to_string() + ")"; });
 
-  nb::class_<Engine>(m, "Engine", "An immutable built engine: the plan, its kernels and its constants.")
+  nb::class_<Engine>(m, "Engine", "A built engine: the plan, its kernels and its constants (weights change only by a Refitter).")
       .def_prop_ro("inputs", [](const Engine& e) { return io_list(e.inputs()); })
       .def_prop_ro("outputs", [](const Engine& e) { return io_list(e.outputs()); })
       .def_prop_ro("weight_names", &Engine::weight_names)
@@ -158,6 +158,9 @@ void bind_engine(nb::module_& m) {
       .def_prop_ro("naive_bytes", [](const Engine& e) { return e.memory_plan().naive_bytes; },
                    "Bytes the intermediates would need without reuse.")
       .def_prop_ro("workspace_size", &Engine::workspace_size)
+      .def_prop_ro("refittable", &Engine::refittable,
+                   "Whether a Refitter can change the weights (built with refittable=True).")
+      .def_prop_ro("weights_version", &Engine::weights_version, "How many refits the engine has had.")
       .def_prop_ro("num_nodes", [](const Engine& e) { return e.graph().nodes().size(); })
       .def_prop_ro("graph_text", [](const Engine& e) { return e.graph().to_string(); }, "The plan as text.")
       .def("graph", [](const Engine& e) { return Graph(e.graph()); }, "A copy of the optimized plan.")
@@ -180,6 +183,8 @@ void bind_engine(nb::module_& m) {
 
   nb::class_<ExecutionContext>(m, "ExecutionContext", "Runs an engine; one call at a time per context.")
       .def_prop_ro("engine", &engine_of)
+      .def_prop_ro("uses_graphs", &ExecutionContext::uses_graphs,
+                   "Whether calls replay a captured graph (false on the CPU, when turned off, or after a failed capture).")
       .def("execute", &execute_arrays, nb::arg("inputs"),
            "Runs on CPU arrays (numpy or DLPack) in the engine's input order; returns new numpy arrays.")
       .def("execute_ptrs", &execute_ptrs, nb::arg("input_ptrs"), nb::arg("output_ptrs"), nb::arg("stream") = 0,

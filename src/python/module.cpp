@@ -146,6 +146,7 @@ NB_MODULE(_C, m) {
   kp::bind_builder(m);
   kp::bind_engine(m);
   kp::bind_import(m);
+  kp::bind_refit(m);
   m.def("cuda_available", [] { return kiln::backend_available(kiln::DeviceType::kCUDA); },
         "Whether this build has the CUDA backend and a CUDA device is present.");
 }

@@ -3,19 +3,28 @@
 
 #include <algorithm>
 #include <sstream>
+#include <unordered_map>
 
 #include "kiln/errors.h"
 
 namespace kiln {
 
 std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const KernelOptions& options,
-                                       std::string build_log, const std::vector<Bytes>& kernel_states) {
+                                       std::string build_log, const std::vector<Bytes>& kernel_states,
+                                       std::shared_ptr<const Graph> refit_program) {
   plan.verify();
   std::shared_ptr<Engine> e(new Engine());
   e->plan_ = std::move(plan);
   e->device_ = device;
   e->options_ = options;
   e->backend_ = &get_backend(device);
+  if (refit_program) {
+    if (!refit_program->outputs().empty()) refit_program->verify();
+    KILN_CHECK(!refit_program->outputs().empty() || refit_program->nodes().empty(), kCorrupted,
+               "the refit program has ", refit_program->nodes().size(), " nodes but no outputs");
+    e->refit_program_ = std::move(refit_program);
+    e->own_refittable_constants();
+  }
   Backend& be = *e->backend_;
   const Graph& g = e->plan_;
 
@@ -56,6 +65,56 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
   log << "memory: arena " << e->memory_.arena_bytes << " bytes (naive " << e->memory_.naive_bytes << ")\n";
   e->log_ = log.str();
   return e;
+}
+
+void Engine::own_refittable_constants() {
+  Graph& g = plan_;
+  const Graph& rp = *refit_program_;
+  // Fused bodies become the engine's own: a body may be shared with other copies of the plan.
+  for (const auto& n : g.nodes())
+    if (n->body) n->body = std::make_shared<Graph>(*n->body);
+  std::unordered_map<std::string, Value*> by_name;  // named constants, the top level first
+  auto index = [&](Graph& graph) {
+    for (ValueId c : graph.constants())
+      if (!graph.value(c).name.empty()) by_name.emplace(graph.value(c).name, &graph.value(c));
+  };
+  index(g);
+  for (const auto& n : g.nodes())
+    if (n->body) index(*n->body);
+  for (ValueId out : rp.outputs()) {
+    const Value& o = rp.value(out);
+    auto it = by_name.find(o.name);
+    KILN_CHECK(it != by_name.end() && !it->second->is_weight, kCorrupted, "refit program output '", o.name,
+               "' names no derived constant of the plan");
+    KILN_CHECK(it->second->type == o.type, kCorrupted, "refit program output '", o.name, "' is ",
+               o.type.to_string(), ", the plan constant of that name is ", it->second->type.to_string());
+    refit_targets_.push_back(it->second);
+  }
+  for (ValueId in : rp.inputs()) {
+    const Value& i = rp.value(in);
+    auto it = by_name.find(i.name);
+    KILN_CHECK(it == by_name.end() || !it->second->is_weight || it->second->type == i.type, kCorrupted,
+               "refit program input '", i.name, "' is ", i.type.to_string(), ", the plan weight of that name is ",
+               it == by_name.end() ? std::string() : it->second->type.to_string());
+  }
+  // Private, writable copies of every weight and refit target; body constants that shared their
+  // bytes share the copies (a refit writes both at once).
+  std::unordered_map<const Bytes*, std::shared_ptr<const Bytes>> copies;
+  auto own = [&](Value& v) {
+    std::shared_ptr<const Bytes>& c = copies[v.data.get()];
+    if (!c) c = std::make_shared<Bytes>(*v.data);  // not const: Refitter writes it in place
+    v.data = c;
+  };
+  for (ValueId c : g.constants())
+    if (g.value(c).is_weight) own(g.value(c));
+  for (Value* t : refit_targets_) own(*t);
+  for (const auto& n : g.nodes()) {
+    if (!n->body) continue;
+    for (ValueId c : n->body->constants()) {
+      auto it = copies.find(n->body->value(c).data.get());
+      if (it != copies.end()) n->body->value(c).data = it->second;
+    }
+  }
 }
 
 std::vector<std::string> Engine::weight_names() const {
@@ -139,6 +198,7 @@ void ExecutionContext::execute(const std::vector<const void*>& inputs, const std
   }
   Backend& be = *e.backend_;
   const size_t nin = inputs.size();
+  if (graph_ && captured_version_ != e.weights_version_) graph_.reset();  // refitted: kernels may be new
   if (!graph_) {
     std::vector<const void*> staged_in(nin);
     std::vector<void*> staged_out(outputs.size());
@@ -146,6 +206,7 @@ void ExecutionContext::execute(const std::vector<const void*>& inputs, const std
     for (size_t i = 0; i < outputs.size(); ++i) staged_out[i] = staging_[nin + i].get();
     bind(staged_in, staged_out);
     graph_ = be.capture([this](void* s) { launch_all(s); }, stream);
+    captured_version_ = e.weights_version_;
     if (!graph_) {  // the backend cannot capture: run directly from now on
       use_graphs_ = false;
       staging_.clear();

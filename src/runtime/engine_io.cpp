@@ -45,6 +45,7 @@ Bytes Engine::serialize() const {
   bool any_state = false;
   for (const Bytes& b : kernel_states_) any_state = any_state || !b.empty();
   if (any_state) f.kernel_states = kernel_states_;
+  f.refit_program = refit_program_;
   return serialize::write_engine_file(f);
 }
 
@@ -53,7 +54,8 @@ std::shared_ptr<Engine> Engine::deserialize(const uint8_t* data, size_t size, co
   serialize::EngineFile f = serialize::read_engine_file(data, size, be.name(), be.device_name());
   std::string log = f.build_log + "loaded from an engine file (" + std::to_string(size) + " bytes, written by Kiln " +
                     f.kiln_version + ")\n";
-  return Engine::create(std::move(f.plan), device, f.options, std::move(log), f.kernel_states);
+  return Engine::create(std::move(f.plan), device, f.options, std::move(log), f.kernel_states,
+                        std::move(f.refit_program));
 }
 
 void Engine::save(const std::string& path) const {

@@ -7,6 +7,7 @@
 // against the bytes left before anything is allocated for them.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -19,12 +20,48 @@
 
 namespace kiln::serialize {
 
-// FNV-1a, 64 bit: the engine file checksum.
-inline uint64_t fnv1a64(const uint8_t* data, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < n; ++i) {
-    h ^= data[i];
-    h *= 0x100000001b3ull;
+// The engine file checksum (format version 2): four independent 64-bit lanes over the
+// little-endian u64 words of the data, word i going to lane i % 4; each lane absorbs a word as
+// lane = rotl((lane ^ word) * kM, 31). The last 1..7 bytes form one zero-padded word. The result
+// mixes the byte count and then each lane in order with h = xorshift((h ^ lane) * kM).
+// Every step is a bijection of the lane (or of h) given the word, so a change confined to the
+// words of one lane (any damage within one aligned 8-byte word, a single byte included) always
+// changes the sum; other
+// damage goes unnoticed with probability about 2^-64. Four lanes keep four multiplies in flight:
+// several GB/s, where byte-at-a-time FNV-1a did about 250 MB/s.
+namespace checksum_detail {
+inline constexpr uint64_t kM = 0x9e3779b97f4a7c15ull;  // odd: multiplying by it is a bijection
+inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+inline uint64_t absorb(uint64_t lane, uint64_t word) { return rotl((lane ^ word) * kM, 31); }
+inline uint64_t word_at(const uint8_t* p) {
+  uint64_t w;
+  std::memcpy(&w, p, 8);
+  if constexpr (std::endian::native == std::endian::big) w = __builtin_bswap64(w);
+  return w;
+}
+}  // namespace checksum_detail
+
+inline uint64_t checksum64(const uint8_t* data, size_t n) {
+  using namespace checksum_detail;
+  uint64_t lane[4] = {0x243f6a8885a308d3ull, 0x13198a2e03707344ull, 0xa4093822299f31d0ull, 0x082efa98ec4e6c89ull};
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    lane[0] = absorb(lane[0], word_at(data + i));
+    lane[1] = absorb(lane[1], word_at(data + i + 8));
+    lane[2] = absorb(lane[2], word_at(data + i + 16));
+    lane[3] = absorb(lane[3], word_at(data + i + 24));
+  }
+  size_t k = 0;  // the next lane: word (i / 8) goes to lane (i / 8) % 4, and i is a multiple of 32 here
+  for (; i + 8 <= n; i += 8, ++k) lane[k] = absorb(lane[k], word_at(data + i));
+  if (i < n) {
+    uint8_t last[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    std::memcpy(last, data + i, n - i);
+    lane[k] = absorb(lane[k], word_at(last));
+  }
+  uint64_t h = uint64_t(n) * kM;
+  for (uint64_t l : lane) {
+    h = (h ^ l) * kM;
+    h ^= h >> 32;
   }
   return h;
 }

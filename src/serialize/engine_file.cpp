@@ -23,6 +23,7 @@ constexpr uint32_t kTagWeights = fourcc("WGTS");
 constexpr uint32_t kTagOptions = fourcc("OPTS");
 constexpr uint32_t kTagLog = fourcc("BLOG");
 constexpr uint32_t kTagKernels = fourcc("KERN");
+constexpr uint32_t kTagRefit = fourcc("RFIT");
 constexpr size_t kMinSectionBytes = 4 + 8;
 
 std::string tag_name(uint32_t tag) {
@@ -77,9 +78,10 @@ Bytes write_engine_file(const EngineFile& f) {
   w.str(f.kiln_version);
   w.str(f.backend);
   w.str(f.device_name);
-  w.u32(f.kernel_states.empty() ? 4 : 5);
+  w.u32(4 + (f.kernel_states.empty() ? 0 : 1) + (f.refit_program ? 1 : 0));
   BlobTable blobs;
   write_section(w, kTagPlan, [&] { write_graph(w, f.plan, blobs); });
+  if (f.refit_program) write_section(w, kTagRefit, [&] { write_graph(w, *f.refit_program, blobs); });
   write_section(w, kTagWeights, [&] { write_blobs(w, blobs); });
   write_section(w, kTagOptions, [&] {
     w.i32(f.options.optimization_level);
@@ -96,14 +98,14 @@ Bytes write_engine_file(const EngineFile& f) {
     });
   }
   w.patch_u64(size_at, w.size() + kEngineTrailerBytes);
-  w.u64(fnv1a64(w.buffer().data(), w.size()));
+  w.u64(checksum64(w.buffer().data(), w.size()));
   return std::move(w.buffer());
 }
 
 void reseal_engine_file(Bytes& file) {
   if (file.size() < kEngineHeaderFixedBytes + kEngineTrailerBytes) return;
   size_t body = file.size() - kEngineTrailerBytes;
-  uint64_t h = fnv1a64(file.data(), body);
+  uint64_t h = checksum64(file.data(), body);
   for (int i = 0; i < 8; ++i) file[body + size_t(i)] = uint8_t(h >> (8 * i));
 }
 
@@ -132,7 +134,7 @@ EngineFileHeader check_and_read_header(const uint8_t* data, size_t size, ByteRea
   KILN_CHECK(size == declared, kCorrupted, "engine file corrupted: it has ", size - declared,
              " bytes past the end its header records (", declared, " bytes)");
   const size_t body = size - kEngineTrailerBytes;
-  uint64_t stored = load_u64(data + body), computed = fnv1a64(data, body);
+  uint64_t stored = load_u64(data + body), computed = checksum64(data, body);
   if (stored != computed) {
     char msg[96];
     std::snprintf(msg, sizeof msg, "stored %016llx, computed %016llx", static_cast<unsigned long long>(stored),
@@ -168,7 +170,7 @@ EngineFile read_engine_file(const uint8_t* data, size_t size, const std::string&
   KILN_CHECK(f.device_name == device_name, kDeviceMismatch, "engine file was built for ", f.backend,
              " device '", f.device_name, "', this device is '", device_name, "'; rebuild the engine for it");
 
-  Section plan, weights, options, log, kernels;
+  Section plan, weights, options, log, kernels, refit;
   uint64_t nsections = r.count32(kMinSectionBytes, "sections");
   for (uint64_t i = 0; i < nsections; ++i) {
     uint32_t tag = r.u32();
@@ -176,7 +178,7 @@ EngineFile read_engine_file(const uint8_t* data, size_t size, const std::string&
     size_t offset = r.offset();
     const uint8_t* p = r.take(length);
     Section* s = tag == kTagPlan ? &plan : tag == kTagWeights ? &weights : tag == kTagOptions ? &options
-               : tag == kTagLog ? &log : tag == kTagKernels ? &kernels : nullptr;
+               : tag == kTagLog ? &log : tag == kTagKernels ? &kernels : tag == kTagRefit ? &refit : nullptr;
     if (!s) continue;  // a section this build does not use
     if (s->present) r.fail_corrupted(detail::concat("section ", tag_name(tag), " appears twice"));
     *s = Section{p, length, offset, true};
@@ -217,6 +219,11 @@ EngineFile read_engine_file(const uint8_t* data, size_t size, const std::string&
       b.assign(p, p + len);
     }
     expect_consumed(kr);
+  }
+  if (refit.present) {
+    ByteReader rr(refit.data, refit.size, refit.offset, "section RFIT");
+    f.refit_program = std::make_shared<const Graph>(read_graph(rr, blobs));
+    expect_consumed(rr);
   }
   return f;
 }

@@ -9,7 +9,7 @@
 //              str device name (Backend::device_name()), u32 section count
 //              sections, each: u32 tag (four characters, first in the lowest byte, so the
 //              file reads "PLAN"), u64 payload length, payload
-//   size - 8   trailer: u64 FNV-1a 64 of every byte before it
+//   size - 8   trailer: u64 checksum64 (src/serialize/byte_io.h) of every byte before it
 //
 // Sections (each exactly once, except BLOG which is optional; unknown tags are skipped so
 // that backends can add their own blobs):
@@ -34,6 +34,11 @@
 //   KERN  per plan node, in order: u32 node count, then per node u64 length + the bytes of
 //         Kernel::state() (the tactic and generated code; empty for most CPU kernels).
 //         Optional: absent means every state is empty.
+//   RFIT  the refit program (include/kiln/refit.h), a graph in the PLAN encoding whose
+//         constants are blobs of the same WGTS section: inputs named by the source weights,
+//         outputs named by the plan constants they re-derive. Optional: absent means the engine
+//         was built with immutable weights. Read like PLAN (bounds checked, rebuilt, verified),
+//         then Engine::create checks that its names and types fit the plan (kCorrupted).
 //
 // Reading checks, in order: magic (kCorrupted), format version (kVersionMismatch, naming
 // both), file size (kTruncated when short, kCorrupted when long), then the checksum before
@@ -46,6 +51,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -55,7 +61,7 @@
 namespace kiln::serialize {
 
 inline constexpr char kEngineMagic[8] = {'K', 'I', 'L', 'N', 'E', 'N', 'G', '\0'};
-inline constexpr uint32_t kEngineFormatVersion = 1;
+inline constexpr uint32_t kEngineFormatVersion = 2;  // 2: checksum64 replaced FNV-1a
 inline constexpr size_t kEngineHeaderFixedBytes = 20;  // magic, version, file size
 inline constexpr size_t kEngineTrailerBytes = 8;
 
@@ -67,6 +73,7 @@ struct EngineFile {
   KernelOptions options;
   std::string build_log;
   std::vector<Bytes> kernel_states;  // one per plan node, or empty
+  std::shared_ptr<const Graph> refit_program;  // null: immutable weights
 };
 
 Bytes write_engine_file(const EngineFile& file);

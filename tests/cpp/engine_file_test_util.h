@@ -18,9 +18,21 @@
 namespace kiln::engine_file_test {
 
 // ---- independent format helpers -------------------------------------------------------
-inline uint64_t fnv_ref(const uint8_t* p, size_t n) {
-  uint64_t h = 14695981039346656037ull;
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+// checksum64 as engine_file.h describes it, byte by byte and word by word.
+inline uint64_t checksum_ref(const uint8_t* p, size_t n) {
+  const uint64_t m = 0x9e3779b97f4a7c15ull;
+  uint64_t lane[4] = {0x243f6a8885a308d3ull, 0x13198a2e03707344ull, 0xa4093822299f31d0ull, 0x082efa98ec4e6c89ull};
+  for (size_t word = 0; word * 8 < n; ++word) {
+    uint64_t w = 0;
+    for (size_t j = 0; j < 8 && word * 8 + j < n; ++j) w |= uint64_t(p[word * 8 + j]) << (8 * j);
+    uint64_t x = (lane[word % 4] ^ w) * m;
+    lane[word % 4] = (x << 31) | (x >> 33);
+  }
+  uint64_t h = uint64_t(n) * m;
+  for (uint64_t l : lane) {
+    h = (h ^ l) * m;
+    h ^= h >> 32;
+  }
   return h;
 }
 inline uint64_t get_le(const Bytes& b, size_t at, int n) {
@@ -34,7 +46,7 @@ inline void put_le(Bytes& b, size_t at, uint64_t v, int n) {
 // Rewrites the size field and the trailing checksum after an edit.
 inline void reseal(Bytes& b) {
   put_le(b, 12, b.size(), 8);
-  put_le(b, b.size() - 8, fnv_ref(b.data(), b.size() - 8), 8);
+  put_le(b, b.size() - 8, checksum_ref(b.data(), b.size() - 8), 8);
 }
 
 struct SectionAt {

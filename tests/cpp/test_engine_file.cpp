@@ -58,9 +58,9 @@ TEST(EngineFile, MlpRoundTripKeepsPlanAndOutputs) {
   auto e = mlp_engine();
   Bytes file = e->serialize();
   EXPECT_EQ(std::memcmp(file.data(), "KILNENG\0", 8), 0);
-  EXPECT_EQ(get_le(file, 8, 4), 1u);
+  EXPECT_EQ(get_le(file, 8, 4), 2u);  // format version 2: checksum64
   EXPECT_EQ(get_le(file, 12, 8), file.size());
-  EXPECT_EQ(get_le(file, file.size() - 8, 8), fnv_ref(file.data(), file.size() - 8));
+  EXPECT_EQ(get_le(file, file.size() - 8, 8), checksum_ref(file.data(), file.size() - 8));
   auto loaded = Engine::deserialize(file.data(), file.size());
   expect_same_engine(*e, *loaded);
   // Writing the loaded engine gives the same plan, weights and options bytes (the build log

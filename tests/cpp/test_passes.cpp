@@ -313,21 +313,54 @@ TEST(FoldBatchNorm, ConvBatchNormGolden) {
             "  %9: f32[1,3,5,5] = relu(%8)\n"
             "  return %9 \"y\"\n"
             "}\n");
+  // The folding arithmetic is emitted as nodes on the constants, in f64 (W's dtype at the end) ...
   EXPECT_TRUE(fold_batch_norm(g));
   g.verify();
   EXPECT_EQ(g.to_string(),
             "graph(%0 \"x\": f32[1,2,5,5]) {\n"
-            "  %2: f32[3,2,3,3] = constant\n"
-            "  %3: f32[3] = constant\n"
-            "  %4: f32[1,3,5,5] = conv(%0, %2, %3) {dilation=[1,1], groups=1, padding=[1,1], stride=[1,1]}\n"
-            "  %1: f32[1,3,5,5] = relu(%4)\n"
+            "  %1 \"conv.weight\": f32[3,2,3,3] = weight\n"
+            "  %2 \"conv.bias\": f32[3] = weight\n"
+            "  %3 \"bn.running_mean\": f32[3] = weight\n"
+            "  %4 \"bn.running_var\": f32[3] = weight\n"
+            "  %5 \"bn.weight\": f32[3] = weight\n"
+            "  %6 \"bn.bias\": f32[3] = weight\n"
+            "  %8: f64[] = constant 0.001\n"
+            "  %9: f64[3] = cast(%4) {dtype=f64}\n"
+            "  %10: f64[3] = add(%9, %8)\n"
+            "  %11: f64[3] = sqrt(%10)\n"
+            "  %12: f64[3] = cast(%5) {dtype=f64}\n"
+            "  %13: f64[3] = div(%12, %11)\n"
+            "  %14: f64[3] = cast(%3) {dtype=f64}\n"
+            "  %15: f64[3] = cast(%2) {dtype=f64}\n"
+            "  %16: f64[3] = sub(%15, %14)\n"
+            "  %17: f64[3] = mul(%16, %13)\n"
+            "  %18: f64[3] = cast(%6) {dtype=f64}\n"
+            "  %19: f64[3] = add(%17, %18)\n"
+            "  %20: f64[3,1,1,1] = reshape(%13) {shape=[3,1,1,1]}\n"
+            "  %21: f64[3,2,3,3] = cast(%1) {dtype=f64}\n"
+            "  %22: f64[3,2,3,3] = mul(%21, %20)\n"
+            "  %23: f32[3,2,3,3] = cast(%22) {dtype=f32}\n"
+            "  %24: f32[3] = cast(%19) {dtype=f32}\n"
+            "  %25: f32[1,3,5,5] = conv(%0, %23, %24) {dilation=[1,1], groups=1, padding=[1,1], stride=[1,1]}\n"
+            "  %7: f32[1,3,5,5] = relu(%25)\n"
+            "  return %7 \"y\"\n"
+            "}\n");
+  // ... which fold_constants evaluates (the one place derived constants are made).
+  EXPECT_TRUE(fold_constants(g));
+  g.verify();
+  EXPECT_EQ(g.to_string(),
+            "graph(%0 \"x\": f32[1,2,5,5]) {\n"
+            "  %3: f32[3,2,3,3] = constant\n"
+            "  %4: f32[3] = constant\n"
+            "  %2: f32[1,3,5,5] = conv(%0, %3, %4) {dilation=[1,1], groups=1, padding=[1,1], stride=[1,1]}\n"
+            "  %1: f32[1,3,5,5] = relu(%2)\n"
             "  return %1 \"y\"\n"
             "}\n");
   // W' and b' against the formula, from the original constants.
   Floats w0 = constant_floats(original, w), b0 = constant_floats(original, b);
   Floats m = constant_floats(original, p.mean), v = constant_floats(original, p.var);
   Floats ga = constant_floats(original, p.gamma), be = constant_floats(original, p.beta);
-  Floats w1 = constant_floats(g, 2), b1 = constant_floats(g, 3);
+  Floats w1 = constant_floats(g, 3), b1 = constant_floats(g, 4);
   for (size_t o = 0; o < 3; ++o) {
     double s = double(ga[o]) / std::sqrt(double(v[o]) + 1e-3);
     EXPECT_NEAR(b1[o], (b0[o] - m[o]) * s + be[o], 1e-6);
@@ -349,6 +382,7 @@ TEST(FoldBatchNorm, GroupedConvWithoutBiasOrAffineMatchesUnfolded) {
   g.mark_output(g.add_node1(OpKind::kBatchNorm, {y, p.mean, p.var}, a), "y");
   const Graph original = g;
   EXPECT_TRUE(fold_batch_norm(g));
+  EXPECT_TRUE(fold_constants(g));
   g.verify();
   EXPECT_EQ(count_ops(g, OpKind::kBatchNorm), 0);
   ASSERT_EQ(g.nodes().size(), 1u);
@@ -368,6 +402,7 @@ TEST(FoldBatchNorm, GroupedConvTransposeScalesPerOutputChannel) {
   g.mark_output(batch_norm(g, y, bn_weights(g, 6, 33)), "y");
   const Graph original = g;
   EXPECT_TRUE(fold_batch_norm(g));
+  EXPECT_TRUE(fold_constants(g));
   g.verify();
   EXPECT_EQ(count_ops(g, OpKind::kBatchNorm), 0);
   EXPECT_EQ(count_ops(g, OpKind::kConvTranspose), 1);
@@ -384,6 +419,7 @@ TEST(FoldBatchNorm, LinearOverFeaturesMatchesUnfolded) {
   g.mark_output(batch_norm(g, y, bn_weights(g, 4, 43)), "y");
   const Graph original = g;
   EXPECT_TRUE(fold_batch_norm(g));
+  EXPECT_TRUE(fold_constants(g));
   g.verify();
   ASSERT_EQ(g.nodes().size(), 1u);
   EXPECT_EQ(g.nodes()[0]->op, OpKind::kLinear);
@@ -403,6 +439,7 @@ TEST(FoldBatchNorm, HalfWeightsFoldInDoubleAndRoundOnce) {
   g.mark_output(batch_norm(g, y, p), "y");
   const Graph original = g;
   ASSERT_TRUE(fold_batch_norm(g));
+  ASSERT_TRUE(fold_constants(g));
   g.verify();
   const Node& conv = *g.nodes()[0];
   const Value& w1 = g.value(conv.inputs[1]);
@@ -717,8 +754,9 @@ TEST(Pipeline, BuilderFoldsFusesAndMatchesTheUnoptimizedGraph) {
     auto engine = Builder(cfg).build(g);
     const Graph& plan = engine->graph();
     EXPECT_EQ(count_ops(plan, OpKind::kBatchNorm), 0);
+    EXPECT_EQ(count_ops(plan, OpKind::kRelu), 0);  // in the conv's epilogue (fuse_epilogue)
     EXPECT_EQ(count_ops(plan, OpKind::kFusedPointwise), fuse ? 1 : 0);
-    EXPECT_EQ(plan.nodes().size(), fuse ? 2u : 4u);
+    EXPECT_EQ(plan.nodes().size(), fuse ? 2u : 3u);
     EXPECT_LE(engine->memory_plan().arena_bytes, engine->memory_plan().naive_bytes);
     expect_close(run(engine, in), want, 1e-5f);
   }

@@ -38,10 +38,18 @@ def reference(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     return x.astype(np.float64) @ w.T.astype(np.float64) + b
 
 
-def fnv1a64(data: bytes) -> int:
-    h = 0xCBF29CE484222325
-    for byte in data:
-        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+def checksum64(data: bytes) -> int:
+    """The engine file checksum as src/serialize/engine_file.h describes it."""
+    mask, m = (1 << 64) - 1, 0x9E3779B97F4A7C15
+    lanes = [0x243F6A8885A308D3, 0x13198A2E03707344, 0xA4093822299F31D0, 0x082EFA98EC4E6C89]
+    for word in range((len(data) + 7) // 8):
+        w = int.from_bytes(data[8 * word: 8 * word + 8], "little")
+        x = ((lanes[word % 4] ^ w) * m) & mask
+        lanes[word % 4] = ((x << 31) | (x >> 33)) & mask
+    h = (len(data) * m) & mask
+    for lane in lanes:
+        h = ((h ^ lane) * m) & mask
+        h ^= h >> 32
     return h
 
 
@@ -339,7 +347,7 @@ def test_damaged_engine_files_raise_engine_file_errors(engine, tmp_path: Path) -
     body = data[:-8]
     at = body.index(b"\x03\x00\x00\x00cpu", 20)
     foreign = body[:at] + b"\x03\x00\x00\x00xpu" + body[at + 7:]
-    foreign += struct.pack("<Q", fnv1a64(foreign))
+    foreign += struct.pack("<Q", checksum64(foreign))
     with pytest.raises(kiln.DeviceMismatchError, match="xpu"):
         Engine.deserialize(foreign)
     with pytest.raises(kiln.EngineFileError):

@@ -286,6 +286,31 @@ def test_engine_weights_keep_their_module_paths() -> None:
     assert {"fc1.weight", "fc1.bias"} <= names, names
 
 
+def test_second_instance_of_a_class_runs_with_its_own_weights() -> None:
+    # Dynamo reuses one captured graph for every instance of a class (parameters are graph
+    # inputs); the engines were built from the first instance's weights and must not serve the second.
+    graphs: list[Any] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        graphs.append(kiln.dynamo.kiln_backend(gm, example_inputs, options={"min_block_size": 1}))
+        return graphs[-1]
+
+    torch._dynamo.reset()
+    a, b = MLP().eval(), MLP().eval()
+    fa, fb = torch.compile(a, backend=backend, dynamic=False), torch.compile(b, backend=backend, dynamic=False)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        for _ in range(2):  # alternate: each instance keeps its own engines
+            torch.testing.assert_close(fa(x), a(x))
+            torch.testing.assert_close(fb(x), b(x))
+        assert not torch.allclose(a(x), b(x))
+        c = MLP().eval()
+        c.load_state_dict(a.state_dict())  # equal values, other tensors: engines of its own
+        torch.testing.assert_close(torch.compile(c, backend=backend, dynamic=False)(x), a(x))
+    (graph,) = graphs  # one Dynamo graph, one specialization per instance
+    assert len(graph.graph_modules) == 3
+
+
 def test_graph_mutating_its_input_runs_eagerly_with_a_warning() -> None:
     def f(x: torch.Tensor) -> torch.Tensor:
         x.add_(1.0)

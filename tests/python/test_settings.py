@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from kiln.cache import DiskEngineCache, default_cache_dir
 from kiln.settings import CompilationSettings, option_names, settings_from_options
 
 
@@ -17,7 +18,7 @@ def test_defaults_are_documented_values() -> None:
     assert s.torch_executed_ops == frozenset()
     assert not s.require_full_compilation and not s.pass_through_build_failures
     assert s.optimization_level == 3 and s.device is None and s.dryrun is False
-    assert s.immutable_weights and not s.cache_built_engines and s.use_cuda_graphs
+    assert not s.immutable_weights and not s.cache_built_engines and s.use_cuda_graphs
     assert not s.builds_nothing
 
 
@@ -70,6 +71,8 @@ def test_keyword_options_and_mapping_merge() -> None:
     ("dryrun", "", "empty path"),
     ("engine_cache_dir", None, "'engine_cache_dir' must be a directory path"),
     ("engine_cache_size", -5, "'engine_cache_size' must be >= 0"),
+    ("custom_engine_cache", {}, "'custom_engine_cache' must be a kiln.EngineCache"),
+    ("custom_engine_cache", "/tmp/store", "'custom_engine_cache' must be a kiln.EngineCache"),
 ])
 def test_bad_values_raise_naming_the_key(key: str, value: object, fragment: str) -> None:
     with pytest.raises(ValueError) as info:
@@ -78,8 +81,9 @@ def test_bad_values_raise_naming_the_key(key: str, value: object, fragment: str)
 
 
 @pytest.mark.parametrize("changes,fragment", [
-    ({"cache_built_engines": True}, "immutable_weights=False"),
-    ({"reuse_cached_engines": True}, "immutable_weights=False"),
+    ({"cache_built_engines": True, "immutable_weights": True}, "immutable_weights=False"),
+    ({"reuse_cached_engines": True, "immutable_weights": True}, "immutable_weights=False"),
+    ({"custom_engine_cache": DiskEngineCache("/nonexistent")}, "custom_engine_cache"),
     ({"require_full_compilation": True, "torch_executed_ops": {"aten.add"}}, "torch_executed_ops"),
     ({"require_full_compilation": True, "min_block_size": math.inf}, "min_block_size=inf"),
 ])
@@ -92,6 +96,12 @@ def test_cache_options_accepted_with_mutable_weights(tmp_path: object) -> None:
     s = CompilationSettings(cache_built_engines=True, reuse_cached_engines=True, immutable_weights=False,
                             engine_cache_dir=str(tmp_path), engine_cache_size=1 << 20)
     assert s.cache_built_engines and s.engine_cache_size == 1 << 20
+    store = DiskEngineCache(str(tmp_path))
+    assert CompilationSettings(reuse_cached_engines=True, custom_engine_cache=store).custom_engine_cache is store
+
+
+def test_default_engine_cache_dir_is_the_user_cache() -> None:
+    assert CompilationSettings().engine_cache_dir == default_cache_dir()
 
 
 def test_normalization() -> None:

@@ -1,0 +1,217 @@
+"""Building an engine through the engine cache: the key, the hit path (load + refit), the store.
+
+With ``reuse_cached_engines`` a block's engine is first looked up by its key; with
+``cache_built_engines`` a freshly built engine is stored under it. The key is a SHA-256 over
+
+* the block's import description without weight bytes (kiln.translate.canonical_description):
+  every op's target and arguments, every tensor's dtype, shape, strides and shape ranges, the
+  inputs, outputs and the constants' names, shapes and dtypes;
+* the bytes of the constants that are not model weights (lifted constants and values folded at
+  lowering): the engine bakes them in and refit does not replace them, so they must match;
+* every build-affecting setting (all settings except those listed in ``_NOT_BUILD_SETTINGS``,
+  so a setting added later is part of the key unless declared otherwise);
+* the Kiln version, the key format and the device: its kind and name (on CUDA the GPU's name and
+  compute capability, not its index, so one GPU's engines serve every GPU of the same model).
+
+A hit deserializes the engine, checks its I/O against the block and refits the block's current
+weights into it, so the same architecture with other weights reuses it. A damaged or foreign
+entry (unreadable, wrong I/O) is removed and counts as a miss; the compilation then builds.
+Nothing here raises into a compilation because of the cache: failures are logged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import platform
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from kiln import _C
+from kiln.cache import EngineCache, engine_cache_for, log
+from kiln.settings import CompilationSettings
+from kiln.translate import canonical_description, torch_dtype
+
+__all__ = ["CachedBuild", "engine_cache_key", "cache_stats", "reset_cache_stats", "count"]
+
+_KEY_FORMAT = "kiln-engine-cache-1"
+# Settings that change which blocks exist (already in the description), where engines are
+# kept, or how they are run, but never the engine built for a given block.
+_NOT_BUILD_SETTINGS = frozenset({
+    "min_block_size", "torch_executed_ops", "require_full_compilation", "pass_through_build_failures",
+    "debug", "dryrun", "cache_built_engines", "reuse_cached_engines", "engine_cache_dir",
+    "engine_cache_size", "custom_engine_cache", "use_cuda_graphs",
+    "device",  # the key has the device's kind and name instead: cuda:1 reuses cuda:0's engines
+})
+
+_stats: dict[str, int] = {}
+_stats_lock = threading.Lock()
+_STAT_NAMES = ("builds", "hits", "misses", "stored", "refits", "rejected")
+
+
+def count(name: str, n: int = 1) -> None:
+    with _stats_lock:
+        _stats[name] = _stats.get(name, 0) + n
+
+
+def cache_stats() -> dict[str, int]:
+    """Process-wide counters: engines built, cache hits / misses / stores, refits on a hit, and
+    entries rejected as damaged or foreign."""
+    with _stats_lock:
+        return {name: _stats.get(name, 0) for name in _STAT_NAMES}
+
+
+def reset_cache_stats() -> None:
+    with _stats_lock:
+        _stats.clear()
+
+
+def device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        index = int(device.partition(":")[2] or 0)
+        props = torch.cuda.get_device_properties(index)
+        return f"{props.name} sm_{props.major}{props.minor}"
+    return f"cpu {platform.machine()}"
+
+
+def _settings_text(settings: CompilationSettings) -> str:
+    parts = []
+    for f in dataclasses.fields(settings):
+        if f.name in _NOT_BUILD_SETTINGS:
+            continue
+        value = getattr(settings, f.name)
+        if isinstance(value, (frozenset, set)):
+            value = sorted(str(v) for v in value)
+        parts.append(f"{f.name}={value!r}")
+    return ";".join(parts)
+
+
+def engine_cache_key(description: Any, settings: CompilationSettings, device: str) -> str:
+    """The hex SHA-256 naming the engine of this import description under these settings."""
+    h = hashlib.sha256()
+    kind = device.partition(":")[0]
+    for text in (_KEY_FORMAT, _C.__version__, kind, device_name(device), _settings_text(settings)):
+        h.update(text.encode())
+        h.update(b"\0")
+    h.update(canonical_description(description).encode())
+    for constant in description.constants:
+        if not constant.weight:
+            h.update(f"{constant.name}\0".encode())
+            h.update(hashlib.sha256(constant.data).digest())
+    return h.hexdigest()
+
+
+def _weights_of(description: Any, sources: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    """The block's current model weights by name (the refit's input). A tensor of ``sources``
+    (the block's constants by name) whose name, shape and dtype the description confirms is used
+    as it is; any other weight is read back from the description (a copy)."""
+    found: dict[str, torch.Tensor] = {}
+    for constant in description.constants:
+        if not constant.weight:
+            continue
+        meta = description.tensor(constant.tensor)
+        dtype, shape = torch_dtype(meta.dtype), list(meta.shape)
+        src = sources.get(constant.name) if sources is not None else None
+        if src is not None and list(src.shape) == shape and src.dtype in (dtype, torch.float64):
+            found[constant.name] = src.detach().to(dtype)  # float64 only with truncate_double
+        else:
+            data = torch.frombuffer(bytearray(constant.data), dtype=torch.uint8)
+            found[constant.name] = data.view(dtype).reshape(shape)
+    return found
+
+
+class CachedBuild:
+    """One block's dealings with the cache: ``load`` on reuse, ``store`` after a build."""
+
+    def __init__(self, description: Any, settings: CompilationSettings, device: str, name: str,
+                 sources: Mapping[str, torch.Tensor] | None = None) -> None:
+        self.description = description
+        self.sources = sources
+        self.device = device
+        self.name = name
+        self.store_: EngineCache = engine_cache_for(settings)
+        self.key = engine_cache_key(description, settings, device)
+
+    @classmethod
+    def create(cls, description: Any, settings: CompilationSettings, device: str, name: str,
+               sources: Mapping[str, torch.Tensor] | None = None) -> CachedBuild | None:
+        """A CachedBuild when the settings ask for the cache and the key can be made, else None
+        (logged: the cache never fails a compilation)."""
+        if not (settings.reuse_cached_engines or settings.cache_built_engines):
+            return None
+        try:
+            return cls(description, settings, device, name, sources)
+        except Exception as err:  # noqa: BLE001
+            log.warning("engine cache: no key for %s (%s: %s); building without the cache",
+                        name, type(err).__name__, err)
+            return None
+
+    def load(self, make_module: Callable[[Any], Any], check: Callable[[Any], None]) -> Any | None:
+        """The engine module of a hit, refitted with the current weights; None on a miss."""
+        start = time.perf_counter()
+        try:
+            data = self.store_.get(self.key)
+        except Exception as err:  # noqa: BLE001 - a user store must not break compilation
+            log.warning("engine cache: %r failed to read %s: %s", self.store_, self.key, err)
+            data = None
+        if data is None:
+            count("misses")
+            log.info("engine cache miss for %s (key %s)", self.name, self.key[:16])
+            return None
+        read = time.perf_counter()
+        try:
+            engine = _C.Engine.deserialize(data, self.device)
+            check(engine)
+        except (_C.KilnError, TypeError, ValueError) as err:  # damaged, foreign, or not bytes
+            self._reject(f"cannot be used ({err})")
+            count("misses")
+            return None
+        module = make_module(engine)
+        loaded = time.perf_counter()
+        if not self._refit(module):
+            count("misses")
+            return None
+        count("hits")
+        log.info("engine cache hit for %s (key %s, %d bytes): read %.3f s, load %.3f s, refit %.3f s",
+                 self.name, self.key[:16], len(data), read - start, loaded - read, time.perf_counter() - loaded)
+        return module
+
+    def _refit(self, module: Any) -> bool:
+        weights = _weights_of(self.description, self.sources)
+        if not weights:
+            return True  # nothing to refit: the engine is the block's as it is
+        try:
+            from kiln.refit import engine_weights_from, refit_engine_module
+        except ImportError as err:
+            log.warning("engine cache: cannot refit the cached engine of %s (%s); building it", self.name, err)
+            return False
+        try:
+            # Only the weights the engine takes (a block weight it folded away is not one).
+            refit_engine_module(module, engine_weights_from(weights, module))
+        except (RuntimeError, ValueError, TypeError, KeyError) as err:  # KilnError is a RuntimeError
+            self._reject(f"cannot be refitted ({err})")
+            return False
+        count("refits")
+        return True
+
+    def _reject(self, why: str) -> None:
+        count("rejected")
+        log.warning("engine cache: entry %s for %s %s; removing it", self.key[:16], self.name, why)
+        try:
+            self.store_.remove(self.key)
+        except Exception as err:  # noqa: BLE001
+            log.warning("engine cache: %r failed to remove %s: %s", self.store_, self.key, err)
+
+    def store(self, engine: Any) -> None:
+        try:
+            data = engine.serialize()
+            self.store_.put(self.key, bytes(data))
+        except Exception as err:  # noqa: BLE001 - a full disk must not fail the compilation
+            log.warning("engine cache: could not store the engine of %s: %s", self.name, err)
+            return
+        count("stored")
+        log.info("engine cache: stored %s (key %s, %d bytes)", self.name, self.key[:16], len(data))
