@@ -64,6 +64,12 @@ class Engine : public std::enable_shared_from_this<Engine> {
   const Graph* refit_program() const { return refit_program_.get(); }
   // Incremented by every refit.
   uint64_t weights_version() const { return weights_version_; }
+  // An opaque identifier of the source weights the constants were built or refitted from, set
+  // by a front end (the engine cache keeps a fingerprint of the model's weights here, so that a
+  // hit with the same weights needs no refit). Saved in engine files; a refit clears it, since
+  // the constants then come from other weights.
+  const std::string& source_weights_id() const { return source_weights_id_; }
+  void set_source_weights_id(std::string id) { source_weights_id_ = std::move(id); }
 
   // use_graphs: replay a captured graph per call where the backend can (see above).
   std::unique_ptr<ExecutionContext> create_execution_context(bool use_graphs = true) const;
@@ -97,6 +103,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::shared_ptr<const Graph> refit_program_;  // null: immutable weights
   std::vector<Value*> refit_targets_;           // per program output: the plan (or fused body) constant
   uint64_t weights_version_ = 0;
+  std::string source_weights_id_;
 };
 
 class ExecutionContext {

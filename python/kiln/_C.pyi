@@ -427,6 +427,15 @@ class Engine:
         """How many refits the engine has had."""
 
     @property
+    def source_weights_id(self) -> str:
+        """
+        An opaque label of the weights the constants came from (saved; a refit clears it).
+        """
+
+    @source_weights_id.setter
+    def source_weights_id(self, arg: str, /) -> None: ...
+
+    @property
     def num_nodes(self) -> int: ...
 
     @property
@@ -796,6 +805,11 @@ def import_aten(graph: ImportGraph) -> Graph:
 
 def supported_aten_targets() -> list[str]:
     """Every ATen overload with an importer, sorted."""
+
+def checksum64(address: int, nbytes: int) -> int:
+    """
+    The engine file checksum (checksum64) of `nbytes` bytes at a host address: a fast fingerprint.
+    """
 
 def cuda_available() -> bool:
     """Whether this build has the CUDA backend and a CUDA device is present."""

@@ -14,7 +14,10 @@ With ``reuse_cached_engines`` a block's engine is first looked up by its key; wi
   compute capability, not its index, so one GPU's engines serve every GPU of the same model).
 
 A hit deserializes the engine, checks its I/O against the block and refits the block's current
-weights into it, so the same architecture with other weights reuses it. A damaged or foreign
+weights into it, so the same architecture with other weights reuses it. A stored engine carries a
+fingerprint of the weights it was built from (``Engine.source_weights_id``: per weight its name,
+dtype, shape and checksum64); when the block's weights have the same fingerprint (the same model
+in a new process) the refit would change nothing and is skipped. A damaged or foreign
 entry (unreadable, wrong I/O) is removed and counts as a miss; the compilation then builds.
 Nothing here raises into a compilation because of the cache: failures are logged.
 """
@@ -50,7 +53,7 @@ _NOT_BUILD_SETTINGS = frozenset({
 
 _stats: dict[str, int] = {}
 _stats_lock = threading.Lock()
-_STAT_NAMES = ("builds", "hits", "misses", "stored", "refits", "rejected")
+_STAT_NAMES = ("builds", "hits", "misses", "stored", "refits", "refits_skipped", "rejected")
 
 
 def count(name: str, n: int = 1) -> None:
@@ -124,6 +127,20 @@ def _weights_of(description: Any, sources: Mapping[str, torch.Tensor] | None) ->
     return found
 
 
+def weights_fingerprint(weights: Mapping[str, torch.Tensor]) -> str:
+    """A hex SHA-256 over each weight's name, dtype, shape and checksum64 of its bytes."""
+    h = hashlib.sha256(b"kiln-weights-1\0")
+    for name in sorted(weights):
+        t = weights[name].detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        t = t.contiguous()
+        nbytes = t.numel() * t.element_size()
+        h.update(f"{name}\0{t.dtype}\0{list(t.shape)}\0".encode())
+        h.update(_C.checksum64(t.data_ptr(), nbytes).to_bytes(8, "little") if nbytes else b"")
+    return h.hexdigest()
+
+
 class CachedBuild:
     """One block's dealings with the cache: ``load`` on reuse, ``store`` after a build."""
 
@@ -135,6 +152,19 @@ class CachedBuild:
         self.name = name
         self.store_: EngineCache = engine_cache_for(settings)
         self.key = engine_cache_key(description, settings, device)
+        self._weights: dict[str, torch.Tensor] | None = None
+        self._fingerprint: str | None = None
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The block's current model weights by name (computed once)."""
+        if self._weights is None:
+            self._weights = _weights_of(self.description, self.sources)
+        return self._weights
+
+    def fingerprint(self) -> str:
+        if self._fingerprint is None:
+            self._fingerprint = weights_fingerprint(self.weights())
+        return self._fingerprint
 
     @classmethod
     def create(cls, description: Any, settings: CompilationSettings, device: str, name: str,
@@ -181,9 +211,13 @@ class CachedBuild:
         return module
 
     def _refit(self, module: Any) -> bool:
-        weights = _weights_of(self.description, self.sources)
+        weights = self.weights()
         if not weights:
             return True  # nothing to refit: the engine is the block's as it is
+        stored = module.engine.source_weights_id
+        if stored and stored == self.fingerprint():
+            count("refits_skipped")  # built from these very weights: a refit would change nothing
+            return True
         try:
             from kiln.refit import engine_weights_from, refit_engine_module
         except ImportError as err:
@@ -208,6 +242,7 @@ class CachedBuild:
 
     def store(self, engine: Any) -> None:
         try:
+            engine.source_weights_id = self.fingerprint()  # the weights it was just built from
             data = engine.serialize()
             self.store_.put(self.key, bytes(data))
         except Exception as err:  # noqa: BLE001 - a full disk must not fail the compilation

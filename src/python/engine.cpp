@@ -161,6 +161,8 @@ void bind_engine(nb::module_& m) {
       .def_prop_ro("refittable", &Engine::refittable,
                    "Whether a Refitter can change the weights (built with refittable=True).")
       .def_prop_ro("weights_version", &Engine::weights_version, "How many refits the engine has had.")
+      .def_prop_rw("source_weights_id", &Engine::source_weights_id, &Engine::set_source_weights_id,
+                   "An opaque label of the weights the constants came from (saved; a refit clears it).")
       .def_prop_ro("num_nodes", [](const Engine& e) { return e.graph().nodes().size(); })
       .def_prop_ro("graph_text", [](const Engine& e) { return e.graph().to_string(); }, "The plan as text.")
       .def("graph", [](const Engine& e) { return Graph(e.graph()); }, "A copy of the optimized plan.")

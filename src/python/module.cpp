@@ -24,6 +24,7 @@
 #include "kiln/backend.h"
 #include "kiln/errors.h"
 #include "src/python/bindings.h"
+#include "src/serialize/byte_io.h"
 
 namespace kiln::python {
 
@@ -147,6 +148,13 @@ NB_MODULE(_C, m) {
   kp::bind_engine(m);
   kp::bind_import(m);
   kp::bind_refit(m);
+  m.def("checksum64", [](nanobind::handle address, size_t nbytes) {
+          const auto* p = static_cast<const uint8_t*>(kp::pointer_from_int(address, "address"));
+          nanobind::gil_scoped_release release;
+          return kiln::serialize::checksum64(p, nbytes);
+        }, nanobind::arg("address"), nanobind::arg("nbytes"),
+        nanobind::sig("def checksum64(address: int, nbytes: int) -> int"),
+        "The engine file checksum (checksum64) of `nbytes` bytes at a host address: a fast fingerprint.");
   m.def("cuda_available", [] { return kiln::backend_available(kiln::DeviceType::kCUDA); },
         "Whether this build has the CUDA backend and a CUDA device is present.");
 }

@@ -46,6 +46,7 @@ Bytes Engine::serialize() const {
   for (const Bytes& b : kernel_states_) any_state = any_state || !b.empty();
   if (any_state) f.kernel_states = kernel_states_;
   f.refit_program = refit_program_;
+  f.source_weights_id = source_weights_id_;
   return serialize::write_engine_file(f);
 }
 
@@ -54,8 +55,10 @@ std::shared_ptr<Engine> Engine::deserialize(const uint8_t* data, size_t size, co
   serialize::EngineFile f = serialize::read_engine_file(data, size, be.name(), be.device_name());
   std::string log = f.build_log + "loaded from an engine file (" + std::to_string(size) + " bytes, written by Kiln " +
                     f.kiln_version + ")\n";
-  return Engine::create(std::move(f.plan), device, f.options, std::move(log), f.kernel_states,
-                        std::move(f.refit_program));
+  std::shared_ptr<Engine> e = Engine::create(std::move(f.plan), device, f.options, std::move(log), f.kernel_states,
+                                             std::move(f.refit_program));
+  e->source_weights_id_ = std::move(f.source_weights_id);
+  return e;
 }
 
 void Engine::save(const std::string& path) const {

@@ -201,6 +201,7 @@ void Refitter::refit() {
     e.kernels_[i] = std::move(k);
   }
   ++e.weights_version_;
+  e.source_weights_id_.clear();
   pending_.clear();
 }
 

@@ -24,6 +24,7 @@ constexpr uint32_t kTagOptions = fourcc("OPTS");
 constexpr uint32_t kTagLog = fourcc("BLOG");
 constexpr uint32_t kTagKernels = fourcc("KERN");
 constexpr uint32_t kTagRefit = fourcc("RFIT");
+constexpr uint32_t kTagSourceWeights = fourcc("SWID");
 constexpr size_t kMinSectionBytes = 4 + 8;
 
 std::string tag_name(uint32_t tag) {
@@ -78,7 +79,7 @@ Bytes write_engine_file(const EngineFile& f) {
   w.str(f.kiln_version);
   w.str(f.backend);
   w.str(f.device_name);
-  w.u32(4 + (f.kernel_states.empty() ? 0 : 1) + (f.refit_program ? 1 : 0));
+  w.u32(4 + (f.kernel_states.empty() ? 0 : 1) + (f.refit_program ? 1 : 0) + (f.source_weights_id.empty() ? 0 : 1));
   BlobTable blobs;
   write_section(w, kTagPlan, [&] { write_graph(w, f.plan, blobs); });
   if (f.refit_program) write_section(w, kTagRefit, [&] { write_graph(w, *f.refit_program, blobs); });
@@ -88,6 +89,7 @@ Bytes write_engine_file(const EngineFile& f) {
     w.u64(f.options.workspace_limit);
   });
   write_section(w, kTagLog, [&] { w.str(f.build_log); });
+  if (!f.source_weights_id.empty()) write_section(w, kTagSourceWeights, [&] { w.str(f.source_weights_id); });
   if (!f.kernel_states.empty()) {
     write_section(w, kTagKernels, [&] {
       w.u32(uint32_t(f.kernel_states.size()));
@@ -170,7 +172,7 @@ EngineFile read_engine_file(const uint8_t* data, size_t size, const std::string&
   KILN_CHECK(f.device_name == device_name, kDeviceMismatch, "engine file was built for ", f.backend,
              " device '", f.device_name, "', this device is '", device_name, "'; rebuild the engine for it");
 
-  Section plan, weights, options, log, kernels, refit;
+  Section plan, weights, options, log, kernels, refit, swid;
   uint64_t nsections = r.count32(kMinSectionBytes, "sections");
   for (uint64_t i = 0; i < nsections; ++i) {
     uint32_t tag = r.u32();
@@ -178,7 +180,8 @@ EngineFile read_engine_file(const uint8_t* data, size_t size, const std::string&
     size_t offset = r.offset();
     const uint8_t* p = r.take(length);
     Section* s = tag == kTagPlan ? &plan : tag == kTagWeights ? &weights : tag == kTagOptions ? &options
-               : tag == kTagLog ? &log : tag == kTagKernels ? &kernels : tag == kTagRefit ? &refit : nullptr;
+               : tag == kTagLog ? &log : tag == kTagKernels ? &kernels : tag == kTagRefit ? &refit
+               : tag == kTagSourceWeights ? &swid : nullptr;
     if (!s) continue;  // a section this build does not use
     if (s->present) r.fail_corrupted(detail::concat("section ", tag_name(tag), " appears twice"));
     *s = Section{p, length, offset, true};
@@ -219,6 +222,11 @@ EngineFile read_engine_file(const uint8_t* data, size_t size, const std::string&
       b.assign(p, p + len);
     }
     expect_consumed(kr);
+  }
+  if (swid.present) {
+    ByteReader sr(swid.data, swid.size, swid.offset, "section SWID");
+    f.source_weights_id = sr.str();
+    expect_consumed(sr);
   }
   if (refit.present) {
     ByteReader rr(refit.data, refit.size, refit.offset, "section RFIT");

@@ -39,6 +39,8 @@
 //         outputs named by the plan constants they re-derive. Optional: absent means the engine
 //         was built with immutable weights. Read like PLAN (bounds checked, rebuilt, verified),
 //         then Engine::create checks that its names and types fit the plan (kCorrupted).
+//   SWID  str: Engine::source_weights_id(), an opaque label of the weights the constants came
+//         from (the engine cache's fingerprint). Optional: absent means none.
 //
 // Reading checks, in order: magic (kCorrupted), format version (kVersionMismatch, naming
 // both), file size (kTruncated when short, kCorrupted when long), then the checksum before
@@ -74,6 +76,7 @@ struct EngineFile {
   std::string build_log;
   std::vector<Bytes> kernel_states;  // one per plan node, or empty
   std::shared_ptr<const Graph> refit_program;  // null: immutable weights
+  std::string source_weights_id;               // Engine::source_weights_id(); empty: no SWID section
 };
 
 Bytes write_engine_file(const EngineFile& file);

@@ -295,7 +295,7 @@ std::vector<Blob> read_blobs(ByteReader& r) {
     uint64_t size = r.u64();
     r.align(kBlobAlignment);
     const uint8_t* p = r.take(size);
-    b = std::make_shared<const Bytes>(p, p + size);
+    b = std::make_shared<Bytes>(p, p + size);  // not const: a refittable engine may own and rewrite it
   }
   return blobs;
 }

@@ -184,6 +184,8 @@ def test_second_process_hits_and_builds_nothing(tmp_path: Path) -> None:
     assert first["builds"] == 1 and first["stored"] == 1 and first["misses"] == 1 and first["hits"] == 0
     second = run_in_process(tmp_path / "cache", 0, tmp_path / "b.pt")
     assert second["builds"] == 0 and second["hits"] == 1 and second["stored"] == 0
+    # The same weights as the stored engine's (its fingerprint matches): no refit needed.
+    assert second["refits"] == 0 and second["refits_skipped"] == 1
     x, ya = torch.load(tmp_path / "a.pt")
     _, yb = torch.load(tmp_path / "b.pt")
     with torch.no_grad():
@@ -201,6 +203,7 @@ def test_same_architecture_other_weights_hits_with_the_new_weights(tmp_path: Pat
         torch.testing.assert_close(yb, b(x), atol=1e-4, rtol=1e-4)
     assert not torch.allclose(ya, yb, atol=1e-2)
     assert cache_stats()["builds"] == 1 and cache_stats()["hits"] == 1
+    assert cache_stats()["refits"] == 1 and cache_stats()["refits_skipped"] == 0  # other weights: refitted
     assert len(DiskEngineCache(tmp_path).entries()) == 1
 
 

@@ -202,3 +202,17 @@ def test_refit_of_one_plan_weight_and_a_pickled_module(tmp_path: Any) -> None:
     kiln.refit(loaded, new)
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), new(x), atol=1e-4, rtol=1e-4)
+
+
+def test_source_weights_id_is_saved_and_cleared_by_a_refit() -> None:
+    old, new, x = conv_pair()
+    compiled = kiln.compile(old, [x], min_block_size=1)
+    (module,) = engines_of(compiled)
+    engine = module.engine
+    assert engine.source_weights_id == ""
+    engine.source_weights_id = "weights-a"
+    loaded = _C.Engine.deserialize(engine.serialize())
+    assert loaded.source_weights_id == "weights-a"
+    kiln.refit(compiled, new)  # other weights: the label no longer holds
+    assert engine.source_weights_id == "" and engine.weights_version == 1
+    assert _C.Engine.deserialize(engine.serialize()).source_weights_id == ""
