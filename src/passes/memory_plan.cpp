@@ -4,15 +4,31 @@
 // A value lives from the index of the node that produces it to the index of its last user
 // (inclusive on both ends; a value nobody reads lives only at its producer, which still writes
 // it). Because both ends are inclusive, a node's outputs are live together with its inputs and
-// never alias them. Placement is greedy by size: largest first, each at the lowest aligned
-// offset that does not overlap a placed value whose lifetime intersects its own. Ties break by
-// producer index then id, so a plan is deterministic.
+// never overlap them, with one exception, the alias rule below. Placement is greedy by size:
+// largest first, each at the lowest aligned offset that does not overlap a placed block whose
+// lifetime intersects its own. Ties break by producer index then id, so a plan is deterministic.
+//
+// Alias rule (when `alias_views` is on, the default): a reshape or copy whose input and output
+// are both arena values (intermediates with at least one byte) and have the same dtype and byte
+// count puts its output on its input's bytes: same offset, no byte moves (every tensor is dense
+// and row-major, so a reshape is a new shape over the same bytes, and a copy keeps the type).
+// Such values form an alias group rooted at the first value that is not an alias (chains of
+// reshapes and several reshapes of one value included); the group is one block whose lifetime
+// runs from the root's producer to the last use of any member. So no node writes the group's
+// bytes while a member can still be read, and nothing else is written there: values are never
+// updated in place, and the only nodes producing a member are the aliasing ones themselves,
+// whose kernels do nothing when their input and output pointers are equal (cpu/shape.cpp,
+// cuda/shape.cpp). A reshape or copy from a graph input or constant, or into a graph output,
+// still copies: those are not in the arena.
 //
 // Does: sizes rounded up to `alignment`, offsets multiples of it; zero-byte values get offset 0
-// and take no space; naive_bytes is the sum of the rounded sizes (the arena without reuse).
+// and take no space; naive_bytes is the sum of every intermediate's rounded size, aliases
+// included (the arena with neither reuse nor aliasing), so arena_bytes <= naive_bytes.
 // Does not: plan graph inputs, outputs or constants (offset -1; the caller binds those), plan
-// the values inside a fused node's body (the fused kernel keeps them in registers), or reuse an
-// input's buffer in place for an output.
+// the values inside a fused node's body (the fused kernel keeps them in registers), alias any
+// other op (permute, expand, slice, ... move bytes even when some attributes make them an
+// identity; passes or importers remove those), or reuse an input's buffer in place for an
+// output that differs from it.
 #include <algorithm>
 
 #include "kiln/errors.h"
@@ -23,9 +39,9 @@ namespace kiln {
 namespace {
 
 struct Block {
-  ValueId id;
-  size_t size;   // rounded to the alignment
-  int first, last;  // lifetime in node indices, inclusive
+  ValueId id;       // the alias group's root
+  size_t size;      // rounded to the alignment
+  int first, last;  // lifetime in node indices, inclusive, over every member of the group
   int64_t offset = -1;
 };
 
@@ -33,7 +49,14 @@ bool lifetimes_overlap(const Block& a, const Block& b) { return a.first <= b.las
 
 }  // namespace
 
-MemoryPlan plan_memory(const Graph& g, size_t alignment) {
+bool output_reinterprets_input(const Node& n, const Graph& g) {
+  if (n.op != OpKind::kReshape && n.op != OpKind::kCopy) return false;
+  if (n.inputs.size() != 1 || n.outputs.size() != 1 || n.inputs[0] == kNoValue) return false;
+  const TensorType &x = g.type(n.inputs[0]), &y = g.type(n.outputs[0]);
+  return x.dtype == y.dtype && x.nbytes() == y.nbytes();
+}
+
+MemoryPlan plan_memory(const Graph& g, size_t alignment, bool alias_views) {
   KILN_CHECK(alignment > 0, kInvalidArgument, "plan_memory: alignment must be positive, got 0");
   MemoryPlan plan;
   plan.alignment = alignment;
@@ -47,8 +70,10 @@ MemoryPlan plan_memory(const Graph& g, size_t alignment) {
       if (in != kNoValue) last_use[size_t(in)] = int(i);
 
   std::vector<Block> blocks;
-  for (size_t i = 0; i < g.nodes().size(); ++i)
-    for (ValueId v : g.nodes()[i]->outputs) {
+  std::vector<int> block_of(size_t(g.num_values()), -1);  // index into blocks, -1: not in a block
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const Node& n = *g.nodes()[i];
+    for (ValueId v : n.outputs) {
       if (is_output[size_t(v)] || g.value(v).is_constant()) continue;
       const size_t bytes = g.type(v).nbytes();
       if (bytes == 0) {
@@ -56,9 +81,21 @@ MemoryPlan plan_memory(const Graph& g, size_t alignment) {
         continue;
       }
       const size_t rounded = (bytes + alignment - 1) / alignment * alignment;
-      blocks.push_back({v, rounded, int(i), std::max(int(i), last_use[size_t(v)])});
       plan.naive_bytes += rounded;
+      const int last = std::max(int(i), last_use[size_t(v)]);
+      if (alias_views && output_reinterprets_input(n, g) && block_of[size_t(n.inputs[0])] >= 0) {
+        const int b = block_of[size_t(n.inputs[0])];
+        KILN_CHECK(blocks[size_t(b)].size == rounded, kInternal, "plan_memory: alias %", v, " of ",
+                   rounded, " bytes on a block of ", blocks[size_t(b)].size);
+        block_of[size_t(v)] = b;
+        blocks[size_t(b)].last = std::max(blocks[size_t(b)].last, last);
+        ++plan.aliased_values;
+        continue;
+      }
+      block_of[size_t(v)] = int(blocks.size());
+      blocks.push_back({v, rounded, int(i), last});
     }
+  }
 
   std::vector<size_t> order(blocks.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -84,10 +121,11 @@ MemoryPlan plan_memory(const Graph& g, size_t alignment) {
       offset = std::max(offset, end);
     }
     b.offset = int64_t(offset);
-    plan.offsets[size_t(b.id)] = b.offset;
     plan.arena_bytes = std::max(plan.arena_bytes, offset + b.size);
     placed.push_back(bi);
   }
+  for (size_t v = 0; v < block_of.size(); ++v)
+    if (block_of[v] >= 0) plan.offsets[v] = blocks[size_t(block_of[v])].offset;
   return plan;
 }
 

@@ -9,8 +9,10 @@
 // not the last one, a tiled transpose so reads and writes both stay within cache lines.
 // concat and split are memcpys of whole blocks per outer index. pad maps each output index
 // per dim to an input index (or "fill") through tables built here, and copies the unpadded
-// middle of each row with memcpy. reshape and copy are a memcpy. Large copies run in
-// parallel over rows, tiles or byte ranges; run() does no allocation.
+// middle of each row with memcpy. reshape and copy are a memcpy, and nothing at all when the
+// memory planner put the output on the input's bytes (its alias rule, src/passes/memory_plan.cpp:
+// equal pointers; a memcpy onto itself would be undefined). Large copies run in parallel over
+// rows, tiles or byte ranges; run() does no allocation.
 #include <algorithm>
 #include <array>
 #include <vector>
@@ -338,6 +340,7 @@ std::unique_ptr<Kernel> make_shape_kernel(const Node& n, const Graph& g) {
     case OpKind::kCopy: {
       const int64_t bytes = int64_t(g.type(n.inputs[0]).nbytes());
       return make_fn_kernel([bytes](const void* const* in, void* const* out, const RunContext&) {
+        if (out[0] == in[0]) return;  // aliased by the memory planner: the bytes are already there
         copy_bytes(out[0], in[0], bytes);
       }, std::string("cpu ") + op_name(n.op) + " memcpy");
     }

@@ -10,8 +10,10 @@
 // copy moves the widest word (up to 16 bytes) that divides every extent, stride and offset.
 // When the last dim is strided in the input but some other dim is contiguous there (e.g.
 // NCHW -> NHWC), a 32 x 32 tile goes through shared memory so that reads and writes are both
-// coalesced. reshape and copy are a flat copy (the memory planner gives every value its own
-// buffer). pad maps each output coordinate to an input one (constant / reflect / replicate).
+// coalesced. reshape and copy are a flat copy, and no launch at all when their input and output
+// pointers are equal (the memory planner's alias rule, src/passes/memory_plan.cpp, puts an
+// intermediate's reshape on its input's bytes), so a captured CUDA graph has no node for them.
+// pad maps each output coordinate to an input one (constant / reflect / replicate).
 #include <algorithm>
 #include <numeric>
 
@@ -284,9 +286,31 @@ bool supports_shape(const Node& n, const Graph& g, std::string* why) {
   }
 }
 
+namespace {
+
+// reshape / copy: the generated flat copy, skipped when the output is the input's own bytes.
+class CopyUnlessAliased final : public Kernel {
+ public:
+  explicit CopyUnlessAliased(std::unique_ptr<Kernel> copy) : copy_(std::move(copy)) {}
+  void run(const void* const* inputs, void* const* outputs, const RunContext& ctx) const override {
+    if (inputs[0] == outputs[0]) return;  // aliased by the memory planner: nothing to move
+    copy_->run(inputs, outputs, ctx);
+  }
+  size_t workspace_size() const override { return copy_->workspace_size(); }
+  std::string describe() const override { return copy_->describe() + " (none when aliased)"; }
+  Bytes state() const override { return copy_->state(); }
+
+ private:
+  std::unique_ptr<Kernel> copy_;
+};
+
+}  // namespace
+
 std::unique_ptr<Kernel> make_shape_kernel(const Node& n, const Graph& g, const KernelOptions&, const Bytes* state) {
-  if (state) return gen::build({}, gen::what_of(n), state);
-  return gen::build(gen::generate_shape(n, g), gen::what_of(n), nullptr);
+  auto k = state ? gen::build({}, gen::what_of(n), state)
+                 : gen::build(gen::generate_shape(n, g), gen::what_of(n), nullptr);
+  if (n.op == OpKind::kReshape || n.op == OpKind::kCopy) return std::make_unique<CopyUnlessAliased>(std::move(k));
+  return k;
 }
 
 }  // namespace kiln::cuda
