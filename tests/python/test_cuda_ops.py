@@ -136,6 +136,21 @@ def test_op_cuda_matches_cpu(c: Case, use_graphs: bool) -> None:
     _compare(c.op, got, want, " (CUDA graph replay)")
 
 
+def test_graph_replay_on_the_legacy_default_stream() -> None:
+    """PyTorch's default current stream is the legacy stream (handle 0), which cannot be captured:
+    the context records its graph on a stream of its own and replays it on the legacy stream."""
+    c = next(c for c in CASES if c.op == "matmul")
+    g = _graph(c.op, c.inputs, c.attrs)
+    feeds = _feeds(c.inputs)
+    want = _run(_build(g, "cpu"), feeds)
+    engine = _build(g, "cuda")
+    ctx = engine.create_execution_context(use_graphs=True)
+    assert torch.cuda.current_stream().cuda_stream == 0
+    _run(engine, [_rolled(t) for t in feeds], ctx=ctx)  # captures
+    assert ctx.uses_graphs, "the context gave up graph replay on the legacy stream"
+    _compare(c.op, _run(engine, feeds, ctx=ctx), want, " (graph replay on the legacy stream)")
+
+
 @pytest.mark.parametrize("c", _POINTWISE, ids=[case_id(c) for c in _POINTWISE])
 def test_op_fused_cuda_matches_cpu(c: Case) -> None:
     """The pointwise case followed by neg / logical_not / copy, fused into one generated kernel."""

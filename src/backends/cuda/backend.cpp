@@ -8,9 +8,10 @@
 // PyTorch's does for its current stream; the Python front end sets it before executing.
 //
 // capture() records what the launches enqueue on `stream` (thread-local capture mode, so
-// other threads' CUDA calls are unaffected) and instantiates a CUDA graph. The legacy default
-// stream (null) cannot be captured, so for it capture() returns null without running anything
-// and the engine runs its kernels directly on it.
+// other threads' CUDA calls are unaffected) and instantiates a CUDA graph; it runs nothing. The
+// legacy default stream (null, PyTorch's default current stream) cannot be captured, so for it
+// the launches are recorded on a stream of the backend's own: a graph replays on any stream of
+// its device, the legacy one included.
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -153,12 +154,11 @@ class CudaBackend final : public Backend {
   }
 
   std::unique_ptr<CapturedGraph> capture(const std::function<void(void* stream)>& launches, void* stream) override {
-    if (stream == nullptr) return nullptr;  // the legacy default stream cannot be captured
-    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    const cudaStream_t s = stream ? static_cast<cudaStream_t>(stream) : capture_stream();
     KILN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     cudaGraph_t graph = nullptr;
     try {
-      launches(stream);
+      launches(s);
     } catch (...) {
       // End the capture so that the stream is usable again, then report the launch's error.
       if (cudaStreamEndCapture(s, &graph) == cudaSuccess && graph) (void)cudaGraphDestroy(graph);
@@ -174,8 +174,25 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // The stream that graphs for the legacy default stream are recorded on (made on first use).
+  cudaStream_t capture_stream() {
+    std::lock_guard<std::mutex> lock(capture_mutex_);
+    if (!capture_stream_) {
+      DeviceGuard guard(index_);
+      cudaStream_t s = nullptr;
+      KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      capture_stream_.reset(s);
+    }
+    return capture_stream_.get();
+  }
+
+  struct StreamDeleter {
+    void operator()(cudaStream_t s) const { (void)cudaStreamDestroy(s); }
+  };
   int index_;
   std::string name_;
+  std::mutex capture_mutex_;
+  std::unique_ptr<CUstream_st, StreamDeleter> capture_stream_;
 };
 
 int device_count() {
