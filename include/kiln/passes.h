@@ -21,6 +21,10 @@ bool fold_batch_norm(Graph& g);
 // follow a single-use linear or conv into that op's epilogue (its bias / residual inputs and
 // `activation` attribute). Run it before fuse_pointwise.
 bool fuse_epilogue(Graph& g);
+// Runs every 2-D conv channels-last (layout "nhwc") and moves the permutes this puts around
+// them through activations, binary ops and global average pools until they cancel, so a conv
+// region converts layout only at its boundary. Run it after fuse_epilogue, then fold_constants.
+bool to_channels_last(Graph& g);
 // Groups chains of pointwise ops into fused_pointwise nodes with a body graph.
 bool fuse_pointwise(Graph& g);
 // Runs the graph in `compute` (f16 or bf16): every f32 value inside it becomes `compute`, f32

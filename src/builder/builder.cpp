@@ -67,6 +67,8 @@ std::shared_ptr<Engine> Builder::build(const Graph& network) const {
         [&](Graph& graph) { return lower_precision(graph, *compute); });
   run("fold_constants", &fold_constants);
   run("fuse_epilogue", &fuse_epilogue);
+  // Tensor-core convolutions want channels-last tensors; the CPU's run channels-first.
+  if (config_.device.type == DeviceType::kCUDA) run("to_channels_last", &to_channels_last);
   run("fold_constants", &fold_constants);
   if (config_.fuse_pointwise) run("fuse_pointwise", &fuse_pointwise);
   run("eliminate_dead_code", &eliminate_dead_code);

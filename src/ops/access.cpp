@@ -1,5 +1,6 @@
 // Shared access geometry of reductions, pooling and strided views (see access.h).
 #include "src/ops/access.h"
+#include "src/ops/shape_rules.h"
 
 #include "kiln/errors.h"
 #include "kiln/ops.h"
@@ -48,10 +49,13 @@ ReduceLayout collapse_reduction(const std::vector<int64_t>& shape, const std::ve
 }
 
 PoolGeometry pool_geometry(const Node& n, const Graph& g) {
-  const auto x = g.type(n.inputs[0]).shape(), y = g.type(n.outputs[0]).shape();
-  const bool two_d = x.size() == 4;
   PoolGeometry q;
+  const bool nhwc = channels_last(n.op, n.attrs);
+  const auto x = (nhwc ? channels_first_view(g.type(n.inputs[0])) : g.type(n.inputs[0])).shape();
+  const auto y = (nhwc ? channels_first_view(g.type(n.outputs[0])) : g.type(n.outputs[0])).shape();
+  const bool two_d = x.size() == 4;
   q.planes = x[0] * x[1];
+  q.C = nhwc ? x[1] : 0;
   q.H = two_d ? x[2] : 1, q.W = x.back(), q.OH = two_d ? y[2] : 1, q.OW = y.back();
   if (n.op == OpKind::kAdaptiveAvgPool) return q;
   const size_t nsp = x.size() - 2;

@@ -29,11 +29,13 @@ struct ReduceLayout {
 ReduceLayout collapse_reduction(const std::vector<int64_t>& shape, const std::vector<char>& reduced);
 
 // max_pool / avg_pool / adaptive_avg_pool over NC[H]W: planes = N*C, 1d pools have H = OH =
-// KH = 1. Thirteen int64 fields in this order: the CUDA kernels take it by value as a struct
-// of thirteen long longs.
+// KH = 1. Channels-last pools (layout "nhwc", x [N, H, W, C]) have C = the channel count
+// (planes still N*C, a plane's elements C apart); channels-first ones C = 0. Fourteen int64
+// fields in this order: the CUDA kernels take it by value as a struct of fourteen long longs.
 struct PoolGeometry {
   int64_t planes = 0, H = 1, W = 1, OH = 1, OW = 1;
   int64_t KH = 1, KW = 1, sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
+  int64_t C = 0;
 };
 PoolGeometry pool_geometry(const Node& n, const Graph& g);
 

@@ -1,4 +1,5 @@
 // Attribute checks shared by the shape rules of several op families (see shape_rules.h).
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <variant>
@@ -38,6 +39,29 @@ void check_fits(OpKind op, DType dt, double v, const char* what) {
   const double t = std::trunc(v);
   KILN_CHECK(std::isfinite(v) && t >= lo && (dt == DType::kI64 ? t < hi : t <= hi), kInvalidArgument, op_name(op),
              ": ", what, " ", v, " cannot be converted to ", dtype_name(dt), " without overflow");
+}
+
+bool channels_last(OpKind op, const Attrs& a) {
+  if (!a.has("layout")) return false;
+  const auto* layout = std::get_if<std::string>(&a.items().at("layout"));
+  KILN_CHECK(layout != nullptr, kInvalidArgument, op_name(op), ": attribute 'layout' must be a string");
+  KILN_CHECK(*layout == "nchw" || *layout == "nhwc", kInvalidArgument, op_name(op),
+             ": attribute 'layout' must be \"nchw\" or \"nhwc\", got \"", *layout, "\"");
+  KILN_CHECK(*layout == "nchw" || op == OpKind::kConv || op == OpKind::kMaxPool || op == OpKind::kAvgPool,
+             kInvalidArgument, op_name(op), ": layout \"nhwc\" applies to conv, max_pool and avg_pool only");
+  return *layout == "nhwc";
+}
+
+TensorType channels_first_view(TensorType t) {
+  KILN_CHECK(t.rank() == 4, kShapeMismatch, "a channels-last tensor is [N, H, W, C], got ", t.to_string());
+  std::rotate(t.dims.begin() + 1, t.dims.end() - 1, t.dims.end());
+  return t;
+}
+
+TensorType channels_last_view(TensorType t) {
+  KILN_CHECK(t.rank() == 4, kShapeMismatch, "a channels-first tensor here is [N, C, H, W], got ", t.to_string());
+  std::rotate(t.dims.begin() + 1, t.dims.begin() + 2, t.dims.end());
+  return t;
 }
 
 }  // namespace kiln

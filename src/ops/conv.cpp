@@ -10,6 +10,11 @@
 //
 // Missing attributes take PyTorch's defaults (stride 1, padding 0, dilation 1, groups 1,
 // output_padding 0). Lists must have one entry per spatial dim: importers expand scalars.
+//
+// layout = "nhwc" (conv over 2 spatial dims only; set by the to_channels_last pass) puts the
+// channels last in every tensor: x [N, H, W, C], weight [O, KH, KW, C/groups], residual and
+// output [N, OH, OW, O]. The rule checks the channels-first view of each and gives the output
+// channels last. Without it (or with "nchw") tensors are channels-first as in PyTorch.
 #include <algorithm>
 #include <string>
 #include <variant>
@@ -29,11 +34,30 @@ int64_t int_attr(OpKind op, const Attrs& a, const char* key, int64_t fallback) {
   return std::get<int64_t>(v);
 }
 
+std::vector<TensorType> infer_conv_channels_first(OpKind op, const TypeList& in, const Attrs& a);
+
 }  // namespace
 
 std::vector<TensorType> infer_conv(OpKind op, const TypeList& in, const Attrs& a) {
   KILN_CHECK(op == OpKind::kConv || op == OpKind::kConvTranspose, kInternal, op_name(op),
              " is not in the conv family");
+  if (!channels_last(op, a)) return infer_conv_channels_first(op, in, a);
+  std::vector<TensorType> first;  // x, w, bias, residual seen channels-first
+  TypeList view;
+  for (size_t i = 0; i < in.size(); ++i) {
+    KILN_CHECK(!in[i] || i == 2 || in[i]->rank() == 4, kShapeMismatch, op_name(op), ": layout \"nhwc\" takes ",
+               i == 0 ? "x" : i == 1 ? "weight" : "residual", " of rank 4 ([N, H, W, C]), got ", in[i]->to_string());
+    first.push_back(in[i] && i != 2 ? channels_first_view(*in[i]) : in[i] ? *in[i] : TensorType{});
+  }
+  for (size_t i = 0; i < in.size(); ++i) view.push_back(in[i] ? &first[i] : nullptr);
+  std::vector<TensorType> out = infer_conv_channels_first(op, view, a);
+  out[0] = channels_last_view(out[0]);
+  return out;
+}
+
+namespace {
+
+std::vector<TensorType> infer_conv_channels_first(OpKind op, const TypeList& in, const Attrs& a) {
   const bool transpose = op == OpKind::kConvTranspose;
   const char* name = op_name(op);
   const TensorType& x = *in[0];
@@ -130,4 +154,5 @@ std::vector<TensorType> infer_conv(OpKind op, const TypeList& in, const Attrs& a
   return {out};
 }
 
+}  // namespace
 }  // namespace kiln

@@ -6,7 +6,8 @@
 //   adaptive: out = output_size.
 //
 // Also PyTorch's checks: padding at most half the kernel (undilated, as PyTorch does); stride
-// defaults to the kernel (missing or empty list).
+// defaults to the kernel (missing or empty list). max_pool and avg_pool over 2 spatial dims may
+// be channels-last (layout = "nhwc"): x [N, H, W, C] gives [N, OH, OW, C].
 #include <string>
 #include <variant>
 
@@ -40,11 +41,25 @@ int64_t pooled_size(int64_t in, int64_t k, int64_t pad, int64_t stride, int64_t 
 
 }  // namespace
 
+namespace {
+
+std::vector<TensorType> infer_pool_channels_first(OpKind op, const TensorType& x, const Attrs& a);
+
+}  // namespace
+
 std::vector<TensorType> infer_pool(OpKind op, const TypeList& in, const Attrs& a) {
   KILN_CHECK(op == OpKind::kMaxPool || op == OpKind::kAvgPool || op == OpKind::kAdaptiveAvgPool, kInternal,
              op_name(op), " is not in the pool family");
+  if (!channels_last(op, a)) return infer_pool_channels_first(op, *in[0], a);
+  KILN_CHECK(in[0]->rank() == 4, kShapeMismatch, op_name(op), ": layout \"nhwc\" takes x [N, H, W, C], got ",
+             in[0]->to_string());
+  return {channels_last_view(infer_pool_channels_first(op, channels_first_view(*in[0]), a)[0])};
+}
+
+namespace {
+
+std::vector<TensorType> infer_pool_channels_first(OpKind op, const TensorType& x, const Attrs& a) {
   const char* name = op_name(op);
-  const TensorType& x = *in[0];
   KILN_CHECK(is_floating(x.dtype), kInvalidArgument, name, ": x must be floating, got ", x.to_string());
   KILN_CHECK(x.rank() == 3 || x.rank() == 4, kShapeMismatch, name,
              ": x must be [N, C, *spatial] with 1 or 2 spatial dims, got ", x.to_string());
@@ -94,4 +109,5 @@ std::vector<TensorType> infer_pool(OpKind op, const TypeList& in, const Attrs& a
   return {out};
 }
 
+}  // namespace
 }  // namespace kiln

@@ -41,6 +41,14 @@ std::vector<int64_t> spatial_attr(OpKind op, const Attrs& a, const char* key, si
 // PyTorch requires (a kernel's cast would otherwise be undefined); no check for floats.
 void check_fits(OpKind op, DType dt, double v, const char* what);
 
+// The layout attribute of conv, max_pool and avg_pool: whether their tensors are channels-last
+// (layout = "nhwc": x [N, H, W, C]; see src/ops/conv.cpp and pool.cpp) rather than channels-first
+// ("nchw", the default, as in PyTorch). "nhwc" is for 2-D ops of those three only.
+bool channels_last(OpKind op, const Attrs& a);
+// A 4-D type with its channel dim moved: [N, H, W, C] -> [N, C, H, W] and back.
+TensorType channels_first_view(TensorType t);
+TensorType channels_last_view(TensorType t);
+
 // A type with the dims of `like` (symbols kept) and another dtype.
 inline TensorType with_dtype(const TensorType& like, DType dt) {
   TensorType t = like;

@@ -131,12 +131,20 @@ TEST(CudaConvSupports, AnswersWithReasons) {
   EXPECT_FALSE(cuda::supports_conv(*c.node, c.g, &why));
   EXPECT_NE(why.find("f64"), std::string::npos) << why;
 
-  Attrs bad = attrs_2d(1, 1, 1, 1);
-  bad.set("layout", std::string("nwhc"));
-  c = conv_graph(OpKind::kConv, DType::kF32, {1, 3, 8, 8}, {4, 3, 3, 3}, false, bad);
+  Attrs nhwc = attrs_2d(1, 1, 1, 1);
+  nhwc.set("layout", std::string("nhwc"));
+  c = conv_graph(OpKind::kConv, DType::kF16, {1, 8, 8, 3}, {4, 3, 3, 3}, true, nhwc);  // x [N,H,W,C], w [O,KH,KW,C]
   why.clear();
-  EXPECT_FALSE(cuda::supports_conv(*c.node, c.g, &why));
-  EXPECT_NE(why.find("layout"), std::string::npos) << why;
+  EXPECT_TRUE(cuda::supports_conv(*c.node, c.g, &why)) << why;
+  Attrs bad = nhwc;
+  bad.set("layout", std::string("nwhc"));  // the shape rule rejects it before any backend sees it
+  try {
+    conv_graph(OpKind::kConv, DType::kF32, {1, 3, 8, 8}, {4, 3, 3, 3}, false, bad);
+    ADD_FAILURE() << "layout nwhc was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("layout"), std::string::npos) << e.what();
+  }
 
   // output_padding >= stride (allowed by the shape rule when below the dilation): not on cuDNN.
   Attrs op = attrs_2d(1, 0, 2, 1);

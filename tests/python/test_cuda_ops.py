@@ -245,3 +245,23 @@ def test_unaligned_inputs_take_the_scalar_kernel(dtype: torch.dtype) -> None:
     _compare("silu", [out.cpu()], want, " (unaligned)")
     # And the aligned copies through the vectorized kernel agree with it.
     _compare("silu", _run(engine, [xa.clone(), xb.clone()]), want, " (aligned)")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["f32", "f16"])
+@pytest.mark.parametrize("channels", [16, 6], ids=["c16", "c6"])
+@pytest.mark.parametrize("pool", ["max_pool", "avg_pool"])
+def test_channels_last_region_cuda_matches_cpu(pool: str, channels: int, dtype: torch.dtype) -> None:
+    """conv -> pool -> conv: a CUDA build runs it channels-last (to_channels_last; the pool's
+    vectorized kernel when 16 bytes of channels divide C), and matches the CPU's channels-first run."""
+    gen = torch.Generator().manual_seed(channels)
+    g = Graph()
+    x = g.add_input("x", TORCH_TO_KILN[dtype], [2, 3, 15, 13])
+    w1 = g.add_constant("w1", (torch.randn(channels, 3, 3, 3, generator=gen) * 0.3).to(dtype).numpy(), weight=True)
+    w2 = g.add_constant("w2", (torch.randn(5, channels, 1, 1, generator=gen) * 0.3).to(dtype).numpy(), weight=True)
+    y = g.add_node("conv", [x, w1], {"padding": [1, 1], "activation": "relu"})[0]
+    y = g.add_node(pool, [y], {"kernel": [3, 3], "stride": [2, 2], "padding": [1, 1]})[0]
+    g.mark_output(g.add_node("conv", [y, w2])[0], "y")
+    feeds = [torch.randn(2, 3, 15, 13, generator=gen).to(dtype)]
+    engine = _build(g, "cuda")
+    assert f'{pool}' in engine.graph_text and 'layout="nhwc"' in engine.graph_text, engine.graph_text
+    _compare("conv", _run(engine, feeds), _run(_build(g, "cpu"), feeds), " (channels-last region)")

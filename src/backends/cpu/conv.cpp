@@ -11,10 +11,12 @@
 // (relu alone rides in the GEMM's epilogue on the GEMM paths).
 // conv_transpose is the adjoint: col = W^T @ x per group (GEMM), then col2im scatters col
 // into the output, parallel over output channels so no two threads write one plane.
+// A channels-last conv (layout "nhwc") runs through channels-first copies (layout.cpp).
 #include <cstring>
 
 #include "src/backends/cpu/epilogue.h"
 #include "src/backends/cpu/gemm.h"
+#include "src/ops/shape_rules.h"
 
 namespace kiln::cpu {
 
@@ -216,6 +218,7 @@ enum class Path { kDirect, kPointwise, kIm2col, kTransposed };
 std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g) {
   KILN_CHECK(n.op == OpKind::kConv || n.op == OpKind::kConvTranspose, kInternal, op_name(n.op),
              " is not in the conv family");
+  if (channels_last(n.op, n.attrs)) return make_channels_last(n, g, {0, 1, 3}, &make_conv_kernel);
   const Geom q = geometry(n, g);
   const DType dt = g.type(n.inputs[0]).dtype;
   const int64_t y_numel = g.type(n.outputs[0]).numel();

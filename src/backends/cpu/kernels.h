@@ -28,6 +28,11 @@ std::unique_ptr<Kernel> make_softmax_kernel(const Node& n, const Graph& g);
 std::unique_ptr<Kernel> make_norm_kernel(const Node& n, const Graph& g);
 std::unique_ptr<Kernel> make_matmul_kernel(const Node& n, const Graph& g);
 std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g);
+// A channels-last node (layout "nhwc": conv, max_pool, avg_pool) as the same node
+// channels-first, made by `make_first`, between transposes into and out of the workspace.
+// `moved` lists the inputs in [N, H, W, C] (the output always is).
+std::unique_ptr<Kernel> make_channels_last(const Node& n, const Graph& g, const std::vector<size_t>& moved,
+                                           std::unique_ptr<Kernel> (*make_first)(const Node&, const Graph&));
 std::unique_ptr<Kernel> make_pool_kernel(const Node& n, const Graph& g);
 std::unique_ptr<Kernel> make_shape_kernel(const Node& n, const Graph& g);
 std::unique_ptr<Kernel> make_gather_kernel(const Node& n, const Graph& g);

@@ -8,12 +8,14 @@
 // (count_include_pad) or to the input, or the divisor override; windows lying wholly in the
 // padding (ceil_mode) give 0. The divisor is separable, so its row and column factors are
 // precomputed. adaptive_avg_pool sums rows of a window first (vectorized) and then columns.
-// max_pool propagates NaN, as PyTorch does.
+// max_pool propagates NaN, as PyTorch does. A channels-last pool (layout "nhwc") runs through
+// channels-first copies (layout.cpp).
 #include <cmath>
 #include <limits>
 
 #include "src/backends/cpu/gemm.h"
 #include "src/ops/access.h"
+#include "src/ops/shape_rules.h"
 
 namespace kiln::cpu {
 
@@ -93,6 +95,7 @@ std::unique_ptr<Kernel> make(const Node& n, const Graph& g, std::function<void(c
 }  // namespace
 
 std::unique_ptr<Kernel> make_pool_kernel(const Node& n, const Graph& g) {
+  if (channels_last(n.op, n.attrs)) return make_channels_last(n, g, {0}, &make_pool_kernel);
   const Geom q = pool_geometry(n, g);
   if (n.op == OpKind::kMaxPool)
     return make(n, g, [q](const float* x, float* y, float*) { max_pool(q, x, y); }, 0, "cpu max_pool rows");

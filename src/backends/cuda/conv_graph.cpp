@@ -1,6 +1,7 @@
 // Building the cuDNN operation graph of a conv node (conv_graph.h) and the source of the
 // generated epilogue that replaces the graph's pointwise tail when cuDNN cannot fuse it.
 #include "src/backends/cuda/conv_graph.h"
+#include "src/ops/shape_rules.h"
 
 #include "src/backends/cuda/codegen.h"
 
@@ -72,17 +73,20 @@ ConvGeom conv_geometry(const Node& n, const Graph& g) {
   const size_t nsp = x.size() - 2;
   q.one_d = nsp == 1;
   const Attrs& a = n.attrs;
-  const std::string layout = a.get_string("layout", "nchw");
-  KILN_CHECK(layout == "nchw" || layout == "nhwc", kInvalidArgument, op_name(n.op), " '", n.name,
-             "': attribute 'layout' must be \"nchw\" or \"nhwc\", got \"", layout, "\"");
-  q.nhwc = layout == "nhwc";
+  q.nhwc = channels_last(n.op, a);
   const auto stride = a.get_ints("stride", std::vector<int64_t>(nsp, 1));
   const auto pad = a.get_ints("padding", std::vector<int64_t>(nsp, 0));
   const auto dil = a.get_ints("dilation", std::vector<int64_t>(nsp, 1));
   const bool two = nsp == 2;
-  q.N = x[0], q.C = x[1], q.H = two ? x[2] : 1, q.W = x.back();
-  q.O = y[1], q.OH = two ? y[2] : 1, q.OW = y.back();
-  q.W0 = w[0], q.W1 = w[1], q.KH = two ? w[2] : 1, q.KW = w.back();
+  if (q.nhwc) {  // x [N, H, W, C], w [O, KH, KW, C/g], y [N, OH, OW, O] (the shape rule checked rank 4)
+    q.N = x[0], q.C = x[3], q.H = x[1], q.W = x[2];
+    q.O = y[3], q.OH = y[1], q.OW = y[2];
+    q.W0 = w[0], q.W1 = w[3], q.KH = w[1], q.KW = w[2];
+  } else {
+    q.N = x[0], q.C = x[1], q.H = two ? x[2] : 1, q.W = x.back();
+    q.O = y[1], q.OH = two ? y[2] : 1, q.OW = y.back();
+    q.W0 = w[0], q.W1 = w[1], q.KH = two ? w[2] : 1, q.KW = w.back();
+  }
   q.sh = two ? stride[0] : 1, q.sw = stride.back();
   q.ph = two ? pad[0] : 0, q.pw = pad.back();
   q.dh = two ? dil[0] : 1, q.dw = dil.back();

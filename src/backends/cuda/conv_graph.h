@@ -4,9 +4,9 @@
 // conv:            CONVOLUTION_FORWARD(x, w) -> [+ bias] -> [+ residual] -> [activation] -> y
 // conv_transpose:  CONVOLUTION_BACKWARD_DATA(dy = x, w) -> dx = y [+ bias]
 // Intermediates are virtual f32 tensors; compute is f32. 1-D convs are 2-D with H = 1.
-// Tensors are described with their real strides: NCHW (Kiln's default), or channels-last for
-// x / y / residual / w when the node has the attribute layout = "nhwc" (w then is [O, KH, KW,
-// C/g] in memory, i.e. KRSC).
+// Tensors are described to cuDNN as [N, C, H, W] with their real strides: NCHW (Kiln's
+// default), or channels-last when the node has the attribute layout = "nhwc", whose IR shapes
+// are x [N, H, W, C], w [O, KH, KW, C/g] (KRSC), residual and y [N, OH, OW, O] (src/ops/conv.cpp).
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,220 @@
+// to_channels_last: runs 2-D convolutions on channels-last tensors and keeps whole conv regions
+// in that layout, so that only the region's boundary converts.
+//
+// Tensor-core convolutions (cuDNN on sm_80+) read and write NHWC; given NCHW they transpose
+// every input, weight and output on every call. This pass makes the layout explicit in the IR:
+//   1. every conv over [N, C, H, W] becomes permute(x, NHWC) -> conv(layout "nhwc") ->
+//      permute(y, NCHW), its weight and residual permuted the same way (a permuted constant
+//      weight is folded by the fold_constants that follows, and recorded for refit);
+//   2. permutes then move towards the outputs and cancel, repeated until nothing changes:
+//        permute(permute(v, P), Q)  -> permute(v, P o Q), or v when that is the identity;
+//        u(permute(v, P))           -> permute(u(v), P) for a unary op or cast u;
+//        b(permute(a, P), permute(c, P)), or with c a scalar or a single element
+//                                   -> permute(b(a, c), P) for a binary op b;
+//        max_pool / avg_pool of permute(v, NCHW)
+//                                   -> permute(the pool with layout "nhwc" on v, NCHW);
+//        adaptive_avg_pool to 1x1 of permute(v, NCHW)
+//                                   -> permute(reduce_mean(v, H and W, keepdim), NCHW).
+//      A conv's output permute meets the next conv's input permute (directly, or after the
+//      activations, residual adds and squeeze-excite products between them) and both go;
+//   3. a conv at a region's entry with fewer than 4 input channels (an image) gets them
+//      zero-padded to 4.
+// Does not: convert conv_transpose or 1-D convs; move permutes through adaptive pools other
+// than the global one, reductions, shape ops or where; change a graph output's permute into
+// an alias of a graph input. Run it after fuse_epilogue (residuals and activations are then inside the convs) and
+// before fuse_pointwise; the builder runs it for CUDA builds only (the CPU runs a
+// channels-last conv through channels-first copies).
+#include <algorithm>
+
+#include "kiln/errors.h"
+#include "kiln/passes.h"
+#include "src/ops/shape_rules.h"
+
+namespace kiln {
+
+namespace {
+
+using Perm = std::vector<int64_t>;
+const Perm kToLast = {0, 2, 3, 1};   // NCHW -> NHWC
+const Perm kToFirst = {0, 3, 1, 2};  // NHWC -> NCHW
+const int64_t kChannelQuantum = 4;
+
+bool is_identity(const Perm& p) {
+  for (size_t i = 0; i < p.size(); ++i)
+    if (p[i] != int64_t(i)) return false;
+  return true;
+}
+
+// The permute node producing v, if any.
+const Node* permute_of(const Graph& g, ValueId v) {
+  const Node* p = v == kNoValue ? nullptr : g.value(v).producer;
+  return p != nullptr && p->op == OpKind::kPermute ? p : nullptr;
+}
+
+Perm perm_of(const Node& p) { return p.attrs.get_ints("perm"); }
+
+// permute(v, perm) before `pos` (which advances past a new node): an existing one if there is.
+ValueId insert_permute(Graph& g, size_t& pos, ValueId v, const Perm& perm, const std::string& name) {
+  for (size_t i = 0; i < pos; ++i) {  // one permute per value and order (x feeding a conv and a residual)
+    const Node& n = *g.nodes()[i];
+    if (n.op == OpKind::kPermute && n.inputs[0] == v && perm_of(n) == perm) return n.outputs[0];
+  }
+  Attrs a;
+  a.set("perm", perm);
+  return g.insert_node(pos++, OpKind::kPermute, {v}, a, name)[0];
+}
+
+bool is_graph_output(const Graph& g, ValueId v) {
+  return std::find(g.outputs().begin(), g.outputs().end(), v) != g.outputs().end();
+}
+
+// Step 1 for the conv at `pos`; returns false when it stays as it is.
+bool convert_conv(Graph& g, size_t pos) {
+  const Node& n = *g.nodes()[pos];
+  if (n.op != OpKind::kConv || g.type(n.inputs[0]).rank() != 4 || channels_last(n.op, n.attrs)) return false;
+  const std::string name = n.name;
+  std::vector<ValueId> ins = n.inputs;
+  Attrs attrs = n.attrs;
+  const ValueId y = n.outputs[0];
+  size_t at = pos;
+  for (size_t i = 0; i < ins.size(); ++i)
+    if (i != 2 && ins[i] != kNoValue) ins[i] = insert_permute(g, at, ins[i], kToLast, name);
+  attrs.set("layout", std::string("nhwc"));
+  const ValueId y_last = g.insert_node(at++, OpKind::kConv, ins, attrs, name)[0];
+  const ValueId y_first = insert_permute(g, at, y_last, kToFirst, name);
+  g.replace_all_uses(y, y_first);
+  g.erase_node(at);
+  return true;
+}
+
+// Step 3 for the conv at `pos`: at a region's entry (x = permute(v, NHWC)), fewer than
+// kChannelQuantum input channels (an RGB image) are zero-padded to it in x and w: cuDNN's
+// kernels for an image's first layer want 4 channels, and zeros add nothing to the sum.
+// (Measured on an H100 for ResNet-50's 7x7 stem: 3 channels 193 us, 4 channels 108 us plus
+// a 49 us pad, 8 channels 163 us.)
+bool pad_entry_channels(Graph& g, size_t pos) {
+  const Node& n = *g.nodes()[pos];
+  if (n.op != OpKind::kConv || !channels_last(n.op, n.attrs) || n.attrs.get_int("groups", 1) != 1) return false;
+  const Node* entry = permute_of(g, n.inputs[0]);
+  const int64_t c = g.type(n.inputs[0]).dims[3].extent;
+  if (entry == nullptr || perm_of(*entry) != kToLast || c >= kChannelQuantum) return false;
+  const std::string name = n.name;
+  std::vector<ValueId> ins = n.inputs;
+  const Attrs attrs = n.attrs;
+  const ValueId y = n.outputs[0];
+  size_t at = pos;
+  Attrs pad;
+  pad.set("pads", std::vector<int64_t>{0, 0, 0, 0, 0, 0, 0, kChannelQuantum - c});
+  ins[0] = g.insert_node(at++, OpKind::kPad, {ins[0]}, pad, name)[0];
+  ins[1] = g.insert_node(at++, OpKind::kPad, {ins[1]}, pad, name)[0];
+  g.replace_all_uses(y, g.insert_node(at++, OpKind::kConv, ins, attrs, name)[0]);
+  g.erase_node(at);
+  return true;
+}
+
+// permute(permute(v, P), Q): composes in place, or forwards v for an identity.
+bool fold_permutes(Graph& g, size_t pos) {
+  Node& n = *g.nodes()[pos];
+  const Node* inner = permute_of(g, n.inputs[0]);
+  if (n.op != OpKind::kPermute || inner == nullptr) return false;
+  const Perm p = perm_of(*inner), q = perm_of(n);
+  Perm r(q.size());
+  for (size_t i = 0; i < q.size(); ++i) r[i] = p[size_t(q[i])];
+  const ValueId v = inner->inputs[0];
+  if (is_identity(r)) {
+    if (is_graph_output(g, n.outputs[0])) return false;
+    g.replace_all_uses(n.outputs[0], v);
+    g.erase_node(pos);
+    return true;
+  }
+  n.inputs[0] = v;
+  n.attrs.set("perm", r);
+  return true;
+}
+
+// Replaces the node at `pos` by permute(op(ins), perm).
+void sink(Graph& g, size_t pos, OpKind op, const std::vector<ValueId>& ins, const Attrs& attrs, const Perm& perm) {
+  const Node& n = *g.nodes()[pos];
+  const std::string name = n.name;
+  const ValueId out = n.outputs[0];
+  size_t at = pos;
+  const ValueId inner = g.insert_node(at++, op, ins, attrs, name)[0];
+  const ValueId moved = insert_permute(g, at, inner, perm, name);
+  g.replace_all_uses(out, moved);
+  g.erase_node(at);
+}
+
+// Whether a binary op's operand broadcasts the same in either layout: a scalar or one element.
+bool layout_free(const Graph& g, ValueId v) { return g.type(v).numel() == 1; }
+
+bool sink_pointwise(Graph& g, size_t pos) {
+  const Node& n = *g.nodes()[pos];
+  const OpFamily family = op_info(n.op).family;
+  if (family == OpFamily::kUnary || family == OpFamily::kCast) {
+    const Node* p = permute_of(g, n.inputs[0]);
+    if (p == nullptr) return false;
+    sink(g, pos, n.op, {p->inputs[0]}, n.attrs, perm_of(*p));
+    return true;
+  }
+  if (family != OpFamily::kBinary) return false;
+  const Node* pa = permute_of(g, n.inputs[0]);
+  const Node* pb = permute_of(g, n.inputs[1]);
+  const ValueId out = n.outputs[0];
+  const int64_t rank = g.type(out).rank();  // both permuted by P: broadcasting is per dim, so it commutes
+  if (pa && pb && perm_of(*pa) == perm_of(*pb) && g.type(n.inputs[0]).rank() == rank &&
+      g.type(n.inputs[1]).rank() == rank) {
+    sink(g, pos, n.op, {pa->inputs[0], pb->inputs[0]}, n.attrs, perm_of(*pa));
+    return true;
+  }
+  if (pa && !pb && layout_free(g, n.inputs[1]) && g.type(n.inputs[0]).shape() == g.type(out).shape()) {
+    sink(g, pos, n.op, {pa->inputs[0], n.inputs[1]}, n.attrs, perm_of(*pa));
+    return true;
+  }
+  if (pb && !pa && layout_free(g, n.inputs[0]) && g.type(n.inputs[1]).shape() == g.type(out).shape()) {
+    sink(g, pos, n.op, {n.inputs[0], pb->inputs[0]}, n.attrs, perm_of(*pb));
+    return true;
+  }
+  return false;
+}
+
+// max_pool / avg_pool of permute(v, NCHW) -> the pool channels-last on v; a global average
+// pool -> a mean over H and W.
+bool sink_pool(Graph& g, size_t pos) {
+  const Node& n = *g.nodes()[pos];
+  if (op_info(n.op).family != OpFamily::kPool || g.type(n.inputs[0]).rank() != 4 || channels_last(n.op, n.attrs))
+    return false;
+  const Node* p = permute_of(g, n.inputs[0]);
+  if (p == nullptr || perm_of(*p) != kToFirst) return false;
+  Attrs a = n.attrs;
+  OpKind op = n.op;
+  if (op == OpKind::kAdaptiveAvgPool) {
+    const auto y = g.type(n.outputs[0]).shape();
+    if (y[2] != 1 || y[3] != 1) return false;
+    op = OpKind::kReduceMean;
+    a = Attrs();
+    a.set("axes", std::vector<int64_t>{1, 2});
+    a.set("keepdim", true);
+  } else {
+    a.set("layout", std::string("nhwc"));
+  }
+  sink(g, pos, op, {p->inputs[0]}, a, kToFirst);
+  return true;
+}
+
+}  // namespace
+
+bool to_channels_last(Graph& g) {
+  bool changed = false;
+  for (size_t pos = 0; pos < g.nodes().size(); ++pos) changed |= convert_conv(g, pos);
+  if (!changed) return false;
+  for (bool again = true; again;) {
+    again = false;
+    for (size_t pos = 0; pos < g.nodes().size(); ++pos)
+      again |= fold_permutes(g, pos) || sink_pointwise(g, pos) || sink_pool(g, pos);
+  }
+  for (size_t pos = 0; pos < g.nodes().size(); ++pos) pad_entry_channels(g, pos);
+  eliminate_dead_code(g);
+  return true;
+}
+
+}  // namespace kiln
