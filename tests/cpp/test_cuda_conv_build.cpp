@@ -29,6 +29,12 @@ ConvChoice random_choice(std::mt19937& rng) {
   ConvChoice c;
   c.fused = rng() % 2 == 0;
   c.signature = (uint64_t(rng()) << 32) | rng();
+  if (rng() % 3 == 0) {  // the generated depthwise kernel: a source hash, no cuDNN engine
+    c.tactic = cuda::ConvTactic::kDepthwise;
+    c.kernel_hash = ((uint64_t(rng()) << 32) | rng()) | 1;
+    c.engine = -1;
+    return c;
+  }
   c.engine = int64_t(rng() % 100);
   const int n = int(rng() % 6);
   for (int i = 0; i < n; ++i) c.knobs.emplace_back(int32_t(rng() % 46), int64_t(rng() % 1000) - 3);
@@ -69,6 +75,39 @@ TEST(CudaConvState, RefusesEveryFlippedByteTruncationAndTrailingBytes) {
   Bytes longer = good;
   longer.push_back(0);
   EXPECT_EQ(code_of([&] { cuda::decode_conv_choice(longer); }), ErrorCode::kCorrupted);
+}
+
+TEST(CudaConvState, RefusesDamagedBytesOfADepthwiseChoice) {
+  ConvChoice c;
+  c.tactic = cuda::ConvTactic::kDepthwise;
+  c.signature = 99, c.kernel_hash = 1234, c.engine = -1;
+  const Bytes good = cuda::encode_conv_choice(c);
+  EXPECT_EQ(cuda::decode_conv_choice(good), c);
+  for (size_t i = 0; i < good.size(); ++i) {
+    Bytes bad = good;
+    bad[i] ^= 0x10;
+    EXPECT_EQ(code_of([&] { cuda::decode_conv_choice(bad); }), ErrorCode::kCorrupted) << "byte " << i;
+  }
+}
+
+// A state written before the tactic byte existed (format version 1, otherwise well formed) is
+// refused as kCorrupted, not read as a cuDNN choice with shifted fields.
+TEST(CudaConvState, RefusesTheVersionOneLayout) {
+  Bytes v1{'K', 'C', 'V', '1', 1, 1};  // magic, version 1, fused
+  auto put = [&](uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) v1.push_back(uint8_t(v >> (8 * i)));
+  };
+  put(0x1234, 8);  // signature
+  put(7, 8);       // engine
+  put(0, 4);       // no knobs
+  put(cuda::fnv1a(v1.data(), v1.size()), 8);
+  try {
+    cuda::decode_conv_choice(v1);
+    ADD_FAILURE() << "a version-1 state was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCorrupted);
+    EXPECT_NE(std::string(e.what()).find("version 1"), std::string::npos) << e.what();
+  }
 }
 
 TEST(CudaConvState, SignatureSeparatesParts) {

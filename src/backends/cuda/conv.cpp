@@ -9,6 +9,13 @@
 // (describe() says so). Load: state() names the engine (global index + knobs) and whether the
 // graph was fused; the plan is rebuilt from it without heuristics or timing.
 //
+// Depthwise convs (nhwc, groups == C == O; depthwise.h) have a second tactic: a generated NVRTC
+// kernel, built and timed against the cuDNN plan (which for these is a slow grouped direct
+// kernel); the faster is kept, in the timing cache and in state() (ConvChoice::tactic, with the
+// generated kernel's cubin), so that loading remakes it without compiling. At optimization
+// level 0 the generated kernel is taken untimed: cuDNN and the timing cache are not asked, and
+// the untimed choice is not recorded there.
+//
 // Run: one cuDNN handle per device, used under its lock (cudnnSetStream + cudnnBackendExecute).
 // Variant packs (the data pointers) are cached per kernel for the last few pointer sets, so a
 // steady-state run builds none. Everything run() enqueues is capturable into a CUDA graph.
@@ -19,6 +26,7 @@
 
 #include "src/backends/cuda/conv_tactic.h"
 #include "src/backends/cuda/cuda_util.h"
+#include "src/backends/cuda/depthwise.h"
 #include "src/backends/cuda/kernels.h"
 #include "src/backends/cuda/nvrtc.h"
 #include "src/backends/cuda/tactics.h"
@@ -85,6 +93,7 @@ class ConvKernel final : public Kernel {
 
   size_t workspace_size() const override { return ws_; }
   std::string describe() const override { return desc_; }
+  void add_note(const std::string& note) { desc_ += "; " + note; }
   Bytes state() const override {
     return pack_state(epi_.module ? epi_.module->cubin() : Bytes{}, encode_conv_choice(choice_));
   }
@@ -135,60 +144,127 @@ bool supports_conv(const Node& n, const Graph& g, std::string* why) {
   }
 }
 
+namespace {
+
+// The cuDNN kernel of plan `b`; `cubin` is the saved epilogue's (load) or null (build: compile).
+std::unique_ptr<ConvKernel> cudnn_kernel(const ConvGeom& q, ConvPlan b, const Bytes* cubin, const std::string& what) {
+  Epilogue epi;
+  const bool separate = !b.choice.fused && q.has_epilogue();
+  if (separate)
+    epi = make_epilogue(q, cubin ? Module::load(*cubin) : Module::compile(conv_epilogue_source(q), what));
+  std::string desc = "cudnn " + b.og.ops + " [" + EngineId{b.choice.engine, b.choice.knobs}.to_string() + "]";
+  if (separate) desc += " + generated epilogue (cuDNN could not fuse it)";
+  desc += ", " + b.note;
+  if (desc.size() > 800) desc = desc.substr(0, 800) + "...";
+  return std::make_unique<ConvKernel>(q, std::move(b.og), std::move(b.plan), b.choice, std::move(epi), desc);
+}
+
+// Load: the kernel a saved state names, decoded and checked before any device call.
+std::unique_ptr<Kernel> load_conv(const ConvGeom& q, uint64_t sig, const Bytes& state, const std::string& what) {
+  CompiledState cs = unpack_state(state);
+  const ConvChoice c = decode_conv_choice(cs.params);
+  KILN_CHECK(c.signature == sig, kCorrupted, what, ": the saved conv tactic was made for another conv");
+  if (c.tactic == ConvTactic::kDepthwise) {
+    std::string why;
+    KILN_CHECK(depthwise_eligible(q, &why), kCorrupted, what, ": saved state names the generated depthwise kernel, but ",
+               why);
+    const DepthwiseSource src = generate_depthwise(q);
+    KILN_CHECK(c.kernel_hash == src.hash, kCorrupted, what,
+               ": the saved depthwise kernel was generated from another source (another Kiln version?)");
+    KILN_CHECK(!cs.cubin.empty(), kCorrupted, what, ": saved depthwise state lacks its cubin");
+    return make_depthwise_kernel(q, src, Module::load(std::move(cs.cubin)), sig, "saved tactic");
+  }
+  const bool needs_epilogue = !c.fused && q.has_epilogue();
+  KILN_CHECK(needs_epilogue == !cs.cubin.empty(), kCorrupted, what, ": saved conv state ",
+             needs_epilogue ? "lacks the epilogue's cubin" : "has an unexpected cubin");
+  ConvPlan b;
+  {
+    HandleLock hl = lock_handle();
+    std::string why;
+    KILN_CHECK(rebuild_conv_plan(q, hl.handle, c, what, b, &why), kUnsupported, what,
+               ": cuDNN cannot rebuild the saved plan (", EngineId{c.engine, c.knobs}.to_string(),
+               "; another cuDNN version or GPU?): ", why);
+  }
+  b.note = "saved tactic";
+  return cudnn_kernel(q, std::move(b), needs_epilogue ? &cs.cubin : nullptr, what);
+}
+
+// Build, depthwise conv: the generated kernel against the cuDNN plan (when cuDNN has one).
+std::unique_ptr<Kernel> choose_depthwise(const ConvGeom& q, uint64_t sig, const KernelOptions& options,
+                                         const std::string& key, const std::string& what) {
+  const DepthwiseSource src = generate_depthwise(q);
+  std::unique_ptr<ConvKernel> cudnn;
+  ConvChoice cudnn_choice;
+  std::string note;
+  const bool untimed = options.optimization_level <= 0;
+  if (!untimed) {
+    try {
+      ConvPlan b = search_conv_plan(q, options, what, sig);
+      cudnn_choice = b.choice;
+      cudnn = cudnn_kernel(q, std::move(b), nullptr, what);
+    } catch (const Error& e) {
+      note = std::string("cuDNN refused it: ") + e.what();
+    }
+  } else {
+    note = "optimization level 0, untimed";
+  }
+  std::shared_ptr<const Module> module = Module::compile(src.source, what);
+  bool generated = true;
+  if (cudnn) {
+    const std::unique_ptr<Kernel> dw = make_depthwise_kernel(q, src, module, sig, "timing");
+    generated = depthwise_is_faster(q, *cudnn, *dw, options.optimization_level, &note);
+    note = std::string(generated ? "chosen over" : "lost to") + " the cuDNN plan (" + note + ")";
+  }
+  if (!untimed) timing_cache_insert(key, encode_conv_choice(generated ? depthwise_choice(src, sig) : cudnn_choice));
+  if (note.size() > 600) note = note.substr(0, 600) + "...";
+  if (!generated) {
+    cudnn->add_note("the generated depthwise kernel " + note);
+    return cudnn;
+  }
+  return make_depthwise_kernel(q, src, std::move(module), sig, note);
+}
+
+}  // namespace
+
 std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g, const KernelOptions& options,
                                          const Bytes* state) {
   const ConvGeom q = conv_geometry(n, g);
   const std::string what = std::string(op_name(n.op)) + " '" + n.name + "'";
   const std::vector<std::string> parts = conv_key_parts(q);
   const uint64_t sig = conv_signature(parts);
-  ConvPlan b;
-  Bytes cubin;
-  if (state) {  // load: decode everything before touching the device
-    CompiledState cs = unpack_state(*state);
-    const ConvChoice c = decode_conv_choice(cs.params);
-    KILN_CHECK(c.signature == sig, kCorrupted, what, ": the saved conv tactic was made for another conv");
-    const bool needs_epilogue = !c.fused && q.has_epilogue();
-    KILN_CHECK(needs_epilogue == !cs.cubin.empty(), kCorrupted, what, ": saved conv state ",
-               needs_epilogue ? "lacks the epilogue's cubin" : "has an unexpected cubin");
-    HandleLock hl = lock_handle();
-    std::string why;
-    KILN_CHECK(rebuild_conv_plan(q, hl.handle, c, what, b, &why), kUnsupported, what,
-               ": cuDNN cannot rebuild the saved plan (", EngineId{c.engine, c.knobs}.to_string(),
-               "; another cuDNN version or GPU?): ", why);
-    b.note = "saved tactic";
-    cubin = std::move(cs.cubin);
-  } else {
-    std::vector<std::string> key_parts = parts;
-    key_parts.push_back(strict_f32(q.dtype) ? "strict-f32" : "tf32-ok");
-    key_parts.push_back(std::string("ws<=") + std::to_string(options.workspace_limit));
-    const std::string key = timing_key("conv", key_parts);
-    bool have = false;
-    if (auto cached = timing_cache_find(key)) {
-      try {
-        const ConvChoice c = decode_conv_choice(*cached);
+  if (state) return load_conv(q, sig, *state, what);
+
+  std::vector<std::string> key_parts = parts;
+  key_parts.push_back(strict_f32(q.dtype) ? "strict-f32" : "tf32-ok");
+  key_parts.push_back(std::string("ws<=") + std::to_string(options.workspace_limit));
+  const std::string key = timing_key("conv", key_parts);
+  const bool depthwise = depthwise_eligible(q);
+  if (depthwise && options.optimization_level <= 0) return choose_depthwise(q, sig, options, key, what);
+  if (auto cached = timing_cache_find(key)) {
+    try {
+      const ConvChoice c = decode_conv_choice(*cached);
+      if (c.signature == sig && c.tactic == ConvTactic::kDepthwise && depthwise) {
+        const DepthwiseSource src = generate_depthwise(q);
+        if (c.kernel_hash == src.hash)
+          return make_depthwise_kernel(q, src, Module::compile(src.source, what), sig, "timing cache");
+      } else if (c.signature == sig && c.tactic == ConvTactic::kCudnn) {
+        ConvPlan b;
         HandleLock hl = lock_handle();
         std::string why;
-        have = c.signature == sig && rebuild_conv_plan(q, hl.handle, c, what, b, &why);
-        if (have) b.note = "timing cache";
-      } catch (const Error&) {
-        have = false;  // a damaged entry: choose again and overwrite it
+        if (rebuild_conv_plan(q, hl.handle, c, what, b, &why)) {
+          hl.lock.unlock();
+          b.note = "timing cache";
+          return cudnn_kernel(q, std::move(b), nullptr, what);
+        }
       }
-    }
-    if (!have) {
-      b = search_conv_plan(q, options, what, sig);
-      timing_cache_insert(key, encode_conv_choice(b.choice));
+    } catch (const Error&) {
+      // a damaged or outdated entry: choose again and overwrite it
     }
   }
-
-  Epilogue epi;
-  const bool separate = !b.choice.fused && q.has_epilogue();
-  if (separate)
-    epi = make_epilogue(q, state ? Module::load(std::move(cubin)) : Module::compile(conv_epilogue_source(q), what));
-  std::string desc = "cudnn " + b.og.ops + " [" + EngineId{b.choice.engine, b.choice.knobs}.to_string() + "]";
-  if (separate) desc += " + generated epilogue (cuDNN could not fuse it)";
-  desc += ", " + b.note;
-  if (desc.size() > 800) desc = desc.substr(0, 800) + "...";
-  return std::make_unique<ConvKernel>(q, std::move(b.og), std::move(b.plan), b.choice, std::move(epi), desc);
+  if (depthwise) return choose_depthwise(q, sig, options, key, what);
+  ConvPlan b = search_conv_plan(q, options, what, sig);
+  timing_cache_insert(key, encode_conv_choice(b.choice));
+  return cudnn_kernel(q, std::move(b), nullptr, what);
 }
 
 }  // namespace kiln::cuda

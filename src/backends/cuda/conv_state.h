@@ -3,11 +3,17 @@
 // one), so that loading an engine rebuilds the exact cuDNN execution plan without heuristics
 // or timing.
 //
-// Layout (little endian): "KCV1", u8 version, u8 fused, u64 signature (a hash of the conv's
-// shapes, dtypes and attributes, so a state from another node is refused), i64 engine global
-// index, u32 knob count, per knob (i32 type, i64 value), u64 FNV-1a of everything before.
-// decode_conv_choice throws kCorrupted naming what is wrong. No CUDA header here: the layout is
-// tested on machines without a GPU.
+// Two tactics: a cuDNN execution plan, or the generated depthwise kernel (depthwise.h), which
+// the build times against the cuDNN plan for depthwise convs and keeps when it is faster.
+//
+// Layout (little endian): "KCV1", u8 version (2; a version-1 state, which had no tactic byte,
+// is refused as kCorrupted rather than misread), u8 tactic (0 cuDNN, 1 generated depthwise),
+// u8 fused, u64 signature (a hash of the conv's shapes, dtypes and attributes, so a state from
+// another node is refused), u64 kernel hash (FNV-1a of the generated depthwise source, so a
+// cubin from another generator is refused; 0 for cuDNN), i64 engine global index (-1 for the
+// depthwise kernel), u32 knob count, per knob (i32 type, i64 value), u64 FNV-1a of everything
+// before. decode_conv_choice throws kCorrupted naming what is wrong. No CUDA header here: the
+// layout is tested on machines without a GPU.
 #pragma once
 
 #include <cstdint>
@@ -21,13 +27,18 @@
 
 namespace kiln::cuda {
 
+enum class ConvTactic : uint8_t { kCudnn = 0, kDepthwise = 1 };
+
 struct ConvChoice {
+  ConvTactic tactic = ConvTactic::kCudnn;
   bool fused = true;        // one cuDNN graph with the epilogue; false: conv graph + generated epilogue
   uint64_t signature = 0;   // conv_signature() of the node it was made for
-  int64_t engine = -1;      // cuDNN engine global index
-  std::vector<std::pair<int32_t, int64_t>> knobs;  // (knob type, value)
+  uint64_t kernel_hash = 0; // kDepthwise: FNV-1a of the generated source; kCudnn: 0
+  int64_t engine = -1;      // kCudnn: cuDNN engine global index; kDepthwise: -1
+  std::vector<std::pair<int32_t, int64_t>> knobs;  // (knob type, value); none for kDepthwise
   bool operator==(const ConvChoice& o) const {
-    return fused == o.fused && signature == o.signature && engine == o.engine && knobs == o.knobs;
+    return tactic == o.tactic && fused == o.fused && signature == o.signature && kernel_hash == o.kernel_hash &&
+           engine == o.engine && knobs == o.knobs;
   }
 };
 
@@ -48,7 +59,7 @@ inline uint64_t conv_signature(const std::vector<std::string>& parts) {
 
 namespace conv_state_detail {
 inline constexpr uint8_t kMagic[4] = {'K', 'C', 'V', '1'};
-inline constexpr uint8_t kVersion = 1;
+inline constexpr uint8_t kVersion = 2;
 inline constexpr uint32_t kMaxKnobs = 256;
 
 template <typename T>
@@ -76,8 +87,10 @@ inline Bytes encode_conv_choice(const ConvChoice& c) {
   using namespace conv_state_detail;
   Bytes b(kMagic, kMagic + 4);
   put<uint8_t>(b, kVersion);
+  put<uint8_t>(b, uint8_t(c.tactic));
   put<uint8_t>(b, c.fused ? 1 : 0);
   put<uint64_t>(b, c.signature);
+  put<uint64_t>(b, c.kernel_hash);
   put<int64_t>(b, c.engine);
   put<uint32_t>(b, uint32_t(c.knobs.size()));
   for (const auto& [type, value] : c.knobs) {
@@ -96,14 +109,23 @@ inline ConvChoice decode_conv_choice(const Bytes& b) {
   const auto version = r.get<uint8_t>("version");
   KILN_CHECK(version == kVersion, kCorrupted, "conv state: version ", int(version), ", expected ", int(kVersion));
   ConvChoice c;
+  const auto tactic = r.get<uint8_t>("tactic");
+  KILN_CHECK(tactic <= 1, kCorrupted, "conv state: tactic ", int(tactic), " is not 0 (cuDNN) or 1 (depthwise)");
+  c.tactic = ConvTactic(tactic);
+  const bool cudnn = c.tactic == ConvTactic::kCudnn;
   const auto fused = r.get<uint8_t>("fused flag");
   KILN_CHECK(fused <= 1, kCorrupted, "conv state: fused flag ", int(fused), " is not 0 or 1");
   c.fused = fused == 1;
   c.signature = r.get<uint64_t>("signature");
+  c.kernel_hash = r.get<uint64_t>("kernel hash");
+  KILN_CHECK(cudnn == (c.kernel_hash == 0), kCorrupted, "conv state: kernel hash ", c.kernel_hash,
+             cudnn ? " on a cuDNN tactic" : " missing on the depthwise tactic");
   c.engine = r.get<int64_t>("engine index");
-  KILN_CHECK(c.engine >= 0, kCorrupted, "conv state: engine index ", c.engine, " is negative");
+  KILN_CHECK(cudnn ? c.engine >= 0 : c.engine == -1, kCorrupted, "conv state: engine index ", c.engine,
+             cudnn ? " is negative" : " on the depthwise tactic (expected -1)");
   const auto n = r.get<uint32_t>("knob count");
   KILN_CHECK(n <= kMaxKnobs, kCorrupted, "conv state: ", n, " knobs (at most ", kMaxKnobs, ")");
+  KILN_CHECK(cudnn || n == 0, kCorrupted, "conv state: ", n, " knobs on the depthwise tactic");
   for (uint32_t i = 0; i < n; ++i) {
     const auto type = r.get<int32_t>("knob type");
     const auto value = r.get<int64_t>("knob value");

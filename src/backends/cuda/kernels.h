@@ -12,7 +12,8 @@
 //   gather.cpp      gather, index_select, embedding                generated
 //   generator.cpp   arange, full                                   generated
 //   matmul.cpp      matmul, linear (+bias/residual/activation)     cuBLASLt, timed algorithms
-//   conv.cpp        conv, conv_transpose (+bias/residual/act.)     cuDNN graph API, timed engines
+//   conv.cpp        conv, conv_transpose (+bias/residual/act.)     cuDNN graph API, timed engines;
+//                   depthwise nhwc convs also generated (depthwise.h), timed against cuDNN
 //   attention.cpp   sdpa                                           fused kernel; matmul fallback
 #pragma once
 
