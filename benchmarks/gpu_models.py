@@ -11,11 +11,16 @@ torchvision resnet50, mobilenet_v3_large and vit_b_16 at 224x224, transformers B
   ms          median of --runs timed forwards (CUDA events, after warm-up)
   vs_ro       inductor reduce-overhead's ms / this backend's ms (> 1: faster than ro)
   rel_err     ||out - ref|| / ||ref|| against eager FP32 on the same inputs
+  rel_same    the same against eager in the row's own precision (what the backend's arithmetic
+              adds; rel_err also holds the model's own sensitivity to FP16 / BF16 rounding)
   compile_s   first call (build) seconds; for Kiln with an empty timing cache
   warm_s      Kiln only: the same compile again in this process after torch._dynamo.reset(),
               with the timing cache filled by the first
   peak_mib    device memory in use at the peak of this backend's runs, over what was in use
-              before it started (torch.cuda.mem_get_info, so Kiln's own allocations count)
+              before it started (the model and its weights already on the device;
+              torch.cuda.mem_get_info, so Kiln's own allocations count)
+  weights_mib the model's parameters and buffers in the row's precision (Kiln's target: its
+              peak at most eager's plus one copy of the weights)
 
 FP32 rows allow TF32 (torch.backends.cuda.matmul.allow_tf32 and cuDNN's), as Kiln does.
 Results go to DIR/gpu_models.json and DIR/gpu_models.md (a Markdown table).
@@ -25,8 +30,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import logging
+import math
 import os
 import statistics
 import tempfile
@@ -54,9 +61,11 @@ class Row:
     ms: float = float("nan")
     vs_ro: float = float("nan")
     rel_err: float = float("nan")
+    rel_same: float = float("nan")
     compile_s: float = float("nan")
     warm_s: float = float("nan")
     peak_mib: float = float("nan")
+    weights_mib: float = float("nan")
     note: str = ""
 
 
@@ -117,8 +126,12 @@ def run_row(name: str, batch: int, dtype_name: str, backend: str, runs: int) -> 
     with torch.no_grad():
         ref = first_output(model.cuda()(*inputs)).float()
         model = model.to(dtype)
+        row.weights_mib = sum(t.numel() * t.element_size()
+                              for t in list(model.parameters()) + list(model.buffers())) / 2**20
         cast = [x.to(dtype) if x.is_floating_point() else x for x in inputs]
+        same = first_output(model(*cast)).float()
         torch._dynamo.reset()
+        gc.collect()  # the previous row's models and graphs, before measuring what is in use
         torch.cuda.empty_cache()
         torch.cuda.synchronize()
         base = used_bytes()
@@ -128,6 +141,7 @@ def run_row(name: str, batch: int, dtype_name: str, backend: str, runs: int) -> 
         torch.cuda.synchronize()
         row.compile_s = time.perf_counter() - t0
         row.rel_err = relative_error(out.float(), ref)
+        row.rel_same = relative_error(out.float(), same)
         row.ms, peak = median_ms(lambda: fn(*cast), runs)
         row.peak_mib = (peak - base) / 2**20
         if backend == "kiln":
@@ -147,14 +161,21 @@ def run_row(name: str, batch: int, dtype_name: str, backend: str, runs: int) -> 
 
 def markdown(rows: list[Row], device: str) -> str:
     lines = [f"Device: {device}; torch {torch.__version__}; Kiln {kiln.__version__}.", "",
-             "| model | batch | dtype | backend | ms | vs ro | rel err vs FP32 eager | compile s | warm s | peak MiB |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | batch | dtype | backend | ms | vs ro | rel err vs FP32 eager | vs eager, same dtype | "
+             "compile s | warm s | peak MiB | weights MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         def f(v: float, fmt: str) -> str:
             return "" if v != v else format(v, fmt)
         lines.append(f"| {r.model} | {r.batch} | {r.dtype} | {r.backend}{' (' + r.note + ')' if r.note else ''} | "
-                     f"{f(r.ms, '.3f')} | {f(r.vs_ro, '.2f')} | {f(r.rel_err, '.1e')} | {f(r.compile_s, '.1f')} | "
-                     f"{f(r.warm_s, '.2f')} | {f(r.peak_mib, '.0f')} |")
+                     f"{f(r.ms, '.3f')} | {f(r.vs_ro, '.2f')} | {f(r.rel_err, '.1e')} | {f(r.rel_same, '.1e')} | "
+                     f"{f(r.compile_s, '.1f')} | "
+                     f"{f(r.warm_s, '.2f')} | {f(r.peak_mib, '.0f')} | {f(r.weights_mib, '.0f')} |")
+    for dtype in sorted({r.dtype for r in rows}):
+        ratios = [r.vs_ro for r in rows if r.backend == "kiln" and r.dtype == dtype and r.vs_ro == r.vs_ro]
+        if ratios:
+            geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+            lines.append(f"\nKiln vs reduce-overhead, geometric mean over the {len(ratios)} {dtype} rows: {geo:.2f}x")
     return "\n".join(lines) + "\n"
 
 

@@ -5,6 +5,7 @@
 #   bash scripts/gpu_check.sh                 # build + CUDA op tests + CUDA model tests
 #   bash scripts/gpu_check.sh bench [ARGS]    # build + benchmarks/gpu_models.py ARGS
 #   bash scripts/gpu_check.sh tests PYTEST_ARGS...
+#   bash scripts/gpu_check.sh profile MODEL:BATCH[:DTYPE[:BACKEND]]...   # kernels by time, per model
 #
 # The package is used from the build folder (PYTHONPATH), not pip-installed.
 set -euo pipefail
@@ -33,6 +34,14 @@ case "$mode" in
     (cd tests/python && "$PY" -m pytest -q -p no:cacheprovider -x -m cuda "$@" . 2>&1 | tee "$OUT/pytest.log" | tail -40) ;;
   bench)
     "$PY" benchmarks/gpu_models.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | tail -60 ;;
+  profile)
+    for spec in "$@"; do
+      IFS=: read -r model batch dtype backend <<<"$spec"
+      tag="$model b$batch ${dtype:-fp16} ${backend:-kiln}"
+      echo "== $tag" >>"$OUT/build_logs.txt"
+      "$PY" benchmarks/gpu_profile.py --model "$model" --batch "$batch" --dtype "${dtype:-fp16}" \
+        --backend "${backend:-kiln}" --build-log "$OUT/build_logs.txt" 2>&1 | grep -v Warning | tee -a "$OUT/profiles.txt"
+    done ;;
   *)
-    echo "unknown mode '$mode' (tests | bench)"; exit 2 ;;
+    echo "unknown mode '$mode' (tests | bench | profile)"; exit 2 ;;
 esac
