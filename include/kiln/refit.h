@@ -19,7 +19,7 @@
 // not (the engine stores what it runs, not the model), so refit() asks for it
 // (missing_weights() lists them). Refitting everything a model has is always complete.
 //
-// Lifecycle: Refitter(engine) -> set_weight()* -> refit() (the values given are applied and
+// Lifecycle: Refitter(engine) -> set_weight() / set_weight_view()* -> refit() (the values given are applied and
 // forgotten) -> set_weight()* -> refit() ... No context of the engine may execute while
 // refit() runs. An engine built with immutable weights (refittable = false) or loaded from a
 // file without a refit program cannot be refitted: the constructor throws kUnsupported.
@@ -47,6 +47,10 @@ class Refitter {
   // A name the engine does not have, another shape or another dtype throws kInvalidArgument
   // naming the weight and what it expects; nothing is kept then.
   void set_weight(const std::string& name, const TensorType& type, const void* host_data);
+  // The same without the copy: `host_data` is read by the next refit() (or dropped by another
+  // set_weight of that name), so it must stay valid and unchanged until then. A refit then
+  // copies a plan weight once, straight into the engine.
+  void set_weight_view(const std::string& name, const TensorType& type, const void* host_data);
   // Weights that must still be given before refit() (see "Weights needed together").
   std::vector<std::string> missing_weights() const;
   // Applies the weights given since the last refit (kInvalidArgument naming the missing ones,
@@ -56,8 +60,16 @@ class Refitter {
   const std::shared_ptr<Engine>& engine() const { return engine_; }
 
  private:
+  struct Pending {
+    std::shared_ptr<const Bytes> owned;  // set_weight's copy, or made from `view` when the program reads it
+    const void* view = nullptr;          // set_weight_view's buffer
+    size_t size = 0;
+    const uint8_t* bytes() const { return owned ? owned->data() : static_cast<const uint8_t*>(view); }
+  };
+  void check_weight(const std::string& name, const TensorType& type, const void* host_data) const;
+
   std::shared_ptr<Engine> engine_;
-  std::map<std::string, std::shared_ptr<const Bytes>> pending_;
+  std::map<std::string, Pending> pending_;
 };
 
 }  // namespace kiln

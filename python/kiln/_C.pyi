@@ -484,6 +484,9 @@ class Refitter:
         A new value (a CPU array: numpy or DLPack); InvalidArgumentError naming the weight when its name, shape or dtype is wrong.
         """
 
+    def set_weight_view(self, name: str, dtype: DType, shape: Sequence[int], address: int) -> None:
+        """Like set_weight_ptr without the copy: the buffer must stay alive and unchanged until refit()."""
+
     def set_weight_ptr(self, name: str, dtype: DType, shape: Sequence[int], address: int) -> None:
         """A new value from a dense host buffer at `address`, copied before returning."""
 

@@ -39,7 +39,7 @@ from kiln.lowering import LoweredGraph, lower_exported_program, lower_module
 from kiln.partition import Block, is_op, op_name, partition, replace_block
 from kiln.runtime import KilnEngineModule, build_engine
 from kiln.settings import CompilationSettings, settings_from_options
-from kiln.translate import Capability, EncodeError, describe_block, kiln_dtype
+from kiln.translate import Capability, EncodeError, describe_block, describe_block_parts, kiln_dtype
 
 log = get_logger("compile")
 
@@ -87,13 +87,19 @@ def _build_block(gm: fx.GraphModule, block: Block, settings: CompilationSettings
                                 [n.meta["val"].dtype for n in block.outputs], name=name,
                                 use_cuda_graphs=settings.use_cuda_graphs)
     try:
-        description = describe_block(gm, block, settings)
-        sources = {n.meta.get("kiln_name", str(n.target)): getattr(gm, str(n.target)) for n in block.constants}
-        cached = CachedBuild.create(description, settings, device, name, sources)
-        if cached is not None and settings.reuse_cached_engines:
-            module = cached.load(make_module, lambda e: _check_engine(e, block, settings))
-            if module is not None:
-                return module
+        cached = None
+        if settings.reuse_cached_engines or settings.cache_built_engines:
+            # The key needs no weight bytes, and a hit takes the weights from the model: copy them
+            # into the description only when the block is built.
+            lite = describe_block_parts(gm, block, settings, weight_bytes=not settings.reuse_cached_engines)
+            cached = CachedBuild.create(lite, settings, device, name)
+            if cached is not None and settings.reuse_cached_engines:
+                module = cached.load(make_module, lambda e: _check_engine(e, block, settings))
+                if module is not None:
+                    return module
+            description = lite.graph if lite.weight_bytes else describe_block(gm, block, settings)
+        else:
+            description = describe_block(gm, block, settings)
         engine = build_engine(description, settings, device)
         count("builds")
         _check_engine(engine, block, settings)

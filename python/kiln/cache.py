@@ -9,7 +9,7 @@ file per entry in a directory, with a byte budget.
 Entry lifecycle in a DiskEngineCache::
 
     absent --put--> written to a temp file --os.replace--> present (use time = now)
-    present --get--> read; header checked --ok--> returned (use time = now)
+    present --get--> mapped; header checked --ok--> returned (use time = now)
                                           --damaged/foreign--> removed, a miss
     present --put of another entry, budget exceeded--> evicted, least recently used first
 
@@ -26,6 +26,7 @@ import abc
 import contextlib
 import fcntl
 import logging
+import mmap
 import os
 import re
 import struct
@@ -65,13 +66,22 @@ class EngineCache(abc.ABC):
     """A store of serialized engines by key. ``get`` returns None for a miss."""
 
     @abc.abstractmethod
-    def get(self, key: str) -> bytes | None: ...
+    def get(self, key: str) -> bytes | bytearray | memoryview | None: ...
 
     @abc.abstractmethod
     def put(self, key: str, data: bytes) -> None: ...
 
     def remove(self, key: str) -> None:
         """Drops an entry (a damaged one is removed through this); stores may ignore it."""
+
+
+def _map(path: Path) -> bytes | memoryview:
+    """The file's bytes as a read-only memoryview of a mapping (unmapped once the view is
+    released and dropped)."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return b""  # mmap cannot map an empty file
+        return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
 
 
 class CacheEntry(NamedTuple):
@@ -97,10 +107,12 @@ class DiskEngineCache(EngineCache):
         return f"DiskEngineCache({str(self.directory)!r}, size_bytes={self.size_bytes})"
 
     # -- the interface --
-    def get(self, key: str) -> bytes | None:
+    def get(self, key: str) -> bytes | bytearray | memoryview | None:
+        """The entry's file mapped read-only, as a memoryview (no copy: pages come from the page
+        cache as they are read), or None. Entries are replaced by rename, never rewritten, so a mapping stays whole."""
         path = self._path(key)
         try:
-            data = path.read_bytes()
+            data = _map(path)
         except FileNotFoundError:
             return None
         except OSError as err:
@@ -108,6 +120,8 @@ class DiskEngineCache(EngineCache):
             return None
         if not looks_like_engine(data):
             log.warning("engine cache: entry %s is damaged or not an engine file; removing it", key)
+            if isinstance(data, memoryview):
+                data.release()
             self.remove(key)
             return None
         self._touch(path)

@@ -37,7 +37,7 @@ import torch
 from kiln import _C
 from kiln.cache import EngineCache, engine_cache_for, log
 from kiln.settings import CompilationSettings
-from kiln.translate import canonical_description, torch_dtype
+from kiln.translate import BlockDescription, canonical_description
 
 __all__ = ["CachedBuild", "engine_cache_key", "cache_stats", "reset_cache_stats", "count"]
 
@@ -93,38 +93,30 @@ def _settings_text(settings: CompilationSettings) -> str:
     return ";".join(parts)
 
 
-def engine_cache_key(description: Any, settings: CompilationSettings, device: str) -> str:
-    """The hex SHA-256 naming the engine of this import description under these settings."""
+def engine_cache_key(description: BlockDescription | Any, settings: CompilationSettings, device: str) -> str:
+    """The hex SHA-256 naming the engine of this import description (a BlockDescription, with or
+    without weight bytes, or an ImportGraph with them) under these settings."""
     h = hashlib.sha256()
     kind = device.partition(":")[0]
     for text in (_KEY_FORMAT, _C.__version__, kind, device_name(device), _settings_text(settings)):
         h.update(text.encode())
         h.update(b"\0")
-    h.update(canonical_description(description).encode())
-    for constant in description.constants:
+    if isinstance(description, BlockDescription):
+        graph, constants = description.graph, description.constants
+    else:
+        graph, constants = description, None
+    h.update(canonical_description(graph, constants).encode())
+    for constant in graph.constants:
         if not constant.weight:
             h.update(f"{constant.name}\0".encode())
             h.update(hashlib.sha256(constant.data).digest())
     return h.hexdigest()
 
 
-def _weights_of(description: Any, sources: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
-    """The block's current model weights by name (the refit's input). A tensor of ``sources``
-    (the block's constants by name) whose name, shape and dtype the description confirms is used
-    as it is; any other weight is read back from the description (a copy)."""
-    found: dict[str, torch.Tensor] = {}
-    for constant in description.constants:
-        if not constant.weight:
-            continue
-        meta = description.tensor(constant.tensor)
-        dtype, shape = torch_dtype(meta.dtype), list(meta.shape)
-        src = sources.get(constant.name) if sources is not None else None
-        if src is not None and list(src.shape) == shape and src.dtype in (dtype, torch.float64):
-            found[constant.name] = src.detach().to(dtype)  # float64 only with truncate_double
-        else:
-            data = torch.frombuffer(bytearray(constant.data), dtype=torch.uint8)
-            found[constant.name] = data.view(dtype).reshape(shape)
-    return found
+def _weights_of(description: BlockDescription) -> dict[str, torch.Tensor]:
+    """The block's current model weights by name (the refit's input): the model's own tensors,
+    converted only where the description truncates float64."""
+    return {c.name: c.source.detach().to(c.dtype) for c in description.constants if c.weight}
 
 
 def weights_fingerprint(weights: Mapping[str, torch.Tensor]) -> str:
@@ -144,10 +136,8 @@ def weights_fingerprint(weights: Mapping[str, torch.Tensor]) -> str:
 class CachedBuild:
     """One block's dealings with the cache: ``load`` on reuse, ``store`` after a build."""
 
-    def __init__(self, description: Any, settings: CompilationSettings, device: str, name: str,
-                 sources: Mapping[str, torch.Tensor] | None = None) -> None:
+    def __init__(self, description: BlockDescription, settings: CompilationSettings, device: str, name: str) -> None:
         self.description = description
-        self.sources = sources
         self.device = device
         self.name = name
         self.store_: EngineCache = engine_cache_for(settings)
@@ -158,7 +148,7 @@ class CachedBuild:
     def weights(self) -> dict[str, torch.Tensor]:
         """The block's current model weights by name (computed once)."""
         if self._weights is None:
-            self._weights = _weights_of(self.description, self.sources)
+            self._weights = _weights_of(self.description)
         return self._weights
 
     def fingerprint(self) -> str:
@@ -167,14 +157,14 @@ class CachedBuild:
         return self._fingerprint
 
     @classmethod
-    def create(cls, description: Any, settings: CompilationSettings, device: str, name: str,
-               sources: Mapping[str, torch.Tensor] | None = None) -> CachedBuild | None:
+    def create(cls, description: BlockDescription, settings: CompilationSettings, device: str,
+               name: str) -> CachedBuild | None:
         """A CachedBuild when the settings ask for the cache and the key can be made, else None
         (logged: the cache never fails a compilation)."""
         if not (settings.reuse_cached_engines or settings.cache_built_engines):
             return None
         try:
-            return cls(description, settings, device, name, sources)
+            return cls(description, settings, device, name)
         except Exception as err:  # noqa: BLE001
             log.warning("engine cache: no key for %s (%s: %s); building without the cache",
                         name, type(err).__name__, err)
@@ -193,6 +183,7 @@ class CachedBuild:
             log.info("engine cache miss for %s (key %s)", self.name, self.key[:16])
             return None
         read = time.perf_counter()
+        size = len(data)
         try:
             engine = _C.Engine.deserialize(data, self.device)
             check(engine)
@@ -200,6 +191,9 @@ class CachedBuild:
             self._reject(f"cannot be used ({err})")
             count("misses")
             return None
+        finally:
+            if isinstance(data, memoryview):
+                data.release()  # the engine holds copies of what it needs; unmaps a disk entry
         module = make_module(engine)
         loaded = time.perf_counter()
         if not self._refit(module):
@@ -207,7 +201,7 @@ class CachedBuild:
             return None
         count("hits")
         log.info("engine cache hit for %s (key %s, %d bytes): read %.3f s, load %.3f s, refit %.3f s",
-                 self.name, self.key[:16], len(data), read - start, loaded - read, time.perf_counter() - loaded)
+                 self.name, self.key[:16], size, read - start, loaded - read, time.perf_counter() - loaded)
         return module
 
     def _refit(self, module: Any) -> bool:

@@ -48,7 +48,8 @@ def _weight_names(engine: Any) -> list[str]:
 
 
 def _prepare(module: KilnEngineModule, weights: Mapping[str, torch.Tensor]) -> tuple[Any, list[torch.Tensor]]:
-    """A Refitter holding the new values (checked by the engine); the host tensors it read."""
+    """A Refitter holding the new values (checked by the engine); the host tensors it reads.
+    The Refitter refers to them without copying: keep them alive until ``_apply``."""
     refitter = _C.Refitter(module.engine)
     held: list[torch.Tensor] = []
     for name, tensor in weights.items():
@@ -61,7 +62,7 @@ def _prepare(module: KilnEngineModule, weights: Mapping[str, torch.Tensor]) -> t
         except EncodeError:
             raise _C.InvalidArgumentError(f"weight '{name}' must be {want}, got a {t.dtype} tensor") from None
         t = t.to("cpu").contiguous()
-        refitter.set_weight_ptr(name, dtype, list(t.shape), t.data_ptr())
+        refitter.set_weight_view(name, dtype, list(t.shape), t.data_ptr())
         held.append(t)
     return refitter, held
 

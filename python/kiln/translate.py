@@ -14,13 +14,17 @@ FakeTensor in ``meta["val"]``) and FX nodes into import nodes (see include/kiln/
 
 :class:`Capability` describes a whole graph once and asks ``kiln._C.can_import`` per node
 (the partitioner's capability function). :func:`describe_block` describes one block with its
-constants' bytes for the build. No operator knowledge lives here: which node is supported,
-and how, is decided by the C++ importers.
+constants' bytes for the build; :func:`describe_block_parts` can leave the weights' bytes out
+(the engine cache's key needs only their metadata, and a cache hit takes the weights from the
+model, so copying them is only worth it when the block is built). No operator knowledge lives
+here: which node is supported, and how, is decided by the C++ importers.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import operator
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -30,7 +34,8 @@ from kiln import _C
 from kiln.partition import Block
 from kiln.settings import CompilationSettings
 
-__all__ = ["Encoder", "Capability", "describe_block", "kiln_dtype", "torch_dtype", "EncodeError"]
+__all__ = ["Encoder", "Capability", "describe_block", "describe_block_parts", "BlockDescription", "ConstantInfo",
+           "kiln_dtype", "torch_dtype", "EncodeError"]
 
 _TORCH_TO_KILN: dict[torch.dtype, Any] = {
     torch.float32: _C.DType.f32, torch.float16: _C.DType.f16, torch.bfloat16: _C.DType.bf16,
@@ -68,13 +73,38 @@ def _static_shape(t: torch.Tensor, what: str) -> tuple[list[int], list[int] | No
     return shape, (None if t.is_contiguous() else strides)
 
 
+@dataclasses.dataclass(frozen=True)
+class ConstantInfo:
+    """One constant of a block as the description names it, with the tensor it comes from."""
+
+    tensor: int              # the ImportGraph tensor id
+    name: str                # the state_dict key of a weight
+    weight: bool             # a model weight (refittable) rather than a lifted or folded constant
+    nbytes: int              # dense bytes, in the described dtype
+    dtype: torch.dtype       # the described dtype (float32 for float64 with truncate_double)
+    shape: tuple[int, ...]
+    source: torch.Tensor     # the graph module's tensor (not converted, not copied)
+
+
+@dataclasses.dataclass
+class BlockDescription:
+    """A block's ImportGraph and its constants; without weight bytes, ``graph`` holds only the
+    constants that are not weights (the build needs :func:`describe_block_parts` again)."""
+
+    graph: _C.ImportGraph
+    constants: list[ConstantInfo]
+    weight_bytes: bool
+
+
 class Encoder:
     """Builds one ImportGraph; remembers the tensor id of every FX value it has described."""
 
-    def __init__(self, settings: CompilationSettings) -> None:
+    def __init__(self, settings: CompilationSettings, weight_bytes: bool = True) -> None:
         self.graph = _C.ImportGraph()
         self.truncate_double = settings.truncate_double
+        self.weight_bytes = weight_bytes
         self.ids: dict[fx.Node, int] = {}
+        self.constants: list[ConstantInfo] = []
 
     # -- values --
     def add_value(self, node: fx.Node, dense: bool = False) -> int:
@@ -97,16 +127,18 @@ class Encoder:
         return tid
 
     def add_constant(self, node: fx.Node, tensor: torch.Tensor | None) -> int:
-        """A get_attr node; with ``tensor`` its bytes are copied (dense, on the host)."""
+        """A get_attr node; with ``tensor`` it is recorded in ``constants`` and its bytes are
+        copied (dense, on the host), except a weight's when the encoder leaves weight bytes out."""
         tid = self.add_value(node, dense=True)
         if tensor is not None:
-            data = tensor.detach()
-            if self.truncate_double and data.dtype == torch.float64:
-                data = data.float()
-            data = data.to("cpu").contiguous()
             name = node.meta.get("kiln_name", str(node.target))
             weight = bool(node.meta.get("kiln_weight", False))
-            self.graph.add_constant_from_ptr(tid, name, data.data_ptr(), data.numel() * data.element_size(), weight)
+            dtype = torch.float32 if self.truncate_double and tensor.dtype == torch.float64 else tensor.dtype
+            nbytes = tensor.numel() * dtype.itemsize
+            self.constants.append(ConstantInfo(tid, name, weight, nbytes, dtype, tuple(tensor.shape), tensor))
+            if self.weight_bytes or not weight:
+                data = tensor.detach().to(dtype).to("cpu").contiguous()
+                self.graph.add_constant_from_ptr(tid, name, data.data_ptr(), nbytes, weight)
         return tid
 
     # -- nodes --
@@ -213,7 +245,14 @@ class Capability:
 
 def describe_block(gm: fx.GraphModule, block: Block, settings: CompilationSettings) -> _C.ImportGraph:
     """The import description of one block, with its constants' bytes."""
-    enc = Encoder(settings)
+    return describe_block_parts(gm, block, settings).graph
+
+
+def describe_block_parts(gm: fx.GraphModule, block: Block, settings: CompilationSettings,
+                         weight_bytes: bool = True) -> BlockDescription:
+    """The import description of one block and its constants; ``weight_bytes=False`` leaves the
+    weights out of the graph (their metadata stays in ``constants``)."""
+    enc = Encoder(settings, weight_bytes)
     for node in block.inputs:
         enc.add_input(node)
     for node in block.constants:
@@ -226,10 +265,10 @@ def describe_block(gm: fx.GraphModule, block: Block, settings: CompilationSettin
         enc.graph.add_node(enc.describe_node(node))
     for i, node in enumerate(block.outputs):
         enc.graph.add_output(enc.ids[node], f"output_{i}")
-    return enc.graph
+    return BlockDescription(enc.graph, enc.constants, weight_bytes)
 
 
-def canonical_description(graph: _C.ImportGraph) -> str:
+def canonical_description(graph: _C.ImportGraph, constants: Sequence[ConstantInfo] | None = None) -> str:
     """A deterministic text of an import description without any constant's bytes.
 
     It holds every tensor's dtype, shape, strides and symbolic ranges, the inputs and outputs
@@ -237,7 +276,9 @@ def canonical_description(graph: _C.ImportGraph) -> str:
     target, arguments (tensor references, values and their kinds, lists nested) and outputs.
     Node names are left out: they label the FX graph and do not change the engine. Two blocks
     with the same text build the same engine up to the constants' values (the engine cache's
-    key, see kiln/cached_build.py).
+    key, see kiln/cached_build.py). ``constants`` (a :class:`BlockDescription`'s) stand for
+    the graph's own list, which lacks the weights of a description without weight bytes; the
+    text is the same either way.
     """
     def arg(a: Any) -> str:
         if isinstance(a, _C.ImportArg):
@@ -268,7 +309,8 @@ def canonical_description(graph: _C.ImportGraph) -> str:
         sym = f" sym={list(t.symbols)}{list(t.sym_min)}{list(t.sym_max)}" if list(t.symbols) else ""
         lines.append(f"tensor {i} {t.dtype.name} {list(t.shape)} {list(t.strides)}{sym}")
     lines += [f"input {tid} {name!r}" for tid, name in graph.inputs]
-    lines += [f"constant {c.tensor} {c.name!r} weight={c.weight} nbytes={c.nbytes}" for c in graph.constants]
+    lines += [f"constant {c.tensor} {c.name!r} weight={c.weight} nbytes={c.nbytes}"
+              for c in (graph.constants if constants is None else constants)]
     for node in graph.nodes:
         kwargs = ",".join(f"{k}={arg(v)}" for k, v in sorted(node.kwargs.items()))
         lines.append(f"node {node.target}({','.join(arg(a) for a in node.args)};{kwargs}) -> {list(node.outputs)}")

@@ -3,8 +3,10 @@
 // set_weight takes any CPU array (numpy, or a torch tensor through DLPack, bf16 included);
 // set_weight_ptr takes a host address with its dtype and shape, the cheap path for the torch
 // front end (kiln/refit.py), which hands over contiguous CPU tensors it keeps alive for the
-// call. The data is copied before the call returns. refit() releases the GIL: it evaluates the
-// refit program and rewrites the engine's constants, which may take a while on big models.
+// call. The data is copied before the call returns; set_weight_view skips that copy (the caller
+// keeps the tensors alive and unchanged until refit(), as kiln/refit.py does). refit() releases
+// the GIL: it evaluates the refit program and rewrites the engine's constants, which may take a
+// while on big models.
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
@@ -31,6 +33,11 @@ void set_weight_ptr(Refitter& r, const std::string& name, DType dtype, nb::handl
   r.set_weight(name, t, t.nbytes() ? pointer_from_int(address, "address") : nullptr);
 }
 
+void set_weight_view(Refitter& r, const std::string& name, DType dtype, nb::handle shape, nb::handle address) {
+  TensorType t(dtype, shape_from_sequence(shape, "shape"));
+  r.set_weight_view(name, t, t.nbytes() ? pointer_from_int(address, "address") : nullptr);
+}
+
 }  // namespace
 
 void bind_refit(nb::module_& m) {
@@ -52,6 +59,11 @@ void bind_refit(nb::module_& m) {
            nb::sig("def set_weight_ptr(self, name: str, dtype: DType, shape: collections.abc.Sequence[int], "
                    "address: int) -> None"),
            "A new value from a dense host buffer at `address`, copied before returning.")
+      .def("set_weight_view", &set_weight_view, nb::arg("name"), nb::arg("dtype"), nb::arg("shape"),
+           nb::arg("address"),
+           nb::sig("def set_weight_view(self, name: str, dtype: DType, shape: collections.abc.Sequence[int], "
+                   "address: int) -> None"),
+           "Like set_weight_ptr without the copy: the buffer must stay alive and unchanged until refit().")
       .def("missing_weights", &Refitter::missing_weights,
            "Weights that must still be given before refit(): derived constants need all of their sources.")
       .def("refit", &Refitter::refit, nb::call_guard<nb::gil_scoped_release>(),

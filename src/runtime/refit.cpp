@@ -74,16 +74,31 @@ TensorType Refitter::weight_type(const std::string& name) const {
             names.empty() ? "" : ": ", some, names.size() > 5 ? ", ..." : "", ")");
 }
 
-void Refitter::set_weight(const std::string& name, const TensorType& type, const void* host_data) {
+void Refitter::check_weight(const std::string& name, const TensorType& type, const void* host_data) const {
   const TensorType want = weight_type(name);
   KILN_CHECK(type.dtype == want.dtype, kInvalidArgument, "weight '", name, "' must be ", dtype_name(want.dtype),
              " (", want.to_string(), "), got ", dtype_name(type.dtype));
   KILN_CHECK(type.shape() == want.shape(), kInvalidArgument, "weight '", name, "' must have shape ",
              want.to_string(), ", got ", type.to_string());
   KILN_CHECK(host_data != nullptr || want.nbytes() == 0, kInvalidArgument, "weight '", name, "' has no data");
-  auto bytes = std::make_shared<Bytes>(want.nbytes());
+}
+
+void Refitter::set_weight(const std::string& name, const TensorType& type, const void* host_data) {
+  check_weight(name, type, host_data);
+  auto bytes = std::make_shared<Bytes>(type.nbytes());
   if (!bytes->empty()) std::memcpy(bytes->data(), host_data, bytes->size());
-  pending_[name] = std::move(bytes);
+  Pending p;
+  p.size = bytes->size();
+  p.owned = std::move(bytes);
+  pending_[name] = std::move(p);
+}
+
+void Refitter::set_weight_view(const std::string& name, const TensorType& type, const void* host_data) {
+  check_weight(name, type, host_data);
+  Pending p;
+  p.view = host_data;
+  p.size = type.nbytes();
+  pending_[name] = std::move(p);
 }
 
 std::vector<std::string> Refitter::missing_weights() const {
@@ -139,7 +154,13 @@ void Refitter::refit() {
   for (ValueId in : program.inputs()) {
     if (!needed[size_t(in)]) continue;
     auto p = pending_.find(program.value(in).name);
-    value[size_t(in)] = p != pending_.end() ? p->second : plan_weight(plan, program.value(in).name)->data;
+    if (p == pending_.end()) {
+      value[size_t(in)] = plan_weight(plan, program.value(in).name)->data;
+      continue;
+    }
+    Pending& w = p->second;
+    if (!w.owned) w.owned = std::make_shared<Bytes>(w.bytes(), w.bytes() + w.size);  // the program reads it
+    value[size_t(in)] = w.owned;
   }
   for (ValueId c : program.constants()) value[size_t(c)] = program.value(c).data;
   std::vector<std::shared_ptr<Bytes>> results;
@@ -162,21 +183,21 @@ void Refitter::refit() {
   Backend& be = *e.backend_;
   const bool on_host = e.device_.type == DeviceType::kCPU;
   std::unordered_set<const Bytes*> written;
-  auto write = [&](const Value& target, const Bytes& src) {
-    KILN_CHECK(target.data && target.data->size() == src.size(), kInternal, "refit: constant '", target.name,
-               "' holds ", target.data ? target.data->size() : 0, " bytes, its new value ", src.size());
+  auto write = [&](const Value& target, const uint8_t* src, size_t size) {
+    KILN_CHECK(target.data && target.data->size() == size, kInternal, "refit: constant '", target.name,
+               "' holds ", target.data ? target.data->size() : 0, " bytes, its new value ", size);
     auto* dst = const_cast<Bytes*>(target.data.get());  // the engine's own copy (Engine::create)
-    if (!src.empty()) std::memcpy(dst->data(), src.data(), src.size());
+    if (size) std::memcpy(dst->data(), src, size);
     written.insert(dst);
   };
   for (ValueId c : plan.constants())
     if (plan.value(c).is_weight) {
       auto p = pending_.find(plan.value(c).name);
-      if (p != pending_.end()) write(plan.value(c), *p->second);
+      if (p != pending_.end()) write(plan.value(c), p->second.bytes(), p->second.size);
     }
   for (size_t i = 0; i < program.outputs().size(); ++i) {
     ValueId out = program.outputs()[i];
-    if (changed[size_t(out)]) write(*e.refit_targets_[i], *value[size_t(out)]);
+    if (changed[size_t(out)]) write(*e.refit_targets_[i], value[size_t(out)]->data(), value[size_t(out)]->size());
   }
   if (!on_host) {
     for (ValueId c : plan.constants())

@@ -341,6 +341,17 @@ void sgemm_pack_b(int64_t n, int64_t k, const float* b, int64_t b_rs, int64_t b_
   if (n > 0 && k > 0) pack_b(k, n, b, b_rs, b_cs, dst);
 }
 
+void sgemm_pack_b_parallel(int64_t n, int64_t k, const float* b, int64_t b_rs, int64_t b_cs, float* dst) {
+  if (n <= 0 || k <= 0) return;
+  // Panels of kNR columns are independent (panel j starts at dst + j * kNR * k): large weights
+  // are packed on every thread, since engines pack each weight when they are made or refitted.
+  const int64_t panels = (n + kNR - 1) / kNR;
+  parallel_for(panels, std::max<int64_t>(1, (int64_t(1) << 16) / (kNR * k)), [&](int64_t lo, int64_t hi) {
+    const int64_t j0 = lo * kNR, j1 = std::min(n, hi * kNR);
+    pack_b(k, j1 - j0, b + j0 * b_cs, b_rs, b_cs, dst + j0 * k);
+  });
+}
+
 // ---- shared pieces ------------------------------------------------------------------------
 
 F32Input::F32Input(const Graph& g, ValueId id) {

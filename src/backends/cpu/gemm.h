@@ -63,6 +63,9 @@ void sgemm(const GemmArgs& g, float* scratch, int max_parts);
 // Packs B (k x n, strides b_rs / b_cs) for GemmArgs::packed_b.
 int64_t sgemm_packed_b_floats(int64_t n, int64_t k);
 void sgemm_pack_b(int64_t n, int64_t k, const float* b, int64_t b_rs, int64_t b_cs, float* dst);
+// The same split over threads, for weights packed when a kernel is made (not for run time:
+// it may allocate).
+void sgemm_pack_b_parallel(int64_t n, int64_t k, const float* b, int64_t b_rs, int64_t b_cs, float* dst);
 
 // ---- shared pieces of the dense kernels ----------------------------------------------------
 

@@ -23,8 +23,10 @@ namespace {
 
 // `count` constant k x n matrices (B of sgemm; given as [n, k] when trans) packed one after
 // another, sgemm_packed_b_floats(n, k) floats each.
-std::shared_ptr<const std::vector<float>> pack_constant_b(const Graph& g, ValueId id, int64_t count, int64_t k,
-                                                          int64_t n, bool trans) {
+// The buffer is left uninitialized before packing (sgemm_pack_b writes every float, padding
+// included): zeroing it first would be one more pass over every weight when an engine is made.
+std::shared_ptr<const float[]> pack_constant_b(const Graph& g, ValueId id, int64_t count, int64_t k, int64_t n,
+                                               bool trans) {
   const Value& v = g.value(id);
   const int64_t numel = v.type.numel();
   std::vector<float> converted;
@@ -35,9 +37,9 @@ std::shared_ptr<const std::vector<float>> pack_constant_b(const Graph& g, ValueI
     src = converted.data();
   }
   const int64_t per = sgemm_packed_b_floats(n, k);
-  auto packed = std::make_shared<std::vector<float>>(size_t(per * count));
+  std::shared_ptr<float[]> packed(new float[size_t(per * count)]);
   for (int64_t c = 0; c < count; ++c)
-    sgemm_pack_b(n, k, src + c * k * n, trans ? 1 : n, trans ? k : 1, packed->data() + c * per);
+    sgemm_pack_b_parallel(n, k, src + c * k * n, trans ? 1 : n, trans ? k : 1, packed.get() + c * per);
   return packed;
 }
 
@@ -54,7 +56,7 @@ std::unique_ptr<Kernel> make_linear(const Node& n, const Graph& g) {
   F32Input x(g, n.inputs[0]), w(g, n.inputs[1]), bias(g, bias_id);
   const Epilogue epi(n, g);
   const int threads = num_threads();
-  std::shared_ptr<const std::vector<float>> packed;
+  std::shared_ptr<const float[]> packed;
   if (g.value(n.inputs[1]).is_constant() && M > kFewRows) packed = pack_constant_b(g, n.inputs[1], 1, K, N, true);
 
   Carver sizes;
@@ -77,7 +79,7 @@ std::unique_ptr<Kernel> make_linear(const Node& n, const Graph& g) {
     float* y = dt == DType::kF32 ? static_cast<float*>(out[0]) : ys;
     GemmArgs ga = gemm_rowmajor(M, N, K, x.get(in[0], xs), K, w.get(in[1], wsc), K, true, y, N);
     ga.bias = bias.present() ? bias.get(in[2], bs) : nullptr;
-    ga.packed_b = packed ? packed->data() : nullptr;
+    ga.packed_b = packed ? packed.get() : nullptr;
     ga.relu = epi.gemm_relu();
     sgemm(ga, gs, threads);
     epi.apply(y, n_inputs > 3 ? in[3] : nullptr, c.take(epi.scratch_floats()), ga.relu);
@@ -112,7 +114,7 @@ std::unique_ptr<Kernel> make_batched_matmul(const Node& n, const Graph& g) {
   const int64_t per_part = sgemm_scratch_floats(gm, N, K, gemm_parts);
 
   F32Input a(g, n.inputs[0]), bmat(g, n.inputs[1]);
-  std::shared_ptr<const std::vector<float>> packed;
+  std::shared_ptr<const float[]> packed;
   const int64_t packed_per = sgemm_packed_b_floats(N, K);
   if (g.value(n.inputs[1]).is_constant() && gm > kFewRows && K * N > 0)
     packed = pack_constant_b(g, n.inputs[1], g.type(n.inputs[1]).numel() / (K * N), K, N, false);
@@ -136,7 +138,7 @@ std::unique_ptr<Kernel> make_batched_matmul(const Node& n, const Graph& g) {
     auto one = [&](int64_t b, float* scratch, int gp) {
       GemmArgs ga = gemm_rowmajor(gm, N, K, A + (*a_off)[size_t(b)], K, B + (*b_off)[size_t(b)], N, false,
                                   Y + b * gm * N, N);
-      if (packed) ga.packed_b = packed->data() + (*b_off)[size_t(b)] / (K * N) * packed_per;
+      if (packed) ga.packed_b = packed.get() + (*b_off)[size_t(b)] / (K * N) * packed_per;
       sgemm(ga, scratch, gp);
     };
     if (over_batches) {
