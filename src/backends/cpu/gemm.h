@@ -67,6 +67,24 @@ void sgemm_pack_b(int64_t n, int64_t k, const float* b, int64_t b_rs, int64_t b_
 // it may allocate).
 void sgemm_pack_b_parallel(int64_t n, int64_t k, const float* b, int64_t b_rs, int64_t b_cs, float* dst);
 
+// ---- f64 (dgemm.cpp) ------------------------------------------------------------------------
+
+// C = A * B in double (C overwritten; not aliasing A or B), strides as in GemmArgs. `scratch`
+// holds one packed block of B: at most 256 x 512 doubles, fewer for small k or n.
+struct DgemmArgs {
+  int64_t m = 0, n = 0, k = 0;
+  const double* a = nullptr;
+  int64_t a_rs = 0, a_cs = 1;
+  const double* b = nullptr;
+  int64_t b_rs = 0, b_cs = 1;
+  double* c = nullptr;
+  int64_t ldc = 0;
+};
+void dgemm(const DgemmArgs& g, double* scratch);
+// linear / matmul nodes whose operands are f64 (matmul.cpp sends them here).
+std::unique_ptr<Kernel> make_linear_f64(const Node& n, const Graph& g);
+std::unique_ptr<Kernel> make_matmul_f64(const Node& n, const Graph& g);
+
 // ---- shared pieces of the dense kernels ----------------------------------------------------
 
 // Hands out 64-byte aligned float arrays from a workspace. Run the same sequence of take()

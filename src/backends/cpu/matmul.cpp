@@ -12,8 +12,8 @@
 // layout, so a call never repacks them (repacking a transposed weight costs more than the
 // product for a few rows). Problems of at most kFewRows rows read B in place instead.
 //
-// Non-f32 inputs are converted to f32 in the workspace (constants once, at build time) and
-// the f32 result converted back.
+// Other non-f32 inputs are converted to f32 in the workspace (constants once, at build time)
+// and the f32 result converted back; f64 computes in double instead (dgemm.cpp).
 #include "src/backends/cpu/epilogue.h"
 #include "src/backends/cpu/gemm.h"
 
@@ -159,6 +159,10 @@ std::unique_ptr<Kernel> make_batched_matmul(const Node& n, const Graph& g) {
 }  // namespace
 
 std::unique_ptr<Kernel> make_matmul_kernel(const Node& n, const Graph& g) {
+  if (g.type(n.inputs[0]).dtype == DType::kF64) {  // in double, not through sgemm (dgemm.cpp)
+    if (n.op == OpKind::kLinear) return make_linear_f64(n, g);
+    if (n.op == OpKind::kMatmul) return make_matmul_f64(n, g);
+  }
   switch (n.op) {
     case OpKind::kLinear: return make_linear(n, g);
     case OpKind::kMatmul: return make_batched_matmul(n, g);
