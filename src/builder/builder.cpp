@@ -67,6 +67,7 @@ std::shared_ptr<Engine> Builder::build(const Graph& network) const {
         [&](Graph& graph) { return lower_precision(graph, *compute); });
   run("fold_constants", &fold_constants);
   run("fuse_epilogue", &fuse_epilogue);
+  run("fold_attention_layout", [](Graph& graph) { return fold_attention_layout(graph); });
   // Tensor-core convolutions want channels-last tensors; the CPU's run channels-first.
   if (config_.device.type == DeviceType::kCUDA) run("to_channels_last", &to_channels_last);
   run("fold_constants", &fold_constants);

@@ -4,8 +4,15 @@
 // The batch dims of q, k and v broadcast (numpy rules, symbols kept). The optional mask is
 // bool (true = attend) or of q's dtype (added to the scores) and must broadcast to
 // [..., L, S] without growing it. Attributes: causal (bool, default false; may be combined
-// with a mask) and scale (float, default 1/sqrt(E)).
+// with a mask), scale (float, default 1/sqrt(E)) and layout (string, default "bhsd").
+//
+// layout = "bshd" (set by the fold_attention_layout pass) keeps the heads inside the rows, as
+// a linear's output viewed [B, S, H, D] has them: q [B, L, H, E], k [B, S, H, E],
+// v [B, S, H, Ev] -> [B, L, H, Ev], attention per (B, H); rank 4 exactly, B and H broadcast as
+// batch dims do. The mask is unchanged: it still broadcasts to the scores [B, H, L, S]. The
+// rule is the "bhsd" rule on the operands with dims 1 and 2 swapped, its output swapped back.
 #include <algorithm>
+#include <utility>
 #include <variant>
 
 #include "src/ops/shape_rules.h"
@@ -35,10 +42,42 @@ std::vector<Dim> broadcast_batch(const std::vector<Dim>& a, const std::vector<Di
 
 std::vector<Dim> batch_of(const TensorType& t) { return {t.dims.begin(), t.dims.end() - 2}; }
 
+std::vector<TensorType> infer_bhsd(const TypeList& in, const Attrs& a);
+
 }  // namespace
+
+bool sdpa_bshd(const Attrs& a) {
+  if (!a.has("layout")) return false;
+  const auto* layout = std::get_if<std::string>(&a.items().at("layout"));
+  KILN_CHECK(layout != nullptr, kInvalidArgument, "sdpa: attribute 'layout' must be a string");
+  KILN_CHECK(*layout == "bhsd" || *layout == "bshd", kInvalidArgument,
+             "sdpa: attribute 'layout' must be \"bhsd\" or \"bshd\", got \"", *layout, "\"");
+  return *layout == "bshd";
+}
+
+TensorType swap_seq_heads(TensorType t) {
+  KILN_CHECK(t.rank() == 4, kShapeMismatch, "sdpa: layout \"bshd\" takes rank-4 q, k, v ([B, S, H, D]), got ",
+             t.to_string());
+  std::swap(t.dims[1], t.dims[2]);
+  return t;
+}
 
 std::vector<TensorType> infer_attention(OpKind op, const TypeList& in, const Attrs& a) {
   KILN_CHECK(op == OpKind::kSdpa, kInternal, op_name(op), " is not in the attention family");
+  if (!sdpa_bshd(a)) return infer_bhsd(in, a);
+  KILN_CHECK(in.size() >= 3 && in[0] && in[1] && in[2], kInvalidArgument, "sdpa: needs q, k and v");
+  std::vector<TensorType> swapped;
+  for (size_t i = 0; i < 3; ++i) swapped.push_back(swap_seq_heads(*in[i]));
+  TypeList views = in;
+  for (size_t i = 0; i < 3; ++i) views[i] = &swapped[i];
+  std::vector<TensorType> out = infer_bhsd(views, a);
+  out[0] = swap_seq_heads(out[0]);
+  return out;
+}
+
+namespace {
+
+std::vector<TensorType> infer_bhsd(const TypeList& in, const Attrs& a) {
   const TensorType& q = *in[0];
   const TensorType& k = *in[1];
   const TensorType& v = *in[2];
@@ -90,5 +129,7 @@ std::vector<TensorType> infer_attention(OpKind op, const TypeList& in, const Att
   }
   return {out};
 }
+
+}  // namespace
 
 }  // namespace kiln

@@ -49,6 +49,14 @@ bool channels_last(OpKind op, const Attrs& a);
 TensorType channels_first_view(TensorType t);
 TensorType channels_last_view(TensorType t);
 
+// The layout attribute of sdpa (src/ops/attention.cpp): whether q, k, v and the output are
+// [B, S, H, D] (layout = "bshd") rather than [..., H, S, D] ("bhsd", the default); any other
+// value is kInvalidArgument naming the attribute.
+bool sdpa_bshd(const Attrs& a);
+// A rank-4 type with dims 1 and 2 swapped ([B, S, H, D] <-> [B, H, S, D]); kShapeMismatch
+// naming sdpa's layout for another rank.
+TensorType swap_seq_heads(TensorType t);
+
 // A type with the dims of `like` (symbols kept) and another dtype.
 inline TensorType with_dtype(const TensorType& like, DType dt) {
   TensorType t = like;

@@ -21,37 +21,27 @@
 //      zero-padded to 4.
 // Does not: convert conv_transpose or 1-D convs; move permutes through adaptive pools other
 // than the global one, reductions, shape ops or where; change a graph output's permute into
-// an alias of a graph input. Run it after fuse_epilogue (residuals and activations are then inside the convs) and
-// before fuse_pointwise; the builder runs it for CUDA builds only (the CPU runs a
-// channels-last conv through channels-first copies).
+// an alias of a graph input. Run it after fuse_epilogue (residuals and activations are then
+// inside the convs) and before fuse_pointwise; the builder runs it for CUDA builds only (the
+// CPU runs a channels-last conv through channels-first copies).
 #include <algorithm>
 
 #include "kiln/errors.h"
 #include "kiln/passes.h"
 #include "src/ops/shape_rules.h"
+#include "src/passes/pass_util.h"
 
 namespace kiln {
 
 namespace {
 
-using Perm = std::vector<int64_t>;
+using passes::fold_permutes;
+using passes::Perm;
+using passes::perm_of;
+using passes::permute_of;
 const Perm kToLast = {0, 2, 3, 1};   // NCHW -> NHWC
 const Perm kToFirst = {0, 3, 1, 2};  // NHWC -> NCHW
 const int64_t kChannelQuantum = 4;
-
-bool is_identity(const Perm& p) {
-  for (size_t i = 0; i < p.size(); ++i)
-    if (p[i] != int64_t(i)) return false;
-  return true;
-}
-
-// The permute node producing v, if any.
-const Node* permute_of(const Graph& g, ValueId v) {
-  const Node* p = v == kNoValue ? nullptr : g.value(v).producer;
-  return p != nullptr && p->op == OpKind::kPermute ? p : nullptr;
-}
-
-Perm perm_of(const Node& p) { return p.attrs.get_ints("perm"); }
 
 // permute(v, perm) before `pos` (which advances past a new node): an existing one if there is.
 ValueId insert_permute(Graph& g, size_t& pos, ValueId v, const Perm& perm, const std::string& name) {
@@ -62,10 +52,6 @@ ValueId insert_permute(Graph& g, size_t& pos, ValueId v, const Perm& perm, const
   Attrs a;
   a.set("perm", perm);
   return g.insert_node(pos++, OpKind::kPermute, {v}, a, name)[0];
-}
-
-bool is_graph_output(const Graph& g, ValueId v) {
-  return std::find(g.outputs().begin(), g.outputs().end(), v) != g.outputs().end();
 }
 
 // Step 1 for the conv at `pos`; returns false when it stays as it is.
@@ -109,26 +95,6 @@ bool pad_entry_channels(Graph& g, size_t pos) {
   ins[1] = g.insert_node(at++, OpKind::kPad, {ins[1]}, pad, name)[0];
   g.replace_all_uses(y, g.insert_node(at++, OpKind::kConv, ins, attrs, name)[0]);
   g.erase_node(at);
-  return true;
-}
-
-// permute(permute(v, P), Q): composes in place, or forwards v for an identity.
-bool fold_permutes(Graph& g, size_t pos) {
-  Node& n = *g.nodes()[pos];
-  const Node* inner = permute_of(g, n.inputs[0]);
-  if (n.op != OpKind::kPermute || inner == nullptr) return false;
-  const Perm p = perm_of(*inner), q = perm_of(n);
-  Perm r(q.size());
-  for (size_t i = 0; i < q.size(); ++i) r[i] = p[size_t(q[i])];
-  const ValueId v = inner->inputs[0];
-  if (is_identity(r)) {
-    if (is_graph_output(g, n.outputs[0])) return false;
-    g.replace_all_uses(n.outputs[0], v);
-    g.erase_node(pos);
-    return true;
-  }
-  n.inputs[0] = v;
-  n.attrs.set("perm", r);
   return true;
 }
 

@@ -1,10 +1,12 @@
 // Small pieces the graph passes share: reading a constant's elements as doubles, making a
-// derived constant from doubles, and the rule that names constants a pass creates.
+// derived constant from doubles, the rule that names constants a pass creates, and the
+// permute helpers of the layout passes (channels_last.cpp, fold_attention_layout.cpp).
 //
 // Element conversion goes through the CPU backend's accessors so that a constant folded by a
 // pass holds exactly the bits the reference kernels would have produced.
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +38,49 @@ inline std::shared_ptr<const Bytes> bytes_from_doubles(DType dt, const std::vect
 // their name only tells a reader of the plan where they came from. `tag` says which pass.
 inline std::string derived_constant_name(const Graph& g, const char* tag) {
   return std::string(tag) + "." + std::to_string(g.num_values());
+}
+
+// ---- permutes ----------------------------------------------------------------------------
+using Perm = std::vector<int64_t>;
+
+inline bool is_identity(const Perm& p) {
+  for (size_t i = 0; i < p.size(); ++i)
+    if (p[i] != int64_t(i)) return false;
+  return true;
+}
+
+// The permute node producing v, if any.
+inline const Node* permute_of(const Graph& g, ValueId v) {
+  const Node* p = v == kNoValue ? nullptr : g.value(v).producer;
+  return p != nullptr && p->op == OpKind::kPermute ? p : nullptr;
+}
+
+inline Perm perm_of(const Node& p) { return p.attrs.get_ints("perm"); }
+
+inline bool is_graph_output(const Graph& g, ValueId v) {
+  return std::find(g.outputs().begin(), g.outputs().end(), v) != g.outputs().end();
+}
+
+// permute(permute(v, P), Q) at `pos`: composes in place into permute(v, P o Q), or forwards v
+// for an identity (unless the outer permute's output is a graph output). Returns whether it
+// changed the graph; the inner permute stays for eliminate_dead_code.
+inline bool fold_permutes(Graph& g, size_t pos) {
+  Node& n = *g.nodes()[pos];
+  const Node* inner = permute_of(g, n.inputs[0]);
+  if (n.op != OpKind::kPermute || inner == nullptr) return false;
+  const Perm p = perm_of(*inner), q = perm_of(n);
+  Perm r(q.size());
+  for (size_t i = 0; i < q.size(); ++i) r[i] = p[size_t(q[i])];
+  const ValueId v = inner->inputs[0];
+  if (is_identity(r)) {
+    if (is_graph_output(g, n.outputs[0])) return false;
+    g.replace_all_uses(n.outputs[0], v);
+    g.erase_node(pos);
+    return true;
+  }
+  n.inputs[0] = v;
+  n.attrs.set("perm", r);
+  return true;
 }
 
 }  // namespace kiln::passes

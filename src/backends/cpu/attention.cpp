@@ -9,11 +9,16 @@
 // A fully masked row (every score -inf) gives zeros, as PyTorch's math backend does since it
 // switched to a "safe" softmax (older versions gave NaN). exp is a vectorizable polynomial
 // (relative error < 1e-7) so the softmax does not dominate at small head dims.
+//
+// layout "bshd" (q, k, v, out [B, S, H, D]) runs this kernel between permutes of q, k, v and
+// the output (layout.cpp's make_relayout); the mask needs none (it indexes the scores).
 #include <bit>
 #include <cmath>
 #include <limits>
 
 #include "src/backends/cpu/gemm.h"
+#include "src/backends/cpu/kernels.h"
+#include "src/ops/shape_rules.h"
 
 namespace kiln::cpu {
 
@@ -72,6 +77,7 @@ void softmax_row(float* row, int64_t n) {
 
 std::unique_ptr<Kernel> make_attention_kernel(const Node& n, const Graph& g) {
   KILN_CHECK(n.op == OpKind::kSdpa, kInternal, op_name(n.op), " is not in the attention family");
+  if (sdpa_bshd(n.attrs)) return make_relayout(n, g, {0, 1, 2}, {0, 2, 1, 3}, &make_attention_kernel);
   const auto qs = g.type(n.inputs[0]).shape(), ks = g.type(n.inputs[1]).shape(), vs = g.type(n.inputs[2]).shape();
   const auto ys = g.type(n.outputs[0]).shape();
   const DType dt = g.type(n.inputs[0]).dtype;

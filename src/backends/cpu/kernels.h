@@ -33,6 +33,12 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g);
 // `moved` lists the inputs in [N, H, W, C] (the output always is).
 std::unique_ptr<Kernel> make_channels_last(const Node& n, const Graph& g, const std::vector<size_t>& moved,
                                            std::unique_ptr<Kernel> (*make_first)(const Node&, const Graph&));
+// The general form (layout.cpp): a node with a layout attribute run as the same node without it,
+// made by `make_inner`, on inputs `moved` permuted by `perm` (inner dim i = outer dim perm[i]);
+// the inner output is permuted back by perm's inverse. perm swaps two adjacent blocks of dims.
+std::unique_ptr<Kernel> make_relayout(const Node& n, const Graph& g, const std::vector<size_t>& moved,
+                                      const std::vector<int64_t>& perm,
+                                      std::unique_ptr<Kernel> (*make_inner)(const Node&, const Graph&));
 std::unique_ptr<Kernel> make_pool_kernel(const Node& n, const Graph& g);
 std::unique_ptr<Kernel> make_shape_kernel(const Node& n, const Graph& g);
 std::unique_ptr<Kernel> make_gather_kernel(const Node& n, const Graph& g);

@@ -4,7 +4,9 @@
 //   probs[T]    = masked softmax    generated kernel (gemm_codegen.h), causal / bool / additive
 //   out         = probs v           cuBLASLt strided batched GEMM
 // The fallback keeps the scores in the workspace, a chunk of batch matrices at a time so that
-// long sequences stay within the workspace limit; batch dims broadcast through plan_batches.
+// long sequences stay within the workspace limit; batch dims broadcast through
+// plan_strided_batches on the geometry's strides, and the GEMMs' leading dims are the operands'
+// row strides, so layout "bshd" ([B, S, H, D]) runs without copies on either path.
 // describe() names the path and, for the fallback, why the fused kernel could not serve.
 //
 // State: pack_state(cubin of the generated kernel, params): params are a path tag, then for the
@@ -90,8 +92,9 @@ std::unique_ptr<Kernel> make_fallback(const Node& n, const AttentionGeometry& ge
   const int64_t L = geo.L, S = geo.S, E = geo.E, Ev = geo.Ev;
   const DType dt = geo.dtype;
   const size_t es = dtype_size(dt);
-  k->batches = plan_batches(geo.out_batch, {geo.k_batch, geo.q_batch, geo.v_batch, geo.out_batch},
-                            {S * E, L * E, S * Ev, L * Ev});
+  auto strides = [&](const KilnDims& d) { return std::vector<int64_t>(d.stride, d.stride + geo.batch_rank); };
+  k->batches = plan_strided_batches(geo.out_batch,
+                                    {strides(geo.k_dims), strides(geo.q_dims), strides(geo.v_dims), strides(geo.o_dims)});
   const BatchPlan& bp = k->batches;
   k->gemm_ws = std::min(kGemmWorkspace, options.workspace_limit / 2);
   const size_t per_batch = size_t(L * S) * (4 + (dt == DType::kF32 ? 0 : es));
@@ -114,11 +117,11 @@ std::unique_ptr<Kernel> make_fallback(const Node& n, const AttentionGeometry& ge
 
   GemmShape qk;  // scores^T[S, L] = k (E x S)^T * q (E x L)
   qk.ab_type = dt, qk.cd_type = DType::kF32, qk.tf32 = dt == DType::kF32 && tf32_allowed();
-  qk.m = S, qk.n = L, qk.k = E, qk.trans_a = true, qk.lda = E, qk.ldb = E, qk.ldc = S;
+  qk.m = S, qk.n = L, qk.k = E, qk.trans_a = true, qk.lda = geo.k_row, qk.ldb = geo.q_row, qk.ldc = S;
   qk.alpha = geo.scale;
   GemmShape pv;  // out^T[Ev, L] = v (Ev x S) * probs (S x L)
   pv.ab_type = pv.cd_type = dt, pv.tf32 = qk.tf32;
-  pv.m = Ev, pv.n = L, pv.k = S, pv.lda = Ev, pv.ldb = S, pv.ldc = Ev;
+  pv.m = Ev, pv.n = L, pv.k = S, pv.lda = geo.v_row, pv.ldb = S, pv.ldc = geo.o_row;
   if (k->chunk > 1) {
     qk.batch = pv.batch = int32_t(k->chunk);
     qk.stride_a = bp.inner_stride[0], qk.stride_b = bp.inner_stride[1], qk.stride_c = L * S;
@@ -130,6 +133,8 @@ std::unique_ptr<Kernel> make_fallback(const Node& n, const AttentionGeometry& ge
     for (int64_t off : bp.outer_offset[t]) gg = std::gcd(gg, off * int64_t(es));
     gg = std::gcd(gg, bp.inner_stride[t] * int64_t(es));
   }
+  gq = std::gcd(gq, std::gcd(geo.q_row, geo.k_row) * int64_t(es));
+  gp = std::gcd(gp, std::gcd(geo.v_row, geo.o_row) * int64_t(es));
   qk.align = uint32_t(gq ? gq : 16), pv.align = uint32_t(gp ? gp : 16);
   if (saved) {
     const Bytes a(saved->params.begin() + 9, saved->params.begin() + 9 + LtPlan::kSavedBytes);

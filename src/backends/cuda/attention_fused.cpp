@@ -1,7 +1,8 @@
 // sdpa geometry (batch strides of q, k, v and the mask over the output's batch dims) and the
 // fused flash-attention path: one generated kernel (flash_codegen.cpp) per dtype, head dim and
 // mask kind, a block of 64 query rows per CTA walking the keys in blocks of 64 with an online
-// softmax, so the scores never reach memory.
+// softmax, so the scores never reach memory. Every operand is addressed by its batch strides
+// and row stride (AttentionGeometry), so layout "bshd" ([B, S, H, D]) needs no copy.
 //
 // State: pack_state(cubin, params): params = kFusedTag. run() checks the 16-byte alignment of
 // q, k, v and the output that the kernel's vector loads need (kInvalidArgument when not).
@@ -9,6 +10,7 @@
 
 #include "src/backends/cuda/attention_fused.h"
 #include "src/backends/cuda/cuda_util.h"
+#include "src/ops/shape_rules.h"
 
 namespace kiln::cuda {
 
@@ -27,6 +29,15 @@ void batch_strides(const std::vector<int64_t>& out, const std::vector<int64_t>& 
   }
 }
 
+// The batch strides over (B, H) of a bshd operand whose [B', H', S, D] view is `s` (0 where
+// B' or H' is 1 and broadcasts); returns its row stride H' * D.
+int64_t bshd_strides(const std::vector<int64_t>& out, const std::vector<int64_t>& s, KilnDims& d) {
+  for (size_t i = 0; i < 2; ++i) d.size[i] = out[i];
+  d.stride[0] = s[0] == 1 ? 0 : s[1] * s[2] * s[3];
+  d.stride[1] = s[1] == 1 ? 0 : s[3];
+  return s[1] * s[3];
+}
+
 class FusedKernel final : public Kernel {
  public:
   AttentionGeometry geo;
@@ -41,9 +52,11 @@ class FusedKernel final : public Kernel {
     void* o = out[0];
     int L = int(geo.L), S = int(geo.S), causal = geo.causal ? 1 : 0, brank = geo.batch_rank;
     float scale_log2 = geo.scale * 1.4426950408889634f;
-    KilnDims qd = geo.q_dims, kd = geo.k_dims, vd = geo.v_dims, md = geo.mask_dims;
+    KilnDims qd = geo.q_dims, kd = geo.k_dims, vd = geo.v_dims, od = geo.o_dims, md = geo.mask_dims;
     long long mrs = geo.mask_row_stride, mcs = geo.mask_col_stride;
-    void* args[] = {&q, &k, &v, &o, &mask, &L, &S, &scale_log2, &causal, &qd, &kd, &vd, &md, &brank, &mrs, &mcs};
+    long long qr = geo.q_row, kr = geo.k_row, vr = geo.v_row, orow = geo.o_row;
+    void* args[] = {&q,  &k,  &v,  &o,  &mask,  &L,  &S,     &scale_log2, &causal, &qd, &kd,
+                    &vd, &od, &md, &brank, &mrs, &mcs, &qr, &kr,         &vr,     &orow};
     const dim3 grid(unsigned((geo.L + kFlashBlockM - 1) / kFlashBlockM), unsigned(geo.batch_count));
     launch(fn, grid, dim3(kFlashThreads), args, 0, stream_of(rc));
   }
@@ -55,8 +68,10 @@ class FusedKernel final : public Kernel {
 
 AttentionGeometry attention_geometry(const Node& n, const Graph& g) {
   AttentionGeometry geo;
-  const auto qs = g.type(n.inputs[0]).shape(), ks = g.type(n.inputs[1]).shape(), vs = g.type(n.inputs[2]).shape();
-  const auto ys = g.type(n.outputs[0]).shape();
+  geo.bshd = sdpa_bshd(n.attrs);
+  // Shapes in the default order [..., H, S, D]; bshd operands are [B, S, H, D] in memory.
+  auto view = [&](ValueId v) { return (geo.bshd ? swap_seq_heads(g.type(v)) : g.type(v)).shape(); };
+  const auto qs = view(n.inputs[0]), ks = view(n.inputs[1]), vs = view(n.inputs[2]), ys = view(n.outputs[0]);
   geo.dtype = g.type(n.inputs[0]).dtype;
   geo.L = qs[qs.size() - 2], geo.E = qs.back(), geo.S = ks[ks.size() - 2], geo.Ev = vs.back();
   geo.causal = n.attrs.get_bool("causal", false);
@@ -65,9 +80,18 @@ AttentionGeometry attention_geometry(const Node& n, const Graph& g) {
   geo.out_batch = batch(ys), geo.q_batch = batch(qs), geo.k_batch = batch(ks), geo.v_batch = batch(vs);
   geo.batch_rank = int(geo.out_batch.size());
   for (int64_t d : geo.out_batch) geo.batch_count *= d;
-  batch_strides(geo.out_batch, geo.q_batch, geo.L * geo.E, geo.q_dims);
-  batch_strides(geo.out_batch, geo.k_batch, geo.S * geo.E, geo.k_dims);
-  batch_strides(geo.out_batch, geo.v_batch, geo.S * geo.Ev, geo.v_dims);
+  if (!geo.bshd) {
+    batch_strides(geo.out_batch, geo.q_batch, geo.L * geo.E, geo.q_dims);
+    batch_strides(geo.out_batch, geo.k_batch, geo.S * geo.E, geo.k_dims);
+    batch_strides(geo.out_batch, geo.v_batch, geo.S * geo.Ev, geo.v_dims);
+    batch_strides(geo.out_batch, geo.out_batch, geo.L * geo.Ev, geo.o_dims);
+    geo.q_row = geo.k_row = geo.E, geo.v_row = geo.o_row = geo.Ev;
+  } else {
+    geo.q_row = bshd_strides(geo.out_batch, qs, geo.q_dims);
+    geo.k_row = bshd_strides(geo.out_batch, ks, geo.k_dims);
+    geo.v_row = bshd_strides(geo.out_batch, vs, geo.v_dims);
+    geo.o_row = bshd_strides(geo.out_batch, ys, geo.o_dims);
+  }
   const ValueId mask = n.inputs.size() > 3 ? n.inputs[3] : kNoValue;
   if (mask != kNoValue) {
     geo.mask_kind = g.type(mask).dtype == DType::kBool ? 1 : 2;
@@ -115,7 +139,7 @@ std::unique_ptr<Kernel> make_fused_attention(const Node& n, const AttentionGeome
   static const char* kMasks[] = {"", ", bool mask", ", additive mask"};
   k->desc = "sdpa fused flash attention (generated, mma.sync f16/bf16, head dim " + std::to_string(geo.E) + ", " +
             std::to_string(geo.batch_count) + " x " + std::to_string(geo.L) + " x " + std::to_string(geo.S) +
-            (geo.causal ? ", causal" : "") + kMasks[geo.mask_kind] + ")";
+            (geo.causal ? ", causal" : "") + kMasks[geo.mask_kind] + (geo.bshd ? ", bshd strided" : "") + ")";
   return k;
 }
 

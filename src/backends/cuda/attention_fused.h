@@ -21,7 +21,11 @@ struct AttentionGeometry {
   int batch_rank = 0;
   int64_t batch_count = 1;
   // Per output batch dim (size) each operand's batch stride in elements (stride; 0 broadcasts).
-  KilnDims q_dims{}, k_dims{}, v_dims{}, mask_dims{};
+  KilnDims q_dims{}, k_dims{}, v_dims{}, o_dims{}, mask_dims{};
+  // Elements between consecutive sequence rows: the head dim for layout "bhsd"; heads x head dim
+  // for "bshd" ([B, S, H, D], where the batch dims are (B, H) and H's stride is the head dim).
+  bool bshd = false;
+  int64_t q_row = 0, k_row = 0, v_row = 0, o_row = 0;
   int mask_kind = 0;  // 0 none, 1 bool (keep where true), 2 additive (q's dtype)
   int64_t mask_row_stride = 0, mask_col_stride = 0;
 };

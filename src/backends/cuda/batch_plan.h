@@ -21,5 +21,7 @@ struct BatchPlan {
 // matrix[t]: elements per matrix of operand t.
 BatchPlan plan_batches(const std::vector<int64_t>& out_batch, const std::vector<std::vector<int64_t>>& batch,
                        const std::vector<int64_t>& matrix);
+// The same from each operand's explicit strides (elements; 0 broadcasts) per output batch dim.
+BatchPlan plan_strided_batches(const std::vector<int64_t>& out_batch, const std::vector<std::vector<int64_t>>& strides);
 
 }  // namespace kiln::cuda

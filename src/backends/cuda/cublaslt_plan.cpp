@@ -127,18 +127,26 @@ void LtPlan::run(const void* a, const void* b, const void* c, void* d, const voi
 BatchPlan plan_batches(const std::vector<int64_t>& out_batch, const std::vector<std::vector<int64_t>>& batch,
                        const std::vector<int64_t>& matrix) {
   const size_t r = out_batch.size(), nops = batch.size();
+  std::vector<std::vector<int64_t>> strides(nops, std::vector<int64_t>(r, 0));
+  for (size_t t = 0; t < nops; ++t) {
+    int64_t st = matrix[t];
+    for (size_t i = 0; i < batch[t].size(); ++i) {
+      const size_t od = r - 1 - i, bd = batch[t].size() - 1 - i;
+      strides[t][od] = batch[t][bd] == 1 ? 0 : st;
+      st *= batch[t][bd];
+    }
+  }
+  return plan_strided_batches(out_batch, strides);
+}
+
+BatchPlan plan_strided_batches(const std::vector<int64_t>& out_batch, const std::vector<std::vector<int64_t>>& strides) {
+  const size_t r = out_batch.size(), nops = strides.size();
   int64_t total = 1;
   for (int64_t d : out_batch) total *= d;
   // Every operand's offset (elements) for every output batch index.
   std::vector<std::vector<int64_t>> off(nops, std::vector<int64_t>(size_t(total), 0));
   for (size_t t = 0; t < nops; ++t) {
-    std::vector<int64_t> stride(r, 0);
-    int64_t st = matrix[t];
-    for (size_t i = 0; i < batch[t].size(); ++i) {
-      const size_t od = r - 1 - i, bd = batch[t].size() - 1 - i;
-      stride[od] = batch[t][bd] == 1 ? 0 : st;
-      st *= batch[t][bd];
-    }
+    const std::vector<int64_t>& stride = strides[t];
     for (int64_t idx = 0; idx < total; ++idx) {
       int64_t rem = idx, o = 0;
       for (size_t d = r; d-- > 0;) o += (rem % out_batch[d]) * stride[d], rem /= out_batch[d];
@@ -151,16 +159,16 @@ BatchPlan plan_batches(const std::vector<int64_t>& out_batch, const std::vector<
     int64_t inner = 1;
     for (size_t d = lead; d < r; ++d) inner *= out_batch[d];
     bool ok = true;
-    std::vector<int64_t> strides(nops, 0);
+    std::vector<int64_t> inner_stride(nops, 0);
     for (size_t t = 0; ok && t < nops; ++t) {
-      strides[t] = inner > 1 ? off[t][1] - off[t][0] : 0;
+      inner_stride[t] = inner > 1 ? off[t][1] - off[t][0] : 0;
       for (int64_t g = 0; ok && g < total / std::max<int64_t>(inner, 1); ++g)
         for (int64_t i = 0; ok && i < inner; ++i)
-          ok = off[t][size_t(g * inner + i)] == off[t][size_t(g * inner)] + i * strides[t];
+          ok = off[t][size_t(g * inner + i)] == off[t][size_t(g * inner)] + i * inner_stride[t];
     }
     if (!ok) continue;
     plan.inner = inner;
-    plan.inner_stride = strides;
+    plan.inner_stride = inner_stride;
     plan.outer_offset.assign(nops, {});
     for (size_t t = 0; t < nops; ++t)
       for (int64_t g = 0; g < total / std::max<int64_t>(inner, 1); ++g)

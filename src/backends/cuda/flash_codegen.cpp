@@ -2,8 +2,11 @@
 //
 // One CTA of 4 warps takes 64 query rows (16 per warp) of one batch matrix. Q is staged
 // through shared memory into mma A fragments held in registers for the whole kernel; then for
-// each block of 64 keys, K and V are loaded to shared memory with 16-byte vector loads (rows
-// past S are zero), each warp computes its 16 x 64 scores with mma.sync.m16n8k16 (f32
+// each block of 64 keys, K and V are copied to shared memory by cp.async (16 bytes per thread
+// step, rows past S zero-filled; K and V in separate groups, so the scores start while V is in
+// flight; with head dim 64 two stages, so block j + 1 loads while block j computes; head dim
+// 128 has one, its tiles would pass the 48 KB of static shared memory), K's fragments come by
+// ldmatrix.x4, and each warp computes its 16 x 64 scores with mma.sync.m16n8k16 (f32
 // accumulators), applies scale, causal/bool/additive masks and the online softmax (running
 // max and sum in f32, exp2 domain), converts the probabilities to f16/bf16 in registers (the
 // accumulator layout of two n-tiles is the A layout of one k-step) and accumulates P V with
@@ -31,7 +34,8 @@ std::string flash_attention_source(DType dtype, int head_dim, int mask_kind) {
   s += "#define FA_TY \"" + std::string(bf16 ? "bf16" : "f16") + "\"\n";
   s += "#define FA_BM " + std::to_string(kFlashBlockM) + "\n#define FA_BN " + std::to_string(kFlashBlockN) + "\n";
   s += R"(
-#define FA_LDS (FA_D + 8)
+#define FA_LDS (FA_D + 8)  // padded rows: the 8 rows of an ldmatrix phase hit distinct banks
+#define FA_STAGES (FA_D == 64 ? 2 : 1)
 #define FA_NEG_INF __int_as_float(0xff800000)
 typedef unsigned short fa_u16;
 typedef unsigned int fa_u32;
@@ -72,29 +76,33 @@ __device__ __forceinline__ fa_u32 fa_smem_addr(const void* p) {
   return a;
 }
 
-// rows x FA_D elements (row stride FA_D in memory) -> shared (row stride FA_LDS); rows >= valid are zero.
-__device__ __forceinline__ void fa_load_tile(fa_u16* sm, const fa_u16* g, int rows, int valid) {
+// Starts copying rows x FA_D elements (row stride ld in memory) to shared memory (row stride
+// FA_LDS) by cp.async, 16 bytes per step; rows >= valid are zero-filled (nothing is read).
+// The copy is one commit group.
+__device__ __forceinline__ void fa_load_tile(fa_u16* sm, const fa_u16* g, int rows, int valid, long long ld) {
   const int per_row = FA_D / 8;
-  for (int i = threadIdx.x; i < rows * per_row; i += blockDim.x) {
+#pragma unroll
+  for (int i = threadIdx.x; i < rows * per_row; i += 128) {
     const int r = i / per_row, c = (i % per_row) * 8;
-    uint4 val;
-    val.x = val.y = val.z = val.w = 0u;
-    if (r < valid) val = *reinterpret_cast<const uint4*>(g + (long long)r * FA_D + c);
-    *reinterpret_cast<uint4*>(sm + r * FA_LDS + c) = val;
+    const fa_u16* src = r < valid ? g + (long long)r * ld + c : g;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(fa_smem_addr(sm + r * FA_LDS + c)), "l"(src),
+                 "r"(r < valid ? 16 : 0));
   }
+  asm volatile("cp.async.commit_group;");
 }
+#define FA_WAIT(n) asm volatile("cp.async.wait_group %0;" ::"n"(n))
 
 extern "C" __global__ void __launch_bounds__(128)
 kiln_flash_attention(const fa_u16* __restrict__ q, const fa_u16* __restrict__ k, const fa_u16* __restrict__ v,
                      fa_u16* __restrict__ o, const fa_mask_t* __restrict__ mask, int L, int S, float scale_log2,
-                     int causal, KilnDims qd, KilnDims kd, KilnDims vd, KilnDims md, int brank, long long mrs,
-                     long long mcs) {
-  __shared__ __align__(16) fa_u16 sk[FA_BN * FA_LDS];
-  __shared__ __align__(16) fa_u16 sv[FA_BN * FA_LDS];
+                     int causal, KilnDims qd, KilnDims kd, KilnDims vd, KilnDims od, KilnDims md, int brank,
+                     long long mrs, long long mcs, long long q_ld, long long k_ld, long long v_ld, long long o_ld) {
+  __shared__ __align__(16) fa_u16 sk_all[FA_STAGES][FA_BN * FA_LDS];
+  __shared__ __align__(16) fa_u16 sv_all[FA_STAGES][FA_BN * FA_LDS];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const long long b = blockIdx.y;
   const int m0 = blockIdx.x * FA_BM;
-  long long qo = 0, ko = 0, vo = 0, mo = 0;
+  long long qo = 0, ko = 0, vo = 0, oo = 0, mo = 0;
   {
     long long rem = b;
 #pragma unroll
@@ -102,26 +110,29 @@ kiln_flash_attention(const fa_u16* __restrict__ q, const fa_u16* __restrict__ k,
       if (d >= brank) continue;
       const long long i = rem % qd.size[d];
       rem /= qd.size[d];
-      qo += i * qd.stride[d], ko += i * kd.stride[d], vo += i * vd.stride[d], mo += i * md.stride[d];
+      qo += i * qd.stride[d], ko += i * kd.stride[d], vo += i * vd.stride[d], oo += i * od.stride[d];
+      mo += i * md.stride[d];
     }
   }
-  q += qo + (long long)m0 * FA_D;
+  q += qo + (long long)m0 * q_ld;
   k += ko;
   v += vo;
-  o += (b * L + m0) * (long long)FA_D;
+  o += oo + (long long)m0 * o_ld;
 
   // Q fragments, through shared memory.
-  fa_load_tile(sk, q, FA_BM, min(FA_BM, L - m0));
+  fa_u16* sq = sk_all[0];
+  fa_load_tile(sq, q, FA_BM, min(FA_BM, L - m0), q_ld);
+  FA_WAIT(0);
   __syncthreads();
   const int r0 = warp * 16 + g;
   fa_u32 qa[FA_D / 16][4];
 #pragma unroll
   for (int kk = 0; kk < FA_D / 16; ++kk) {
     const int c = kk * 16 + t * 2;
-    qa[kk][0] = *reinterpret_cast<const fa_u32*>(sk + r0 * FA_LDS + c);
-    qa[kk][1] = *reinterpret_cast<const fa_u32*>(sk + (r0 + 8) * FA_LDS + c);
-    qa[kk][2] = *reinterpret_cast<const fa_u32*>(sk + r0 * FA_LDS + c + 8);
-    qa[kk][3] = *reinterpret_cast<const fa_u32*>(sk + (r0 + 8) * FA_LDS + c + 8);
+    qa[kk][0] = *reinterpret_cast<const fa_u32*>(sq + r0 * FA_LDS + c);
+    qa[kk][1] = *reinterpret_cast<const fa_u32*>(sq + (r0 + 8) * FA_LDS + c);
+    qa[kk][2] = *reinterpret_cast<const fa_u32*>(sq + r0 * FA_LDS + c + 8);
+    qa[kk][3] = *reinterpret_cast<const fa_u32*>(sq + (r0 + 8) * FA_LDS + c + 8);
   }
   __syncthreads();
 
@@ -131,22 +142,57 @@ kiln_flash_attention(const fa_u16* __restrict__ q, const fa_u16* __restrict__ k,
   float row_max[2] = {FA_NEG_INF, FA_NEG_INF}, row_sum[2] = {0.0f, 0.0f};
   const int qi[2] = {m0 + r0, m0 + r0 + 8};
   const int n_end = causal ? min(S, m0 + FA_BM) : S;
+#if FA_MASK
+  // Each thread's two mask rows (rows past L read row L - 1: computed, never written).
+  const fa_mask_t* mrow[2] = {mask + mo + (long long)min(qi[0], L - 1) * mrs,
+                              mask + mo + (long long)min(qi[1], L - 1) * mrs};
+  const int mcol = (int)mcs;
+#endif
+  const int blocks = (n_end + FA_BN - 1) / FA_BN;
+#if FA_STAGES == 2
+  if (blocks > 0) {
+    fa_load_tile(sk_all[0], k, FA_BN, min(FA_BN, S), k_ld);
+    fa_load_tile(sv_all[0], v, FA_BN, min(FA_BN, S), v_ld);
+  }
+#endif
 
-  for (int n0 = 0; n0 < n_end; n0 += FA_BN) {
-    const int valid = min(FA_BN, S - n0);
-    fa_load_tile(sk, k + (long long)n0 * FA_D, FA_BN, valid);
-    fa_load_tile(sv, v + (long long)n0 * FA_D, FA_BN, valid);
+  for (int j = 0; j < blocks; ++j) {
+    const int n0 = j * FA_BN;
+    fa_u16* sk = sk_all[j % FA_STAGES];
+    fa_u16* sv = sv_all[j % FA_STAGES];
+#if FA_STAGES == 2
+    // Block j + 1 into the other stage (free: the previous iteration ended with a barrier).
+    const bool next = j + 1 < blocks;
+    if (next) {
+      const int n1 = n0 + FA_BN;
+      fa_load_tile(sk_all[(j + 1) % 2], k + (long long)n1 * k_ld, FA_BN, min(FA_BN, S - n1), k_ld);
+      fa_load_tile(sv_all[(j + 1) % 2], v + (long long)n1 * v_ld, FA_BN, min(FA_BN, S - n1), v_ld);
+      FA_WAIT(3);  // K of block j done; V of j and K, V of j + 1 may be in flight
+    } else {
+      FA_WAIT(1);
+    }
+#else
+    fa_load_tile(sk, k + (long long)n0 * k_ld, FA_BN, min(FA_BN, S - n0), k_ld);
+    fa_load_tile(sv, v + (long long)n0 * v_ld, FA_BN, min(FA_BN, S - n0), v_ld);
+    FA_WAIT(1);
+#endif
     __syncthreads();
 
     float sc[FA_BN / 8][4];
+    // K's B fragments by ldmatrix.x4: lane l addresses key row (l & 7) of matrix l / 8, the
+    // matrices being head dims kk*16 + {0, 8, 16, 24}: {b0, b1} of k-steps kk and kk + 1.
+    const fa_u32 krow = fa_smem_addr(sk + (lane & 7) * FA_LDS + (lane >> 3) * 8);
 #pragma unroll
     for (int nt = 0; nt < FA_BN / 8; ++nt) {
       sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
 #pragma unroll
-      for (int kk = 0; kk < FA_D / 16; ++kk) {
-        const fa_u16* kr = sk + (nt * 8 + g) * FA_LDS + kk * 16 + t * 2;
-        fa_mma(sc[nt], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], *reinterpret_cast<const fa_u32*>(kr),
-               *reinterpret_cast<const fa_u32*>(kr + 8));
+      for (int kk = 0; kk < FA_D / 16; kk += 2) {
+        fa_u32 b0, b1, b2, b3;
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                     : "r"(krow + (nt * 8 * FA_LDS + kk * 16) * 2));
+        fa_mma(sc[nt], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b0, b1);
+        fa_mma(sc[nt], qa[kk + 1][0], qa[kk + 1][1], qa[kk + 1][2], qa[kk + 1][3], b2, b3);
       }
     }
 
@@ -159,9 +205,9 @@ kiln_flash_attention(const fa_u16* __restrict__ q, const fa_u16* __restrict__ k,
         float x = sc[nt][e] * scale_log2;
         bool keep = kj < S && (!causal || kj <= i);
 #if FA_MASK == 1
-        keep = keep && i < L && mask[mo + (long long)i * mrs + (long long)kj * mcs] != 0;
+        keep = keep && mrow[row][kj * mcol] != 0;
 #elif FA_MASK == 2
-        if (keep && i < L) x += fa_to_float(mask[mo + (long long)i * mrs + (long long)kj * mcs]) * 1.4426950408889634f;
+        if (keep) x = fmaf(fa_to_float(mrow[row][kj * mcol]), 1.4426950408889634f, x);
 #endif
         x = keep ? x : FA_NEG_INF;
         sc[nt][e] = x;
@@ -194,6 +240,12 @@ kiln_flash_attention(const fa_u16* __restrict__ q, const fa_u16* __restrict__ k,
       acc[dn][2] *= alpha[1], acc[dn][3] *= alpha[1];
     }
 
+#if FA_STAGES == 2
+    if (next) FA_WAIT(2); else FA_WAIT(0);  // V of block j
+#else
+    FA_WAIT(0);
+#endif
+    __syncthreads();
 #pragma unroll
     for (int kk = 0; kk < FA_BN / 16; ++kk) {
       const fa_u32 a0 = fa_pack(sc[2 * kk][0], sc[2 * kk][1]), a1 = fa_pack(sc[2 * kk][2], sc[2 * kk][3]);
@@ -223,9 +275,9 @@ kiln_flash_attention(const fa_u16* __restrict__ q, const fa_u16* __restrict__ k,
 #pragma unroll
   for (int dn = 0; dn < FA_D / 8; ++dn) {
     const int c = dn * 8 + t * 2;
-    if (qi[0] < L) *reinterpret_cast<fa_u32*>(o + r0 * FA_D + c) = fa_pack(acc[dn][0] * inv[0], acc[dn][1] * inv[0]);
+    if (qi[0] < L) *reinterpret_cast<fa_u32*>(o + r0 * o_ld + c) = fa_pack(acc[dn][0] * inv[0], acc[dn][1] * inv[0]);
     if (qi[1] < L)
-      *reinterpret_cast<fa_u32*>(o + (r0 + 8) * FA_D + c) = fa_pack(acc[dn][2] * inv[1], acc[dn][3] * inv[1]);
+      *reinterpret_cast<fa_u32*>(o + (r0 + 8) * o_ld + c) = fa_pack(acc[dn][2] * inv[1], acc[dn][3] * inv[1]);
   }
 }
 )";

@@ -41,11 +41,13 @@ std::string sdpa_softmax_source(DType dtype, int mask_kind);
 // softmax in f32) for head dim `head_dim` (64 or 128; q, k and v share it):
 //   kiln_flash_attention(const T* q, const T* k, const T* v, T* o, const M* mask,
 //                        int L, int S, float scale_log2, int causal, KilnDims qd, KilnDims kd,
-//                        KilnDims vd, KilnDims md, int brank, long long mrow_stride,
-//                        long long mcol_stride)
-// grid (ceil(L / 64), batch), 128 threads, static shared memory only; qd/kd/vd/md: output
-// batch dims (size) and each operand's batch strides in elements (stride); scale_log2 is the
-// softmax scale times log2(e). Pointers must be 16-byte aligned.
+//                        KilnDims vd, KilnDims od, KilnDims md, int brank, long long mrow_stride,
+//                        long long mcol_stride, long long q_ld, long long k_ld, long long v_ld,
+//                        long long o_ld)
+// grid (ceil(L / 64), batch), 128 threads, static shared memory only; qd/kd/vd/od/md: output
+// batch dims (size) and each operand's batch strides in elements (stride); *_ld: elements
+// between sequence rows (multiples of 8); scale_log2 is the softmax scale times log2(e).
+// Pointers must be 16-byte aligned.
 std::string flash_attention_source(DType dtype, int head_dim, int mask_kind);
 inline constexpr int kFlashBlockM = 64;
 inline constexpr int kFlashBlockN = 64;

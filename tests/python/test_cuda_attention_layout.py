@@ -1,0 +1,133 @@
+"""sdpa on CUDA in both layouts, against the CPU backend and PyTorch in float64.
+
+layout "bshd" (q [B, L, H, D], k / v [B, S, H, D], out [B, L, H, D]) is what the
+fold_attention_layout pass gives transformer blocks; on CUDA the fused flash kernel and the
+fallback (cuBLASLt + generated softmax) read those tensors through row and batch strides, with
+no copy. Each case builds one sdpa node, runs it on CUDA (output poisoned with NaN first, so an
+unwritten element fails) and checks:
+  - the CUDA result against the CPU engine for the same graph and inputs, and both against
+    torch's sdpa in float64 on the permuted tensors, by relative error ||out - ref|| / ||ref||;
+  - that the path the case is meant to take was taken (the build log names it);
+cases: the shapes that matter (head dim 64, L = S = 128 with an additive [B, 1, 1, S] mask as
+BERT, L = S = 197 unmasked as ViT), and what the flash kernel must keep right: causal, bool
+masks, head dim 128, odd L and S, L != S, heads of k / v broadcast, f16 and bf16; f32 and head
+dim 40 go through the fallback. The default layout runs the same cases.
+Skipped, with the reason, where Kiln has no CUDA device.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln import Builder, BuilderConfig, Graph
+from test_ops import KILN_TO_TORCH, TORCH_TO_KILN
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not (kiln._C.cuda_available() and torch.cuda.is_available()),
+                       reason="Kiln was built without CUDA, or no GPU is present"),
+]
+
+# (batch, L, S, heads, kv heads, head dim, mask: none | additive | bool, causal, dtype)
+CASES = [
+    (2, 128, 128, 12, 12, 64, "additive", False, torch.float16),   # BERT
+    (2, 197, 197, 12, 12, 64, "none", False, torch.float16),       # ViT
+    (2, 197, 197, 4, 4, 64, "none", False, torch.bfloat16),
+    (1, 128, 128, 3, 3, 64, "additive", False, torch.bfloat16),
+    (2, 37, 53, 3, 3, 64, "bool", False, torch.float16),
+    (2, 70, 70, 2, 2, 128, "none", True, torch.float16),
+    (1, 100, 67, 2, 2, 128, "additive", True, torch.bfloat16),
+    (2, 65, 130, 3, 1, 64, "none", False, torch.float16),          # one k / v head for all
+    (1, 1, 9, 2, 2, 64, "bool", True, torch.float16),
+    (2, 33, 47, 3, 3, 40, "additive", False, torch.float16),       # fallback: head dim 40
+    (2, 29, 31, 2, 2, 32, "bool", True, torch.float32),            # fallback: f32
+]
+
+
+def _id(c: tuple) -> str:
+    b, l, s, h, hkv, d, mask, causal, dt = c
+    return f"b{b}-l{l}-s{s}-h{h}x{hkv}-d{d}-{mask}{'-causal' if causal else ''}-{str(dt).split('.')[-1]}"
+
+
+def _inputs(c: tuple, seed: int) -> tuple[list[torch.Tensor], Optional[torch.Tensor]]:
+    """q, k, v in [B, S, H, D] and the mask (indexing the scores [B, H, L, S]), on the CPU."""
+    b, l, s, h, hkv, d, mask, _, dt = c
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, l, h, d, generator=gen).to(dt)
+    k = torch.randn(b, s, hkv, d, generator=gen).to(dt)
+    v = torch.randn(b, s, hkv, d, generator=gen).to(dt)
+    m = None
+    if mask == "additive":  # BERT's padding mask: 0 or a large negative per key
+        keep = torch.rand(b, 1, 1, s, generator=gen) > 0.2
+        m = torch.where(keep, 0.0, -10000.0).to(dt)
+    elif mask == "bool":
+        m = (torch.rand(l, s, generator=gen) > 0.3) | torch.eye(l, s, dtype=torch.bool)
+    return [q, k, v], m
+
+
+def _graph(c: tuple, bshd: bool, mask: Optional[torch.Tensor]) -> Graph:
+    b, l, s, h, hkv, d, _, causal, dt = c
+    kd = TORCH_TO_KILN[dt]
+    shape = (lambda n, hh: [b, n, hh, d]) if bshd else (lambda n, hh: [b, hh, n, d])
+    g = Graph()
+    ids = [g.add_input("q", kd, shape(l, h)), g.add_input("k", kd, shape(s, hkv)), g.add_input("v", kd, shape(s, hkv))]
+    if mask is not None:
+        ids.append(g.add_input("mask", TORCH_TO_KILN[mask.dtype], list(mask.shape)))
+    attrs: dict = {"causal": causal}
+    if bshd:
+        attrs["layout"] = "bshd"
+    g.mark_output(g.add_node("sdpa", ids, attrs, name="attention")[0], "y")
+    return g
+
+
+def _run(g: Graph, device: str, feeds: list[torch.Tensor]) -> tuple[torch.Tensor, str]:
+    engine = Builder(BuilderConfig(device=device, fuse_pointwise=False)).build(g)
+    dev = "cpu" if device == "cpu" else "cuda"
+    ins = [t.to(dev).contiguous() for t in feeds]
+    o = engine.outputs[0]
+    out = torch.full(o.shape, float("nan"), dtype=KILN_TO_TORCH[o.dtype], device=dev)
+    stream = torch.cuda.current_stream().cuda_stream if dev == "cuda" else 0
+    engine.create_execution_context().execute_ptrs([t.data_ptr() for t in ins], [out.data_ptr()], stream)
+    if dev == "cuda":
+        torch.cuda.current_stream().synchronize()
+    return out.cpu(), engine.build_log
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want.double()).norm() / want.double().norm())
+
+
+@pytest.mark.parametrize("bshd", [True, False], ids=["bshd", "bhsd"])
+@pytest.mark.parametrize("c", CASES, ids=[_id(c) for c in CASES])
+def test_sdpa_layouts_cuda_match_cpu(c: tuple, bshd: bool) -> None:
+    b, l, s, h, hkv, d, mask_kind, causal, dt = c
+    (q, k, v), mask = _inputs(c, seed=l * 31 + s)
+    # torch's sdpa in float64 on [B, H, S, D]; heads of k / v broadcast by repeating them
+    t = lambda x, hh: x.double().transpose(1, 2).expand(b, h, -1, d) if hh == 1 else x.double().transpose(1, 2)
+    ref_mask = None if mask is None else (mask if mask.dtype == torch.bool else mask.double())
+    ref = F.scaled_dot_product_attention(t(q, h), t(k, hkv), t(v, hkv), attn_mask=ref_mask, is_causal=causal)
+    feeds = [q, k, v] if bshd else [x.transpose(1, 2).contiguous() for x in (q, k, v)]
+    if mask is not None:
+        feeds.append(mask)
+    g = _graph(c, bshd, mask)
+    got, log = _run(g, "cuda", feeds)
+    want, _ = _run(g, "cpu", feeds)
+    if bshd:
+        ref = ref.transpose(1, 2)
+    assert not torch.isnan(got).any(), "CUDA left output elements unwritten (NaN)"
+    fused = dt != torch.float32 and d in (64, 128)
+    assert ("fused flash attention" in log) == fused, log
+    tol = {torch.float16: 4e-3, torch.bfloat16: 2e-2, torch.float32: 2e-3}[dt]  # f32: TF32 GEMMs allowed
+    assert _rel(want, ref) < tol, f"CPU vs float64: {_rel(want, ref):.2e}"
+    assert _rel(got, ref) < tol, f"CUDA vs float64: {_rel(got, ref):.2e}"
+    assert _rel(got, want) < tol, f"CUDA vs CPU: {_rel(got, want):.2e}"
+    # Fresh inputs on the same engines: the same function, not a cached answer.
+    (q2, k2, v2), _ = _inputs(c, seed=l * 31 + s + 1)
+    feeds2 = [q2, k2, v2] if bshd else [x.transpose(1, 2).contiguous() for x in (q2, k2, v2)]
+    feeds2 += feeds[3:]
+    assert _rel(_run(g, "cuda", feeds2)[0], _run(g, "cpu", feeds2)[0]) < tol
