@@ -12,13 +12,14 @@ namespace kiln::cuda {
 
 namespace {
 
-// Numerics Kiln does not accept: f16/bf16 accumulation, and for strict f32 (TF32 disabled)
-// tensor cores (TF32), down-converted inputs, FFT and Winograd.
+// Numerics Kiln does not accept: f16/bf16 accumulation, inputs down-converted below their type
+// (f32 read as f16: allowing TF32 allows 10 mantissa bits in f32's range, not f16's range), and
+// for strict f32 (TF32 disabled) tensor cores (TF32), FFT and Winograd.
 const char* refused_numerics(const EngineInfo& info, bool strict) {
   if (info.has_numerical(CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION)) return "reduced-precision reduction";
+  if (info.has_numerical(CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS)) return "down-converted inputs";
   if (!strict) return nullptr;
   if (info.has_numerical(CUDNN_NUMERICAL_NOTE_TENSOR_CORE)) return "TF32 tensor cores (KILN_DISABLE_TF32=1)";
-  if (info.has_numerical(CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS)) return "down-converted inputs (KILN_DISABLE_TF32=1)";
   if (info.has_numerical(CUDNN_NUMERICAL_NOTE_FFT) || info.has_numerical(CUDNN_NUMERICAL_NOTE_WINOGRAD))
     return "FFT / Winograd (KILN_DISABLE_TF32=1)";
   return nullptr;

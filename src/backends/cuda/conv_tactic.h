@@ -2,8 +2,8 @@
 //
 // search_conv_plan builds the fused graph (conv_graph.h), asks cuDNN's heuristics for engine
 // configs (mode A, then fallback), finalizes plans for the first few that pass Kiln's numerics
-// rules (f32 accumulation; with KILN_DISABLE_TF32=1 and f32 data no TF32 tensor cores, down-
-// converted inputs, FFT or Winograd) and whose workspace fits, times them (tactics.h) and keeps
+// rules (f32 accumulation, no down-converted inputs; with KILN_DISABLE_TF32=1 and f32 data no
+// TF32 tensor cores, FFT or Winograd) and whose workspace fits, times them (tactics.h) and keeps
 // the fastest. When no engine runs the fused graph it does the same for the conv alone (the
 // caller then adds a generated epilogue). rebuild_conv_plan remakes a saved choice exactly.
 #pragma once
