@@ -1,6 +1,7 @@
-// Helpers shared by the pass tests of fuse_epilogue and lower_precision: random f32 data,
-// constants, running a graph exactly as given on the CPU reference kernels (Engine::create
-// applies no passes), comparing results, and checking an error's code and message.
+// Helpers shared by the pass and builder tests (fuse_epilogue, lower_precision, layouts, the
+// pipeline): random f32 data, constants, running an engine or a graph exactly as given on the
+// CPU reference kernels (Engine::create applies no passes), comparing results, and checking an
+// error's code and message.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -52,9 +53,8 @@ inline Attrs conv2d_attrs(int64_t stride, int64_t pad, int64_t groups) {
   return a;
 }
 
-// Runs the graph as given (no passes) on f32 inputs; returns its f32 outputs.
-inline std::vector<Floats> run_plain(const Graph& g, const std::vector<Floats>& inputs) {
-  auto e = Engine::create(g, Device{}, KernelOptions{});
+// Runs an engine with f32 inputs and outputs; returns its outputs.
+inline std::vector<Floats> run_engine(const std::shared_ptr<Engine>& e, const std::vector<Floats>& inputs) {
   std::vector<const void*> in;
   for (const Floats& x : inputs) in.push_back(x.data());
   std::vector<Floats> outs;
@@ -66,6 +66,11 @@ inline std::vector<Floats> run_plain(const Graph& g, const std::vector<Floats>& 
   for (Floats& o : outs) out.push_back(o.data());
   e->create_execution_context()->execute(in, out);
   return outs;
+}
+
+// Runs the graph as given (no passes) on f32 inputs; returns its f32 outputs.
+inline std::vector<Floats> run_plain(const Graph& g, const std::vector<Floats>& inputs) {
+  return run_engine(Engine::create(g, Device{}, KernelOptions{}), inputs);
 }
 
 inline std::vector<Floats> random_inputs(const Graph& g, uint32_t seed) {

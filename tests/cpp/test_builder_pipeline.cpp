@@ -25,17 +25,6 @@ Graph small_net() {
   return g;
 }
 
-std::vector<Floats> run_engine(const std::shared_ptr<Engine>& e, const std::vector<Floats>& inputs) {
-  std::vector<const void*> in;
-  for (const Floats& x : inputs) in.push_back(x.data());
-  std::vector<Floats> outs;
-  for (const IOTensor& o : e->outputs()) outs.emplace_back(size_t(o.type.numel()), std::nanf(""));
-  std::vector<void*> out;
-  for (Floats& o : outs) out.push_back(o.data());
-  e->create_execution_context()->execute(in, out);
-  return outs;
-}
-
 bool has_dtype(const Graph& g, DType t) {
   for (ValueId v = 0; v < g.num_values(); ++v)
     if (g.type(v).dtype == t) return true;
