@@ -5,8 +5,10 @@
 // keeps a *refit program*: a Graph whose inputs are the source weights, by name, and whose
 // outputs are the plan constants derived from them, named as in the plan; it is made of exactly
 // the nodes fold_constants evaluated at build time. A refit runs the affected part of the
-// program on the CPU reference kernels, node by node as fold_constants did, so the refitted
-// constants have the bits a fresh build with the new weights would have; then it writes them,
+// program on the CPU reference kernels, node by node as fold_constants did, except chains of
+// large f32/f64 casts and add/sub/mul/div (a batch-norm fold of a conv weight), which it
+// evaluates row by row with the kernels' own scalar operations, without intermediates; either
+// way the refitted constants have the bits a fresh build with the new weights would have; then it writes them,
 // and every plan weight given, in place: into the engine's own host copies on the CPU, into the
 // device buffers the kernels already read on other devices. Kernels that read constants when
 // they were made (packed GEMM operands, scalars inside fused kernels) are made again, and
