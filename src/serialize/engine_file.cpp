@@ -68,6 +68,14 @@ void expect_consumed(const ByteReader& r) {
   if (!r.done()) r.fail_corrupted(detail::concat(r.remaining(), " unread bytes at offset ", r.offset()));
 }
 
+// The one string a section holds (the build log, the source weights' fingerprint).
+std::string read_string_section(const Section& s, const char* what) {
+  ByteReader r(s.data, s.size, s.offset, what);
+  std::string v = r.str();
+  expect_consumed(r);
+  return v;
+}
+
 }  // namespace
 
 Bytes write_engine_file(const EngineFile& f) {
@@ -205,11 +213,7 @@ EngineFile read_engine_file(const uint8_t* data, size_t size, const std::string&
     orr.fail_corrupted(detail::concat("optimization level ", f.options.optimization_level, " is outside 0..5"));
   expect_consumed(orr);
 
-  if (log.present) {
-    ByteReader lr(log.data, log.size, log.offset, "section BLOG");
-    f.build_log = lr.str();
-    expect_consumed(lr);
-  }
+  if (log.present) f.build_log = read_string_section(log, "section BLOG");
   if (kernels.present) {
     ByteReader kr(kernels.data, kernels.size, kernels.offset, "section KERN");
     uint64_t n = kr.count32(8, "kernel states");
@@ -223,11 +227,7 @@ EngineFile read_engine_file(const uint8_t* data, size_t size, const std::string&
     }
     expect_consumed(kr);
   }
-  if (swid.present) {
-    ByteReader sr(swid.data, swid.size, swid.offset, "section SWID");
-    f.source_weights_id = sr.str();
-    expect_consumed(sr);
-  }
+  if (swid.present) f.source_weights_id = read_string_section(swid, "section SWID");
   if (refit.present) {
     ByteReader rr(refit.data, refit.size, refit.offset, "section RFIT");
     f.refit_program = std::make_shared<const Graph>(read_graph(rr, blobs));
