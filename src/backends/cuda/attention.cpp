@@ -7,19 +7,27 @@
 // long sequences stay within the workspace limit; batch dims broadcast through
 // plan_strided_batches on the geometry's strides, and the GEMMs' leading dims are the operands'
 // row strides, so layout "bshd" ([B, S, H, D]) runs without copies on either path.
+// Where cuDNN's fused attention operation also serves (no mask, not causal: attention_cudnn.h),
+// the build times its plans against the generated flash kernel and keeps the fastest (timing
+// cache key "sdpa|..."; optimization level 0 takes the generated kernel untimed;
+// KILN_ATTENTION_TACTIC=generated|cudnn forces one, for debugging and tests).
 // describe() names the path and, for the fallback, why the fused kernel could not serve.
 //
 // State: pack_state(cubin of the generated kernel, params): params are a path tag, then for the
-// fallback the chunk size and both GEMMs' saved algorithms.
+// fallback the chunk size and both GEMMs' saved algorithms, for cuDNN the engine config.
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
+#include "src/backends/cuda/attention_cudnn.h"
 #include "src/backends/cuda/attention_fused.h"
 #include "src/backends/cuda/cublaslt_util.h"
 #include "src/backends/cuda/gemm_codegen.h"
 #include "src/backends/cuda/kernels.h"
 #include "src/backends/cuda/nvrtc.h"
+#include "src/backends/cuda/tactics.h"
 
 namespace kiln::cuda {
 
@@ -155,6 +163,93 @@ std::unique_ptr<Kernel> make_fallback(const Node& n, const AttentionGeometry& ge
   return k;
 }
 
+// A kernel whose description says how the build chose it.
+class NotedKernel final : public Kernel {
+ public:
+  NotedKernel(std::unique_ptr<Kernel> k, std::string note) : k_(std::move(k)), note_(std::move(note)) {}
+  void run(const void* const* in, void* const* out, const RunContext& rc) const override { k_->run(in, out, rc); }
+  size_t workspace_size() const override { return k_->workspace_size(); }
+  std::string describe() const override { return k_->describe() + "; " + note_; }
+  Bytes state() const override { return k_->state(); }
+
+ private:
+  std::unique_ptr<Kernel> k_;
+  std::string note_;
+};
+
+// KILN_ATTENTION_TACTIC: "generated" or "cudnn" restricts the choice (and bypasses the timing
+// cache) for debugging and tests; unset or empty: timed.
+std::string forced_tactic() {
+  const char* e = std::getenv("KILN_ATTENTION_TACTIC");
+  const std::string v = e ? e : "";
+  KILN_CHECK(v.empty() || v == "generated" || v == "cudnn", kInvalidArgument,
+             "KILN_ATTENTION_TACTIC must be \"generated\" or \"cudnn\", got \"", v, "\"");
+  return v;
+}
+
+// The generated flash kernel against cuDNN's fused attention plans, timed on scratch buffers;
+// the choice goes to the timing cache (one byte 0 for the generated kernel, else the cuDNN
+// state's params).
+std::unique_ptr<Kernel> choose_fused(const Node& n, const AttentionGeometry& geo, const KernelOptions& options) {
+  std::vector<std::string> parts = {dtype_name(geo.dtype), detail::concat("L=", geo.L, " S=", geo.S, " E=", geo.E)};
+  for (const KilnDims* d : {&geo.q_dims, &geo.k_dims, &geo.v_dims, &geo.o_dims}) {
+    std::string p = "b";
+    for (int i = 0; i < geo.batch_rank; ++i) p += detail::concat(":", d->size[i], "/", d->stride[i]);
+    parts.push_back(p);
+  }
+  parts.push_back(detail::concat("rows=", geo.q_row, ",", geo.k_row, ",", geo.v_row, ",", geo.o_row));
+  parts.push_back(detail::concat("ws<=", options.workspace_limit));
+  const std::string key = timing_key("sdpa", parts);
+  const std::string only = forced_tactic();
+  if (auto cached = only.empty() ? timing_cache_find(key) : std::nullopt) {
+    try {
+      if (cached->size() == 1 && (*cached)[0] == 0) return make_fused_attention(n, geo, nullptr);
+      return make_cudnn_attention(n, geo, decode_cudnn_attention(*cached), "timing cache");
+    } catch (const Error&) {
+      // a damaged or outdated entry: choose again and overwrite it
+    }
+  }
+  std::vector<std::unique_ptr<Kernel>> cands;
+  cands.push_back(make_fused_attention(n, geo, nullptr));
+  std::string log;
+  const size_t cudnn_plans = (size_t(1) << std::clamp(options.optimization_level, 1, 4)) - 1;  // 1, 3, 7, 15
+  if (only != "generated")
+    for (auto& k : cudnn_attention_candidates(n, geo, cudnn_plans, options.workspace_limit, &log))
+      cands.push_back(std::move(k));
+  if (only == "cudnn") {
+    KILN_CHECK(cands.size() > 1, kUnsupported, "sdpa '", n.name, "': KILN_ATTENTION_TACTIC=cudnn, but cuDNN offered no plan: ", log);
+    cands.erase(cands.begin());
+    return std::make_unique<NotedKernel>(std::move(cands[0]), "forced by KILN_ATTENTION_TACTIC");
+  }
+  size_t best = 0;
+  std::string report;
+  if (cands.size() > 1) {
+    size_t ws = 0;
+    for (const auto& k : cands) ws = std::max(ws, k->workspace_size());
+    ScratchBuffer q(attention_operand_bytes(geo, 0)), k(attention_operand_bytes(geo, 1)),
+        v(attention_operand_bytes(geo, 2)), o(attention_operand_bytes(geo, 3)), wsb(ws);
+    const void* ins[4] = {q.get(), k.get(), v.get(), nullptr};
+    void* outs[1] = {o.get()};
+    std::vector<Candidate> fns;
+    for (const auto& c : cands)
+      fns.push_back([&, kp = c.get()](cudaStream_t s) {
+        RunContext rc;
+        rc.stream = s;
+        rc.workspace = wsb.get();
+        rc.workspace_size = ws;
+        kp->run(ins, outs, rc);
+      });
+    best = time_candidates(fns, std::max(options.optimization_level, 1), &report);
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  } else {
+    report = "cuDNN offered no plan: " + log;
+  }
+  if (only.empty()) timing_cache_insert(key, best == 0 ? Bytes{0} : unpack_state(cands[best]->state()).params);
+  if (report.size() > 600) report = report.substr(0, 600) + "...";
+  const std::string note = "generated #0 vs cuDNN plans: " + report;
+  return std::make_unique<NotedKernel>(std::move(cands[best]), note);
+}
+
 class EmptyKernel final : public Kernel {
  public:
   void run(const void* const*, void* const*, const RunContext&) const override {}
@@ -188,10 +283,16 @@ std::unique_ptr<Kernel> make_attention_kernel(const Node& n, const Graph& g, con
   const AttentionGeometry geo = attention_geometry(n, g);
   std::optional<CompiledState> saved;
   if (state) saved = unpack_state(*state);
-  const bool saved_fused = saved && !saved->params.empty() && saved->params[0] != kFallbackTag;
+  const uint8_t saved_tag = saved && !saved->params.empty() ? saved->params[0] : 0;
+  if (saved_tag == kCudnnAttentionTag)
+    return make_cudnn_attention(n, geo, decode_cudnn_attention(saved->params), "saved tactic");
   std::string why_not;
-  if (saved_fused || (!saved && fused_attention_serves(geo, &why_not)))
-    return make_fused_attention(n, geo, saved ? &*saved : nullptr);
+  if (saved && saved_tag != kFallbackTag) return make_fused_attention(n, geo, &*saved);
+  if (!saved && fused_attention_serves(geo, &why_not)) {
+    if ((options.optimization_level > 0 || !forced_tactic().empty()) && cudnn_attention_serves(geo, nullptr))
+      return choose_fused(n, geo, options);
+    return make_fused_attention(n, geo, nullptr);
+  }
   return make_fallback(n, geo, options, saved ? &*saved : nullptr, why_not);
 }
 

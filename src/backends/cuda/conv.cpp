@@ -45,42 +45,23 @@ struct Epilogue {
 class ConvKernel final : public Kernel {
  public:
   ConvKernel(ConvGeom q, ConvOpGraph og, Desc plan, ConvChoice choice, Epilogue epi, std::string desc)
-      : q_(std::move(q)), og_(std::move(og)), plan_(std::move(plan)), choice_(std::move(choice)),
-        epi_(std::move(epi)), desc_(std::move(desc)) {
-    ws_ = size_t(plan_.get_i64(CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE));
-  }
-  ~ConvKernel() override {
-    std::lock_guard<std::mutex> g(mu_);
-    packs_.clear();
-  }
+      : q_(std::move(q)), og_(std::move(og)), runner_(std::move(plan), og_.uids), choice_(std::move(choice)),
+        epi_(std::move(epi)), desc_(std::move(desc)) {}
 
   void run(const void* const* in, void* const* out, const RunContext& rc) const override {
     const cudaStream_t stream = stream_of(rc);
-    KILN_CHECK(rc.workspace_size >= ws_, kInvalidArgument, "conv: workspace of ", rc.workspace_size,
-               " bytes, the cuDNN plan needs ", ws_);
-    Key key{};
+    KILN_CHECK(rc.workspace_size >= runner_.workspace_size(), kInvalidArgument, "conv: workspace of ",
+               rc.workspace_size, " bytes, the cuDNN plan needs ", runner_.workspace_size());
+    std::array<void*, kMaxPtrs> ptrs{};
     size_t k = 0;
     uintptr_t align = 0;
     for (int64_t uid : og_.uids) {
       void* p = uid == kUidY ? out[0] : const_cast<void*>(in[uid == kUidX ? 0 : uid == kUidW ? 1 : uid == kUidBias ? 2 : 3]);
-      key[k++] = p;
+      ptrs[k++] = p;
       align |= reinterpret_cast<uintptr_t>(p);
     }
-    key[kMaxPtrs] = ws_ ? rc.workspace : nullptr;
     KILN_CHECK(align % 16 == 0, kInvalidArgument, "conv: cuDNN plans assume 16-byte aligned tensors");
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      const Desc* vp = nullptr;
-      for (auto& e : packs_)
-        if (e.key == key) vp = &e.pack;
-      if (!vp) {
-        if (packs_.size() >= 8) packs_.erase(packs_.begin());
-        std::vector<void*> ptrs(key.begin(), key.begin() + og_.uids.size());
-        packs_.push_back({key, make_variant_pack(og_.uids, ptrs, key[kMaxPtrs])});
-        vp = &packs_.back().pack;
-      }
-      execute(plan_, *vp, stream);
-    }
+    runner_.run(ptrs.data(), rc.workspace, stream);
     if (epi_.fn) {
       void* y = out[0];
       const void* bias = q_.bias ? in[2] : nullptr;
@@ -91,7 +72,7 @@ class ConvKernel final : public Kernel {
     }
   }
 
-  size_t workspace_size() const override { return ws_; }
+  size_t workspace_size() const override { return runner_.workspace_size(); }
   std::string describe() const override { return desc_; }
   void add_note(const std::string& note) { desc_ += "; " + note; }
   Bytes state() const override {
@@ -100,20 +81,12 @@ class ConvKernel final : public Kernel {
 
  private:
   static constexpr size_t kMaxPtrs = 5;
-  using Key = std::array<void*, kMaxPtrs + 1>;  // tensor pointers in uid order, then the workspace
-  struct Pack {
-    Key key;
-    Desc pack;
-  };
   ConvGeom q_;
-  ConvOpGraph og_;
-  Desc plan_;
+  ConvOpGraph og_;  // the plan was made from these descriptors: they live as long as it does
+  PlanRunner runner_;
   ConvChoice choice_;
   Epilogue epi_;
   std::string desc_;
-  size_t ws_ = 0;
-  mutable std::mutex mu_;
-  mutable std::vector<Pack> packs_;
 };
 
 Epilogue make_epilogue(const ConvGeom& q, std::shared_ptr<const Module> module) {

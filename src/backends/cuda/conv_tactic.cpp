@@ -57,20 +57,6 @@ bool strict_f32(DType dt) {
   return dt == DType::kF32 && e != nullptr && std::string(e) == "1";
 }
 
-Desc make_variant_pack(const std::vector<int64_t>& uids, const std::vector<void*>& ptrs, void* workspace) {
-  Desc vp(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "conv variant pack");
-  vp.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, int64_t(uids.size()), uids.data())
-      .set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, int64_t(ptrs.size()), ptrs.data())
-      .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace)
-      .finalize();
-  return vp;
-}
-
-void execute(const Desc& plan, const Desc& vp, cudaStream_t stream) {
-  HandleLock h = lock_handle();
-  KILN_CUDNN_CHECK(cudnnSetStream(h.handle, stream));
-  KILN_CUDNN_CHECK(cudnnBackendExecute(h.handle, plan.get(), vp.get()));
-}
 bool rebuild_conv_plan(const ConvGeom& q, cudnnHandle_t h, const ConvChoice& c, const std::string& what, ConvPlan& out,
              std::string* why) {
   try {

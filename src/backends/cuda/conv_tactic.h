@@ -35,9 +35,4 @@ ConvPlan search_conv_plan(const ConvGeom& q, const KernelOptions& options, const
 bool rebuild_conv_plan(const ConvGeom& q, cudnnHandle_t h, const ConvChoice& c, const std::string& what, ConvPlan& out,
                        std::string* why);
 
-// A finalized variant pack: `ptrs` in the order of `uids`.
-Desc make_variant_pack(const std::vector<int64_t>& uids, const std::vector<void*>& ptrs, void* workspace);
-// cudnnSetStream + cudnnBackendExecute under the handle's lock.
-void execute(const Desc& plan, const Desc& vp, cudaStream_t stream);
-
 }  // namespace kiln::cuda

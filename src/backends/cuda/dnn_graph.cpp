@@ -4,9 +4,11 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
 #include <map>
 #include <memory>
+#include <mutex>
 
 #include "src/backends/cuda/cuda_util.h"
 
@@ -237,6 +239,48 @@ Desc make_plan(cudnnHandle_t handle, const Desc& config, std::string* why) {
     return Desc();
   }
   return plan;
+}
+
+Desc make_variant_pack(const std::vector<int64_t>& uids, const std::vector<void*>& ptrs, void* workspace) {
+  Desc vp(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack");
+  vp.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, int64_t(uids.size()), uids.data())
+      .set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, int64_t(ptrs.size()), ptrs.data())
+      .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace)
+      .finalize();
+  return vp;
+}
+
+void execute(const Desc& plan, const Desc& vp, cudaStream_t stream) {
+  HandleLock h = lock_handle();
+  KILN_CUDNN_CHECK(cudnnSetStream(h.handle, stream));
+  KILN_CUDNN_CHECK(cudnnBackendExecute(h.handle, plan.get(), vp.get()));
+}
+
+PlanRunner::PlanRunner(Desc plan, std::vector<int64_t> uids) : plan_(std::move(plan)), uids_(std::move(uids)) {
+  ws_ = size_t(plan_.get_i64(CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE));
+}
+
+PlanRunner::~PlanRunner() {
+  std::lock_guard<std::mutex> g(mu_);
+  packs_.clear();
+}
+
+void PlanRunner::run(void* const* ptrs, void* workspace, cudaStream_t stream) const {
+  void* const ws = ws_ ? workspace : nullptr;
+  const size_t n = uids_.size();
+  std::lock_guard<std::mutex> g(mu_);
+  const Desc* vp = nullptr;
+  for (const auto& e : packs_)
+    if (e.first.back() == ws && std::equal(ptrs, ptrs + n, e.first.begin())) vp = &e.second;
+  if (!vp) {
+    if (packs_.size() >= kMaxPacks) packs_.erase(packs_.begin());
+    std::vector<void*> key(ptrs, ptrs + n);
+    Desc pack = make_variant_pack(uids_, key, ws);
+    key.push_back(ws);
+    packs_.emplace_back(std::move(key), std::move(pack));
+    vp = &packs_.back().second;
+  }
+  execute(plan_, *vp, stream);
 }
 
 }  // namespace kiln::cuda

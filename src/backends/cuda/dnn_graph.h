@@ -7,6 +7,7 @@
 // Named dnn_graph.h (not cudnn_graph.h) so that it never shadows cuDNN's own header.
 #pragma once
 
+#include <cuda_runtime.h>
 #include <cudnn.h>
 
 #include <cstdint>
@@ -106,5 +107,34 @@ Desc make_engine_config(const Desc& op_graph, const EngineId& id);
 
 // A finalized execution plan of `config`, or an empty Desc (and *why set) when cuDNN refuses it.
 Desc make_plan(cudnnHandle_t handle, const Desc& config, std::string* why);
+
+// A finalized variant pack: `ptrs` in the order of `uids`.
+Desc make_variant_pack(const std::vector<int64_t>& uids, const std::vector<void*>& ptrs, void* workspace);
+// cudnnSetStream + cudnnBackendExecute under the handle's lock.
+void execute(const Desc& plan, const Desc& vp, cudaStream_t stream);
+
+// An execution plan and its tensors' uids, run with data pointers given in uid order. The
+// variant packs of the last few pointer sets are kept, so a steady-state run (and a CUDA graph
+// capture) builds none. Thread-safe.
+class PlanRunner {
+ public:
+  PlanRunner(Desc plan, std::vector<int64_t> uids);
+  ~PlanRunner();
+  PlanRunner(const PlanRunner&) = delete;
+  PlanRunner& operator=(const PlanRunner&) = delete;
+
+  // ptrs: one per uid, in uid order.
+  void run(void* const* ptrs, void* workspace, cudaStream_t stream) const;
+  size_t workspace_size() const { return ws_; }
+  const std::vector<int64_t>& uids() const { return uids_; }
+
+ private:
+  static constexpr size_t kMaxPacks = 8;
+  Desc plan_;
+  std::vector<int64_t> uids_;
+  size_t ws_ = 0;
+  mutable std::mutex mu_;
+  mutable std::vector<std::pair<std::vector<void*>, Desc>> packs_;  // key: pointers, then the workspace
+};
 
 }  // namespace kiln::cuda

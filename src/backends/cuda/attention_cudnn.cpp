@@ -1,0 +1,233 @@
+// cuDNN's fused SDPA operation as a tactic of sdpa (attention_cudnn.h).
+#include "src/backends/cuda/attention_cudnn.h"
+
+#include <cstring>
+
+#include "src/backends/cuda/conv_state.h"
+#include "src/backends/cuda/cuda_util.h"
+#include "src/backends/cuda/nvrtc.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+constexpr int64_t kUidQ = 1, kUidK = 2, kUidV = 3, kUidO = 4, kUidScale = 5;
+constexpr int kMinCudnn = 91300;  // the first cuDNN with CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR
+
+// One operand of the geometry as cuDNN's [B, H, rows, cols] dims and strides.
+struct Operand {
+  std::vector<int64_t> dims, strides;
+};
+
+Operand operand(const AttentionGeometry& g, int which) {
+  const KilnDims& d = which == 0 ? g.q_dims : which == 1 ? g.k_dims : which == 2 ? g.v_dims : g.o_dims;
+  const int64_t rows = which == 0 || which == 3 ? g.L : g.S;
+  const int64_t cols = which == 0 || which == 1 ? g.E : g.Ev;
+  const int64_t row = which == 0 ? g.q_row : which == 1 ? g.k_row : which == 2 ? g.v_row : g.o_row;
+  Operand o;
+  o.dims = {1, 1, rows, cols};
+  o.strides = {0, 0, row, 1};
+  // Batch dims right-aligned into (B, H).
+  for (int i = 0; i < g.batch_rank; ++i) {
+    const size_t at = size_t(2 - g.batch_rank + i);
+    o.dims[at] = d.size[i];
+    o.strides[at] = d.stride[i];
+  }
+  // A dim of extent 1 gets the stride of a dense layout (cuDNN wants positive strides).
+  if (o.dims[1] == 1 || o.strides[1] == 0) o.strides[1] = rows * row;
+  if (o.dims[0] == 1 || o.strides[0] == 0) o.strides[0] = o.dims[1] * o.strides[1];
+  return o;
+}
+
+cudnnDataType_t dnn_type(DType t) { return t == DType::kBF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF; }
+
+Desc tensor(int64_t uid, cudnnDataType_t dt, const Operand& o, const std::string& what) {
+  Desc t(CUDNN_BACKEND_TENSOR_DESCRIPTOR, what);
+  t.set_i64(CUDNN_ATTR_TENSOR_UNIQUE_ID, uid)
+      .set_dtype(CUDNN_ATTR_TENSOR_DATA_TYPE, dt)
+      .set_i64(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, 16)
+      .set_i64s(CUDNN_ATTR_TENSOR_DIMENSIONS, o.dims)
+      .set_i64s(CUDNN_ATTR_TENSOR_STRIDES, o.strides)
+      .finalize();
+  return t;
+}
+
+// The operation graph and the descriptors it was made from (they live as long as its plans).
+struct SdpaGraph {
+  std::vector<Desc> parts;
+  Desc graph;
+};
+
+SdpaGraph build_graph(const AttentionGeometry& g, cudnnHandle_t handle, const std::string& what) {
+#if CUDNN_VERSION >= 91300
+  SdpaGraph s;
+  const cudnnDataType_t dt = dnn_type(g.dtype);
+  s.parts.push_back(tensor(kUidQ, dt, operand(g, 0), what + ": tensor q"));
+  s.parts.push_back(tensor(kUidK, dt, operand(g, 1), what + ": tensor k"));
+  s.parts.push_back(tensor(kUidV, dt, operand(g, 2), what + ": tensor v"));
+  s.parts.push_back(tensor(kUidO, dt, operand(g, 3), what + ": tensor o"));
+  Desc scale(CUDNN_BACKEND_TENSOR_DESCRIPTOR, what + ": scale");
+  const bool by_value = true;
+  scale.set_i64(CUDNN_ATTR_TENSOR_UNIQUE_ID, kUidScale)
+      .set_dtype(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_DATA_FLOAT)
+      .set_i64(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, 4)
+      .set_i64s(CUDNN_ATTR_TENSOR_DIMENSIONS, {1, 1, 1, 1})
+      .set_i64s(CUDNN_ATTR_TENSOR_STRIDES, {1, 1, 1, 1})
+      .set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value)
+      .finalize();
+  s.parts.push_back(std::move(scale));
+  Desc op(CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR, what + ": sdpa operation");
+  op.set_desc(CUDNN_ATTR_OPERATION_SDPA_FWD_QDESC, s.parts[0])
+      .set_desc(CUDNN_ATTR_OPERATION_SDPA_FWD_KDESC, s.parts[1])
+      .set_desc(CUDNN_ATTR_OPERATION_SDPA_FWD_VDESC, s.parts[2])
+      .set_desc(CUDNN_ATTR_OPERATION_SDPA_FWD_ODESC, s.parts[3])
+      .set_desc(CUDNN_ATTR_OPERATION_SDPA_FWD_SCALEDESC, s.parts[4])
+      .finalize();
+  s.parts.push_back(std::move(op));
+  s.graph = Desc(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, what + ": operation graph");
+  s.graph.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle)
+      .set_descs(CUDNN_ATTR_OPERATIONGRAPH_OPS, {&s.parts.back()})
+      .finalize();
+  return s;
+#else
+  (void)g, (void)handle;
+  KILN_FAIL(kUnsupported, what, ": Kiln was compiled against a cuDNN without the fused sdpa operation (< 9.13)");
+#endif
+}
+
+class CudnnAttention final : public Kernel {
+ public:
+  CudnnAttention(const AttentionGeometry& geo, SdpaGraph graph, Desc plan, EngineId id, std::string desc)
+      : graph_(std::move(graph)), runner_(std::move(plan), {kUidQ, kUidK, kUidV, kUidO, kUidScale}),
+        id_(std::move(id)), scale_(geo.scale), desc_(std::move(desc)) {}
+
+  void run(const void* const* in, void* const* out, const RunContext& rc) const override {
+    const uintptr_t bits = uintptr_t(in[0]) | uintptr_t(in[1]) | uintptr_t(in[2]) | uintptr_t(out[0]);
+    KILN_CHECK(bits % 16 == 0, kInvalidArgument, "sdpa (cuDNN): q, k, v and the output must be 16-byte aligned");
+    KILN_CHECK(rc.workspace_size >= runner_.workspace_size(), kInvalidArgument, "sdpa (cuDNN): workspace of ",
+               rc.workspace_size, " bytes, the plan needs ", runner_.workspace_size());
+    void* ptrs[5] = {const_cast<void*>(in[0]), const_cast<void*>(in[1]), const_cast<void*>(in[2]), out[0],
+                     const_cast<float*>(&scale_)};
+    runner_.run(ptrs, rc.workspace, stream_of(rc));
+  }
+  size_t workspace_size() const override { return runner_.workspace_size(); }
+  std::string describe() const override { return desc_; }
+  Bytes state() const override { return pack_state({}, encode_cudnn_attention(id_)); }
+  void add_note(const std::string& note) { desc_ += "; " + note; }
+
+ private:
+  SdpaGraph graph_;
+  PlanRunner runner_;
+  EngineId id_;
+  float scale_;  // by-value operand: cuDNN copies it into the launch (captured graphs included)
+  std::string desc_;
+};
+
+std::string describe(const AttentionGeometry& geo, const EngineId& id, const std::string& note) {
+  return "sdpa fused flash attention by cuDNN (" + id.to_string() + ", head dim " + std::to_string(geo.E) + ", " +
+         std::to_string(geo.batch_count) + " x " + std::to_string(geo.L) + " x " + std::to_string(geo.S) +
+         (geo.bshd ? ", bshd strided" : "") + ")" + (note.empty() ? "" : "; " + note);
+}
+
+}  // namespace
+
+bool cudnn_attention_serves(const AttentionGeometry& geo, std::string* why) {
+  auto no = [&](const std::string& r) {
+    if (why) *why = r;
+    return false;
+  };
+  if (CUDNN_VERSION < kMinCudnn || cudnnGetVersion() < size_t(kMinCudnn))
+    return no("cuDNN " + std::to_string(cudnnGetVersion()) + " has no fused sdpa operation (9.13 or later)");
+  if (geo.dtype != DType::kF16 && geo.dtype != DType::kBF16) return no("cuDNN's sdpa takes f16/bf16");
+  if (geo.mask_kind != 0 || geo.causal) return no("cuDNN's sdpa operation takes no mask and no causal flag");
+  if (geo.E != geo.Ev || geo.E % 8 != 0 || geo.E > 256) return no("head dims must be equal, a multiple of 8, <= 256");
+  if (geo.batch_rank > 2) return no("more than 2 batch dims");
+  for (int i = 0; i < geo.batch_rank; ++i)
+    for (const KilnDims* d : {&geo.q_dims, &geo.k_dims, &geo.v_dims, &geo.o_dims})
+      if (d->stride[i] == 0 && d->size[i] > 1) return no("a broadcast batch dim");
+  for (int64_t row : {geo.q_row, geo.k_row, geo.v_row, geo.o_row})
+    if (row % 8 != 0) return no("a row stride that is not a multiple of 8 elements");
+  return true;
+}
+
+size_t attention_operand_bytes(const AttentionGeometry& geo, int which) {
+  const Operand o = operand(geo, which);
+  int64_t last = 0;
+  for (size_t i = 0; i < 4; ++i) last += (o.dims[i] - 1) * o.strides[i];
+  return size_t(last + 1) * dtype_size(geo.dtype);
+}
+
+std::vector<std::unique_ptr<Kernel>> cudnn_attention_candidates(const Node& n, const AttentionGeometry& geo,
+                                                                size_t limit, size_t workspace_limit,
+                                                                std::string* log) {
+  std::vector<std::unique_ptr<Kernel>> out;
+  const std::string what = "sdpa '" + n.name + "'";
+  HandleLock hl = lock_handle();
+  try {
+    const SdpaGraph probe = build_graph(geo, hl.handle, what);
+    for (Desc& cfg : heuristic_configs(probe.graph, log)) {
+      if (out.size() >= limit) break;
+      const EngineInfo info = engine_info(cfg);
+      // Each kernel owns its graph: build it again around this engine config.
+      SdpaGraph own = build_graph(geo, hl.handle, what);
+      Desc mine = make_engine_config(own.graph, info.id);
+      std::string why;
+      Desc plan = make_plan(hl.handle, mine, &why);
+      if (!plan) {
+        if (log) *log += info.id.to_string() + ": " + why + "; ";
+        continue;
+      }
+      if (size_t(plan.get_i64(CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)) > workspace_limit) {
+        if (log) *log += info.id.to_string() + ": workspace over the limit; ";
+        continue;
+      }
+      out.push_back(std::make_unique<CudnnAttention>(geo, std::move(own), std::move(plan), info.id,
+                                                     describe(geo, info.id, "")));
+    }
+  } catch (const Error& e) {
+    if (log) *log += std::string("cuDNN refused the sdpa graph: ") + e.what() + "; ";
+  }
+  return out;
+}
+
+std::unique_ptr<Kernel> make_cudnn_attention(const Node& n, const AttentionGeometry& geo, const EngineId& id,
+                                             const std::string& note) {
+  const std::string what = "sdpa '" + n.name + "'";
+  std::string why;
+  KILN_CHECK(cudnn_attention_serves(geo, &why), kUnsupported, what, ": cuDNN's fused attention cannot serve it: ", why);
+  HandleLock hl = lock_handle();
+  SdpaGraph graph = build_graph(geo, hl.handle, what);
+  Desc cfg = make_engine_config(graph.graph, id);
+  Desc plan = make_plan(hl.handle, cfg, &why);
+  KILN_CHECK(bool(plan), kUnsupported, what, ": cuDNN cannot rebuild the saved plan (", id.to_string(),
+             "; another cuDNN version or GPU?): ", why);
+  return std::make_unique<CudnnAttention>(geo, std::move(graph), std::move(plan), id, describe(geo, id, note));
+}
+
+Bytes encode_cudnn_attention(const EngineId& id) {
+  Bytes b{kCudnnAttentionTag};
+  conv_state_detail::put<int64_t>(b, id.engine);
+  conv_state_detail::put<uint32_t>(b, uint32_t(id.knobs.size()));
+  for (const auto& [type, value] : id.knobs) {
+    conv_state_detail::put<int32_t>(b, type);
+    conv_state_detail::put<int64_t>(b, value);
+  }
+  return b;
+}
+
+EngineId decode_cudnn_attention(const Bytes& params) {
+  KILN_CHECK(!params.empty() && params[0] == kCudnnAttentionTag, kCorrupted, "sdpa state: not a cuDNN attention state");
+  conv_state_detail::Reader r{params, 1};
+  EngineId id;
+  id.engine = r.get<int64_t>("engine");
+  const auto count = r.get<uint32_t>("knob count");
+  KILN_CHECK(count <= conv_state_detail::kMaxKnobs, kCorrupted, "sdpa state: ", count, " knobs");
+  for (uint32_t i = 0; i < count; ++i) {
+    const auto type = r.get<int32_t>("knob type");
+    id.knobs.emplace_back(type, r.get<int64_t>("knob value"));
+  }
+  KILN_CHECK(r.pos == params.size(), kCorrupted, "sdpa state: ", params.size() - r.pos, " trailing bytes");
+  return id;
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,48 @@
+// cuDNN's fused attention operation (CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR, cuDNN 9.13 and
+// later: O = softmax(scale * Q K^T) V as one flash-attention kernel) as a second tactic of
+// sdpa, which the build times against the generated flash kernel (attention_fused.h).
+//
+// It serves what that operation expresses: f16/bf16, no mask, not causal, q, k, v and the
+// output as [B, H, S, D] strided views (batch rank at most 2, no broadcast batch dim, the head
+// dim contiguous), head dims equal and a multiple of 8 up to 256. Any row and batch strides
+// work, so layout "bshd" and other strided operands run without copies.
+//
+// State: pack_state({}, params), params = kCudnnAttentionTag, i64 engine global index, u32 knob
+// count, per knob (i32 type, i64 value): loading rebuilds the plan without heuristics or timing.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/backend.h"
+#include "src/backends/cuda/attention_fused.h"
+#include "src/backends/cuda/dnn_graph.h"
+
+namespace kiln::cuda {
+
+inline constexpr uint8_t kCudnnAttentionTag = 3;
+
+// Whether the cuDNN operation can express this node (and the loaded cuDNN has it); `why`
+// receives the reason when not.
+bool cudnn_attention_serves(const AttentionGeometry& geo, std::string* why);
+
+// Up to `limit` kernels, one per engine config cuDNN's heuristics propose that finalizes into
+// a plan within `workspace_limit` (none when cuDNN offers nothing; `log` says why).
+std::vector<std::unique_ptr<Kernel>> cudnn_attention_candidates(const Node& n, const AttentionGeometry& geo,
+                                                                size_t limit, size_t workspace_limit,
+                                                                std::string* log);
+
+// The kernel of the engine config `id` (a saved state or a timing-cache entry); throws
+// kUnsupported when this cuDNN cannot rebuild it.
+std::unique_ptr<Kernel> make_cudnn_attention(const Node& n, const AttentionGeometry& geo, const EngineId& id,
+                                             const std::string& note);
+
+// The engine id in a state's params (kCorrupted when malformed), and the params of one.
+EngineId decode_cudnn_attention(const Bytes& params);
+Bytes encode_cudnn_attention(const EngineId& id);
+
+// Bytes any operand of `geo` spans from its base pointer (for scratch buffers).
+size_t attention_operand_bytes(const AttentionGeometry& geo, int operand);
+
+}  // namespace kiln::cuda

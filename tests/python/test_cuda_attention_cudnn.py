@@ -1,0 +1,147 @@
+"""sdpa through cuDNN's fused attention operation, the tactic timed against Kiln's flash kernel.
+
+Unmasked, non-causal f16 / bf16 attention has two fused implementations on CUDA: the generated
+flash kernel and cuDNN's SDPA operation (cuDNN 9.13+). KILN_ATTENTION_TACTIC=cudnn forces the
+cuDNN one so that it is the kernel under test (the build log must name it); each case compares
+it with the CPU engine and with torch's sdpa in float64, in both layouts ([B, H, S, D] and
+"bshd" [B, S, H, D], read through strides). Also: CUDA-graph replay, an engine round trip that
+rebuilds the saved cuDNN plan without compiling anything, the timed default (whichever wins is
+correct and the log shows the timing), masked / causal nodes never taking the cuDNN path, and a
+bad KILN_ATTENTION_TACTIC value being an error that names it.
+Skipped, with the reason, where Kiln has no CUDA device.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln import Builder, BuilderConfig, Engine, Graph
+from test_ops import KILN_TO_TORCH, TORCH_TO_KILN
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not (kiln._C.cuda_available() and torch.cuda.is_available()),
+                       reason="Kiln was built without CUDA, or no GPU is present"),
+]
+
+# (batch, L, S, heads, head dim, dtype)
+CASES = [
+    (2, 197, 197, 12, 64, torch.float16),   # ViT-B/16
+    (2, 128, 128, 12, 64, torch.bfloat16),
+    (1, 100, 67, 3, 128, torch.float16),    # L != S, head dim 128
+    (3, 1, 9, 2, 64, torch.float16),        # one query row
+]
+TOL = {torch.float16: 4e-3, torch.bfloat16: 2e-2}
+
+
+def _id(c: tuple) -> str:
+    b, l, s, h, d, dt = c
+    return f"b{b}-l{l}-s{s}-h{h}-d{d}-{str(dt).split('.')[-1]}"
+
+
+def _graph(c: tuple, bshd: bool, mask: bool = False, causal: bool = False) -> Graph:
+    b, l, s, h, d, dt = c
+    kd = TORCH_TO_KILN[dt]
+    shape = (lambda n: [b, n, h, d]) if bshd else (lambda n: [b, h, n, d])
+    g = Graph()
+    ids = [g.add_input("q", kd, shape(l)), g.add_input("k", kd, shape(s)), g.add_input("v", kd, shape(s))]
+    if mask:
+        ids.append(g.add_input("mask", kd, [b, 1, 1, s]))
+    attrs: dict = {"causal": causal}
+    if bshd:
+        attrs["layout"] = "bshd"
+    g.mark_output(g.add_node("sdpa", ids, attrs, name="attention")[0], "y")
+    return g
+
+
+def _inputs(c: tuple, bshd: bool, seed: int) -> list[torch.Tensor]:
+    b, l, s, h, d, dt = c
+    gen = torch.Generator().manual_seed(seed)
+    shape = (lambda n: (b, n, h, d)) if bshd else (lambda n: (b, h, n, d))
+    return [torch.randn(*shape(n), generator=gen).to(dt) for n in (l, s, s)]
+
+
+def _run(engine: Engine, feeds: list[torch.Tensor], use_graphs: bool = False) -> torch.Tensor:
+    dev = "cpu" if engine.device == "cpu" else "cuda"
+    ins = [t.to(dev).contiguous() for t in feeds]
+    o = engine.outputs[0]
+    out = torch.full(o.shape, float("nan"), dtype=KILN_TO_TORCH[o.dtype], device=dev)
+    stream = torch.cuda.current_stream().cuda_stream if dev == "cuda" else 0
+    ctx = engine.create_execution_context(use_graphs=use_graphs)
+    for _ in range(2 if use_graphs else 1):  # a graph context captures on the first call, replays on the second
+        out.fill_(float("nan"))
+        ctx.execute_ptrs([t.data_ptr() for t in ins], [out.data_ptr()], stream)
+    if dev == "cuda":
+        torch.cuda.current_stream().synchronize()
+    return out.cpu()
+
+
+def _build(g: Graph, device: str) -> Engine:
+    return Builder(BuilderConfig(device=device, fuse_pointwise=False)).build(g)
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want.double()).norm() / want.double().norm())
+
+
+def _reference(feeds: list[torch.Tensor], bshd: bool) -> torch.Tensor:
+    t = (lambda x: x.double().transpose(1, 2)) if bshd else (lambda x: x.double())
+    ref = F.scaled_dot_product_attention(*(t(x) for x in feeds))
+    return ref.transpose(1, 2) if bshd else ref
+
+
+@pytest.mark.parametrize("bshd", [True, False], ids=["bshd", "bhsd"])
+@pytest.mark.parametrize("c", CASES, ids=[_id(c) for c in CASES])
+def test_cudnn_sdpa_matches_cpu_and_float64(c: tuple, bshd: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_ATTENTION_TACTIC", "cudnn")
+    g = _graph(c, bshd)
+    engine = _build(g, "cuda")
+    log = engine.build_log
+    assert "fused flash attention by cuDNN" in log, log
+    feeds = _inputs(c, bshd, seed=c[1] * 7 + c[2])
+    tol = TOL[c[5]]
+    got, want, ref = _run(engine, feeds), _run(_build(g, "cpu"), feeds), _reference(feeds, bshd)
+    assert not torch.isnan(got).any(), "cuDNN left output elements unwritten (NaN)"
+    assert _rel(got, ref) < tol, f"CUDA (cuDNN) vs float64: {_rel(got, ref):.2e}"
+    assert _rel(got, want) < tol, f"CUDA (cuDNN) vs CPU: {_rel(got, want):.2e}"
+    # Other inputs through a captured CUDA graph: the same function, not a cached answer.
+    feeds2 = _inputs(c, bshd, seed=c[1] * 7 + c[2] + 1)
+    assert _rel(_run(engine, feeds2, use_graphs=True), _reference(feeds2, bshd)) < tol
+
+
+def test_cudnn_sdpa_round_trip_rebuilds_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    c = CASES[0]
+    monkeypatch.setenv("KILN_ATTENTION_TACTIC", "cudnn")
+    engine = _build(_graph(c, True), "cuda")
+    feeds = _inputs(c, True, seed=5)
+    blob = engine.serialize()
+    monkeypatch.delenv("KILN_ATTENTION_TACTIC")
+    monkeypatch.setenv("KILN_CUDA_NO_COMPILE", "1")
+    loaded = Engine.deserialize(blob, device="cuda")
+    assert torch.equal(_run(loaded, feeds), _run(engine, feeds))
+
+
+def test_timed_choice_is_correct_and_logged() -> None:
+    c = CASES[0]
+    g = _graph(c, True)
+    engine = _build(g, "cuda")
+    log = engine.build_log
+    assert "vs cuDNN plans" in log or "timing cache" in log, log
+    feeds = _inputs(c, True, seed=11)
+    assert _rel(_run(engine, feeds), _reference(feeds, True)) < TOL[c[5]]
+
+
+@pytest.mark.parametrize("mask,causal", [(True, False), (False, True)], ids=["additive-mask", "causal"])
+def test_masked_or_causal_never_take_cudnn(mask: bool, causal: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_ATTENTION_TACTIC", "cudnn")
+    log = _build(_graph(CASES[1], True, mask=mask, causal=causal), "cuda").build_log
+    assert "by cuDNN" not in log and "fused flash attention (generated" in log, log
+
+
+def test_bad_tactic_override_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_ATTENTION_TACTIC", "fastest")
+    with pytest.raises(kiln.KilnError, match="KILN_ATTENTION_TACTIC"):
+        _build(_graph(CASES[0], True), "cuda")
