@@ -4,17 +4,32 @@
 // The batch dims of q, k and v broadcast (numpy rules, symbols kept). The optional mask is
 // bool (true = attend) or of q's dtype (added to the scores) and must broadcast to
 // [..., L, S] without growing it. Attributes: causal (bool, default false; may be combined
-// with a mask), scale (float, default 1/sqrt(E)) and layout (string, default "bhsd").
+// with a mask), scale (float, default 1/sqrt(E)), layout (string, default "bhsd") and the
+// operand views below.
 //
 // layout = "bshd" (set by the fold_attention_layout pass) keeps the heads inside the rows, as
 // a linear's output viewed [B, S, H, D] has them: q [B, L, H, E], k [B, S, H, E],
 // v [B, S, H, Ev] -> [B, L, H, Ev], attention per (B, H); rank 4 exactly, B and H broadcast as
 // batch dims do. The mask is unchanged: it still broadcasts to the scores [B, H, L, S]. The
 // rule is the "bhsd" rule on the operands with dims 1 and 2 swapped, its output swapped back.
+//
+// Operand views (set by fold_attention_layout where a head split is a chain of reshape,
+// permute and slice nodes, as torchvision's MultiheadAttention writes it): q_view, k_view and
+// v_view, each an int list [offset, size0, stride0, size1, stride1, ...], say that the
+// operand's logical tensor (sizes [..., S, D], rank >= 2) is element offset + sum(i_k stride_k)
+// of the input buffer, which is any tensor of the operand's dtype (several views may read one
+// buffer: q, k and v of one qkv linear). Strides are >= 0, the head dim's is 1, and every
+// element a non-empty view reaches lies inside the buffer. An operand without a view is its
+// input, as in the default layout. out_perm (a permutation of the output's logical dims that
+// keeps the head dim last) makes the output tensor permute(logical output, out_perm), dense:
+// [2, 0, 1, 3] writes [L, B, H, Ev] for a [B, H, L, Ev] result. The mask always indexes the
+// logical scores. Views and layout "bshd" exclude each other; internally "bshd" is the views
+// it implies (sdpa_layout), so backends handle one description.
 #include <algorithm>
 #include <utility>
 #include <variant>
 
+#include "src/ops/access.h"
 #include "src/ops/shape_rules.h"
 
 namespace kiln {
@@ -62,17 +77,131 @@ TensorType swap_seq_heads(TensorType t) {
   return t;
 }
 
+bool SdpaView::dense() const {
+  if (offset != 0) return false;
+  const std::vector<int64_t> shape = logical.shape();
+  const std::vector<int64_t> st = row_major_strides(shape);
+  for (size_t i = 0; i < shape.size(); ++i)
+    if (shape[i] != 1 && strides[i] != st[i]) return false;
+  return true;
+}
+
+namespace {
+
+const char* const kViewKeys[3] = {"q_view", "k_view", "v_view"};
+const char* const kOperands[3] = {"q", "k", "v"};
+
+bool has_views(const Attrs& a) {
+  return a.has("q_view") || a.has("k_view") || a.has("v_view") || a.has("out_perm");
+}
+
+const std::vector<int64_t>& ints_attr(const Attrs& a, const char* key) {
+  const auto* v = std::get_if<std::vector<int64_t>>(&a.items().at(key));
+  KILN_CHECK(v != nullptr, kInvalidArgument, "sdpa: attribute '", key, "' must be a list of ints");
+  return *v;
+}
+
+SdpaView dense_view(const TensorType& t) {
+  SdpaView v;
+  v.logical = t;
+  v.strides = row_major_strides(t.shape());
+  return v;
+}
+
+// A [B, S, H, D] buffer read as [B, H, S, D].
+SdpaView bshd_view(const TensorType& t) {
+  SdpaView v = dense_view(t);
+  v.logical = swap_seq_heads(t);
+  std::swap(v.strides[1], v.strides[2]);
+  return v;
+}
+
+// Operand i's view attribute over its input buffer `t`.
+SdpaView parse_view(const Attrs& a, size_t i, const TensorType& t) {
+  const char* key = kViewKeys[i];
+  const std::vector<int64_t>& attr = ints_attr(a, key);
+  KILN_CHECK(attr.size() >= 5 && attr.size() % 2 == 1, kInvalidArgument, "sdpa: attribute '", key, "' ",
+             list_str(attr),
+             " must be [offset, size0, stride0, size1, stride1, ...] for rank >= 2 (an odd count >= 5)");
+  SdpaView v;
+  v.offset = attr[0];
+  std::vector<int64_t> sizes;
+  for (size_t j = 1; j < attr.size(); j += 2) sizes.push_back(attr[j]), v.strides.push_back(attr[j + 1]);
+  KILN_CHECK(v.offset >= 0, kInvalidArgument, "sdpa: attribute '", key, "' ", list_str(attr), " has a negative offset");
+  int64_t n = 1, last = v.offset;
+  bool overflow = false;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    KILN_CHECK(sizes[d] >= 0 && v.strides[d] >= 0, kInvalidArgument, "sdpa: attribute '", key, "' ", list_str(attr),
+               " has a negative size or stride (dim ", d, ")");
+    int64_t step = 0;
+    overflow |= __builtin_mul_overflow(n, sizes[d], &n);
+    if (sizes[d] > 0) {
+      overflow |= __builtin_mul_overflow(sizes[d] - 1, v.strides[d], &step);
+      overflow |= __builtin_add_overflow(last, step, &last);
+    }
+  }
+  KILN_CHECK(!overflow, kInvalidArgument, "sdpa: attribute '", key, "' ", list_str(attr), " overflows int64");
+  KILN_CHECK(v.strides.back() == 1, kInvalidArgument, "sdpa: attribute '", key, "' ", list_str(attr),
+             ": the head dim must be contiguous (stride 1), got stride ", v.strides.back());
+  const int64_t have = t.numel();
+  if (n > 0)
+    KILN_CHECK(last < have, kShapeMismatch, "sdpa: ", kOperands[i], " view ", key, "=", list_str(attr),
+               " reaches element ", last, " of its input ", t.to_string(), ", which has ", have, " elements");
+  else
+    KILN_CHECK(v.offset <= have, kShapeMismatch, "sdpa: ", kOperands[i], " view ", key, "=", list_str(attr),
+               " starts past the end of its input ", t.to_string());
+  v.logical = TensorType(t.dtype, sizes);
+  return v;
+}
+
+std::vector<int64_t> out_perm_attr(const Attrs& a, int64_t rank) {
+  std::vector<int64_t> perm(static_cast<size_t>(rank));
+  for (int64_t i = 0; i < rank; ++i) perm[size_t(i)] = i;
+  if (!a.has("out_perm")) return perm;
+  const std::vector<int64_t>& p = ints_attr(a, "out_perm");
+  std::vector<bool> seen(size_t(rank), false);
+  bool ok = int64_t(p.size()) == rank && p.back() == rank - 1;
+  for (size_t i = 0; ok && i < p.size(); ++i) {
+    ok = p[i] >= 0 && p[i] < rank && !seen[size_t(p[i])];
+    if (ok) seen[size_t(p[i])] = true;
+  }
+  KILN_CHECK(ok, kInvalidArgument, "sdpa: attribute 'out_perm' ", list_str(p), " must be a permutation of the ", rank,
+             " output dims that keeps the head dim (", rank - 1, ") last");
+  return p;
+}
+
+}  // namespace
+
+SdpaLayout sdpa_layout(const TypeList& in, const Attrs& a) {
+  KILN_CHECK(in.size() >= 3 && in[0] && in[1] && in[2], kInvalidArgument, "sdpa: needs q, k and v");
+  const bool bshd = sdpa_bshd(a);
+  KILN_CHECK(!(bshd && has_views(a)), kInvalidArgument,
+             "sdpa: layout \"bshd\" and the operand views (q_view, k_view, v_view, out_perm) exclude each other");
+  SdpaLayout l;
+  SdpaView* views[3] = {&l.q, &l.k, &l.v};
+  TypeList logical = in;
+  for (size_t i = 0; i < 3; ++i) {
+    *views[i] = bshd ? bshd_view(*in[i]) : a.has(kViewKeys[i]) ? parse_view(a, i, *in[i]) : dense_view(*in[i]);
+    logical[i] = &views[i]->logical;
+  }
+  const TensorType y = infer_bhsd(logical, a)[0];
+  l.out_perm = bshd ? std::vector<int64_t>{0, 2, 1, 3} : out_perm_attr(a, y.rank());
+  // The output buffer is dense in the permuted order; a logical dim's stride is that of its place.
+  std::vector<int64_t> placed;
+  for (int64_t p : l.out_perm) placed.push_back(y.dims[size_t(p)].extent);
+  const std::vector<int64_t> placed_strides = row_major_strides(placed);
+  l.out.logical = y;
+  l.out.strides.assign(size_t(y.rank()), 0);
+  for (size_t j = 0; j < l.out_perm.size(); ++j) l.out.strides[size_t(l.out_perm[j])] = placed_strides[j];
+  return l;
+}
+
 std::vector<TensorType> infer_attention(OpKind op, const TypeList& in, const Attrs& a) {
   KILN_CHECK(op == OpKind::kSdpa, kInternal, op_name(op), " is not in the attention family");
-  if (!sdpa_bshd(a)) return infer_bhsd(in, a);
-  KILN_CHECK(in.size() >= 3 && in[0] && in[1] && in[2], kInvalidArgument, "sdpa: needs q, k and v");
-  std::vector<TensorType> swapped;
-  for (size_t i = 0; i < 3; ++i) swapped.push_back(swap_seq_heads(*in[i]));
-  TypeList views = in;
-  for (size_t i = 0; i < 3; ++i) views[i] = &swapped[i];
-  std::vector<TensorType> out = infer_bhsd(views, a);
-  out[0] = swap_seq_heads(out[0]);
-  return out;
+  const SdpaLayout l = sdpa_layout(in, a);
+  TensorType y = l.out.logical;
+  for (size_t j = 0; j < l.out_perm.size(); ++j) y.dims[j] = l.out.logical.dims[size_t(l.out_perm[j])];
+  return {y};
 }
 
 namespace {

@@ -57,6 +57,26 @@ bool sdpa_bshd(const Attrs& a);
 // naming sdpa's layout for another rank.
 TensorType swap_seq_heads(TensorType t);
 
+// How an sdpa node reads q, k, v and writes its output, whatever its attributes say (layout
+// "bhsd" / "bshd", or the operand views q_view / k_view / v_view and out_perm; see
+// src/ops/attention.cpp): each as a strided view of its buffer over the operand's logical
+// default-layout dims ([..., L, E], [..., S, E], [..., S, Ev], output [..., L, Ev]). Backends
+// read this instead of the attributes, so every form runs through one description.
+struct SdpaView {
+  TensorType logical;            // the dims the attention math sees
+  int64_t offset = 0;            // elements from the start of the buffer
+  std::vector<int64_t> strides;  // elements per logical dim; the last (head dim) is 1
+  bool dense() const;            // offset 0 and row-major strides: the buffer is the logical tensor
+};
+struct SdpaLayout {
+  SdpaView q, k, v, out;
+  std::vector<int64_t> out_perm;  // the output tensor is permute(logical output, out_perm)
+  bool dense() const { return q.dense() && k.dense() && v.dense() && out.dense(); }
+};
+// Validates the attributes against the input types `in` (q, k, v[, mask]) as the shape rule
+// does (kInvalidArgument / kShapeMismatch naming the cause) and describes the node.
+SdpaLayout sdpa_layout(const TypeList& in, const Attrs& a);
+
 // A type with the dims of `like` (symbols kept) and another dtype.
 inline TensorType with_dtype(const TensorType& like, DType dt) {
   TensorType t = like;

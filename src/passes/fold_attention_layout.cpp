@@ -1,35 +1,62 @@
-// fold_attention_layout: lets sdpa read and write [B, S, H, D] tensors directly, so that the
-// head split and merge around attention move no bytes.
+// fold_attention_layout: lets sdpa read q, k and v where a head split left them and write its
+// output where the head merge wants it, so that the split and merge around attention move no
+// bytes.
 //
-// A transformer computes q = linear(x).view(B, S, H, D).transpose(1, 2) (likewise k and v),
-// then sdpa over [B, H, S, D], then out.transpose(1, 2).reshape(B, S, H * D). Kiln's IR is
-// dense, so each transpose is a permute that copies. This pass rewrites
-//   sdpa(permute(xq, P), permute(xk, P), permute(xv, P), [mask])    with P = [0, 2, 1, 3]
-// into permute(sdpa(xq, xk, xv, [mask]) {layout="bshd"}, P): the same values, since a bshd
-// sdpa computes attention per (B, H) on exactly the rows the permutes would have gathered (the
-// mask indexes the scores [B, H, L, S] in either layout, so it stays as it is). Then every
-// permute reading the new output permute folds with it (permute(permute(v, P), Q) ->
-// permute(v, P o Q), or v for the identity): the transpose back before the merge disappears.
+// Kiln's IR is dense, so each permute and slice of a head split is a copy (a reshape of a dense
+// value costs nothing: the memory planner aliases it). Two rewrites, tried in this order on each
+// sdpa the filter accepts:
 //
-// Does not: match q, k, v of which only some are permuted, permutes other than P or ranks other
-// than 4, a head split written as reshape(permute(3-D)) (torchvision's MultiheadAttention), an
-// sdpa the filter declines (by default those fused kernels do not serve: f32, head dims other
-// than 64 / 128; see fused_attention_shape), or fold permutes elsewhere in the graph. The old permutes stay when something else reads them.
-// Run it after fuse_epilogue and before fuse_pointwise (the pointwise ops between two permutes
-// would otherwise hide the pair); on the CPU a bshd sdpa runs through permuted copies, so the
-// pass pays off on CUDA, whose kernels read the strides directly.
+// 1. layout "bshd" (HF BERT: q = linear(x).view(B, S, H, D).transpose(1, 2), likewise k, v):
+//      sdpa(permute(xq, P), permute(xk, P), permute(xv, P), [mask])    with P = [0, 2, 1, 3]
+//    becomes permute(sdpa(xq, xk, xv, [mask]) {layout="bshd"}, P): the same values, since a
+//    bshd sdpa computes attention per (B, H) on exactly the rows the permutes would have
+//    gathered. Every permute reading the new output permute then folds with it
+//    (permute(permute(v, P), Q) -> permute(v, P o Q), or v for the identity): the transpose
+//    back before the merge disappears.
+//
+// 2. operand views (torchvision's MultiheadAttention: one qkv linear, its output reshaped,
+//    permuted, sliced into q, k, v, each reshaped and permuted again; view_chain.h): each of q,
+//    k, v that strided_view_of resolves to a view of an earlier value (not merely a reshape of
+//    it) is read through that view: the sdpa takes the view's base as the operand and the view
+//    as q_view / k_view / v_view = [offset, size0, stride0, ...] (src/ops/attention.cpp). When
+//    every reader of the output is one permute that keeps the head dim last (ViT's
+//    [B, H, S, D] -> [S, B, H, D] before the merge), the sdpa writes that order itself
+//    (out_perm) and the permutes go. For ViT the block becomes
+//      linear -> sdpa(views of the qkv output) {out_perm=[2,0,1,3]} -> reshape -> linear.
+//    The chains left without readers are removed (eliminate_dead_code).
+//
+// The fused attention kernels read every operand with 16-byte vector loads, so a view or
+// permuted output is used only when its offset and every stride but the head dim's are
+// multiples of 16 bytes; otherwise that operand keeps its copy. An operand that is no view
+// (a linear's output, a graph input) stays as it is.
+//
+// Does not: fold an sdpa that already has a layout or views, an sdpa the filter declines (by
+// default those the fused kernels do not serve: f32, head dims other than 64 / 128; see
+// fused_attention_shape), views through expand or other ops, or permutes elsewhere in the
+// graph. The old chains stay where something else reads them. Run it after fuse_epilogue and
+// before fuse_pointwise (the pointwise ops between two permutes would otherwise hide the pair);
+// on the CPU a strided sdpa runs through copies, so the pass pays off on CUDA, whose kernels
+// read the strides directly.
+#include <algorithm>
 #include <unordered_set>
 
 #include "kiln/errors.h"
 #include "kiln/passes.h"
+#include "src/ops/access.h"
 #include "src/ops/shape_rules.h"
 #include "src/passes/pass_util.h"
+#include "src/passes/view_chain.h"
 
 namespace kiln {
 
 namespace {
 
 const passes::Perm kSwap = {0, 2, 1, 3};
+const char* const kViewKeys[3] = {"q_view", "k_view", "v_view"};
+
+bool already_strided(const Attrs& a) {
+  return a.has("layout") || a.has("q_view") || a.has("k_view") || a.has("v_view") || a.has("out_perm");
+}
 
 // The x of permute(x, kSwap) producing v (x of rank 4), or kNoValue.
 ValueId unswapped(const Graph& g, ValueId v) {
@@ -38,10 +65,10 @@ ValueId unswapped(const Graph& g, ValueId v) {
   return p->inputs[0];
 }
 
-// Rewrites the sdpa at `pos`; returns the new output permute's value, or kNoValue.
-ValueId rewrite(Graph& g, size_t pos, const AttentionFilter& foldable) {
+// Rewrite 1 of the sdpa at `pos`; returns the new output permute's value, or kNoValue.
+ValueId rewrite_bshd(Graph& g, size_t pos, const AttentionFilter& foldable) {
   const Node& n = *g.nodes()[pos];
-  if (n.op != OpKind::kSdpa || sdpa_bshd(n.attrs) || !foldable(g, n)) return kNoValue;
+  if (n.op != OpKind::kSdpa || already_strided(n.attrs) || !foldable(g, n)) return kNoValue;
   std::vector<ValueId> ins = n.inputs;
   for (size_t i = 0; i < 3; ++i) {
     ins[i] = unswapped(g, n.inputs[i]);
@@ -61,6 +88,87 @@ ValueId rewrite(Graph& g, size_t pos, const AttentionFilter& foldable) {
   return y_bhsd;
 }
 
+// The fused kernels' rule: offset and every stride of a dim longer than 1, but the last, are
+// multiples of 16 bytes; the last stride is 1.
+bool aligned(int64_t offset, const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides, size_t es) {
+  if (strides.empty() || strides.back() != 1 || (offset * int64_t(es)) % 16 != 0) return false;
+  for (size_t d = 0; d + 1 < sizes.size(); ++d)
+    if (sizes[d] > 1 && (strides[d] * int64_t(es)) % 16 != 0) return false;
+  return true;
+}
+
+std::vector<int64_t> view_attr(const passes::ValueView& v) {
+  std::vector<int64_t> a = {v.offset};
+  for (size_t d = 0; d < v.sizes.size(); ++d) a.push_back(v.sizes[d]), a.push_back(v.strides[d]);
+  return a;
+}
+
+// The permute every reader of y applies, when y (no graph output) is read only by permutes of
+// one perm that moves something but keeps the head dim last; their positions go to `readers`.
+// Empty otherwise.
+passes::Perm output_perm(const Graph& g, ValueId y, std::vector<size_t>& readers) {
+  if (passes::is_graph_output(g, y)) return {};
+  std::vector<int> users = g.users()[size_t(y)];
+  std::sort(users.begin(), users.end());
+  users.erase(std::unique(users.begin(), users.end()), users.end());
+  passes::Perm perm;
+  for (int u : users) {
+    const Node& r = *g.nodes()[size_t(u)];
+    if (r.op != OpKind::kPermute || (!perm.empty() && passes::perm_of(r) != perm)) return {};
+    // Two readers that are graph outputs would become one value named twice.
+    if (users.size() > 1 && passes::is_graph_output(g, r.outputs[0])) return {};
+    perm = passes::perm_of(r);
+    readers.push_back(size_t(u));
+  }
+  if (perm.empty() || passes::is_identity(perm) || perm.back() != int64_t(perm.size()) - 1) return {};
+  return perm;
+}
+
+// Rewrite 2 of the sdpa at `pos`; returns whether it changed the graph.
+bool rewrite_views(Graph& g, size_t pos, const AttentionFilter& foldable) {
+  const Node& n = *g.nodes()[pos];
+  if (n.op != OpKind::kSdpa || already_strided(n.attrs) || !foldable(g, n)) return false;
+  const size_t es = dtype_size(g.type(n.inputs[0]).dtype);
+  std::vector<ValueId> ins = n.inputs;
+  Attrs attrs = n.attrs;
+  bool changed = false;
+  for (size_t i = 0; i < 3; ++i) {
+    const passes::ValueView v = passes::strided_view_of(g, n.inputs[i]);
+    if (v.base == n.inputs[i] || v.whole_base(g) || !aligned(v.offset, v.sizes, v.strides, es)) continue;
+    ins[i] = v.base;
+    attrs.set(kViewKeys[i], view_attr(v));
+    changed = true;
+  }
+  const ValueId y = n.outputs[0];
+  std::vector<size_t> readers;
+  const passes::Perm perm = output_perm(g, y, readers);
+  if (!perm.empty()) {
+    const std::vector<int64_t> ys = g.type(y).shape();
+    std::vector<int64_t> placed, strides(ys.size());
+    for (int64_t p : perm) placed.push_back(ys[size_t(p)]);
+    const std::vector<int64_t> placed_strides = row_major_strides(placed);
+    for (size_t j = 0; j < perm.size(); ++j) strides[size_t(perm[j])] = placed_strides[j];
+    if (aligned(0, ys, strides, es)) {
+      attrs.set("out_perm", perm);
+      changed = true;
+    } else {
+      readers.clear();
+    }
+  } else {
+    readers.clear();
+  }
+  if (!changed) return false;
+  const std::string name = n.name;
+  const ValueId y_new = g.insert_node(pos, OpKind::kSdpa, ins, attrs, name)[0];
+  // The old sdpa is now at pos + 1 and each reader one place later than it was.
+  if (readers.empty()) g.replace_all_uses(y, y_new);
+  for (size_t r : readers) g.replace_all_uses(g.nodes()[r + 1]->outputs[0], y_new);
+  std::sort(readers.rbegin(), readers.rend());
+  for (size_t r : readers) g.erase_node(r + 1);
+  g.erase_node(pos + 1);
+  return true;
+}
+
 }  // namespace
 
 // Others run as matmul-softmax-matmul, which wants whole heads contiguous: with [B, S, H, D]
@@ -74,11 +182,16 @@ bool fused_attention_shape(const Graph& g, const Node& sdpa) {
 
 bool fold_attention_layout(Graph& g, const AttentionFilter& foldable) {
   std::unordered_set<ValueId> swapped_outputs;
+  bool changed = false;
   for (size_t pos = 0; pos < g.nodes().size(); ++pos) {
-    const ValueId v = rewrite(g, pos, foldable);
-    if (v != kNoValue) swapped_outputs.insert(v);
+    const ValueId v = rewrite_bshd(g, pos, foldable);
+    if (v != kNoValue) {
+      swapped_outputs.insert(v);
+    } else if (rewrite_views(g, pos, foldable)) {
+      changed = true;
+    }
   }
-  if (swapped_outputs.empty()) return false;
+  if (swapped_outputs.empty() && !changed) return false;
   for (size_t pos = 0; pos < g.nodes().size(); ++pos) {
     const Node& n = *g.nodes()[pos];
     if (n.op == OpKind::kPermute && swapped_outputs.count(n.inputs[0]) && passes::fold_permutes(g, pos)) --pos;

@@ -12,6 +12,13 @@ cases: the shapes that matter (head dim 64, L = S = 128 with an additive [B, 1, 
 BERT, L = S = 197 unmasked as ViT), and what the flash kernel must keep right: causal, bool
 masks, head dim 128, odd L and S, L != S, heads of k / v broadcast, f16 and bf16; f32 and head
 dim 40 go through the fallback. The default layout runs the same cases.
+
+Operand views (q_view / k_view / v_view, out_perm: what the pass makes of torchvision's
+MultiheadAttention) run on one [S, B, 3 * H * D] qkv buffer, checked the same way against torch
+on torch.as_strided views of it, at optimization level 0 (the generated kernel, which must say
+"strided views") and at the default level (whatever fused kernel the timing picks); offsets that
+break 16-byte alignment take the fallback. A torchvision ViT encoder block compiled in FP16
+checks the whole chain: qkv linear -> sdpa -> reshape -> out linear, matching eager FP32.
 Skipped, with the reason, where Kiln has no CUDA device.
 """
 
@@ -85,8 +92,12 @@ def _graph(c: tuple, bshd: bool, mask: Optional[torch.Tensor]) -> Graph:
     return g
 
 
-def _run(g: Graph, device: str, feeds: list[torch.Tensor]) -> tuple[torch.Tensor, str]:
-    engine = Builder(BuilderConfig(device=device, fuse_pointwise=False)).build(g)
+def _run(g: Graph, device: str, feeds: list[torch.Tensor], optimization_level: Optional[int] = None
+         ) -> tuple[torch.Tensor, str]:
+    config = BuilderConfig(device=device, fuse_pointwise=False)
+    if optimization_level is not None:
+        config.optimization_level = optimization_level
+    engine = Builder(config).build(g)
     dev = "cpu" if device == "cpu" else "cuda"
     ins = [t.to(dev).contiguous() for t in feeds]
     o = engine.outputs[0]
@@ -131,3 +142,100 @@ def test_sdpa_layouts_cuda_match_cpu(c: tuple, bshd: bool) -> None:
     feeds2 = [q2, k2, v2] if bshd else [x.transpose(1, 2).contiguous() for x in (q2, k2, v2)]
     feeds2 += feeds[3:]
     assert _rel(_run(g, "cuda", feeds2)[0], _run(g, "cpu", feeds2)[0]) < tol
+
+
+# ---- operand views (q_view / k_view / v_view, out_perm) --------------------------------------
+# What fold_attention_layout makes of torchvision's MultiheadAttention: q, k and v read straight
+# out of the qkv linear's output [S, B, 3 * H * D] (k and v at element offsets H * D and
+# 2 * H * D), the output written [S, B, H, D] for the out-projection. Each case runs one sdpa
+# node with those attributes on CUDA and the CPU and checks both against torch's sdpa in
+# float64 on the same buffer read through torch.as_strided.
+
+# (batch, S, heads, head dim, mask, causal, dtype, qkv offset shift in elements, expected path)
+VIEW_CASES = [
+    (2, 197, 12, 64, "none", False, torch.float16, 0, "fused"),      # ViT-B/16
+    (3, 77, 4, 128, "none", False, torch.bfloat16, 0, "fused"),
+    (2, 50, 3, 64, "bool", True, torch.float16, 0, "fused"),
+    (1, 33, 2, 64, "additive", False, torch.float16, 8, "fused"),    # 16-byte shift: still aligned
+    (2, 40, 3, 64, "none", False, torch.float16, 4, "fallback"),     # 8-byte shift: not for vector loads
+    (2, 29, 2, 32, "none", True, torch.float32, 0, "fallback"),      # f32 and head dim 32
+]
+
+
+def _view_id(c: tuple) -> str:
+    b, s, h, d, mask, causal, dt, shift, path = c
+    return f"b{b}-s{s}-h{h}-d{d}-{mask}{'-causal' if causal else ''}-{str(dt).split('.')[-1]}-shift{shift}-{path}"
+
+
+@pytest.mark.parametrize("c", VIEW_CASES, ids=[_view_id(c) for c in VIEW_CASES])
+def test_sdpa_operand_views_cuda_match_cpu(c: tuple) -> None:
+    b, s, h, d, mask_kind, causal, dt, shift, path = c
+    e = h * d
+    gen = torch.Generator().manual_seed(s * 7 + d)
+    qkv = torch.randn(s, b, 3 * e + shift, generator=gen).to(dt)
+    views = [[shift + i * e, b, 3 * e + shift, h, d, s, b * (3 * e + shift), d, 1] for i in range(3)]
+    logical = [torch.as_strided(qkv.reshape(-1), v[1::2], v[2::2], v[0]).double() for v in views]
+    mask = None
+    if mask_kind == "additive":
+        mask = torch.where(torch.rand(b, 1, 1, s, generator=gen) > 0.2, 0.0, -10000.0).to(dt)
+    elif mask_kind == "bool":
+        mask = (torch.rand(s, s, generator=gen) > 0.3) | torch.eye(s, dtype=torch.bool)
+    ref_mask = None if mask is None else (mask if mask.dtype == torch.bool else mask.double())
+    if causal:  # torch takes a mask or is_causal
+        keep = torch.ones(s, s, dtype=torch.bool).tril()
+        ref_mask = keep if ref_mask is None else ref_mask & keep
+    ref = F.scaled_dot_product_attention(*logical, attn_mask=ref_mask).permute(2, 0, 1, 3)
+
+    g = Graph()
+    x = g.add_input("qkv", TORCH_TO_KILN[dt], list(qkv.shape))
+    ids, feeds = [x, x, x], [qkv]
+    if mask is not None:
+        ids.append(g.add_input("mask", TORCH_TO_KILN[mask.dtype], list(mask.shape)))
+        feeds.append(mask)
+    attrs = {"causal": causal, "q_view": views[0], "k_view": views[1], "v_view": views[2], "out_perm": [2, 0, 1, 3]}
+    g.mark_output(g.add_node("sdpa", ids, attrs, name="attention")[0], "y")
+    want, _ = _run(g, "cpu", feeds)
+    tol = {torch.float16: 4e-3, torch.bfloat16: 2e-2, torch.float32: 2e-3}[dt]
+    assert _rel(want, ref) < tol, f"CPU vs float64: {_rel(want, ref):.2e}"
+    # Level 0 takes the generated kernel without timing; the default level may time it against
+    # other fused kernels (cuDNN) and keep the fastest: every choice must read the views right.
+    for level in (0, None):
+        got, log = _run(g, "cuda", feeds, optimization_level=level)
+        assert got.shape == (s, b, h, d)
+        assert not torch.isnan(got).any(), f"level {level}: CUDA left output elements unwritten (NaN)\n{log}"
+        assert _rel(got, ref) < tol, f"level {level}: CUDA vs float64: {_rel(got, ref):.2e}\n{log}"
+        assert _rel(got, want) < tol, f"level {level}: CUDA vs CPU: {_rel(got, want):.2e}\n{log}"
+        if level == 0:
+            assert ("fused flash attention" in log) == (path == "fused"), log
+            assert path != "fused" or "strided views" in log, log
+            assert path == "fused" or "not fused" in log, log
+
+
+@pytest.mark.parametrize("level", [0, None], ids=["generated", "default-level"])
+def test_vit_encoder_block_fp16_reads_qkv_through_views(level: Optional[int]) -> None:
+    """torchvision's ViT encoder block compiled in FP16: the plan's sdpa reads the qkv linear's
+    output (no slice or permute between them) and writes what the out-projection reads, runs a
+    fused kernel, and the block matches eager FP32. Level 0 takes the generated flash kernel; the
+    default level may pick another fused kernel by timing, which must read the views too."""
+    vt = pytest.importorskip("torchvision.models.vision_transformer")
+    torch.manual_seed(0)
+    block = vt.EncoderBlock(num_heads=12, hidden_dim=768, mlp_dim=3072, dropout=0.0, attention_dropout=0.0)
+    block = block.eval().cuda()
+    x = torch.randn(4, 197, 768, device="cuda")
+    options = {} if level is None else {"optimization_level": level}
+    with torch.no_grad():
+        ref = block(x)
+        fast = kiln.compile(block.half(), arg_inputs=[x.half()], enabled_precisions={torch.half}, min_block_size=1,
+                            require_full_compilation=True, **options)
+        got = fast(x.half()).float()
+    (engine,) = [m.engine for m in fast.engines()]
+    assert _rel(got, ref) < 1e-2, f"{_rel(got, ref):.2e}\n{engine.build_log}"
+    plan = engine.graph()
+    producer = {v: n.op for n in plan.nodes for v in n.outputs}
+    (sdpa,) = [n for n in plan.nodes if n.op == "sdpa"]
+    assert {producer[v] for v in sdpa.inputs} == {"linear"} and len(set(sdpa.inputs)) == 1, engine.graph_text
+    assert sdpa.attrs["out_perm"] == [2, 0, 1, 3]
+    assert "slice" not in [n.op for n in plan.nodes]
+    assert "fused flash attention" in engine.build_log, engine.build_log
+    if level == 0:
+        assert "strided views" in engine.build_log, engine.build_log

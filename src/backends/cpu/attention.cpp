@@ -10,14 +10,21 @@
 // switched to a "safe" softmax (older versions gave NaN). exp is a vectorizable polynomial
 // (relative error < 1e-7) so the softmax does not dominate at small head dims.
 //
-// layout "bshd" (q, k, v, out [B, S, H, D]) runs this kernel between permutes of q, k, v and
-// the output (layout.cpp's make_relayout); the mask needs none (it indexes the scores).
+// Any other form (layout "bshd", operand views q_view / k_view / v_view, out_perm; see
+// src/ops/attention.cpp) runs this kernel on dense copies: sdpa_layout describes each operand as
+// a strided view of its buffer, each view that is not already its logical tensor is gathered
+// into the workspace, and a permuted output is scattered from a logical one. The mask needs no
+// copy (it indexes the logical scores). Correct, not fast: the copies are what the CUDA kernels,
+// which read the strides directly, avoid.
+#include <array>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "src/backends/cpu/gemm.h"
 #include "src/backends/cpu/kernels.h"
+#include "src/ops/access.h"
 #include "src/ops/shape_rules.h"
 
 namespace kiln::cpu {
@@ -73,11 +80,96 @@ void softmax_row(float* row, int64_t n) {
   for (j = 0; j < n; ++j) row[j] *= inv;
 }
 
+// dst = src over `sizes`, elements of `es` bytes addressed by element strides on either side;
+// the last dim is contiguous on both sides, so each row is one memcpy.
+void copy_rows(const char* src, const std::vector<int64_t>& src_st, char* dst, const std::vector<int64_t>& dst_st,
+               const std::vector<int64_t>& sizes, size_t es) {
+  int64_t rows = 1;
+  for (size_t d = 0; d + 1 < sizes.size(); ++d) rows *= sizes[d];
+  const int64_t cols = sizes.back();
+  if (rows * cols == 0) return;
+  parallel_for(rows, std::max<int64_t>(1, 4096 / cols), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      int64_t rest = r, so = 0, d_off = 0;
+      for (size_t d = sizes.size() - 1; d-- > 0;) {
+        const int64_t i = rest % sizes[d];
+        rest /= sizes[d];
+        so += i * src_st[d], d_off += i * dst_st[d];
+      }
+      std::memcpy(dst + size_t(d_off) * es, src + size_t(so) * es, size_t(cols) * es);
+    }
+  });
+}
+
+// The node in its strided form: the default-layout kernel on logical copies (see the header).
+std::unique_ptr<Kernel> make_strided_attention(const Node& n, const Graph& g, const SdpaLayout& lay) {
+  auto inner = std::make_shared<Graph>();
+  const SdpaView* views[4] = {&lay.q, &lay.k, &lay.v, &lay.out};
+  std::vector<ValueId> ins;
+  for (size_t i = 0; i < 3; ++i) ins.push_back(inner->add_input("in" + std::to_string(i), views[i]->logical));
+  if (n.inputs.size() > 3 && n.inputs[3] != kNoValue) ins.push_back(inner->add_input("mask", g.type(n.inputs[3])));
+  Attrs attrs = n.attrs;
+  for (const char* key : {"layout", "q_view", "k_view", "v_view", "out_perm"}) attrs.erase(key);
+  inner->add_node(OpKind::kSdpa, ins, attrs, n.name);
+  std::shared_ptr<const Kernel> first = make_attention_kernel(*inner->nodes().back(), *inner);
+
+  struct Copy {
+    bool needed = false;
+    size_t at = 0;                       // workspace offset of the logical tensor
+    int64_t offset = 0;                  // elements into the node's buffer
+    std::vector<int64_t> sizes, strides, dense;
+  };
+  std::array<Copy, 4> copies;  // q, k, v gathered; the output scattered
+  size_t used = 0;
+  const size_t es = dtype_size(lay.q.logical.dtype);
+  for (size_t i = 0; i < 4; ++i) {
+    Copy& c = copies[i];
+    c.needed = !views[i]->dense();
+    if (!c.needed) continue;
+    c.offset = views[i]->offset, c.sizes = views[i]->logical.shape(), c.strides = views[i]->strides;
+    c.dense = row_major_strides(c.sizes);
+    c.at = used;
+    used += (views[i]->logical.nbytes() + 63) / 64 * 64;
+  }
+  const size_t inner_at = used, ws = used + first->workspace_size();
+  const std::string what = "sdpa (node '" + n.name + "', strided operands)";
+
+  auto fn = [=](const void* const* in, void* const* outs, const RunContext& ctx) {
+    (void)inner;  // keeps the graph the default-layout kernel was made from
+    check_workspace(ctx, ws, what.c_str());
+    char* base = static_cast<char*>(ctx.workspace);
+    std::vector<const void*> args(in, in + ins.size());
+    for (size_t i = 0; i < 3; ++i) {
+      const Copy& c = copies[i];
+      if (!c.needed) continue;
+      copy_rows(static_cast<const char*>(in[i]) + size_t(c.offset) * es, c.strides, base + c.at, c.dense, c.sizes, es);
+      args[i] = base + c.at;
+    }
+    void* y = copies[3].needed ? static_cast<void*>(base + copies[3].at) : outs[0];
+    RunContext inner_ctx = ctx;
+    inner_ctx.workspace = base + inner_at;
+    inner_ctx.workspace_size = ws - inner_at;
+    first->run(args.data(), &y, inner_ctx);
+    const Copy& o = copies[3];
+    if (o.needed) copy_rows(static_cast<const char*>(y), o.dense, static_cast<char*>(outs[0]), o.strides, o.sizes, es);
+  };
+  return make_fn_kernel(fn, first->describe() + " (" + what + " through dense copies)", ws);
+}
+
 }  // namespace
 
 std::unique_ptr<Kernel> make_attention_kernel(const Node& n, const Graph& g) {
   KILN_CHECK(n.op == OpKind::kSdpa, kInternal, op_name(n.op), " is not in the attention family");
-  if (sdpa_bshd(n.attrs)) return make_relayout(n, g, {0, 1, 2}, {0, 2, 1, 3}, &make_attention_kernel);
+  {
+    TypeList types;
+    for (ValueId v : n.inputs) types.push_back(v == kNoValue ? nullptr : &g.type(v));
+    const SdpaLayout lay = sdpa_layout(types, n.attrs);
+    bool plain = true;
+    const SdpaView* views[3] = {&lay.q, &lay.k, &lay.v};
+    for (size_t i = 0; i < 3; ++i) plain = plain && views[i]->dense() && views[i]->logical.shape() == types[i]->shape();
+    for (size_t j = 0; j < lay.out_perm.size(); ++j) plain = plain && lay.out_perm[j] == int64_t(j);
+    if (!plain) return make_strided_attention(n, g, lay);
+  }
   const auto qs = g.type(n.inputs[0]).shape(), ks = g.type(n.inputs[1]).shape(), vs = g.type(n.inputs[2]).shape();
   const auto ys = g.type(n.outputs[0]).shape();
   const DType dt = g.type(n.inputs[0]).dtype;

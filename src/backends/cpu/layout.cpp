@@ -1,10 +1,11 @@
 // Nodes in a layout attribute's other form on the CPU: conv, max_pool and avg_pool with layout
-// "nhwc" (made by the to_channels_last pass for GPU builds) and sdpa with layout "bshd" (made by
-// fold_attention_layout) run as the same op's default-layout kernel between permutes of the
-// moved inputs and the output into and out of the workspace. Every permute here swaps two
-// adjacent blocks of dims ([N, H, W, C] <-> [N, C, H, W]; [B, S, H, D] <-> [B, H, S, D]), a
+// "nhwc" (made by the to_channels_last pass for GPU builds) run as the same op's default-layout
+// kernel between permutes of the moved inputs and the output into and out of the workspace.
+// Every permute here swaps two adjacent blocks of dims (e.g. [N, H, W, C] <-> [N, C, H, W]), a
 // batched 2-D transpose of contiguous elements. The CPU keeps one implementation per op; the
 // copies make these nodes slower here than their default form, which is what a CPU build uses.
+// (sdpa's layout "bshd" and operand views gather through their own strided copies instead:
+// src/backends/cpu/attention.cpp.)
 #include <cstring>
 
 #include "src/backends/cpu/gemm.h"

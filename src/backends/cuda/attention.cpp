@@ -57,11 +57,11 @@ class FallbackKernel final : public Kernel {
     gemm_rc.workspace_size = gemm_ws;
     float* scores = reinterpret_cast<float*>(ws + gemm_ws);
     void* probs = probs_bytes ? static_cast<void*>(ws + gemm_ws + scores_bytes) : static_cast<void*>(scores);
-    const auto* q = static_cast<const uint8_t*>(in[0]);
-    const auto* k = static_cast<const uint8_t*>(in[1]);
-    const auto* v = static_cast<const uint8_t*>(in[2]);
+    const auto* q = static_cast<const uint8_t*>(in[0]) + size_t(geo.q_off) * es;
+    const auto* k = static_cast<const uint8_t*>(in[1]) + size_t(geo.k_off) * es;
+    const auto* v = static_cast<const uint8_t*>(in[2]) + size_t(geo.v_off) * es;
     const void* mask = geo.mask_kind ? in[3] : nullptr;
-    auto* o = static_cast<uint8_t*>(out[0]);
+    auto* o = static_cast<uint8_t*>(out[0]) + size_t(geo.o_off) * es;
     const int sms = current_device().sm_count;
     for (size_t g = 0; g < batches.outer(); ++g) {
       for (int64_t c0 = 0; c0 < batches.inner; c0 += chunk) {
@@ -141,8 +141,8 @@ std::unique_ptr<Kernel> make_fallback(const Node& n, const AttentionGeometry& ge
     for (int64_t off : bp.outer_offset[t]) gg = std::gcd(gg, off * int64_t(es));
     gg = std::gcd(gg, bp.inner_stride[t] * int64_t(es));
   }
-  gq = std::gcd(gq, std::gcd(geo.q_row, geo.k_row) * int64_t(es));
-  gp = std::gcd(gp, std::gcd(geo.v_row, geo.o_row) * int64_t(es));
+  gq = std::gcd(gq, std::gcd(std::gcd(geo.q_row, geo.k_row), std::gcd(geo.q_off, geo.k_off)) * int64_t(es));
+  gp = std::gcd(gp, std::gcd(std::gcd(geo.v_row, geo.o_row), std::gcd(geo.v_off, geo.o_off)) * int64_t(es));
   qk.align = uint32_t(gq ? gq : 16), pv.align = uint32_t(gp ? gp : 16);
   if (saved) {
     const Bytes a(saved->params.begin() + 9, saved->params.begin() + 9 + LtPlan::kSavedBytes);
@@ -169,6 +169,7 @@ class NotedKernel final : public Kernel {
   NotedKernel(std::unique_ptr<Kernel> k, std::string note) : k_(std::move(k)), note_(std::move(note)) {}
   void run(const void* const* in, void* const* out, const RunContext& rc) const override { k_->run(in, out, rc); }
   size_t workspace_size() const override { return k_->workspace_size(); }
+  bool bakes_constants() const override { return k_->bakes_constants(); }
   std::string describe() const override { return k_->describe() + "; " + note_; }
   Bytes state() const override { return k_->state(); }
 

@@ -1,6 +1,7 @@
 // cuDNN's fused SDPA operation as a tactic of sdpa (attention_cudnn.h).
 #include "src/backends/cuda/attention_cudnn.h"
 
+#include <array>
 #include <cstring>
 
 #include "src/backends/cuda/conv_state.h"
@@ -99,18 +100,25 @@ class CudnnAttention final : public Kernel {
  public:
   CudnnAttention(const AttentionGeometry& geo, SdpaGraph graph, Desc plan, EngineId id, std::string desc)
       : graph_(std::move(graph)), runner_(std::move(plan), {kUidQ, kUidK, kUidV, kUidO, kUidScale}),
-        id_(std::move(id)), scale_(geo.scale), desc_(std::move(desc)) {}
+        id_(std::move(id)), scale_(geo.scale), desc_(std::move(desc)) {
+    const size_t es = dtype_size(geo.dtype);
+    off_ = {size_t(geo.q_off) * es, size_t(geo.k_off) * es, size_t(geo.v_off) * es, size_t(geo.o_off) * es};
+  }
 
   void run(const void* const* in, void* const* out, const RunContext& rc) const override {
-    const uintptr_t bits = uintptr_t(in[0]) | uintptr_t(in[1]) | uintptr_t(in[2]) | uintptr_t(out[0]);
+    // Each operand's view starts at its element offset into the buffer (AttentionGeometry).
+    void* ptrs[5] = {const_cast<char*>(static_cast<const char*>(in[0]) + off_[0]),
+                     const_cast<char*>(static_cast<const char*>(in[1]) + off_[1]),
+                     const_cast<char*>(static_cast<const char*>(in[2]) + off_[2]), static_cast<char*>(out[0]) + off_[3],
+                     const_cast<float*>(&scale_)};
+    const uintptr_t bits = uintptr_t(ptrs[0]) | uintptr_t(ptrs[1]) | uintptr_t(ptrs[2]) | uintptr_t(ptrs[3]);
     KILN_CHECK(bits % 16 == 0, kInvalidArgument, "sdpa (cuDNN): q, k, v and the output must be 16-byte aligned");
     KILN_CHECK(rc.workspace_size >= runner_.workspace_size(), kInvalidArgument, "sdpa (cuDNN): workspace of ",
                rc.workspace_size, " bytes, the plan needs ", runner_.workspace_size());
-    void* ptrs[5] = {const_cast<void*>(in[0]), const_cast<void*>(in[1]), const_cast<void*>(in[2]), out[0],
-                     const_cast<float*>(&scale_)};
     runner_.run(ptrs, rc.workspace, stream_of(rc));
   }
   size_t workspace_size() const override { return runner_.workspace_size(); }
+  bool bakes_constants() const override { return false; }
   std::string describe() const override { return desc_; }
   Bytes state() const override { return pack_state({}, encode_cudnn_attention(id_)); }
   void add_note(const std::string& note) { desc_ += "; " + note; }
@@ -119,6 +127,7 @@ class CudnnAttention final : public Kernel {
   SdpaGraph graph_;
   PlanRunner runner_;
   EngineId id_;
+  std::array<size_t, 4> off_{};  // bytes from each kernel pointer to its operand's view
   float scale_;  // by-value operand: cuDNN copies it into the launch (captured graphs included)
   std::string desc_;
 };
@@ -126,7 +135,7 @@ class CudnnAttention final : public Kernel {
 std::string describe(const AttentionGeometry& geo, const EngineId& id, const std::string& note) {
   return "sdpa fused flash attention by cuDNN (" + id.to_string() + ", head dim " + std::to_string(geo.E) + ", " +
          std::to_string(geo.batch_count) + " x " + std::to_string(geo.L) + " x " + std::to_string(geo.S) +
-         (geo.bshd ? ", bshd strided" : "") + ")" + (note.empty() ? "" : "; " + note);
+         (geo.bshd ? ", bshd strided" : "") + (geo.views ? ", strided views" : "") + ")" + (note.empty() ? "" : "; " + note);
 }
 
 }  // namespace
@@ -152,7 +161,8 @@ bool cudnn_attention_serves(const AttentionGeometry& geo, std::string* why) {
 
 size_t attention_operand_bytes(const AttentionGeometry& geo, int which) {
   const Operand o = operand(geo, which);
-  int64_t last = 0;
+  const int64_t offsets[4] = {geo.q_off, geo.k_off, geo.v_off, geo.o_off};
+  int64_t last = offsets[which];
   for (size_t i = 0; i < 4; ++i) last += (o.dims[i] - 1) * o.strides[i];
   return size_t(last + 1) * dtype_size(geo.dtype);
 }

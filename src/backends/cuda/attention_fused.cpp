@@ -1,11 +1,16 @@
 // sdpa geometry (batch strides of q, k, v and the mask over the output's batch dims) and the
 // fused flash-attention path: one generated kernel (flash_codegen.cpp) per dtype, head dim and
 // mask kind, a block of 64 query rows per CTA walking the keys in blocks of 64 with an online
-// softmax, so the scores never reach memory. Every operand is addressed by its batch strides
-// and row stride (AttentionGeometry), so layout "bshd" ([B, S, H, D]) needs no copy.
+// softmax, so the scores never reach memory. Every operand is addressed by an element offset,
+// its batch strides and its row stride (AttentionGeometry), taken from sdpa_layout: layout
+// "bshd" ([B, S, H, D]), operand views (q_view, ...: q, k and v read straight out of a qkv
+// linear's output) and a permuted output (out_perm) all need no copy. The offsets are added to
+// the pointers on the host, so the kernel source is the same for every form.
 //
-// State: pack_state(cubin, params): params = kFusedTag. run() checks the 16-byte alignment of
-// q, k, v and the output that the kernel's vector loads need (kInvalidArgument when not).
+// State: pack_state(cubin, params): params = kFusedTag. The kernel's 16-byte vector loads need
+// every offset and stride but the head dim's to be a multiple of 16 bytes (checked when the
+// kernel is chosen: fused_attention_serves) and the pointers 16-byte aligned (checked by run(),
+// kInvalidArgument when not).
 #include <cmath>
 
 #include "src/backends/cuda/attention_fused.h"
@@ -18,7 +23,7 @@ namespace {
 
 constexpr uint8_t kFusedTag = 2;
 
-// Strides of an operand with batch dims `batch` (right-aligned) over `out` (0 where broadcast).
+// Strides of the mask with batch dims `batch` (right-aligned) over `out` (0 where broadcast).
 void batch_strides(const std::vector<int64_t>& out, const std::vector<int64_t>& batch, int64_t matrix, KilnDims& d) {
   int64_t st = matrix;
   for (size_t i = 0; i < out.size() && i < size_t(kKilnMaxDims); ++i) d.size[i] = out[i], d.stride[i] = 0;
@@ -29,13 +34,18 @@ void batch_strides(const std::vector<int64_t>& out, const std::vector<int64_t>& 
   }
 }
 
-// The batch strides over (B, H) of a bshd operand whose [B', H', S, D] view is `s` (0 where
-// B' or H' is 1 and broadcasts); returns its row stride H' * D.
-int64_t bshd_strides(const std::vector<int64_t>& out, const std::vector<int64_t>& s, KilnDims& d) {
-  for (size_t i = 0; i < 2; ++i) d.size[i] = out[i];
-  d.stride[0] = s[0] == 1 ? 0 : s[1] * s[2] * s[3];
-  d.stride[1] = s[1] == 1 ? 0 : s[3];
-  return s[1] * s[3];
+// An operand's batch strides over the output's batch dims `out` (its own batch dims right-
+// aligned; 0 where its dim is 1 and broadcasts); returns its row stride. A single row gets the
+// row stride of a dense one (the head dim), which GEMM leading dims accept.
+int64_t view_strides(const std::vector<int64_t>& out, const SdpaView& v, KilnDims& d) {
+  const std::vector<int64_t> s = v.logical.shape();
+  const size_t batch = s.size() - 2;
+  for (size_t i = 0; i < out.size() && i < size_t(kKilnMaxDims); ++i) d.size[i] = out[i], d.stride[i] = 0;
+  for (size_t i = 0; i < batch && i < out.size(); ++i) {
+    const size_t od = out.size() - 1 - i, bd = batch - 1 - i;
+    if (od < size_t(kKilnMaxDims)) d.stride[od] = s[bd] == 1 ? 0 : v.strides[bd];
+  }
+  return s[batch] == 1 ? s.back() : v.strides[batch];
 }
 
 class FusedKernel final : public Kernel {
@@ -46,10 +56,14 @@ class FusedKernel final : public Kernel {
   std::string desc;
 
   void run(const void* const* in, void* const* out, const RunContext& rc) const override {
-    const uintptr_t bits = uintptr_t(in[0]) | uintptr_t(in[1]) | uintptr_t(in[2]) | uintptr_t(out[0]);
+    const size_t es = dtype_size(geo.dtype);
+    const void* q = static_cast<const char*>(in[0]) + size_t(geo.q_off) * es;
+    const void* k = static_cast<const char*>(in[1]) + size_t(geo.k_off) * es;
+    const void* v = static_cast<const char*>(in[2]) + size_t(geo.v_off) * es;
+    const void* mask = geo.mask_kind ? in[3] : nullptr;
+    void* o = static_cast<char*>(out[0]) + size_t(geo.o_off) * es;
+    const uintptr_t bits = uintptr_t(q) | uintptr_t(k) | uintptr_t(v) | uintptr_t(o);
     KILN_CHECK(bits % 16 == 0, kInvalidArgument, "sdpa (fused): q, k, v and the output must be 16-byte aligned");
-    const void *q = in[0], *k = in[1], *v = in[2], *mask = geo.mask_kind ? in[3] : nullptr;
-    void* o = out[0];
     int L = int(geo.L), S = int(geo.S), causal = geo.causal ? 1 : 0, brank = geo.batch_rank;
     float scale_log2 = geo.scale * 1.4426950408889634f;
     KilnDims qd = geo.q_dims, kd = geo.k_dims, vd = geo.v_dims, od = geo.o_dims, md = geo.mask_dims;
@@ -69,9 +83,13 @@ class FusedKernel final : public Kernel {
 AttentionGeometry attention_geometry(const Node& n, const Graph& g) {
   AttentionGeometry geo;
   geo.bshd = sdpa_bshd(n.attrs);
-  // Shapes in the default order [..., H, S, D]; bshd operands are [B, S, H, D] in memory.
-  auto view = [&](ValueId v) { return (geo.bshd ? swap_seq_heads(g.type(v)) : g.type(v)).shape(); };
-  const auto qs = view(n.inputs[0]), ks = view(n.inputs[1]), vs = view(n.inputs[2]), ys = view(n.outputs[0]);
+  geo.views = n.attrs.has("q_view") || n.attrs.has("k_view") || n.attrs.has("v_view") || n.attrs.has("out_perm");
+  // Every form as strided views of the buffers over the default order [..., H, S, D].
+  TypeList types;
+  for (ValueId v : n.inputs) types.push_back(v == kNoValue ? nullptr : &g.type(v));
+  const SdpaLayout lay = sdpa_layout(types, n.attrs);
+  const auto qs = lay.q.logical.shape(), ks = lay.k.logical.shape(), vs = lay.v.logical.shape();
+  const auto ys = lay.out.logical.shape();
   geo.dtype = g.type(n.inputs[0]).dtype;
   geo.L = qs[qs.size() - 2], geo.E = qs.back(), geo.S = ks[ks.size() - 2], geo.Ev = vs.back();
   geo.causal = n.attrs.get_bool("causal", false);
@@ -80,18 +98,11 @@ AttentionGeometry attention_geometry(const Node& n, const Graph& g) {
   geo.out_batch = batch(ys), geo.q_batch = batch(qs), geo.k_batch = batch(ks), geo.v_batch = batch(vs);
   geo.batch_rank = int(geo.out_batch.size());
   for (int64_t d : geo.out_batch) geo.batch_count *= d;
-  if (!geo.bshd) {
-    batch_strides(geo.out_batch, geo.q_batch, geo.L * geo.E, geo.q_dims);
-    batch_strides(geo.out_batch, geo.k_batch, geo.S * geo.E, geo.k_dims);
-    batch_strides(geo.out_batch, geo.v_batch, geo.S * geo.Ev, geo.v_dims);
-    batch_strides(geo.out_batch, geo.out_batch, geo.L * geo.Ev, geo.o_dims);
-    geo.q_row = geo.k_row = geo.E, geo.v_row = geo.o_row = geo.Ev;
-  } else {
-    geo.q_row = bshd_strides(geo.out_batch, qs, geo.q_dims);
-    geo.k_row = bshd_strides(geo.out_batch, ks, geo.k_dims);
-    geo.v_row = bshd_strides(geo.out_batch, vs, geo.v_dims);
-    geo.o_row = bshd_strides(geo.out_batch, ys, geo.o_dims);
-  }
+  geo.q_row = view_strides(geo.out_batch, lay.q, geo.q_dims);
+  geo.k_row = view_strides(geo.out_batch, lay.k, geo.k_dims);
+  geo.v_row = view_strides(geo.out_batch, lay.v, geo.v_dims);
+  geo.o_row = view_strides(geo.out_batch, lay.out, geo.o_dims);
+  geo.q_off = lay.q.offset, geo.k_off = lay.k.offset, geo.v_off = lay.v.offset, geo.o_off = lay.out.offset;
   const ValueId mask = n.inputs.size() > 3 ? n.inputs[3] : kNoValue;
   if (mask != kNoValue) {
     geo.mask_kind = g.type(mask).dtype == DType::kBool ? 1 : 2;
@@ -117,6 +128,16 @@ bool fused_attention_serves(const AttentionGeometry& geo, std::string* why) {
               std::to_string(geo.Ev) + ")");
   if (geo.batch_count > 65535) return no("more than 65535 batch matrices");
   if (geo.batch_rank > kKilnMaxDims) return no("more than 8 batch dims");
+  // 16-byte vector loads and stores from every row of every batch matrix.
+  const int64_t es = int64_t(dtype_size(geo.dtype));
+  auto aligned = [&](int64_t off, const KilnDims& d, int64_t row) {
+    bool ok = (off * es) % 16 == 0 && (row * es) % 16 == 0;
+    for (int i = 0; i < geo.batch_rank; ++i) ok = ok && (d.stride[i] * es) % 16 == 0;
+    return ok;
+  };
+  if (!aligned(geo.q_off, geo.q_dims, geo.q_row) || !aligned(geo.k_off, geo.k_dims, geo.k_row) ||
+      !aligned(geo.v_off, geo.v_dims, geo.v_row) || !aligned(geo.o_off, geo.o_dims, geo.o_row))
+    return no("an operand offset or stride that is not a multiple of 16 bytes");
   return true;
 }
 
@@ -139,7 +160,8 @@ std::unique_ptr<Kernel> make_fused_attention(const Node& n, const AttentionGeome
   static const char* kMasks[] = {"", ", bool mask", ", additive mask"};
   k->desc = "sdpa fused flash attention (generated, mma.sync f16/bf16, head dim " + std::to_string(geo.E) + ", " +
             std::to_string(geo.batch_count) + " x " + std::to_string(geo.L) + " x " + std::to_string(geo.S) +
-            (geo.causal ? ", causal" : "") + kMasks[geo.mask_kind] + (geo.bshd ? ", bshd strided" : "") + ")";
+            (geo.causal ? ", causal" : "") + kMasks[geo.mask_kind] + (geo.bshd ? ", bshd strided" : "") +
+            (geo.views ? ", strided views" : "") + ")";
   return k;
 }
 

@@ -23,9 +23,17 @@ struct AttentionGeometry {
   // Per output batch dim (size) each operand's batch stride in elements (stride; 0 broadcasts).
   KilnDims q_dims{}, k_dims{}, v_dims{}, o_dims{}, mask_dims{};
   // Elements between consecutive sequence rows: the head dim for layout "bhsd"; heads x head dim
-  // for "bshd" ([B, S, H, D], where the batch dims are (B, H) and H's stride is the head dim).
+  // for "bshd" ([B, S, H, D], where the batch dims are (B, H) and H's stride is the head dim);
+  // the view's row stride for operand views (q_view, ...) and the permuted output's (out_perm).
   bool bshd = false;
   int64_t q_row = 0, k_row = 0, v_row = 0, o_row = 0;
+  // Elements from each kernel argument's pointer (in[0..2], out[0]) to the operand's first
+  // element: a view's offset (q_view etc.; k and v of a qkv linear start E and 2E in), else 0.
+  // Every path adds them to its pointers (dtype_size(dtype) bytes each); the row and batch
+  // strides above are from that element on.
+  int64_t q_off = 0, k_off = 0, v_off = 0, o_off = 0;
+  // Whether the node has operand views or an out_perm (sdpa_layout): for descriptions.
+  bool views = false;
   int mask_kind = 0;  // 0 none, 1 bool (keep where true), 2 additive (q's dtype)
   int64_t mask_row_stride = 0, mask_col_stride = 0;
 };

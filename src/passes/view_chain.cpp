@@ -1,0 +1,194 @@
+// strided_view_of (view_chain.h): composes reshape, permute and slice nodes into one strided
+// view of the value the chain starts from.
+//
+// Representation while composing: the current value's dims, each a row-major list of atoms
+// (size, stride): index i of a dim is decomposed in mixed radix over its atoms' sizes and each
+// digit steps its atom's stride. A dense value has one atom per dim (none for extent 1).
+//   permute  moves the lists;
+//   slice    offsets and strides the dim's only atom, or (step 1) its outermost atom when the
+//            slice takes whole blocks of the inner atoms; otherwise the chain stops;
+//   reshape  flattens every atom in order, coalesces neighbours that are contiguous, and deals
+//            the atoms out to the new dims, splitting one where a new dim ends inside it (the
+//            split must divide its size; otherwise the chain stops).
+// The chain is a view when at the end every dim has at most one atom. Chains are short (about
+// ten nodes in a head split), so each start is tried from the furthest value inward and the
+// first that gives a view wins: the longest chain.
+#include "src/passes/view_chain.h"
+
+#include "src/ops/access.h"
+
+namespace kiln::passes {
+
+namespace {
+
+struct Atom {
+  int64_t size, stride;
+};
+using Atoms = std::vector<Atom>;
+
+struct Layout {
+  int64_t offset = 0;
+  std::vector<Atoms> dims;
+};
+
+// Drops extent-1 atoms and merges an atom into its outer neighbour where they are contiguous.
+Atoms coalesce(const Atoms& in) {
+  Atoms out;
+  for (const Atom& a : in) {
+    if (a.size == 1) continue;
+    if (!out.empty() && out.back().stride == a.size * a.stride) {
+      out.back() = {out.back().size * a.size, a.stride};
+    } else {
+      out.push_back(a);
+    }
+  }
+  return out;
+}
+
+Layout dense(const std::vector<int64_t>& shape) {
+  Layout l;
+  const std::vector<int64_t> st = row_major_strides(shape);
+  for (size_t i = 0; i < shape.size(); ++i) l.dims.push_back(shape[i] == 1 ? Atoms{} : Atoms{{shape[i], st[i]}});
+  return l;
+}
+
+bool apply_permute(Layout& l, const std::vector<int64_t>& perm) {
+  if (perm.size() != l.dims.size()) return false;
+  std::vector<Atoms> dims;
+  for (int64_t p : perm) dims.push_back(l.dims[size_t(p)]);
+  l.dims = std::move(dims);
+  return true;
+}
+
+// Keeps `count` indices start, start + step, ... of dim `axis`.
+bool apply_slice(Layout& l, size_t axis, int64_t start, int64_t step, int64_t count) {
+  if (axis >= l.dims.size() || count < 1) return false;
+  Atoms a = coalesce(l.dims[axis]);
+  if (count == 1) {  // a single index: its offset, and the dim has extent 1
+    for (size_t i = a.size(); i-- > 0;) {
+      l.offset += (start % a[i].size) * a[i].stride;
+      start /= a[i].size;
+    }
+    l.dims[axis] = {};
+    return true;
+  }
+  if (a.empty()) return false;
+  if (a.size() == 1) {
+    l.offset += start * a[0].stride;
+    l.dims[axis] = {{count, a[0].stride * step}};
+    return true;
+  }
+  int64_t inner = 1;
+  for (size_t i = 1; i < a.size(); ++i) inner *= a[i].size;
+  if (step != 1 || start % inner != 0 || count % inner != 0) return false;
+  l.offset += (start / inner) * a[0].stride;
+  a[0].size = count / inner;
+  l.dims[axis] = a;
+  return true;
+}
+
+bool apply_reshape(Layout& l, const std::vector<int64_t>& shape) {
+  Atoms flat;
+  for (const Atoms& d : l.dims) flat.insert(flat.end(), d.begin(), d.end());
+  flat = coalesce(flat);
+  size_t next = 0;
+  std::vector<Atoms> dims;
+  for (int64_t extent : shape) {
+    Atoms d;
+    int64_t need = extent;
+    while (need > 1) {
+      if (next == flat.size()) return false;
+      Atom& a = flat[next];
+      if (need % a.size == 0) {  // the whole atom
+        d.push_back(a);
+        need /= a.size;
+        ++next;
+      } else if (a.size % need == 0) {  // its outer part; the inner part stays for the next dim
+        d.push_back({need, a.stride * (a.size / need)});
+        a.size /= need;
+        need = 1;
+      } else {
+        return false;
+      }
+    }
+    dims.push_back(std::move(d));
+  }
+  if (next != flat.size()) return false;
+  l.dims = std::move(dims);
+  return true;
+}
+
+// Turns `l`, the layout of node n's input, into that of its output; false where the chain stops.
+bool apply(Layout& l, const Node& n, const Graph& g) {
+  switch (n.op) {
+    case OpKind::kPermute: return apply_permute(l, n.attrs.get_ints("perm"));
+    case OpKind::kReshape: return apply_reshape(l, g.type(n.outputs[0]).shape());
+    case OpKind::kSlice: {
+      const int64_t step = n.attrs.get_int("step");
+      const size_t axis = size_t(n.attrs.get_int("axis"));
+      return step > 0 && apply_slice(l, axis, n.attrs.get_int("start"), step, g.type(n.outputs[0]).shape()[axis]);
+    }
+    default: return false;
+  }
+}
+
+bool is_view_op(const Node* n) {
+  return n != nullptr && n->outputs.size() == 1 &&
+         (n->op == OpKind::kPermute || n->op == OpKind::kReshape || n->op == OpKind::kSlice);
+}
+
+ValueView trivial(const Graph& g, ValueId v) {
+  ValueView r;
+  r.base = v;
+  r.sizes = g.type(v).shape();
+  r.strides = row_major_strides(r.sizes);
+  for (size_t i = 0; i < r.sizes.size(); ++i)
+    if (r.sizes[i] == 1) r.strides[i] = 0;
+  return r;
+}
+
+}  // namespace
+
+bool ValueView::whole_base(const Graph& g) const {
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  if (offset != 0 || n != g.type(base).numel()) return false;
+  const std::vector<int64_t> st = row_major_strides(sizes);
+  for (size_t i = 0; i < sizes.size(); ++i)
+    if (sizes[i] != 1 && strides[i] != st[i]) return false;
+  return true;
+}
+
+ValueView strided_view_of(const Graph& g, ValueId v) {
+  constexpr size_t kMaxChain = 64;
+  // chain[i + 1] is the input of the node producing chain[i].
+  std::vector<ValueId> chain = {v};
+  std::vector<const Node*> ops;
+  while (chain.size() <= kMaxChain) {
+    const Node* p = g.value(chain.back()).producer;
+    if (!is_view_op(p)) break;
+    ops.push_back(p);
+    chain.push_back(p->inputs[0]);
+  }
+  if (g.type(v).numel() == 0) return trivial(g, v);
+  for (size_t start = chain.size() - 1; start >= 1; --start) {
+    if (g.type(chain[start]).numel() == 0) continue;
+    Layout l = dense(g.type(chain[start]).shape());
+    bool ok = true;
+    for (size_t i = start; ok && i-- > 0;) ok = apply(l, *ops[i], g);
+    if (!ok) continue;
+    ValueView r;
+    r.base = chain[start];
+    r.offset = l.offset;
+    r.sizes = g.type(v).shape();
+    for (size_t d = 0; ok && d < l.dims.size(); ++d) {
+      const Atoms a = coalesce(l.dims[d]);
+      ok = a.size() <= 1;
+      if (ok) r.strides.push_back(a.empty() ? 0 : a[0].stride);
+    }
+    if (ok) return r;
+  }
+  return trivial(g, v);
+}
+
+}  // namespace kiln::passes

@@ -1,0 +1,44 @@
+// View analysis for the layout passes: which value a chain of reshape, permute and slice nodes
+// reads, and how, as one strided view (offset, sizes, strides in elements of that value).
+//
+// Kiln's IR is dense, so each permute and slice in a head split is a copy. A consumer that can
+// read strided operands (sdpa with q_view / k_view / v_view, see src/ops/attention.cpp) can
+// instead read the value at the start of the chain, if the chain's composite map from output
+// index to input element is one strided view. strided_view_of finds that start.
+//
+// What composes: permute (strides move), slice with any step > 0 (offset and stride), and
+// reshape where the standard view rule allows it (as torch.Tensor.view) -- judged on the whole
+// chain, not step by step: torchvision's head split reshapes [S, B, 3E] -> [S, B*H, D], which
+// is no strided view when B > 1, and later splits B*H again; the composite [B, H, S, D] is one.
+// So the walk keeps each dim as a row-major list of (size, stride) atoms (a dim merged from
+// non-adjacent memory holds several) and asks only at the end that every dim be one atom.
+// A slice of a dim of several atoms composes when it takes whole blocks of the inner atoms.
+//
+// Does not: look through expand, copy, cast or anything else; handle zero-size tensors (the
+// value itself is returned); check alignment (the caller decides what its kernels need).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kiln/ir.h"
+
+namespace kiln::passes {
+
+// Element (i0, i1, ...) of a value is element offset + sum(ik * strides[k]) of `base` (dense,
+// row-major). A dim of extent 1 has stride 0.
+struct ValueView {
+  ValueId base = kNoValue;
+  int64_t offset = 0;
+  std::vector<int64_t> sizes, strides;
+  // Whether reading the view is reading `base` itself: a reshape chain (offset 0, every element
+  // of base, row-major order), which the memory planner already makes free.
+  bool whole_base(const Graph& g) const;
+};
+
+// `v` as a view of the furthest value it reaches through reshape / permute / slice nodes whose
+// composite map is one strided view (the longest such chain); {v, 0, shape, row-major strides}
+// when none.
+ValueView strided_view_of(const Graph& g, ValueId v);
+
+}  // namespace kiln::passes
