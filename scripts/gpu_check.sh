@@ -6,6 +6,7 @@
 #   bash scripts/gpu_check.sh bench [ARGS]    # build + benchmarks/gpu_models.py ARGS
 #   bash scripts/gpu_check.sh tests PYTEST_ARGS...
 #   bash scripts/gpu_check.sh profile MODEL:BATCH[:DTYPE[:BACKEND]]...   # kernels by time, per model
+#   bash scripts/gpu_check.sh py SCRIPT.py [ARGS]   # build + any python script (output in $OUT/py.log)
 #
 # The package is used from the build folder (PYTHONPATH), not pip-installed.
 set -euo pipefail
@@ -42,6 +43,9 @@ case "$mode" in
       "$PY" benchmarks/gpu_profile.py --model "$model" --batch "$batch" --dtype "${dtype:-fp16}" \
         --backend "${backend:-kiln}" --build-log "$OUT/build_logs.txt" 2>&1 | grep -v Warning | tee -a "$OUT/profiles.txt"
     done ;;
+  py)
+    [ $# -gt 0 ] || { echo "py needs a script: bash scripts/gpu_check.sh py SCRIPT.py [ARGS]"; exit 2; }
+    "$PY" "$@" 2>&1 | tee "$OUT/py.log" ;;
   *)
     echo "unknown mode '$mode' (tests | bench | profile)"; exit 2 ;;
 esac

@@ -51,6 +51,10 @@ class Kernel {
   virtual std::string describe() const { return {}; }
   // The tactic and generated code that make_kernel needs to remake this kernel (see above).
   virtual Bytes state() const { return {}; }
+  // Whether make_kernel read the values of constant inputs (packed weights, scalars baked into
+  // generated code), so that a refit that rewrites one must make the kernel again. Kernels that
+  // only take constants by pointer say false; refit then leaves them as they are.
+  virtual bool bakes_constants() const { return true; }
 };
 
 // A recorded sequence of kernel launches that replays as one unit (a CUDA graph).
@@ -90,7 +94,14 @@ class Backend {
     return nullptr;
   }
   virtual size_t alignment() const { return 64; }
+  // Called once at the end of every build: a backend that keeps build-time caches across
+  // processes (CUDA: the timing cache) writes them here.
+  virtual void build_finished() {}
 };
+
+// Where the backends that time tactics keep their timing cache file (the CUDA backend; nothing
+// otherwise). $KILN_TIMING_CACHE, when set, wins over it.
+void set_timing_cache_path(const std::string& path);
 
 // The backend for a device; throws kUnsupported when Kiln was built without it or no such
 // device is present.

@@ -814,5 +814,8 @@ def checksum64(address: int, nbytes: int) -> int:
     The engine file checksum (checksum64) of `nbytes` bytes at a host address: a fast fingerprint.
     """
 
+def set_timing_cache_path(path: str) -> None:
+    """Where CUDA builds keep their timing cache file ($KILN_TIMING_CACHE, when set, wins)."""
+
 def cuda_available() -> bool:
     """Whether this build has the CUDA backend and a CUDA device is present."""

@@ -20,6 +20,7 @@ engine buffer once and keeps the runner while the buffer lives.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import weakref
 from collections.abc import Sequence
@@ -52,6 +53,8 @@ def builder_config(settings: CompilationSettings, device: str) -> Any:
 def build_engine(description: Any, settings: CompilationSettings, device: str) -> Any:
     """ImportGraph -> Engine (raises kiln.KilnError subclasses naming the cause)."""
     network = _C.import_aten(description)
+    if device != "cpu":  # the timing cache lives beside the engine cache and is shared by every build
+        _C.set_timing_cache_path(os.path.join(settings.engine_cache_dir, "timing.cache"))
     return _C.Builder(builder_config(settings, device)).build(network)
 
 

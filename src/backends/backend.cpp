@@ -11,7 +11,18 @@ Backend& cpu_backend();
 #ifdef KILN_WITH_CUDA
 Backend& cuda_backend(int index);
 bool cuda_device_present();
+namespace cuda {
+void set_timing_cache_path(const std::string& path);  // timing_cache.h
+}
 #endif
+
+void set_timing_cache_path(const std::string& path) {
+#ifdef KILN_WITH_CUDA
+  cuda::set_timing_cache_path(path);
+#else
+  (void)path;
+#endif
+}
 
 std::string Device::to_string() const {
   if (type == DeviceType::kCPU) return "cpu";

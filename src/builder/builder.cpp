@@ -67,6 +67,7 @@ std::shared_ptr<Engine> Builder::build(const Graph& network) const {
         [&](Graph& graph) { return lower_precision(graph, *compute); });
   run("fold_constants", &fold_constants);
   run("fuse_epilogue", &fuse_epilogue);
+  run("simplify_attention_masks", &simplify_attention_masks);
   run("fold_attention_layout", [](Graph& graph) { return fold_attention_layout(graph); });
   // Tensor-core convolutions want channels-last tensors; the CPU's run channels-first.
   if (config_.device.type == DeviceType::kCUDA) run("to_channels_last", &to_channels_last);
@@ -94,7 +95,9 @@ std::shared_ptr<Engine> Builder::build(const Graph& network) const {
   KernelOptions options;
   options.optimization_level = config_.optimization_level;
   options.workspace_limit = config_.workspace_limit;
-  return Engine::create(std::move(g), config_.device, options, log.str(), {}, std::move(refit_program));
+  auto engine = Engine::create(std::move(g), config_.device, options, log.str(), {}, std::move(refit_program));
+  get_backend(config_.device).build_finished();
+  return engine;
 }
 
 }  // namespace kiln

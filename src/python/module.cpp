@@ -17,6 +17,7 @@
 // The message is the C++ what() ("[code] cause"); the instance's `code` is the ErrorCode.
 // The classes are named kiln.X because the kiln package re-exports them (pickling finds them).
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
 
 #include <array>
 #include <exception>
@@ -155,6 +156,8 @@ NB_MODULE(_C, m) {
         }, nanobind::arg("address"), nanobind::arg("nbytes"),
         nanobind::sig("def checksum64(address: int, nbytes: int) -> int"),
         "The engine file checksum (checksum64) of `nbytes` bytes at a host address: a fast fingerprint.");
+  m.def("set_timing_cache_path", &kiln::set_timing_cache_path, nanobind::arg("path"),
+        "Where CUDA builds keep their timing cache file ($KILN_TIMING_CACHE, when set, wins).");
   m.def("cuda_available", [] { return kiln::backend_available(kiln::DeviceType::kCUDA); },
         "Whether this build has the CUDA backend and a CUDA device is present.");
 }

@@ -418,6 +418,7 @@ void Refitter::refit() {
     if (changed[size_t(out)]) write(*e.refit_targets_[i], ptr[size_t(out)], program.type(out).nbytes());
   }
   if (!on_host) {
+    be.synchronize(nullptr);  // a forward still running on any stream reads the old values, whole
     for (ValueId c : plan.constants())
       if (written.count(plan.value(c).data.get()) && e.constant_ptr_[size_t(c)])
         be.copy_from_host(const_cast<void*>(e.constant_ptr_[size_t(c)]), plan.value(c).data->data(),
@@ -433,7 +434,7 @@ void Refitter::refit() {
       reads = reads || (in != kNoValue && plan.value(in).is_constant() && written.count(plan.value(in).data.get()));
     if (n.body)
       for (ValueId c : n.body->constants()) reads = reads || written.count(n.body->value(c).data.get());
-    if (!reads) continue;
+    if (!reads || !e.kernels_[i]->bakes_constants()) continue;
     auto k = be.make_kernel(n, plan, e.options_, &e.kernel_states_[i]);
     KILN_CHECK(k != nullptr && k->workspace_size() <= e.workspace_, kInternal, "refit: the kernel of ",
                op_name(n.op), " made again needs more workspace than the engine has");

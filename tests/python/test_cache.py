@@ -218,6 +218,30 @@ def test_key_ignores_weight_values_but_not_settings(tmp_path: Path) -> None:
     assert cache_stats()["builds"] == 4
 
 
+def test_key_includes_the_build_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """KILN_DISABLE_TF32 and the like change what a build chooses: a process with another value
+    must not get an engine built under the first one."""
+    for name in ("KILN_DISABLE_TF32", "KILN_EXACT_GELU", "KILN_ATTENTION_TACTIC"):
+        monkeypatch.delenv(name, raising=False)  # other test modules set some for the session
+    x = torch.randn(2, 3, 16, 16)
+    cached_compile(net(0), x, tmp_path)
+    monkeypatch.setenv("KILN_DISABLE_TF32", "1")
+    cached_compile(net(0), x, tmp_path)
+    monkeypatch.setenv("KILN_EXACT_GELU", "1")
+    cached_compile(net(0), x, tmp_path)
+    assert cache_stats()["builds"] == 3 and cache_stats()["hits"] == 0
+    assert len(DiskEngineCache(tmp_path).entries()) == 3
+    cached_compile(net(0), x, tmp_path)  # the same environment again: a hit
+    assert cache_stats()["hits"] == 1
+
+
+def test_timing_cache_path_is_settable(tmp_path: Path) -> None:
+    """The binding the CUDA build path calls (a no-op without the CUDA backend)."""
+    kiln._C.set_timing_cache_path(str(tmp_path / "timing.cache"))
+    with pytest.raises(TypeError):
+        kiln._C.set_timing_cache_path(None)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("changed", [{"stride": 2}, {"padding": 0}])
 def test_changed_op_argument_misses(tmp_path: Path, changed: dict[str, int]) -> None:
     x = torch.randn(2, 3, 16, 16)

@@ -12,6 +12,9 @@
 // legacy default stream (null, PyTorch's default current stream) cannot be captured, so for it
 // the launches are recorded on a stream of the backend's own: a graph replays on any stream of
 // its device, the legacy one included.
+//
+// synchronize(nullptr) waits for the whole device (a refit must not write constants that a
+// forward on some other stream is still reading); build_finished() writes the timing cache.
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -21,6 +24,7 @@
 #include "kiln/errors.h"
 #include "src/backends/cuda/cuda_util.h"
 #include "src/backends/cuda/kernels.h"
+#include "src/backends/cuda/tactics.h"
 
 namespace kiln {
 
@@ -66,6 +70,7 @@ class CudaBackend final : public Backend {
   Device device() const override { return Device{DeviceType::kCUDA, index_}; }
   std::string device_name() const override { return name_; }
   size_t alignment() const override { return 256; }
+  void build_finished() override { timing_cache_flush(); }
 
   bool supports(const Node& n, const Graph& g, std::string* why) const override {
     switch (op_info(n.op).family) {
@@ -150,7 +155,11 @@ class CudaBackend final : public Backend {
 
   void synchronize(void* stream) override {
     DeviceGuard guard(index_);
-    KILN_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+    // No stream: the whole device (work on non-blocking streams included).
+    if (stream == nullptr)
+      KILN_CUDA_CHECK(cudaDeviceSynchronize());
+    else
+      KILN_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
   }
 
   std::unique_ptr<CapturedGraph> capture(const std::function<void(void* stream)>& launches, void* stream) override {

@@ -73,6 +73,7 @@ class ConvKernel final : public Kernel {
   }
 
   size_t workspace_size() const override { return runner_.workspace_size(); }
+  bool bakes_constants() const override { return false; }  // weights and bias by pointer
   std::string describe() const override { return desc_; }
   void add_note(const std::string& note) { desc_ += "; " + note; }
   Bytes state() const override {

@@ -67,6 +67,7 @@ class DepthwiseKernel final : public Kernel {
     launch(v->fn, v->grid, dim3(kDepthwiseThreads), args, 0, stream_of(rc));
   }
 
+  bool bakes_constants() const override { return false; }  // weights and bias by pointer
   std::string describe() const override { return desc_; }
   Bytes state() const override { return state_; }
 
