@@ -47,5 +47,5 @@ case "$mode" in
     [ $# -gt 0 ] || { echo "py needs a script: bash scripts/gpu_check.sh py SCRIPT.py [ARGS]"; exit 2; }
     "$PY" "$@" 2>&1 | tee "$OUT/py.log" ;;
   *)
-    echo "unknown mode '$mode' (tests | bench | profile)"; exit 2 ;;
+    echo "unknown mode '$mode' (tests | bench | profile | py)"; exit 2 ;;
 esac

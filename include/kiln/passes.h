@@ -26,14 +26,18 @@ bool fuse_epilogue(Graph& g);
 // them through activations, binary ops and global average pools until they cancel, so a conv
 // region converts layout only at its boundary. Run it after fuse_epilogue, then fold_constants.
 bool to_channels_last(Graph& g);
-// Makes sdpa whose q, k and v are permute(x, [0, 2, 1, 3]) of rank-4 tensors read those x
-// directly (layout "bshd") and write [B, L, H, D]; the permute this puts on its output cancels
-// with the permute back that follows it. Run it after fuse_epilogue, before fuse_pointwise.
+// Makes sdpa read q, k and v where the head split left them and write where the head merge
+// wants them: permute(x, [0, 2, 1, 3]) operands become layout "bshd"; other reshape / permute /
+// slice chains become operand views (q_view, ...) of the value they start from, and a lone
+// output permute becomes out_perm. Run it after fuse_epilogue, before fuse_pointwise.
 // Only sdpa nodes `foldable` accepts change; by default those fused attention kernels serve
 // (f16 / bf16, head dim 64 or 128), since the matmul fallback wants whole heads contiguous.
 using AttentionFilter = std::function<bool(const Graph& g, const Node& sdpa)>;
 bool fused_attention_shape(const Graph& g, const Node& sdpa);
 bool fold_attention_layout(Graph& g, const AttentionFilter& foldable = fused_attention_shape);
+// Makes an sdpa whose mask is logical_and(all-true constant, m) read m (sdpa broadcasts its
+// mask over the scores), so transformers' folded index masks cost nothing per score.
+bool simplify_attention_masks(Graph& g);
 // Groups chains of pointwise ops into fused_pointwise nodes with a body graph.
 bool fuse_pointwise(Graph& g);
 // Runs the graph in `compute` (f16 or bf16): every f32 value inside it becomes `compute`, f32

@@ -1,0 +1,67 @@
+// simplify_attention_masks (src/passes/attention_mask.cpp): an sdpa mask that is
+// logical_and(all-true constant, m) becomes m, with the and gone and the same outputs on random
+// inputs; a constant with one false element, or a non-bool and, is left alone.
+#include "tests/cpp/pass_test_util.h"
+
+namespace {
+
+using namespace kiln;
+using namespace kiln::test;
+
+struct MaskCase {
+  Graph g;
+  ValueId padding_mask = kNoValue;  // the [B, 1, 1, S] bool the pass should keep
+};
+
+// q, k, v [2, 3, 5, 8]; a padding input p [2, 1, 1, 5] -> m = p > 0; the all-true (or not)
+// constant c [1, 1, 5, 1]; mask = logical_and(c, m) (or (m, c)) -> [2, 1, 5, 5].
+MaskCase masked_attention(bool all_true, bool constant_first) {
+  MaskCase c;
+  Graph& g = c.g;
+  const Shape qs = {2, 3, 5, 8};
+  const ValueId q = g.add_input("q", TensorType(DType::kF32, qs));
+  const ValueId k = g.add_input("k", TensorType(DType::kF32, qs));
+  const ValueId v = g.add_input("v", TensorType(DType::kF32, qs));
+  const ValueId p = g.add_input("p", TensorType(DType::kF32, {2, 1, 1, 5}));
+  const ValueId zero = f32_constant(g, "zero", {}, {0.0f}, false);
+  c.padding_mask = g.add_node1(OpKind::kGt, {p, zero});
+  Bytes ones(5, 1);
+  if (!all_true) ones[2] = 0;
+  const ValueId t = g.add_constant("rows", TensorType(DType::kBool, {1, 1, 5, 1}), ones.data(), ones.size(), false);
+  const ValueId mask = constant_first ? g.add_node1(OpKind::kLogicalAnd, {t, c.padding_mask})
+                                      : g.add_node1(OpKind::kLogicalAnd, {c.padding_mask, t});
+  g.mark_output(g.add_node1(OpKind::kSdpa, {q, k, v, mask}, Attrs{}), "y");
+  return c;
+}
+
+const Node* the_sdpa(const Graph& g) {
+  for (const auto& n : g.nodes())
+    if (n->op == OpKind::kSdpa) return n.get();
+  return nullptr;
+}
+
+TEST(SimplifyAttentionMasks, AllTrueAndReadsThePaddingMaskWithTheSameOutputs) {
+  for (bool constant_first : {true, false}) {
+    MaskCase c = masked_attention(true, constant_first);
+    Graph g = c.g;
+    const auto inputs = random_inputs(g, 7);
+    const auto want = run_plain(c.g, inputs);
+    ASSERT_TRUE(simplify_attention_masks(g));
+    g.verify();
+    EXPECT_EQ(count_ops(g, OpKind::kLogicalAnd), 0);
+    const Node* s = the_sdpa(g);
+    ASSERT_NE(s, nullptr);
+    EXPECT_EQ(g.type(s->inputs[3]).shape(), (Shape{2, 1, 1, 5}));
+    EXPECT_EQ(g.value(s->inputs[3]).producer->op, OpKind::kGt);
+    expect_close(run_plain(g, inputs), want, 1e-6f, 1e-6f);
+  }
+}
+
+TEST(SimplifyAttentionMasks, LeavesAConstantWithAFalseElementAlone) {
+  MaskCase c = masked_attention(false, true);
+  Graph g = c.g;
+  EXPECT_FALSE(simplify_attention_masks(g));
+  EXPECT_EQ(count_ops(g, OpKind::kLogicalAnd), 1);
+}
+
+}  // namespace
