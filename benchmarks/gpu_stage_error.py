@@ -62,6 +62,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
     parser.add_argument("--detail", default="", help="comma-separated stages (e.g. layer4.0) to split into "
                         "their convs, each with the build log line of its conv kernel")
+    parser.add_argument("--only", default="", help="comma-separated stages to compile (default: all)")
+    parser.add_argument("--no-graphs", action="store_true", help="compile with use_cuda_graphs=False")
     parser.add_argument("--device", default="cuda", help="cuda (the point of it) or cpu (to try the script)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -75,19 +77,23 @@ def main() -> None:
     logging.getLogger("kiln.compile").addHandler(collect)
     logging.getLogger("kiln.compile").setLevel(logging.DEBUG)
     detail = set(filter(None, args.detail.split(",")))
+    only = set(filter(None, args.only.split(",")))
+    options = {"enabled_precisions": {dtype}, "min_block_size": 1, "use_cuda_graphs": not args.no_graphs}
     with torch.no_grad():
         for name, stage in stages(model):
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
             ref = stage(x)
+            if only and name not in only:
+                x = ref
+                continue
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
             xl = x.to(dtype)
             staged = stage.to(dtype)
             eager = staged(xl).float()
             torch._dynamo.reset()
-            compiled = torch.compile(staged, backend="kiln",
-                                     options={"enabled_precisions": {dtype}, "min_block_size": 1})
+            compiled = torch.compile(staged, backend="kiln", options=options)
             got = compiled(xl).float()
             ratio = relative_error(got, ref) / max(relative_error(eager, ref), 1e-12)
             log.info("  %-10s kiln %.2e  eager %.2e  (x%.1f)%s", name, relative_error(got, ref),
@@ -101,8 +107,7 @@ def main() -> None:
                     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
                     torch._dynamo.reset()
                     collect.lines.clear()
-                    pc = torch.compile(part.to(dtype), backend="kiln",
-                                       options={"enabled_precisions": {dtype}, "min_block_size": 1})
+                    pc = torch.compile(part.to(dtype), backend="kiln", options=options)
                     pgot = pc(inp.to(dtype)).float()
                     part.float()
                     log.info("    %-10s kiln %.2e  %s", pname, relative_error(pgot, pref), " | ".join(collect.lines))
@@ -112,8 +117,7 @@ def main() -> None:
         ref = model(inputs[0].to(args.device))
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         torch._dynamo.reset()
-        whole = torch.compile(model.to(dtype), backend="kiln",
-                              options={"enabled_precisions": {dtype}, "min_block_size": 1})
+        whole = torch.compile(model.to(dtype), backend="kiln", options=options)
         got = whole(inputs[0].to(args.device).to(dtype)).float()
         log.info("  %-10s kiln %.2e", "whole", relative_error(got, ref))
 

@@ -211,6 +211,7 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g, const Ke
   std::vector<std::string> key_parts = parts;
   key_parts.push_back(strict_f32(q.dtype) ? "strict-f32" : "tf32-ok");
   key_parts.push_back(std::string("ws<=") + std::to_string(options.workspace_limit));
+  key_parts.push_back("verified");  // choices made before candidates were checked on random data are not reused
   const std::string key = timing_key("conv", key_parts);
   const bool depthwise = depthwise_eligible(q);
   if (depthwise && options.optimization_level <= 0) return choose_depthwise(q, sig, options, key, what);
