@@ -132,6 +132,25 @@ TEST(ToChannelsLast, ResidualAndSqueezeExciteRegionsConvertOnlyAtTheBoundary) {
   EXPECT_EQ(count_op(f, OpKind::kReduceMean), 2u) << f.to_string();
 }
 
+// ResNet's first block of a stage: 1x1 -> 3x3 stride 2 -> 1x1 with the residual from a strided
+// 1x1 downsample of the block input, fused as the last conv's residual (fuse_epilogue).
+TEST(ToChannelsLast, BottleneckWithDownsampleResidual) {
+  Graph g;
+  ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 8, 6, 6}));
+  Attrs relu1 = conv2d_attrs(1, 0, 1), relu2 = conv2d_attrs(2, 1, 1);
+  relu1.set("activation", std::string("relu"));
+  relu2.set("activation", std::string("relu"));
+  ValueId a = g.add_node1(OpKind::kConv, {x, f32_weight(g, "c1", {4, 8, 1, 1}, 1), f32_weight(g, "b1", {4}, 2)}, relu1);
+  a = g.add_node1(OpKind::kConv, {a, f32_weight(g, "c2", {4, 4, 3, 3}, 3), f32_weight(g, "b2", {4}, 4)}, relu2);
+  ValueId d = g.add_node1(OpKind::kConv, {x, f32_weight(g, "cd", {16, 8, 1, 1}, 5), f32_weight(g, "bd", {16}, 6)},
+                          conv2d_attrs(2, 0, 1));
+  ValueId y = g.add_node1(OpKind::kConv, {a, f32_weight(g, "c3", {16, 4, 1, 1}, 7), f32_weight(g, "b3", {16}, 8), d},
+                          relu1);
+  g.mark_output(y, "y");
+  Graph f = convert_and_compare(g, 11);
+  EXPECT_EQ(count_op(f, OpKind::kPermute), 2u) << f.to_string();
+}
+
 TEST(ChannelsLastPool, ShapeRuleAndCpuKernelMatchChannelsFirst) {
   Graph g;
   ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 9, 9, 5}));
