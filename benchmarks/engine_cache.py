@@ -71,7 +71,7 @@ def require_device(device: str) -> None:
     if not torch.cuda.is_available():
         raise SystemExit(f"--device cuda needs a CUDA GPU, but PyTorch sees none (torch.cuda.is_available() is "
                          f"False; torch {torch.__version__}, CUDA {torch.version.cuda}). Run on a GPU machine, "
-                         "e.g. bash scripts/gpu_check.sh py benchmarks/engine_cache.py --device cuda")
+                         f"e.g. bash scripts/gpu_check.sh py benchmarks/{os.path.basename(sys.argv[0])} --device cuda")
     import kiln
     if not kiln._C.cuda_available():
         raise SystemExit(f"--device cuda: Kiln's CUDA backend is not available ({kiln._C.__file__} was built "

@@ -43,31 +43,10 @@ from kiln import _C
 from kiln.settings import CompilationSettings
 from kiln.testing import relative_error
 
+from engine_cache import PRECISIONS, require_device, tolerance  # type: ignore[import-not-found]
+
 log = logging.getLogger("kiln.benchmarks.refit")
 refit_module = importlib.import_module("kiln.refit")
-
-
-PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16}
-
-
-def tolerance(device: str, precision: str) -> float:
-    """The largest relative error against eager FP32 accepted for this device and precision."""
-    if precision == "fp16":
-        return 1e-2
-    return 2e-3 if device == "cuda" else 1e-4
-
-
-def require_device(device: str) -> None:
-    """Stops with a message naming the cause when ``device`` cannot run Kiln engines here."""
-    if device != "cuda":
-        return
-    if not torch.cuda.is_available():
-        raise SystemExit(f"--device cuda needs a CUDA GPU, but PyTorch sees none (torch.cuda.is_available() is "
-                         f"False; torch {torch.__version__}, CUDA {torch.version.cuda}). Run on a GPU machine, "
-                         "e.g. bash scripts/gpu_check.sh py benchmarks/refit.py --device cuda")
-    if not _C.cuda_available():
-        raise SystemExit(f"--device cuda: Kiln's CUDA backend is not available ({_C.__file__} was built without "
-                         "-DKILN_CUDA=ON, or sees no device); scripts/gpu_check.sh builds one")
 
 
 def best_of(fn: Callable[[], Any], repeat: int, device: str = "cpu") -> float:

@@ -15,6 +15,7 @@
 #include "kiln/kiln.h"
 #include "src/backends/cuda/conv_state.h"
 #include "src/backends/cuda/kernels.h"
+#include "tests/cpp/error_test_util.h"
 
 namespace kiln::cuda {
 Bytes pack_state(const Bytes& cubin, const Bytes& params);  // nvrtc.h (which needs CUDA headers)
@@ -23,6 +24,7 @@ Bytes pack_state(const Bytes& cubin, const Bytes& params);  // nvrtc.h (which ne
 namespace {
 
 using namespace kiln;
+using kiln::test::code_of;
 using cuda::ConvChoice;
 
 ConvChoice random_choice(std::mt19937& rng) {
@@ -39,16 +41,6 @@ ConvChoice random_choice(std::mt19937& rng) {
   const int n = int(rng() % 6);
   for (int i = 0; i < n; ++i) c.knobs.emplace_back(int32_t(rng() % 46), int64_t(rng() % 1000) - 3);
   return c;
-}
-
-ErrorCode code_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  ADD_FAILURE() << "no error thrown";
-  return ErrorCode::kInternal;
 }
 
 TEST(CudaConvState, RoundTrips) {

@@ -19,8 +19,10 @@
 #include "src/backends/cuda/depthwise.h"
 #include "src/backends/cuda/kernels.h"
 #include "src/backends/cuda/nvrtc.h"
+#include "tests/cpp/error_test_util.h"
 
 using namespace kiln;
+using kiln::test::code_of;
 using cuda::ConvGeom;
 using cuda::DepthwiseSource;
 
@@ -94,16 +96,6 @@ DepthwiseSource compiles(const Spec& s, const std::string& what) {
   EXPECT_EQ(src.scalar.vec, 1) << what;
   EXPECT_NE(src.hash, 0u);
   return src;
-}
-
-ErrorCode code_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  ADD_FAILURE() << "no error thrown";
-  return ErrorCode::kInternal;
 }
 
 }  // namespace

@@ -14,10 +14,12 @@
 #include "kiln/kiln.h"
 #include "kiln/refit.h"
 #include "tests/cpp/engine_file_test_util.h"
+#include "tests/cpp/error_test_util.h"
 
 namespace {
 
 using namespace kiln;
+using kiln::test::code_of;
 using Shape = std::vector<int64_t>;
 using Floats = std::vector<float>;
 using Weights = std::map<std::string, Floats>;
@@ -147,17 +149,6 @@ void expect_bits_equal(const Floats& got, const Floats& want) {
   ASSERT_EQ(got.size(), want.size());
   EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0) << "outputs differ in their bits";
   for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << "element " << i;
-}
-
-ErrorCode code_of(const std::function<void()>& fn, std::string* message) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    *message = e.what();
-    return e.code();
-  }
-  *message = "(no error)";
-  return ErrorCode::kInternal;
 }
 
 // ---- the recorded program --------------------------------------------------------------

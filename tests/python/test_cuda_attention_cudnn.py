@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 import kiln
 from kiln import Builder, BuilderConfig, Engine, Graph
-from test_ops import KILN_TO_TORCH, TORCH_TO_KILN
+from test_cuda_ops import _run as run_engine
+from test_ops import TORCH_TO_KILN
 
 pytestmark = [
     pytest.mark.cuda,
@@ -65,18 +66,11 @@ def _inputs(c: tuple, bshd: bool, seed: int) -> list[torch.Tensor]:
 
 
 def _run(engine: Engine, feeds: list[torch.Tensor], use_graphs: bool = False) -> torch.Tensor:
-    dev = "cpu" if engine.device == "cpu" else "cuda"
-    ins = [t.to(dev).contiguous() for t in feeds]
-    o = engine.outputs[0]
-    out = torch.full(o.shape, float("nan"), dtype=KILN_TO_TORCH[o.dtype], device=dev)
-    stream = torch.cuda.current_stream().cuda_stream if dev == "cuda" else 0
     ctx = engine.create_execution_context(use_graphs=use_graphs)
-    for _ in range(2 if use_graphs else 1):  # a graph context captures on the first call, replays on the second
-        out.fill_(float("nan"))
-        ctx.execute_ptrs([t.data_ptr() for t in ins], [out.data_ptr()], stream)
-    if dev == "cuda":
-        torch.cuda.current_stream().synchronize()
-    return out.cpu()
+    out = run_engine(engine, feeds, ctx=ctx)
+    if use_graphs:  # a graph context captures on the first call and replays on the second
+        out = run_engine(engine, feeds, ctx=ctx)
+    return out[0]
 
 
 def _build(g: Graph, device: str) -> Engine:

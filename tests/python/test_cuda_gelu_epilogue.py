@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 import kiln
 from kiln import Builder, BuilderConfig, Engine, Graph
-from test_ops import KILN_TO_TORCH, TORCH_TO_KILN
+from test_cuda_ops import _run as run_engine
+from test_ops import TORCH_TO_KILN
 
 pytestmark = [
     pytest.mark.cuda,
@@ -46,15 +47,7 @@ def _case(dtype: torch.dtype, residual: bool, seed: int = 0) -> tuple[Graph, lis
 
 
 def _run(engine: Engine, feeds: list[torch.Tensor]) -> torch.Tensor:
-    dev = "cpu" if engine.device == "cpu" else "cuda"
-    ins = [t.to(dev).contiguous() for t in feeds]
-    o = engine.outputs[0]
-    out = torch.full(o.shape, float("nan"), dtype=KILN_TO_TORCH[o.dtype], device=dev)
-    stream = torch.cuda.current_stream().cuda_stream if dev == "cuda" else 0
-    engine.create_execution_context().execute_ptrs([t.data_ptr() for t in ins], [out.data_ptr()], stream)
-    if dev == "cuda":
-        torch.cuda.current_stream().synchronize()
-    return out.cpu()
+    return run_engine(engine, feeds)[0]
 
 
 def _build(g: Graph, device: str) -> Engine:

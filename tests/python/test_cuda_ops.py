@@ -64,11 +64,14 @@ def _feeds(inputs: list[Optional[torch.Tensor]]) -> list[torch.Tensor]:
 
 def _run(engine: Engine, feeds: list[torch.Tensor], use_graphs: bool = False,
          ctx: Any = None) -> list[torch.Tensor]:
-    """Runs the engine on `feeds` (moved to the engine's device) on torch's current stream."""
+    """Runs the engine on `feeds` (moved to the engine's device) on torch's current stream.
+    Floating outputs start as NaN, so an element the engine leaves unwritten fails a comparison."""
     device = "cpu" if engine.device == "cpu" else f"cuda:{engine.device.split(':')[-1]}"
     ctx = ctx or engine.create_execution_context(use_graphs=use_graphs)
     ins = [t.to(device).contiguous() for t in feeds]
-    outs = [torch.empty(o.shape, dtype=KILN_TO_TORCH[o.dtype], device=device) for o in engine.outputs]
+    outs = [torch.full(o.shape, float("nan"), dtype=KILN_TO_TORCH[o.dtype], device=device)
+            if KILN_TO_TORCH[o.dtype].is_floating_point else torch.empty(o.shape, dtype=KILN_TO_TORCH[o.dtype], device=device)
+            for o in engine.outputs]
     stream = torch.cuda.current_stream().cuda_stream if device != "cpu" else 0
     ctx.execute_ptrs([t.data_ptr() for t in ins], [t.data_ptr() for t in outs], stream)
     if device != "cpu":
