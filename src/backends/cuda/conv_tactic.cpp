@@ -90,22 +90,28 @@ std::vector<float> read_back(const void* dev, size_t count, DType dt) {
   return f;
 }
 
-bool agree(const std::vector<float>& a, const std::vector<float>& b, DType dt, bool strict, double* diff) {
+// Relative L2 difference within `tol`.
+bool close(const std::vector<float>& a, const std::vector<float>& b, double tol, double* diff) {
   double num = 0, den = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     const double d = double(a[i]) - double(b[i]);
     num += d * d, den += double(b[i]) * double(b[i]);
   }
   *diff = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-  const double tol = dt == DType::kF32 ? (strict ? 1e-4 : 1e-2) : 2e-2;  // TF32 / f16 / bf16 rounding
   return std::isfinite(*diff) && *diff <= tol;
 }
+
+// Two engines' outputs: within what TF32 / f16 / bf16 rounding in another order allows.
+double engines_tolerance(DType dt, bool strict) { return dt == DType::kF32 ? (strict ? 1e-4 : 1e-2) : 2e-2; }
+// One engine's direct run against its graph replay: the same arithmetic, so at most a
+// reduction order (split-K) apart.
+double replay_tolerance(DType dt) { return dt == DType::kF32 ? 1e-4 : 5e-3; }
 
 // Whether `fn`, captured into a CUDA graph and replayed twice, writes what it wrote when run
 // directly (`direct`). Kiln replays every engine from a graph; on an H100 some cuDNN conv plans
 // (ResNet-50 layer4.0 at batch 32) gave wrong and varying results when replayed, and right ones
 // when run directly.
-bool replays_alike(const Candidate& fn, void* y, size_t count, DType dt, bool strict, const std::vector<float>& direct) {
+bool replays_alike(const Candidate& fn, void* y, size_t count, DType dt, const std::vector<float>& direct) {
   cudaStream_t s = nullptr;
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
@@ -127,7 +133,7 @@ bool replays_alike(const Candidate& fn, void* y, size_t count, DType dt, bool st
       KILN_CUDA_CHECK(cudaGraphLaunch(exec, s));
       KILN_CUDA_CHECK(cudaStreamSynchronize(s));
       double diff = 0;
-      ok = agree(read_back(y, count, dt), direct, dt, strict, &diff);
+      ok = close(read_back(y, count, dt), direct, replay_tolerance(dt), &diff);
     }
   } catch (const Error&) {
     ok = false;
@@ -168,11 +174,11 @@ size_t verified_choice(const ConvGeom& q, size_t best, const std::vector<Candida
     for (size_t b = 0; b < order.size() && !agrees; ++b) {
       double diff = 0;
       if (a == b) continue;
-      agrees = agree(outs[a], outs[b], dt, strict, &diff);
+      agrees = close(outs[a], outs[b], engines_tolerance(dt, strict), &diff);
       if (!agrees) why += detail::concat("#", order[a], " vs #", order[b], " differ by ", diff, ", ");
     }
     if (!agrees) continue;
-    if (!replays_alike(fns[order[a]], y, counts[3], dt, strict, outs[a])) {
+    if (!replays_alike(fns[order[a]], y, counts[3], dt, outs[a])) {
       why += detail::concat("#", order[a], " differs when replayed from a CUDA graph, ");
       continue;
     }
