@@ -19,6 +19,7 @@
 #include <random>
 
 #include "kiln/kiln.h"
+#include "tests/cpp/pass_test_util.h"
 
 #ifdef KILN_WITH_CUDA
 #include <cuda_runtime.h>
@@ -30,13 +31,8 @@ using namespace kiln;
 using Shape = std::vector<int64_t>;
 using Floats = std::vector<float>;
 
-Floats random_floats(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  Floats v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
+using test::random_floats;
+using test::random_inputs;
 
 ValueId reshape(Graph& g, ValueId v, const Shape& shape) {
   Attrs a;
@@ -130,12 +126,6 @@ size_t check_plan(const Graph& g, const MemoryPlan& p) {
 }
 
 // ---- running graphs -------------------------------------------------------------------------
-
-std::vector<Floats> random_inputs(const Graph& g, uint32_t seed) {
-  std::vector<Floats> in;
-  for (ValueId v : g.inputs()) in.push_back(random_floats(size_t(g.type(v).numel()), seed++));
-  return in;
-}
 
 std::vector<Floats> run_engine(const Graph& g, const std::vector<Floats>& inputs, MemoryPlan* plan = nullptr) {
   auto e = Engine::create(g, Device{}, KernelOptions{});  // runs no passes: the graph as given

@@ -10,48 +10,16 @@
 #include <random>
 
 #include "kiln/kiln.h"
+#include "tests/cpp/pass_test_util.h"
 
 namespace {
 
 using namespace kiln;
-using Shape = std::vector<int64_t>;
-using Floats = std::vector<float>;
+using namespace kiln::test;
 
-// ---- building and running graphs ----------------------------------------------------------
-
-Floats random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(lo, hi);
-  Floats v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
-size_t numel(const Shape& s) {
-  size_t n = 1;
-  for (int64_t d : s) n *= size_t(d);
-  return n;
-}
-
-ValueId f32_constant(Graph& g, const std::string& name, const Shape& shape, const Floats& v, bool weight) {
-  return g.add_constant(name, TensorType(DType::kF32, shape), v.data(), v.size() * 4, weight);
-}
-
-ValueId f32_weight(Graph& g, const std::string& name, const Shape& shape, uint32_t seed, float lo = -1.0f,
-                   float hi = 1.0f) {
-  return f32_constant(g, name, shape, random_floats(numel(shape), seed, lo, hi), true);
-}
+// ---- building and running graphs (the rest: tests/cpp/pass_test_util.h) ------------------
 
 ValueId f32_scalar(Graph& g, float v) { return f32_constant(g, "", {}, {v}, false); }
-
-Attrs conv2d_attrs(int64_t stride, int64_t pad, int64_t groups) {
-  Attrs a;
-  a.set("stride", Shape{stride, stride});
-  a.set("padding", Shape{pad, pad});
-  a.set("dilation", Shape{1, 1});
-  a.set("groups", groups);
-  return a;
-}
 
 Floats constant_floats(const Graph& g, ValueId v) {
   const Value& val = g.value(v);
@@ -61,44 +29,6 @@ Floats constant_floats(const Graph& g, ValueId v) {
   Floats out(size_t(val.type.numel()));
   if (!out.empty()) std::memcpy(out.data(), val.data->data(), out.size() * 4);
   return out;
-}
-
-// Runs an engine on f32 inputs; returns its (f32) outputs.
-std::vector<Floats> run(const std::shared_ptr<Engine>& e, const std::vector<Floats>& inputs) {
-  std::vector<const void*> in;
-  for (const Floats& x : inputs) in.push_back(x.data());
-  std::vector<Floats> outs;
-  for (const IOTensor& o : e->outputs()) outs.emplace_back(size_t(o.type.numel()), std::nanf(""));
-  std::vector<void*> out;
-  for (Floats& o : outs) out.push_back(o.data());
-  e->create_execution_context()->execute(in, out);
-  return outs;
-}
-
-// The graph exactly as given (Engine::create runs no passes).
-std::vector<Floats> run_plain(const Graph& g, const std::vector<Floats>& inputs) {
-  return run(Engine::create(g, Device{}, KernelOptions{}), inputs);
-}
-
-std::vector<Floats> random_inputs(const Graph& g, uint32_t seed) {
-  std::vector<Floats> in;
-  for (ValueId v : g.inputs()) in.push_back(random_floats(size_t(g.type(v).numel()), seed++));
-  return in;
-}
-
-void expect_close(const std::vector<Floats>& got, const std::vector<Floats>& want, float tol) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t k = 0; k < got.size(); ++k) {
-    ASSERT_EQ(got[k].size(), want[k].size()) << "output " << k;
-    for (size_t i = 0; i < got[k].size(); ++i)
-      ASSERT_NEAR(got[k][i], want[k][i], tol * (1.0f + std::fabs(want[k][i]))) << "output " << k << " element " << i;
-  }
-}
-
-int count_ops(const Graph& g, OpKind op) {
-  int n = 0;
-  for (const auto& node : g.nodes()) n += node->op == op;
-  return n;
 }
 
 // ---- eliminate_dead_code ------------------------------------------------------------------
@@ -201,7 +131,7 @@ TEST(ConstantFold, FoldsGeneratorAndWeightArithmeticGolden) {
   for (size_t i = 0; i < 3; ++i) EXPECT_FLOAT_EQ(got[i], 2.0f + bias[i]);
   EXPECT_FALSE(fold_constants(g));
   auto in = random_inputs(original, 3);
-  expect_close(run_plain(g, in), run_plain(original, in), 1e-6f);
+  expect_close(run_plain(g, in), run_plain(original, in), 1e-6f, 1e-6f);
 }
 
 TEST(ConstantFold, FoldedGraphOutputStaysADistinctCopyGolden) {
@@ -224,7 +154,7 @@ TEST(ConstantFold, FoldedGraphOutputStaysADistinctCopyGolden) {
   EXPECT_EQ(constant_floats(g, 2), (Floats{1.75f, 2.0f}));
   EXPECT_FALSE(fold_constants(g));  // the copy that materializes the output stays
   auto in = random_inputs(original, 11);
-  expect_close(run_plain(g, in), run_plain(original, in), 0.0f);
+  expect_close(run_plain(g, in), run_plain(original, in), 0.0f, 0.0f);
 }
 
 TEST(ConstantFold, FoldsChainsAndBypassesCopiesOfConstants) {
@@ -246,7 +176,7 @@ TEST(ConstantFold, FoldsChainsAndBypassesCopiesOfConstants) {
   EXPECT_TRUE(g.value(g.nodes()[0]->inputs[1]).is_constant());
   EXPECT_TRUE(Engine::create(g, Device{}, KernelOptions{})->weight_names().empty());
   auto in = random_inputs(original, 2);
-  expect_close(run_plain(g, in), run_plain(original, in), 1e-6f);
+  expect_close(run_plain(g, in), run_plain(original, in), 1e-6f, 1e-6f);
 }
 
 TEST(ConstantFold, LeavesHugeGeneratorsAndRuntimeValuesAlone) {
@@ -368,7 +298,7 @@ TEST(FoldBatchNorm, ConvBatchNormGolden) {
   }
   EXPECT_FALSE(fold_batch_norm(g));
   auto in = random_inputs(original, 9);
-  expect_close(run_plain(g, in), run_plain(original, in), 1e-5f);
+  expect_close(run_plain(g, in), run_plain(original, in), 1e-5f, 1e-5f);
 }
 
 TEST(FoldBatchNorm, GroupedConvWithoutBiasOrAffineMatchesUnfolded) {
@@ -388,7 +318,7 @@ TEST(FoldBatchNorm, GroupedConvWithoutBiasOrAffineMatchesUnfolded) {
   ASSERT_EQ(g.nodes().size(), 1u);
   EXPECT_EQ(g.nodes()[0]->inputs.size(), 3u);  // a bias appears
   auto in = random_inputs(original, 4);
-  expect_close(run_plain(g, in), run_plain(original, in), 1e-5f);
+  expect_close(run_plain(g, in), run_plain(original, in), 1e-5f, 1e-5f);
 }
 
 TEST(FoldBatchNorm, GroupedConvTransposeScalesPerOutputChannel) {
@@ -407,7 +337,7 @@ TEST(FoldBatchNorm, GroupedConvTransposeScalesPerOutputChannel) {
   EXPECT_EQ(count_ops(g, OpKind::kBatchNorm), 0);
   EXPECT_EQ(count_ops(g, OpKind::kConvTranspose), 1);
   auto in = random_inputs(original, 5);
-  expect_close(run_plain(g, in), run_plain(original, in), 1e-5f);
+  expect_close(run_plain(g, in), run_plain(original, in), 1e-5f, 1e-5f);
 }
 
 TEST(FoldBatchNorm, LinearOverFeaturesMatchesUnfolded) {
@@ -424,7 +354,7 @@ TEST(FoldBatchNorm, LinearOverFeaturesMatchesUnfolded) {
   ASSERT_EQ(g.nodes().size(), 1u);
   EXPECT_EQ(g.nodes()[0]->op, OpKind::kLinear);
   auto in = random_inputs(original, 6);
-  expect_close(run_plain(g, in), run_plain(original, in), 1e-5f);
+  expect_close(run_plain(g, in), run_plain(original, in), 1e-5f, 1e-5f);
 }
 
 TEST(FoldBatchNorm, HalfWeightsFoldInDoubleAndRoundOnce) {
@@ -519,7 +449,7 @@ TEST(FusePointwise, ChainsWithEscapingValuesGolden) {
             "}\n");
   EXPECT_FALSE(fuse_pointwise(g));
   auto in = random_inputs(original, 8);
-  expect_close(run_plain(g, in), run_plain(original, in), 1e-6f);
+  expect_close(run_plain(g, in), run_plain(original, in), 1e-6f, 1e-6f);
 }
 
 TEST(FusePointwise, SingleOpsAndShapeChangesStayApart) {
@@ -545,7 +475,7 @@ TEST(FusePointwise, SingleOpsAndShapeChangesStayApart) {
     for (const auto& b : n->body->nodes()) EXPECT_EQ(n->body->type(b->outputs[0]).shape(), group);
   }
   auto in = random_inputs(original, 12);
-  expect_close(run_plain(g, in), run_plain(original, in), 1e-6f);
+  expect_close(run_plain(g, in), run_plain(original, in), 1e-6f, 1e-6f);
 }
 
 TEST(FusePointwise, MergesSiblingGroupsAndHandlesWhereAndCast) {
@@ -570,7 +500,7 @@ TEST(FusePointwise, MergesSiblingGroupsAndHandlesWhereAndCast) {
   EXPECT_EQ(g.nodes()[0]->inputs, (std::vector<ValueId>{0, 1}));
   EXPECT_EQ(g.nodes()[0]->body->nodes().size(), 7u);
   auto in = random_inputs(original, 13);
-  expect_close(run_plain(g, in), run_plain(original, in), 1e-6f);
+  expect_close(run_plain(g, in), run_plain(original, in), 1e-6f, 1e-6f);
 }
 
 // A random DAG of pointwise ops over [4,5] and [5] values with some linears in between.
@@ -627,7 +557,7 @@ TEST(FusePointwise, RandomGraphsStayVerifiedAndComputeTheSame) {
       }
     }
     auto in = random_inputs(original, seed);
-    expect_close(run_plain(g, in), run_plain(original, in), 1e-5f);
+    expect_close(run_plain(g, in), run_plain(original, in), 1e-5f, 1e-5f);
   }
 }
 
@@ -758,7 +688,7 @@ TEST(Pipeline, BuilderFoldsFusesAndMatchesTheUnoptimizedGraph) {
     EXPECT_EQ(count_ops(plan, OpKind::kFusedPointwise), fuse ? 1 : 0);
     EXPECT_EQ(plan.nodes().size(), fuse ? 2u : 3u);
     EXPECT_LE(engine->memory_plan().arena_bytes, engine->memory_plan().naive_bytes);
-    expect_close(run(engine, in), want, 1e-5f);
+    expect_close(run_engine(engine, in), want, 1e-5f, 1e-5f);
   }
 }
 

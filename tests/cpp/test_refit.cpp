@@ -15,23 +15,18 @@
 #include "kiln/refit.h"
 #include "tests/cpp/engine_file_test_util.h"
 #include "tests/cpp/error_test_util.h"
+#include "tests/cpp/pass_test_util.h"
 
 namespace {
 
 using namespace kiln;
 using kiln::test::code_of;
+using kiln::test::conv2d_attrs;
+using kiln::test::random_floats;
 using Shape = std::vector<int64_t>;
 using Floats = std::vector<float>;
 using Weights = std::map<std::string, Floats>;
 namespace eft = kiln::engine_file_test;
-
-Floats random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(lo, hi);
-  Floats v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
 
 // Every weight of a network: name -> shape, and random values for them.
 struct WeightSpec {
@@ -60,15 +55,6 @@ ValueId add_weight(Graph& g, const Weights& w, const std::string& name, const Sh
   return g.add_constant(name, TensorType(DType::kF32, shape), v.data(), v.size() * 4, true);
 }
 
-Attrs conv_attrs(int64_t stride, int64_t pad, int64_t groups) {
-  Attrs a;
-  a.set("stride", Shape{stride, stride});
-  a.set("padding", Shape{pad, pad});
-  a.set("dilation", Shape{1, 1});
-  a.set("groups", groups);
-  return a;
-}
-
 ValueId batch_norm(Graph& g, const Weights& w, ValueId x, const std::string& p, int64_t c) {
   Attrs a;
   a.set("eps", 1e-5);
@@ -95,9 +81,9 @@ const Net& conv_net() {
       Graph g;
       ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 3, 4, 4}));
       ValueId h = g.add_node1(OpKind::kConv, {x, add_weight(g, w, "conv.weight", {4, 3, 3, 3}),
-                                              add_weight(g, w, "conv.bias", {4})}, conv_attrs(2, 1, 1));
+                                              add_weight(g, w, "conv.bias", {4})}, conv2d_attrs(2, 1, 1));
       h = g.add_node1(OpKind::kRelu, {batch_norm(g, w, h, "bn1", 4)});
-      Attrs up = conv_attrs(2, 0, 2);
+      Attrs up = conv2d_attrs(2, 0, 2);
       up.set("output_padding", Shape{0, 0});
       h = g.add_node1(OpKind::kConvTranspose, {h, add_weight(g, w, "up.weight", {4, 3, 2, 2}),
                                                 add_weight(g, w, "up.bias", {6})}, up);
@@ -365,7 +351,7 @@ TEST(Refit, LargeFoldedWeightsEqualAFreshBuildBitForBit) {
     Graph g;
     ValueId x = g.add_input("x", TensorType(DType::kF32, {1, 16, 6, 6}));
     ValueId h = g.add_node1(OpKind::kConv, {x, add_weight(g, w, "conv.weight", {32, 16, 3, 3}),
-                                            add_weight(g, w, "conv.bias", {32})}, conv_attrs(1, 1, 1));
+                                            add_weight(g, w, "conv.bias", {32})}, conv2d_attrs(1, 1, 1));
     g.mark_output(batch_norm(g, w, h, "bn", 32), "y");
     return g;
   };
