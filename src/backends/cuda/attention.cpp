@@ -232,14 +232,7 @@ std::unique_ptr<Kernel> choose_fused(const Node& n, const AttentionGeometry& geo
     const void* ins[4] = {q.get(), k.get(), v.get(), nullptr};
     void* outs[1] = {o.get()};
     std::vector<Candidate> fns;
-    for (const auto& c : cands)
-      fns.push_back([&, kp = c.get()](cudaStream_t s) {
-        RunContext rc;
-        rc.stream = s;
-        rc.workspace = wsb.get();
-        rc.workspace_size = ws;
-        kp->run(ins, outs, rc);
-      });
+    for (const auto& c : cands) fns.push_back(kernel_candidate(*c, ins, outs, wsb.get(), ws));
     best = time_candidates(fns, std::max(options.optimization_level, 1), &report);
     KILN_CUDA_CHECK(cudaDeviceSynchronize());
   } else {

@@ -40,17 +40,8 @@ Operand operand(const AttentionGeometry& g, int which) {
   return o;
 }
 
-cudnnDataType_t dnn_type(DType t) { return t == DType::kBF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF; }
-
 Desc tensor(int64_t uid, cudnnDataType_t dt, const Operand& o, const std::string& what) {
-  Desc t(CUDNN_BACKEND_TENSOR_DESCRIPTOR, what);
-  t.set_i64(CUDNN_ATTR_TENSOR_UNIQUE_ID, uid)
-      .set_dtype(CUDNN_ATTR_TENSOR_DATA_TYPE, dt)
-      .set_i64(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, 16)
-      .set_i64s(CUDNN_ATTR_TENSOR_DIMENSIONS, o.dims)
-      .set_i64s(CUDNN_ATTR_TENSOR_STRIDES, o.strides)
-      .finalize();
-  return t;
+  return tensor_desc(uid, dt, o.dims, o.strides, false, what);
 }
 
 // The operation graph and the descriptors it was made from (they live as long as its plans).
@@ -62,7 +53,7 @@ struct SdpaGraph {
 SdpaGraph build_graph(const AttentionGeometry& g, cudnnHandle_t handle, const std::string& what) {
 #if CUDNN_VERSION >= 91300
   SdpaGraph s;
-  const cudnnDataType_t dt = dnn_type(g.dtype);
+  const cudnnDataType_t dt = cudnn_dtype(g.dtype);
   s.parts.push_back(tensor(kUidQ, dt, operand(g, 0), what + ": tensor q"));
   s.parts.push_back(tensor(kUidK, dt, operand(g, 1), what + ": tensor k"));
   s.parts.push_back(tensor(kUidV, dt, operand(g, 2), what + ": tensor v"));

@@ -18,15 +18,6 @@ std::string ints_str(const std::vector<int64_t>& v) {
   return s;
 }
 
-cudnnDataType_t cudnn_dtype(DType t) {
-  switch (t) {
-    case DType::kF32: return CUDNN_DATA_FLOAT;
-    case DType::kF16: return CUDNN_DATA_HALF;
-    case DType::kBF16: return CUDNN_DATA_BFLOAT16;
-    default: KILN_FAIL(kUnsupported, "cuDNN conv: dtype ", dtype_name(t), " (f32, f16 or bf16 only)");
-  }
-}
-
 // [N, C, H, W] with NCHW or channels-last strides (also used for weights: [O, Cg, KH, KW]).
 std::vector<int64_t> strides_of(const std::vector<int64_t>& d, bool channels_last) {
   if (channels_last) return {d[1] * d[2] * d[3], 1, d[3] * d[1], d[1]};
@@ -35,16 +26,7 @@ std::vector<int64_t> strides_of(const std::vector<int64_t>& d, bool channels_las
 
 Desc tensor(int64_t uid, cudnnDataType_t dt, const std::vector<int64_t>& dims, bool channels_last, bool is_virtual,
             const std::string& what) {
-  Desc t(CUDNN_BACKEND_TENSOR_DESCRIPTOR, what);
-  const bool virt = is_virtual;
-  t.set_i64(CUDNN_ATTR_TENSOR_UNIQUE_ID, uid)
-      .set_dtype(CUDNN_ATTR_TENSOR_DATA_TYPE, dt)
-      .set_i64(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, 16)
-      .set_i64s(CUDNN_ATTR_TENSOR_DIMENSIONS, dims)
-      .set_i64s(CUDNN_ATTR_TENSOR_STRIDES, strides_of(dims, channels_last))
-      .set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &virt);
-  t.finalize();
-  return t;
+  return tensor_desc(uid, dt, dims, strides_of(dims, channels_last), is_virtual, what);
 }
 
 cudnnPointwiseMode_t act_mode(const pw::Activation& a) {

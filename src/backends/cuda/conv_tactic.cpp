@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstdlib>
 
 #include "src/backends/cpu/kernels.h"
+#include "src/backends/cuda/cublaslt_util.h"
 #include "src/backends/cuda/cuda_util.h"
 #include "src/backends/cuda/tactics.h"
 
@@ -32,20 +32,6 @@ size_t plans_to_try(int level) {
   static const size_t kCount[] = {1, 2, 4, 8, 16, 64};
   return kCount[std::min(std::max(level, 0), 5)];
 }
-
-struct DeviceBuffer {
-  void* p = nullptr;
-  explicit DeviceBuffer(size_t bytes) {
-    if (bytes == 0) return;
-    KILN_CUDA_CHECK(cudaMalloc(&p, bytes));
-    KILN_CUDA_CHECK(cudaMemset(p, 0x3C, bytes));  // f32 ~0.0115, f16 ~1.06, bf16 ~0.0115: finite, nonzero
-  }
-  ~DeviceBuffer() {
-    if (p) cudaFree(p);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
 
 // Pseudo-random values in [-1, 1) (xorshift32), as `dt`, in `dev`. Past kRandomPeriod
 // elements (a prime, so the pattern lines up with no tensor dim) the block repeats, copied on
@@ -197,10 +183,7 @@ struct Cand {
 
 }  // namespace
 
-bool strict_f32(DType dt) {
-  const char* e = std::getenv("KILN_DISABLE_TF32");
-  return dt == DType::kF32 && e != nullptr && std::string(e) == "1";
-}
+bool strict_f32(DType dt) { return dt == DType::kF32 && !tf32_allowed(); }
 
 bool rebuild_conv_plan(const ConvGeom& q, cudnnHandle_t h, const ConvChoice& c, const std::string& what, ConvPlan& out,
              std::string* why) {
@@ -273,20 +256,20 @@ ConvPlan search_conv_plan(const ConvGeom& q, const KernelOptions& options, const
       const size_t es = dtype_size(q.dtype);
       size_t ws = 0;
       for (const auto& c : cands) ws = std::max(ws, c.ws);
-      DeviceBuffer x(size_t(q.N * q.C * q.H * q.W) * es), w(size_t(q.W0 * q.W1 * q.KH * q.KW) * es),
+      ScratchBuffer x(size_t(q.N * q.C * q.H * q.W) * es), w(size_t(q.W0 * q.W1 * q.KH * q.KW) * es),
           bias(size_t(q.O) * es), res(size_t(q.y_numel()) * es), y(size_t(q.y_numel()) * es), wsb(ws);
       KILN_CUDA_CHECK(cudaDeviceSynchronize());
       std::vector<void*> ptrs;
       for (int64_t uid : b.og.uids)
-        ptrs.push_back(uid == kUidX ? x.p : uid == kUidW ? w.p : uid == kUidBias ? bias.p : uid == kUidResidual ? res.p : y.p);
+        ptrs.push_back(uid == kUidX ? x.get() : uid == kUidW ? w.get() : uid == kUidBias ? bias.get() : uid == kUidResidual ? res.get() : y.get());
       std::vector<Desc> packs;
       std::vector<Candidate> fns;
-      for (size_t i = 0; i < cands.size(); ++i) packs.push_back(make_variant_pack(b.og.uids, ptrs, wsb.p));
+      for (size_t i = 0; i < cands.size(); ++i) packs.push_back(make_variant_pack(b.og.uids, ptrs, wsb.get()));
       for (size_t i = 0; i < cands.size(); ++i)
         fns.push_back([&, i](cudaStream_t s) { execute(cands[i].plan, packs[i], s); });
       best = time_candidates(fns, options.optimization_level, &report);
       KILN_CUDA_CHECK(cudaDeviceSynchronize());
-      best = verified_choice(q, best, fns, {x.p, w.p, bias.p, res.p}, y.p, &verify);
+      best = verified_choice(q, best, fns, {x.get(), w.get(), bias.get(), res.get()}, y.get(), &verify);
     }
     b.plan = std::move(cands[best].plan);
     b.choice.fused = fused;

@@ -113,15 +113,7 @@ bool depthwise_is_faster(const ConvGeom& q, const Kernel& cudnn, const Kernel& d
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
   const void* ins[4] = {x.get(), w.get(), q.bias ? bias.get() : nullptr, q.residual ? res.get() : nullptr};
   void* outs[1] = {y.get()};
-  auto candidate = [&](const Kernel& k) {
-    return [&, kp = &k](cudaStream_t s) {
-      RunContext rc;
-      rc.stream = s;
-      rc.workspace = wsb.get();
-      rc.workspace_size = ws;
-      kp->run(ins, outs, rc);
-    };
-  };
+  auto candidate = [&](const Kernel& k) { return kernel_candidate(k, ins, outs, wsb.get(), ws); };
   std::string log;
   // Level 1 and up time both (time_candidates: level 1 times 2 candidates).
   const size_t best = time_candidates({candidate(depthwise), candidate(cudnn)}, std::max(optimization_level, 1), &log);

@@ -14,6 +14,28 @@
 
 namespace kiln::cuda {
 
+cudnnDataType_t cudnn_dtype(DType t) {
+  switch (t) {
+    case DType::kF32: return CUDNN_DATA_FLOAT;
+    case DType::kF16: return CUDNN_DATA_HALF;
+    case DType::kBF16: return CUDNN_DATA_BFLOAT16;
+    default: KILN_FAIL(kUnsupported, "cuDNN: dtype ", dtype_name(t), " (f32, f16 or bf16 only)");
+  }
+}
+
+Desc tensor_desc(int64_t uid, cudnnDataType_t dt, const std::vector<int64_t>& dims, const std::vector<int64_t>& strides,
+                 bool is_virtual, const std::string& what) {
+  Desc t(CUDNN_BACKEND_TENSOR_DESCRIPTOR, what);
+  t.set_i64(CUDNN_ATTR_TENSOR_UNIQUE_ID, uid)
+      .set_dtype(CUDNN_ATTR_TENSOR_DATA_TYPE, dt)
+      .set_i64(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, 16)
+      .set_i64s(CUDNN_ATTR_TENSOR_DIMENSIONS, dims)
+      .set_i64s(CUDNN_ATTR_TENSOR_STRIDES, strides)
+      .set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual)
+      .finalize();
+  return t;
+}
+
 std::string cudnn_last_error() {
   std::array<char, 1024> buf{};
   cudnnGetLastErrorString(buf.data(), buf.size());

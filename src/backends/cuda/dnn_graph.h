@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/dtype.h"
 #include "kiln/errors.h"
 
 namespace kiln::cuda {
@@ -66,6 +67,12 @@ class Desc {
   cudnnBackendDescriptor_t d_ = nullptr;
   std::string what_;
 };
+
+// cuDNN's data type of f32, f16 and bf16 (kUnsupported for any other).
+cudnnDataType_t cudnn_dtype(DType t);
+// A finalized tensor descriptor of 16-byte aligned data.
+Desc tensor_desc(int64_t uid, cudnnDataType_t dt, const std::vector<int64_t>& dims, const std::vector<int64_t>& strides,
+                 bool is_virtual, const std::string& what);
 
 // cuDNN's last error message (empty when none), for messages that explain a refusal.
 std::string cudnn_last_error();

@@ -78,6 +78,16 @@ class Timer {
 
 }  // namespace
 
+Candidate kernel_candidate(const Kernel& k, const void* const* ins, void* const* outs, void* workspace, size_t ws) {
+  return [&k, ins, outs, workspace, ws](cudaStream_t s) {
+    RunContext rc;
+    rc.stream = s;
+    rc.workspace = workspace;
+    rc.workspace_size = ws;
+    k.run(ins, outs, rc);
+  };
+}
+
 size_t time_candidates(const std::vector<Candidate>& candidates, int optimization_level, std::string* report) {
   KILN_CHECK(!candidates.empty(), kInternal, "time_candidates: no candidate");
   const size_t n = candidates_for_level(optimization_level, candidates.size());

@@ -22,11 +22,16 @@
 #include <string>
 #include <vector>
 
+#include "kiln/backend.h"
 #include "kiln/ir.h"
 
 namespace kiln::cuda {
 
 using Candidate = std::function<void(cudaStream_t)>;
+
+// A candidate that runs kernel `k` on fixed inputs, outputs and a workspace of `ws` bytes (the
+// arrays must outlive the candidate).
+Candidate kernel_candidate(const Kernel& k, const void* const* ins, void* const* outs, void* workspace, size_t ws);
 
 // Index of the fastest candidate; `optimization_level` bounds how many are timed
 // (0: none, the first is returned untimed; 1: 2; 2: 4; 3: 8; 4: 16; 5: all).
