@@ -133,7 +133,6 @@ class PlanRunner {
   // ptrs: one per uid, in uid order.
   void run(void* const* ptrs, void* workspace, cudaStream_t stream) const;
   size_t workspace_size() const { return ws_; }
-  const std::vector<int64_t>& uids() const { return uids_; }
 
  private:
   static constexpr size_t kMaxPacks = 8;
