@@ -18,6 +18,13 @@ bool fold_constants(Graph& g);
 // Folds inference batch_norm into a preceding conv / conv_transpose / linear whose weight is
 // a constant and whose output has no other use.
 bool fold_batch_norm(Graph& g);
+// Runs two or more plain linears that read the same x with constant weights (q, k and v
+// projections) as one linear over the weights concatenated along N, with a slice of its output
+// per former linear. Only when every output reaches sdpa q / k / v operands through reshape /
+// permute nodes alone, of sdpa nodes fused_attention_shape accepts, so fold_attention_layout
+// reads the slices as views. The weight concatenations are nodes on constants for
+// fold_constants to fold. Run it after lower_precision, before fuse_epilogue.
+bool fuse_sibling_linears(Graph& g);
 // Folds a bias add, a residual add and an activation (relu, gelu, silu, sigmoid, tanh) that
 // follow a single-use linear or conv into that op's epilogue (its bias / residual inputs and
 // `activation` attribute). Run it before fuse_pointwise.

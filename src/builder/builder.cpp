@@ -66,6 +66,7 @@ std::shared_ptr<Engine> Builder::build(const Graph& network) const {
     run(std::string("lower_precision(") + dtype_name(*compute) + ")",
         [&](Graph& graph) { return lower_precision(graph, *compute); });
   run("fold_constants", &fold_constants);
+  run("fuse_sibling_linears", &fuse_sibling_linears);
   run("fuse_epilogue", &fuse_epilogue);
   run("simplify_attention_masks", &simplify_attention_masks);
   run("fold_attention_layout", [](Graph& graph) { return fold_attention_layout(graph); });

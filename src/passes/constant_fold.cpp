@@ -12,9 +12,9 @@
 // recorded, so that a refit can derive the folded constants again from new weights: this is the
 // only place where a constant derived from a weight is made (src/passes/refit_record.h).
 // Does not: fold a node whose outputs exceed kMaxFoldedBytes and have more elements than its
-// largest input (a generator or broadcast that large costs engine size and load time more than
-// computing it costs at run time; a transformation of a weight, such as a cast, a scale or a
-// permutation, never grows it and always folds), fold a node with a symbolic output dim, or
+// inputs together (a generator or broadcast that large costs engine size and load time more than
+// computing it costs at run time; a transformation of weights, such as a cast, a scale, a
+// permutation or a concatenation, never grows them and always folds), fold a node with a symbolic output dim, or
 // fold a node the CPU backend reports as unsupported (it stays a node).
 // Folded constants are not weights: refit reaches them through the recorded program only.
 #include <algorithm>
@@ -29,12 +29,6 @@ namespace kiln {
 namespace {
 
 constexpr size_t kMaxFoldedBytes = size_t(16) << 20;
-
-bool is_graph_output(const Graph& g, ValueId v) {
-  for (ValueId o : g.outputs())
-    if (o == v) return true;
-  return false;
-}
 
 bool all_inputs_constant(const Graph& g, const Node& n) {
   for (ValueId in : n.inputs)
@@ -53,7 +47,7 @@ bool small_and_static(const Graph& g, const Node& n) {
     out_numel = std::max(out_numel, t.numel());
   }
   for (ValueId in : n.inputs)
-    if (in != kNoValue) in_numel = std::max(in_numel, g.type(in).numel());
+    if (in != kNoValue) in_numel += g.type(in).numel();
   return bytes <= kMaxFoldedBytes || (in_numel > 0 && out_numel <= in_numel);
 }
 
@@ -66,7 +60,7 @@ bool fold_constants(Graph& g) {
     const Node& n = *g.nodes()[i];
     if (n.op == OpKind::kCopy) {
       ValueId src = n.inputs[0], out = n.outputs[0];
-      if (g.value(src).is_constant() && !is_graph_output(g, out)) {
+      if (g.value(src).is_constant() && !passes::is_graph_output(g, out)) {
         g.replace_all_uses(out, src);
         g.erase_node(i);
         changed = true;

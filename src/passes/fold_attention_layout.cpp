@@ -73,6 +73,10 @@ ValueId rewrite_bshd(Graph& g, size_t pos, const AttentionFilter& foldable) {
   for (size_t i = 0; i < 3; ++i) {
     ins[i] = unswapped(g, n.inputs[i]);
     if (ins[i] == kNoValue) return kNoValue;
+    // An operand cut out of an earlier value (q, k and v sliced from one qkv linear) would still
+    // be copied into a bshd operand; rewrite 2 reads it as a view of that value instead.
+    const passes::ValueView v = passes::strided_view_of(g, ins[i]);
+    if (v.base != ins[i] && !v.whole_base(g)) return kNoValue;
   }
   const std::string name = n.name;
   Attrs attrs = n.attrs;
