@@ -87,10 +87,12 @@ class Backend {
   virtual void copy_to_host(void* dst, const void* src, size_t bytes, void* stream) = 0;
   virtual void copy_on_device(void* dst, const void* src, size_t bytes, void* stream) = 0;
   virtual void synchronize(void* stream) = 0;
-  // Records what `launches` enqueues on `stream` into a graph that replays it; null where the
-  // backend has no such thing (CPU), in which case nothing was run.
-  virtual std::unique_ptr<CapturedGraph> capture(const std::function<void(void* stream)>& launches, void* stream) {
-    (void)launches, (void)stream;
+  // Records what `launches` enqueues on `stream` into a graph that replays it. Null where the
+  // backend has no such thing (CPU), or where the recording would not replay correctly (`why`
+  // then says why); in either case nothing was run.
+  virtual std::unique_ptr<CapturedGraph> capture(const std::function<void(void* stream)>& launches, void* stream,
+                                                 std::string* why = nullptr) {
+    (void)launches, (void)stream, (void)why;
     return nullptr;
   }
   virtual size_t alignment() const { return 64; }

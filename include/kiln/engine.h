@@ -124,6 +124,8 @@ class ExecutionContext {
 
   const Engine& engine() const { return *engine_; }
   bool uses_graphs() const { return use_graphs_; }
+  // Why graph replay was given up for direct launches ("" when it was not).
+  const std::string& graph_refusal() const { return graph_refusal_; }
 
  private:
   void launch_all(void* stream);
@@ -140,6 +142,7 @@ class ExecutionContext {
   std::vector<std::shared_ptr<void>> staging_;  // graph replay: one buffer per engine input, then output
   std::unique_ptr<CapturedGraph> graph_;
   uint64_t captured_version_ = 0;  // the engine's weights_version() when graph_ was captured
+  std::string graph_refusal_;
 };
 
 }  // namespace kiln

@@ -512,6 +512,10 @@ class ExecutionContext:
         Whether calls replay a captured graph (false on the CPU, when turned off, or after a failed capture).
         """
 
+    @property
+    def graph_refusal(self) -> str:
+        """Why graph replay was given up for direct launches ('' when it was not)."""
+
     def execute(self, inputs: Sequence[Annotated[NDArray, dict(order='C', device='cpu', writable=False)]]) -> list[Annotated[NDArray, dict(order='C', device='cpu')]]:
         """
         Runs on CPU arrays (numpy or DLPack) in the engine's input order; returns new numpy arrays.

@@ -82,6 +82,7 @@ class KilnEngineModule(torch.nn.Module):
         self._device = torch.device(device)
         self._cuda = self._device.type == "cuda"
         self._lock = threading.Lock()
+        self._graph_checked = not (self._cuda and self._context.uses_graphs)  # first call: warn if refused
         self.input_names = [io.name for io in engine.inputs]
         self.output_names = [io.name for io in engine.outputs]
         self._in = [(torch.Size(io.shape), torch_dtype(io.dtype)) for io in engine.inputs]
@@ -108,6 +109,10 @@ class KilnEngineModule(torch.nn.Module):
         stream = torch._C._cuda_getCurrentRawStream(device.index) if self._cuda else 0
         with self._lock:
             self._context.execute_ptrs([x.data_ptr() for x in held], [o.data_ptr() for o in outs], stream)
+        if not self._graph_checked:
+            self._graph_checked = True
+            if self._context.graph_refusal:
+                log.warning("Kiln %s runs without CUDA graphs: %s", self.name, self._context.graph_refusal)
         if self._casts:
             return tuple(o.to(dt) for o, dt in zip(outs, self._out_cast))
         return tuple(outs)

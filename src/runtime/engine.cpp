@@ -206,7 +206,7 @@ void ExecutionContext::execute(const std::vector<const void*>& inputs, const std
     for (size_t i = 0; i < nin; ++i) staged_in[i] = staging_[i].get();
     for (size_t i = 0; i < outputs.size(); ++i) staged_out[i] = staging_[nin + i].get();
     bind(staged_in, staged_out);
-    graph_ = be.capture([this](void* s) { launch_all(s); }, stream);
+    graph_ = be.capture([this](void* s) { launch_all(s); }, stream, &graph_refusal_);
     captured_version_ = e.weights_version_;
     if (!graph_) {  // the backend cannot capture: run directly from now on
       use_graphs_ = false;

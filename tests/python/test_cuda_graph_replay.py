@@ -3,9 +3,10 @@
 torchvision resnet50's layer4.0 at batch 32 (1x1 -> 3x3 stride 2 -> 1x1 with a strided 1x1
 downsample as the residual) was right when its engine ran kernel by kernel and wrong, and
 different from one replay to the next, when replayed from the CUDA graph the execution context
-captures: a cuDNN plan chosen by timing did not replay correctly. The conv tactic now checks
-each candidate under graph replay. This test runs the block both ways, FP16 and FP32, several
-times on two inputs, against eager FP32.
+captures: the graph held a programmatic (early-launch) edge into cuDNN's fused conv + residual
+kernel, which then read its residual before the conv producing it had finished. Captured graphs
+now make every such edge a full dependency. This test runs the block both ways, FP16 and FP32,
+several times on two inputs, against eager FP32.
 Skipped, with the reason, where Kiln has no CUDA device.
 """
 

@@ -6,9 +6,12 @@
 // to matter when every make_kernel asks) and kept for the life of the process.
 #include "src/backends/cuda/cuda_util.h"
 
+#include <atomic>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 namespace kiln::cuda {
 
@@ -44,6 +47,90 @@ const DeviceInfo& current_device() {
   const DeviceInfo& ref = *info;
   cache.emplace(index, std::move(info));
   return ref;
+}
+
+namespace {
+
+std::vector<cudaGraphNode_t> nodes_of(cudaGraph_t graph) {
+  size_t n = 0;
+  KILN_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n) KILN_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+  return nodes;
+}
+
+bool on_host(const void* p) {
+  if (!p) return false;
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return true;  // unknown to CUDA: pageable host memory
+  }
+  return a.type == cudaMemoryTypeHost || a.type == cudaMemoryTypeUnregistered;
+}
+
+// Calls fn(node, type) for every node of `graph` and of its child graphs.
+template <typename Fn>
+void visit(cudaGraph_t graph, Fn&& fn) {
+  for (cudaGraphNode_t node : nodes_of(graph)) {
+    cudaGraphNodeType type{};
+    KILN_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    if (type == cudaGraphNodeTypeGraph) {
+      cudaGraph_t child = nullptr;
+      KILN_CUDA_CHECK(cudaGraphChildGraphNodeGetGraph(node, &child));
+      visit(child, fn);
+    } else {
+      fn(node, type);
+    }
+  }
+}
+
+}  // namespace
+
+std::string graph_host_dependencies(cudaGraph_t graph) {
+  std::string out;
+  visit(graph, [&](cudaGraphNode_t node, cudaGraphNodeType type) {
+    if (type == cudaGraphNodeTypeHost) {
+      out += out.empty() ? "" : ", ";
+      out += "a host callback";
+    } else if (type == cudaGraphNodeTypeMemcpy) {
+      cudaMemcpy3DParms p{};
+      if (cudaGraphMemcpyNodeGetParams(node, &p) != cudaSuccess) {  // not described as 3D: nothing to learn
+        (void)cudaGetLastError();
+        return;
+      }
+      const bool from = !p.srcArray && on_host(p.srcPtr.ptr), to = !p.dstArray && on_host(p.dstPtr.ptr);
+      if (from || to) {
+        out += out.empty() ? "" : ", ";
+        out += from ? "a copy from host memory" : "a copy to host memory";
+      }
+    }
+  });
+  return out;
+}
+
+void serialize_programmatic_edges(cudaGraph_t graph) {
+  size_t ne = 0;
+  KILN_CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &ne));
+  if (!ne) return;
+  std::vector<cudaGraphNode_t> from(ne), to(ne);
+  std::vector<cudaGraphEdgeData> data(ne);
+  KILN_CUDA_CHECK(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &ne));
+  for (size_t i = 0; i < ne; ++i) {
+    if (data[i].type == cudaGraphDependencyTypeDefault && data[i].from_port == 0) continue;
+    KILN_CUDA_CHECK(cudaGraphRemoveDependencies(graph, &from[i], &to[i], &data[i], 1));
+    cudaGraphEdgeData plain{};
+    KILN_CUDA_CHECK(cudaGraphAddDependencies(graph, &from[i], &to[i], &plain, 1));
+  }
+}
+
+void dump_graph_if_asked(cudaGraph_t graph, const char* name) {
+  const char* dir = std::getenv("KILN_CUDA_GRAPH_DUMP");
+  if (!dir || !*dir) return;
+  static std::atomic<int> serial{0};
+  const std::string path = std::string(dir) + "/" + name + "-" + std::to_string(serial++) + ".dot";
+  (void)cudaGraphDebugDotPrint(graph, path.c_str(), cudaGraphDebugDotFlagsVerbose);
+  (void)cudaGetLastError();
 }
 
 }  // namespace kiln::cuda

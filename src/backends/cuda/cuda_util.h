@@ -38,6 +38,20 @@ struct DeviceInfo {
 // The properties of the device that is current on this thread (read once per device).
 const DeviceInfo& current_device();
 
+// What a captured graph's replay depends on outside the device, in words ("" when nothing):
+// copies from or to host memory and host callbacks. Kiln's own launches add none (its host
+// copies synchronize, which capture refuses); a library call that did would, on replay, read
+// whatever that host memory holds by then. Child graphs are searched too.
+std::string graph_host_dependencies(cudaGraph_t graph);
+
+// Turns every programmatic dependency (the next kernel may start before this one completes)
+// into a full one.
+void serialize_programmatic_edges(cudaGraph_t graph);
+
+// With $KILN_CUDA_GRAPH_DUMP set to a folder, writes `graph` there as Graphviz
+// (<folder>/<name>-<n>.dot, every node's parameters included); nothing otherwise.
+void dump_graph_if_asked(cudaGraph_t graph, const char* name);
+
 inline cudaStream_t stream_of(const RunContext& rc) { return static_cast<cudaStream_t>(rc.stream); }
 
 }  // namespace kiln::cuda

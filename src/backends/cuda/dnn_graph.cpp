@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -103,19 +104,24 @@ int64_t Desc::get_i64(cudnnBackendAttributeName_t attr) const {
   return v;
 }
 
-HandleLock lock_handle() {
-  struct Slot {
-    std::recursive_mutex mu;
-    cudnnHandle_t handle = nullptr;
-  };
-  static std::mutex table_mu;
-  static std::map<int, std::unique_ptr<Slot>> table;  // handles live for the process
+namespace {
+
+struct Slot {
+  std::recursive_mutex mu;
+  cudnnHandle_t handle = nullptr;
+};
+std::mutex table_mu;
+std::map<std::pair<int, int>, std::unique_ptr<Slot>> table;  // (device, lane); slots live for the process
+
+}  // namespace
+
+HandleLock lock_handle(int lane) {
   int device = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&device));
   Slot* slot;
   {
     std::lock_guard<std::mutex> g(table_mu);
-    auto& s = table[device];
+    auto& s = table[{device, lane}];
     if (!s) s = std::make_unique<Slot>();
     slot = s.get();
   }
@@ -261,6 +267,29 @@ Desc make_plan(cudnnHandle_t handle, const Desc& config, std::string* why) {
     return Desc();
   }
   return plan;
+}
+
+std::vector<Desc> make_plans(const std::vector<const Desc*>& configs, std::vector<std::string>* why) {
+  int device = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
+  why->assign(configs.size(), std::string());
+  std::vector<std::future<Desc>> done;
+  for (size_t i = 0; i < configs.size(); ++i)
+    done.push_back(std::async(std::launch::async, [&, i] {
+      KILN_CUDA_CHECK(cudaSetDevice(device));
+      HandleLock h = lock_handle(1 + int(i) % kPlanLanes);
+      return make_plan(h.handle, *configs[i], &(*why)[i]);
+    }));
+  std::vector<Desc> plans;
+  for (size_t i = 0; i < done.size(); ++i) {
+    try {
+      plans.push_back(done[i].get());
+    } catch (const Error& e) {
+      plans.emplace_back();
+      (*why)[i] = e.what();
+    }
+  }
+  return plans;
 }
 
 Desc make_variant_pack(const std::vector<int64_t>& uids, const std::vector<void*>& ptrs, void* workspace) {

@@ -77,14 +77,15 @@ Desc tensor_desc(int64_t uid, cudnnDataType_t dt, const std::vector<int64_t>& di
 // cuDNN's last error message (empty when none), for messages that explain a refusal.
 std::string cudnn_last_error();
 
-// The cuDNN handle of the current device, created on first use. cuDNN handles must not be used
+// A cuDNN handle of the current device, created on first use. cuDNN handles must not be used
 // by two threads at once: every use (building graphs and plans, setting the stream, executing)
-// holds the handle's lock.
+// holds the handle's lock. Lane 0 is the handle everything executes with; make_plans finalizes
+// on lanes 1 to kPlanLanes (their plans execute on lane 0's handle like any other).
 struct HandleLock {
   cudnnHandle_t handle;
   std::unique_lock<std::recursive_mutex> lock;
 };
-HandleLock lock_handle();
+HandleLock lock_handle(int lane = 0);
 
 // What identifies an engine configuration across processes (same cuDNN version and GPU).
 struct EngineId {
@@ -114,6 +115,14 @@ Desc make_engine_config(const Desc& op_graph, const EngineId& id);
 
 // A finalized execution plan of `config`, or an empty Desc (and *why set) when cuDNN refuses it.
 Desc make_plan(cudnnHandle_t handle, const Desc& config, std::string* why);
+// make_plan for each config, at once on threads of their own sharing kPlanLanes handle lanes:
+// finalizing a runtime-fusion engine's plan compiles its kernel, up to a second each. The lanes'
+// handles live for the process (about 10 MiB of device memory each, judging by the first build
+// of a benchmark process): a plan must not outlive the handle it was finalized on, and the plan
+// kept cannot move to lane 0 (with cuDNN 9.19, finalizing a runtime-fusion engine config into a
+// second plan failed to compile). (*why)[i] says why plans[i] is empty.
+inline constexpr int kPlanLanes = 8;
+std::vector<Desc> make_plans(const std::vector<const Desc*>& configs, std::vector<std::string>* why);
 
 // A finalized variant pack: `ptrs` in the order of `uids`.
 Desc make_variant_pack(const std::vector<int64_t>& uids, const std::vector<void*>& ptrs, void* workspace);

@@ -158,6 +158,16 @@ Module::Module(Bytes cubin) : cubin_(std::move(cubin)) {}
 
 std::shared_ptr<const Module> Module::load(Bytes cubin) {
   KILN_CHECK(!cubin.empty(), kCorrupted, "generated kernel state holds an empty cubin");
+  // Nodes of one kind share a source and so a cubin (fifty layer norms, one kernel): they
+  // share the loaded module too, which saves the load and the device memory of each copy.
+  static std::mutex mu;
+  static std::map<std::string, std::weak_ptr<const Module>> loaded;  // by the cubin's bytes
+  std::string key(cubin.begin(), cubin.end());
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = loaded.find(key); it != loaded.end()) {
+    if (auto shared = it->second.lock()) return shared;
+    loaded.erase(it);
+  }
   std::shared_ptr<Module> m(new Module(std::move(cubin)));
   const cudaError_t err =
       cudaLibraryLoadData(&m->library_, m->cubin_.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
@@ -173,6 +183,7 @@ std::shared_ptr<const Module> Module::load(Bytes cubin) {
     m->library_ = nullptr;
     fail_cuda(err, "cudaLibraryLoadData", __FILE__, __LINE__);
   }
+  loaded.emplace(std::move(key), m);
   return m;
 }
 
