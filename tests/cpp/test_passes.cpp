@@ -203,6 +203,30 @@ TEST(ConstantFold, LeavesHugeGeneratorsAndRuntimeValuesAlone) {
   }
 }
 
+TEST(ConstantFold, FoldsLargeConcatenationsOfWeightsButNotLargeBroadcasts) {
+  // Both outputs are 17.2 MB of f32, over the 16 MiB cap: the concatenation is no larger than
+  // its inputs together (a transformation of weights), the broadcast is 1025x its input.
+  Graph g;
+  const ValueId x = g.add_input("x", TensorType(DType::kF32, {1, 4200}));
+  const ValueId a = f32_weight(g, "a", {1024, 2100}, 1), b = f32_weight(g, "b", {1024, 2100}, 2);
+  Attrs rows;
+  rows.set("axis", int64_t{1});
+  const ValueId cat = g.add_node1(OpKind::kConcat, {a, b}, rows);
+  Attrs wide;
+  wide.set("shape", Shape{1025, 4200});
+  const ValueId row = f32_weight(g, "row", {1, 4200}, 3);
+  const ValueId broad = g.add_node1(OpKind::kExpand, {row}, wide);
+  g.mark_output(g.add_node1(OpKind::kAdd, {x, cat}), "y");
+  g.mark_output(g.add_node1(OpKind::kAdd, {x, broad}), "z");
+  const Graph original = g;
+  EXPECT_TRUE(fold_constants(g));
+  g.verify();
+  EXPECT_EQ(count_ops(g, OpKind::kConcat), 0);
+  EXPECT_EQ(count_ops(g, OpKind::kExpand), 1);
+  auto in = random_inputs(original, 4);
+  expect_close(run_plain(g, in), run_plain(original, in), 0.0f, 0.0f);
+}
+
 // ---- fold_batch_norm ----------------------------------------------------------------------
 
 struct BnParams {
