@@ -15,10 +15,9 @@
 // produces its residual, read that residual early: ResNet-50 layer4.0 at batch 32 replayed
 // values 1e-2 to 7e-2 off, different on every replay.) A recording that depends on host memory
 // (a library's copy from a host buffer it reuses) is refused: the engine then runs its
-// launches directly. The
-// legacy default stream (null, PyTorch's default current stream) cannot be captured, so for it
-// the launches are recorded on a stream of the backend's own: a graph replays on any stream of
-// its device, the legacy one included.
+// launches directly. The legacy default stream (null, PyTorch's default current stream) cannot
+// be captured, so for it the launches are recorded on a stream of the backend's own: a graph
+// replays on any stream of its device, the legacy one included.
 //
 // synchronize(nullptr) waits for the whole device (a refit must not write constants that a
 // forward on some other stream is still reading); build_finished() writes the timing cache.
@@ -185,7 +184,7 @@ class CudaBackend final : public Backend {
     KILN_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
     const std::unique_ptr<CUgraph_st, GraphDeleter> owned(graph);
     serialize_programmatic_edges(graph);
-    dump_graph_if_asked(graph, "engine");
+    dump_graph_if_asked(graph);
     if (const std::string host = graph_host_dependencies(graph); !host.empty()) {
       if (why) *why = "the recorded launches hold " + host + ", which a replay would read stale";
       return nullptr;

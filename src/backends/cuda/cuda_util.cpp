@@ -51,14 +51,6 @@ const DeviceInfo& current_device() {
 
 namespace {
 
-std::vector<cudaGraphNode_t> nodes_of(cudaGraph_t graph) {
-  size_t n = 0;
-  KILN_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
-  std::vector<cudaGraphNode_t> nodes(n);
-  if (n) KILN_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
-  return nodes;
-}
-
 bool on_host(const void* p) {
   if (!p) return false;
   cudaPointerAttributes a{};
@@ -69,18 +61,31 @@ bool on_host(const void* p) {
   return a.type == cudaMemoryTypeHost || a.type == cudaMemoryTypeUnregistered;
 }
 
-// Calls fn(node, type) for every node of `graph` and of its child graphs.
-template <typename Fn>
-void visit(cudaGraph_t graph, Fn&& fn) {
-  for (cudaGraphNode_t node : nodes_of(graph)) {
+void add_host_dependencies(cudaGraph_t graph, std::string& out) {
+  size_t n = 0;
+  KILN_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n) KILN_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+  auto add = [&](const char* what) { out += (out.empty() ? "" : ", ") + std::string(what); };
+  for (cudaGraphNode_t node : nodes) {
     cudaGraphNodeType type{};
     KILN_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
     if (type == cudaGraphNodeTypeGraph) {
       cudaGraph_t child = nullptr;
       KILN_CUDA_CHECK(cudaGraphChildGraphNodeGetGraph(node, &child));
-      visit(child, fn);
-    } else {
-      fn(node, type);
+      add_host_dependencies(child, out);
+    } else if (type == cudaGraphNodeTypeHost) {
+      add("a host callback");
+    } else if (type == cudaGraphNodeTypeMemcpy) {
+      cudaMemcpy3DParms p{};
+      if (cudaGraphMemcpyNodeGetParams(node, &p) != cudaSuccess) {  // not described as 3D: nothing to learn
+        (void)cudaGetLastError();
+        continue;
+      }
+      if (!p.srcArray && on_host(p.srcPtr.ptr))
+        add("a copy from host memory");
+      else if (!p.dstArray && on_host(p.dstPtr.ptr))
+        add("a copy to host memory");
     }
   }
 }
@@ -89,23 +94,7 @@ void visit(cudaGraph_t graph, Fn&& fn) {
 
 std::string graph_host_dependencies(cudaGraph_t graph) {
   std::string out;
-  visit(graph, [&](cudaGraphNode_t node, cudaGraphNodeType type) {
-    if (type == cudaGraphNodeTypeHost) {
-      out += out.empty() ? "" : ", ";
-      out += "a host callback";
-    } else if (type == cudaGraphNodeTypeMemcpy) {
-      cudaMemcpy3DParms p{};
-      if (cudaGraphMemcpyNodeGetParams(node, &p) != cudaSuccess) {  // not described as 3D: nothing to learn
-        (void)cudaGetLastError();
-        return;
-      }
-      const bool from = !p.srcArray && on_host(p.srcPtr.ptr), to = !p.dstArray && on_host(p.dstPtr.ptr);
-      if (from || to) {
-        out += out.empty() ? "" : ", ";
-        out += from ? "a copy from host memory" : "a copy to host memory";
-      }
-    }
-  });
+  add_host_dependencies(graph, out);
   return out;
 }
 
@@ -124,11 +113,11 @@ void serialize_programmatic_edges(cudaGraph_t graph) {
   }
 }
 
-void dump_graph_if_asked(cudaGraph_t graph, const char* name) {
+void dump_graph_if_asked(cudaGraph_t graph) {
   const char* dir = std::getenv("KILN_CUDA_GRAPH_DUMP");
   if (!dir || !*dir) return;
   static std::atomic<int> serial{0};
-  const std::string path = std::string(dir) + "/" + name + "-" + std::to_string(serial++) + ".dot";
+  const std::string path = std::string(dir) + "/engine-" + std::to_string(serial++) + ".dot";
   (void)cudaGraphDebugDotPrint(graph, path.c_str(), cudaGraphDebugDotFlagsVerbose);
   (void)cudaGetLastError();
 }

@@ -49,8 +49,8 @@ std::string graph_host_dependencies(cudaGraph_t graph);
 void serialize_programmatic_edges(cudaGraph_t graph);
 
 // With $KILN_CUDA_GRAPH_DUMP set to a folder, writes `graph` there as Graphviz
-// (<folder>/<name>-<n>.dot, every node's parameters included); nothing otherwise.
-void dump_graph_if_asked(cudaGraph_t graph, const char* name);
+// (<folder>/engine-<n>.dot, every node's parameters included); nothing otherwise.
+void dump_graph_if_asked(cudaGraph_t graph);
 
 inline cudaStream_t stream_of(const RunContext& rc) { return static_cast<cudaStream_t>(rc.stream); }
 
