@@ -10,6 +10,7 @@
 //   "relu"      -> relu           "gelu"    -> gelu, approximate "none"
 //   "gelu_tanh" -> gelu, tanh      "silu"    -> silu
 //   "sigmoid"   -> sigmoid        "tanh"    -> tanh
+//   "hardswish" -> hardswish      "hardsigmoid" -> hardsigmoid
 #pragma once
 
 #include <optional>
@@ -26,7 +27,7 @@ struct Activation {
   std::string name = "none";       // the attribute's value
 };
 
-inline constexpr const char* kActivationNames = R"("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")";
+inline constexpr const char* kActivationNames = R"("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "hardswish", "hardsigmoid")";
 
 // The activation attribute of a linear / conv node; throws kInvalidArgument naming `op` and the
 // bad value.
@@ -45,6 +46,8 @@ inline Activation parse_activation(OpKind op, const Attrs& a) {
   else if (*s == "silu") act.op = OpKind::kSilu;
   else if (*s == "sigmoid") act.op = OpKind::kSigmoid;
   else if (*s == "tanh") act.op = OpKind::kTanh;
+  else if (*s == "hardswish") act.op = OpKind::kHardswish;
+  else if (*s == "hardsigmoid") act.op = OpKind::kHardsigmoid;
   else
     KILN_FAIL(kInvalidArgument, op_name(op), ": attribute 'activation' must be one of ", kActivationNames, ", got \"",
               *s, "\"");
@@ -60,6 +63,8 @@ inline std::optional<std::string> activation_for_unary(OpKind op, const Attrs& a
     case OpKind::kSilu: return "silu";
     case OpKind::kSigmoid: return "sigmoid";
     case OpKind::kTanh: return "tanh";
+    case OpKind::kHardswish: return "hardswish";
+    case OpKind::kHardsigmoid: return "hardsigmoid";
     default: return std::nullopt;
   }
 }

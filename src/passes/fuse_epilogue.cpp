@@ -10,7 +10,7 @@
 //       expand) node; run fold_constants after this pass to make a constant c' a constant;
 //   add(y, r) / add(r, y), P without residual, r of exactly y's shape and dtype
 //       -> P(x, w, bias, r). r cannot depend on y: y's one use is this add;
-//   relu / gelu (approximate none or tanh) / silu / sigmoid / tanh (y)
+//   relu / gelu (approximate none or tanh) / silu / sigmoid / tanh / hardswish / hardsigmoid (y)
 //       -> P with that activation (after which P takes no further add: the add would come
 //       after the activation).
 // The add's output must have y's type (an add that broadcasts y to a larger shape stays). The

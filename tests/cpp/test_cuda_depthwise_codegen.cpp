@@ -2,10 +2,12 @@
 // (bias, residual, each activation) and for kernel sizes, strides, dilations and channel counts
 // that select each variant, the source must compile with NVRTC for sm_90 and name the kernels
 // the launch uses. Also checked: the work split that matters for speed (16-byte vectors over C,
-// adjacent pixels per thread, channel tiles whose weights fit shared memory), that batch, spatial
+// adjacent pixels per thread, channel tiles whose weights fit shared memory; smaller blocks and one
+// pixel per thread for convs too small to fill the GPU), that batch, spatial
 // sizes and padding are arguments (one source per kernel shape and channel count), which convs
 // are refused, and that a saved depthwise state made for another conv or another source is
-// kCorrupted before any device call.
+// kCorrupted before any device call. The generated epilogue a cuDNN conv runs when cuDNN cannot
+// fuse its activation compiles for every activation and dtype.
 // Running the kernel against the CPU backend is tests/python/test_cuda_depthwise.py (GPU).
 #ifdef KILN_WITH_CUDA
 
@@ -147,7 +149,8 @@ TEST(CudaDepthwiseCodegen, CompilesForKernelShapesStridesDilationsAndChannelCoun
 }
 
 TEST(CudaDepthwiseCodegen, WorkSplit) {
-  Spec s;  // f16, C = 32, 3x3, stride 1
+  Spec s;  // f16, C = 32, 3x3, stride 1, and enough outputs to fill a large GPU
+  s.n = 32, s.h = s.w = 56;
   DepthwiseSource src = cuda::generate_depthwise(geom(s));
   EXPECT_EQ(src.wide.kernel, "kiln_dw_vec8");
   EXPECT_EQ(src.wide.vec, 8);
@@ -155,6 +158,7 @@ TEST(CudaDepthwiseCodegen, WorkSplit) {
   EXPECT_EQ(src.wide.tile, 4);  // 32 channels = 4 vectors, one tile
   EXPECT_EQ(src.wide.tiles, 1);
   EXPECT_EQ(src.wide.groups, 64);
+  EXPECT_EQ(src.wide.threads, 256);
   s.stride = 2;
   EXPECT_EQ(cuda::generate_depthwise(geom(s)).wide.pixels, 2);
   s.stride = 1, s.c = 7;  // C not a multiple of 2: scalar only
@@ -175,15 +179,48 @@ TEST(CudaDepthwiseCodegen, WorkSplit) {
   EXPECT_EQ(cuda::generate_depthwise(geom(s)).wide.pixels, 1);
 }
 
+// A conv too small to fill the GPU with 256-thread blocks (batch 1, 7x7) is cut into smaller
+// blocks and one output per thread, never wider than its channel tile allows.
+TEST(CudaDepthwiseCodegen, SmallConvsSpreadOverMoreBlocks) {
+  Spec s;
+  s.n = 1, s.h = s.w = 7, s.c = 960, s.kh = s.kw = 5, s.pad = 2;
+  const DepthwiseSource src = cuda::generate_depthwise(geom(s));
+  EXPECT_EQ(src.wide.pixels, 1);
+  EXPECT_LT(src.wide.threads, 256);
+  EXPECT_EQ(src.wide.threads % 32, 0);
+  EXPECT_GE(src.wide.threads, src.wide.tile * src.wide.groups);
+  EXPECT_LE(src.wide.tile, src.wide.threads);
+  EXPECT_GE(src.wide.tile * src.wide.tiles * 8, 960);
+  const int64_t blocks = (49 + src.wide.groups - 1) / src.wide.groups * src.wide.tiles;
+  EXPECT_GE(blocks, 132) << "threads " << src.wide.threads << " tile " << src.wide.tile;
+  compiles(s, "small 5x5 x960");
+}
+
 TEST(CudaDepthwiseCodegen, SizesAndPaddingAreArgumentsNotSource) {
-  Spec a, b;
-  b.n = 5, b.h = 30, b.w = 41, b.pad = 0;  // C sets the channel tile, which is in the source
+  Spec a, b;  // both large enough for the default work split (a small conv gets its own)
+  a.n = 32, a.h = a.w = 56;
+  b.n = 8, b.h = 130, b.w = 141, b.pad = 0;  // C sets the channel tile, which is in the source
   EXPECT_EQ(cuda::generate_depthwise(geom(a)).source, cuda::generate_depthwise(geom(b)).source);
   b.kw = 5;
   EXPECT_NE(cuda::generate_depthwise(geom(a)).hash, cuda::generate_depthwise(geom(b)).hash);
   Spec c = a;
   c.bias = true;
   EXPECT_NE(cuda::generate_depthwise(geom(a)).hash, cuda::generate_depthwise(geom(c)).hash);
+}
+
+// The generated epilogue a cuDNN conv runs after the plan when cuDNN cannot fuse the activation
+// (hardswish, hardsigmoid): every activation and dtype compiles, with both kernels.
+TEST(CudaConvEpilogue, SourcesCompileForEveryActivationAndDtype) {
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16})
+    for (const char* act : {"none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "hardswish", "hardsigmoid"}) {
+      Spec s;
+      s.dt = dt, s.act = act, s.bias = true, s.residual = true, s.groups = 1, s.out_c = 16;
+      const std::string src = cuda::conv_epilogue_source(geom(s));
+      for (const char* k : {"void kiln_conv_epilogue(", "void kiln_conv_epilogue_vec("})
+        EXPECT_NE(src.find(k), std::string::npos) << k;
+      const std::string what = std::string("conv epilogue ") + dtype_name(dt) + " " + act;
+      EXPECT_GT(cuda::compile_to_cubin(src, what, 90).size(), 0u) << what;
+    }
 }
 
 TEST(CudaDepthwiseCodegen, RefusesWhatIsNotDepthwiseWithReasons) {

@@ -26,7 +26,7 @@ constexpr int kArch = 90;
 
 TEST(CudaGemmCodegen, EpilogueSourcesCompile) {
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16})
-    for (const char* act : {"none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"})
+    for (const char* act : {"none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "hardswish", "hardsigmoid"})
       for (bool residual : {false, true}) {
         const std::string src = gemm_epilogue_source(dt, act, residual);
         EXPECT_NE(src.find("kiln_gemm_epilogue_vec"), std::string::npos);

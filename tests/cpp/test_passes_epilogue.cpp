@@ -9,7 +9,7 @@ namespace {
 using namespace kiln;
 using namespace kiln::test;
 
-const char* const kActivations[] = {"none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"};
+const char* const kActivations[] = {"none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "hardswish", "hardsigmoid"};
 
 // The unary node computing `act` on v (v itself for "none").
 ValueId apply_activation(Graph& g, ValueId v, const std::string& act) {
@@ -25,6 +25,10 @@ ValueId apply_activation(Graph& g, ValueId v, const std::string& act) {
     op = OpKind::kSigmoid;
   } else if (act == "tanh") {
     op = OpKind::kTanh;
+  } else if (act == "hardswish") {
+    op = OpKind::kHardswish;
+  } else if (act == "hardsigmoid") {
+    op = OpKind::kHardsigmoid;
   }
   return g.add_node1(op, {v}, a);
 }

@@ -102,7 +102,7 @@ def test_depthwise_shapes_match_cpu(shape: tuple[int, ...], dtype: torch.dtype) 
 EPILOGUES = [
     (False, False, "none"), (True, False, "none"), (False, True, "none"), (True, True, "relu"),
     (True, True, "silu"), (False, True, "gelu_tanh"), (True, False, "gelu"), (True, False, "sigmoid"),
-    (False, False, "tanh"),
+    (False, False, "tanh"), (True, False, "hardswish"), (True, True, "hardsigmoid"),
 ]
 
 

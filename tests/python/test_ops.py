@@ -238,7 +238,8 @@ case("linear", [r(5, 40), r(3, 40), r(3)], {}, F.linear, "k40")
 # The fused epilogue (src/ops/epilogue.h): act(x @ w^T + bias + residual), every activation.
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "none": lambda t: t, "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
-    "silu": F.silu, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
+    "silu": F.silu, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "hardswish": F.hardswish,
+    "hardsigmoid": F.hardsigmoid,
 }
 for _act, _fn in _ACTIVATIONS.items():
     case("linear", [r(2, 3, 8), r(6, 8), r(6), r(2, 3, 6)], {"activation": _act},
@@ -257,6 +258,11 @@ def _conv_case(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], stri
 
 
 _conv_case(r(2, 4, 9, 9), r(6, 4, 3, 3), r(6), [1, 1], [1, 1], [1, 1], 1, "same")
+# Fused epilogues cuDNN has no pointwise mode for (the CUDA conv adds a generated epilogue).
+case("conv", [r(2, 4, 9, 9), r(6, 4, 3, 3), r(6)], {"padding": [1, 1], "activation": "hardswish"},
+     lambda x, w, b: F.hardswish(F.conv2d(x, w, b, padding=1)), "bias-hardswish")
+case("conv", [r(2, 4, 9, 9), r(6, 4, 1, 1), r(6), r(2, 6, 9, 9)], {"activation": "hardsigmoid"},
+     lambda x, w, b, res: F.hardsigmoid(F.conv2d(x, w, b) + res), "residual-hardsigmoid")
 _conv_case(r(2, 4, 9, 9), r(6, 4, 3, 3), None, [2, 2], [0, 0], [1, 1], 1, "stride2")
 _conv_case(r(1, 3, 10, 8), r(4, 3, 3, 3), r(4), [1, 1], [2, 2], [2, 2], 1, "dilation2")
 _conv_case(r(2, 4, 7, 7), r(6, 2, 3, 3), r(6), [1, 1], [1, 1], [1, 1], 2, "groups2")

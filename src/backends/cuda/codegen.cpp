@@ -135,6 +135,20 @@ const std::string& prelude() {
   return text;
 }
 
+std::string activation_call(const pw::Activation& a, const std::string& v) {
+  if (a.none) return v;
+  switch (a.op) {
+    case OpKind::kRelu: return "kiln_relu(" + v + ")";
+    case OpKind::kGelu: return (a.params.gelu_tanh ? "kiln_gelu_tanh(" : "kiln_gelu(") + v + ")";
+    case OpKind::kSilu: return "kiln_silu(" + v + ")";
+    case OpKind::kSigmoid: return "kiln_sigmoid(" + v + ")";
+    case OpKind::kTanh: return "tanhf(" + v + ")";
+    case OpKind::kHardswish: return "kiln_hardswish(" + v + ")";
+    case OpKind::kHardsigmoid: return "kiln_hardsigmoid(" + v + ")";
+    default: KILN_FAIL(kUnsupported, "generated epilogue: activation '", a.name, "'");
+  }
+}
+
 const char* storage_type(DType t) {
   switch (t) {
     case DType::kF32: return "float";

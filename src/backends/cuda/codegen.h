@@ -10,6 +10,7 @@
 #include <string>
 
 #include "kiln/dtype.h"
+#include "src/ops/epilogue.h"
 
 namespace kiln::cuda {
 
@@ -17,6 +18,11 @@ namespace kiln::cuda {
 // for every storage type, and the math functions generated code may call (erf, tanh, exp...
 // are NVRTC builtins; gelu, silu, hardswish... are defined here once).
 const std::string& prelude();
+
+// The fused activation `a` (src/ops/epilogue.h) applied to the float expression `v`, as a call of
+// the prelude's function ("kiln_hardswish(v)"; `v` itself for "none"). The one place generated
+// epilogues (GEMM, conv, depthwise) name an activation.
+std::string activation_call(const pw::Activation& a, const std::string& v);
 
 // The storage type of a dtype in generated code: f32 "float", f64 "double", f16 "kiln_half",
 // bf16 "kiln_bf16", i64 "long long", i32 "int", i8 "signed char", u8 "unsigned char",

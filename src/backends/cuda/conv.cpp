@@ -38,6 +38,8 @@ namespace {
 struct Epilogue {
   std::shared_ptr<const Module> module;
   cudaKernel_t fn = nullptr;
+  cudaKernel_t vec = nullptr;  // channels-last, 16-byte vectors of channels (null: not eligible)
+  unsigned vec_grid = 1;
   int64_t n = 0, inner = 1, channels = 1;
   unsigned grid = 1;
 };
@@ -67,8 +69,14 @@ class ConvKernel final : public Kernel {
       const void* bias = q_.bias ? in[2] : nullptr;
       const void* res = q_.residual ? in[3] : nullptr;
       int64_t n = epi_.n, inner = epi_.inner, channels = epi_.channels;
-      void* args[] = {&y, &bias, &res, &n, &inner, &channels};
-      launch(epi_.fn, dim3(epi_.grid), dim3(256), args, 0, stream);
+      if (epi_.vec && (uintptr_t(y) | uintptr_t(bias) | uintptr_t(res)) % 16 == 0) {
+        int64_t nvec = n / int64_t(16 / dtype_size(q_.dtype));
+        void* args[] = {&y, &bias, &res, &nvec, &channels};
+        launch(epi_.vec, dim3(epi_.vec_grid), dim3(256), args, 0, stream);
+      } else {
+        void* args[] = {&y, &bias, &res, &n, &inner, &channels};
+        launch(epi_.fn, dim3(epi_.grid), dim3(256), args, 0, stream);
+      }
     }
   }
 
@@ -97,8 +105,14 @@ Epilogue make_epilogue(const ConvGeom& q, std::shared_ptr<const Module> module) 
   e.n = q.y_numel();
   e.inner = q.nhwc ? 1 : q.OH * q.OW;
   e.channels = q.O;
-  const int64_t blocks = (e.n + 255) / 256, cap = int64_t(current_device().sm_count) * 8;
-  e.grid = unsigned(std::max<int64_t>(1, std::min(blocks, cap)));
+  const int64_t cap = int64_t(current_device().sm_count) * 8;
+  auto grid = [cap](int64_t n) { return unsigned(std::max<int64_t>(1, std::min((n + 255) / 256, cap))); };
+  e.grid = grid(e.n);
+  const int64_t per = int64_t(16 / dtype_size(q.dtype));
+  if (q.nhwc && q.O % per == 0) {
+    e.vec = e.module->kernel("kiln_conv_epilogue_vec");
+    e.vec_grid = grid(e.n / per);
+  }
   return e;
 }
 

@@ -201,30 +201,32 @@ ConvOpGraph build_conv_graph(const ConvGeom& q, cudnnHandle_t handle, bool fused
 }
 
 std::string conv_epilogue_source(const ConvGeom& q) {
-  std::string act = "v";
-  if (!q.act.none) switch (q.act.op) {
-    case OpKind::kRelu: act = "fmaxf(v, 0.0f)"; break;
-    case OpKind::kGelu:
-      act = q.act.params.gelu_tanh
-                ? "0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)))"
-                : "0.5f * v * (1.0f + erff(v * 0.7071067811865476f))";
-      break;
-    case OpKind::kSilu: act = "v / (1.0f + expf(-v))"; break;
-    case OpKind::kSigmoid: act = "1.0f / (1.0f + expf(-v))"; break;
-    case OpKind::kTanh: act = "tanhf(v)"; break;
-    default: KILN_FAIL(kUnsupported, "conv epilogue: activation '", q.act.name, "'");
-  }
+  const std::string act = activation_call(q.act, "v");
   const std::string t = storage_type(q.dtype);
   return prelude() + "\ntypedef " + t + " T;\n" +
+         "__device__ __forceinline__ float kc_epi(float v, const T* bias, long long c, const T* residual, long long i) {\n"
+         "  if (bias) v += to_float(bias[c]);\n"
+         "  if (residual) v += to_float(residual[i]);\n"
+         "  return " + act + ";\n"
+         "}\n"
          "extern \"C\" __global__ void kiln_conv_epilogue(T* y, const T* bias, const T* residual, long long n,\n"
          "                                               long long inner, long long channels) {\n"
          "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;\n"
-         "       i += (long long)gridDim.x * blockDim.x) {\n"
-         "    float v = to_float(y[i]);\n"
-         "    if (bias) v += to_float(bias[(i / inner) % channels]);\n"
-         "    if (residual) v += to_float(residual[i]);\n"
-         "    v = " + act + ";\n"
-         "    y[i] = from_float<T>(v);\n"
+         "       i += (long long)gridDim.x * blockDim.x)\n"
+         "    y[i] = from_float<T>(kc_epi(to_float(y[i]), bias, (i / inner) % channels, residual, i));\n"
+         "}\n"
+         "// Channels-last, channels a multiple of the vector: 16 bytes of one pixel's channels a step.\n"
+         "extern \"C\" __global__ void kiln_conv_epilogue_vec(T* y, const T* bias, const T* residual, long long nvec,\n"
+         "                                                   long long channels) {\n"
+         "  const int V = 16 / sizeof(T);\n"
+         "  for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < nvec;\n"
+         "       k += (long long)gridDim.x * blockDim.x) {\n"
+         "    uint4 u = reinterpret_cast<uint4*>(y)[k];\n"
+         "    T* e = reinterpret_cast<T*>(&u);\n"
+         "    const long long i = k * V, c = i % channels;\n"
+         "#pragma unroll\n"
+         "    for (int j = 0; j < V; ++j) e[j] = from_float<T>(kc_epi(to_float(e[j]), bias, c + j, residual, i + j));\n"
+         "    reinterpret_cast<uint4*>(y)[k] = u;\n"
          "  }\n"
          "}\n";
 }

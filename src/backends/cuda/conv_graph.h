@@ -54,7 +54,10 @@ ConvOpGraph build_conv_graph(const ConvGeom& q, cudnnHandle_t handle, bool fused
 
 // CUDA C++ of the in-place epilogue y = act(y + bias[c] + residual) over the whole output; its
 // kernel is "kiln_conv_epilogue"(T* y, const T* bias, const T* residual, long long n,
-// long long inner, long long channels) with c = (i / inner) % channels.
+// long long inner, long long channels) with c = (i / inner) % channels; and
+// "kiln_conv_epilogue_vec"(T* y, const T* bias, const T* residual, long long nvec, long long channels)
+// for channels-last outputs whose channels are a multiple of 16 bytes, one 16-byte vector a step
+// (every pointer 16-byte aligned).
 std::string conv_epilogue_source(const ConvGeom& q);
 
 }  // namespace kiln::cuda

@@ -8,6 +8,7 @@
 // The saved state is a format tag and the algorithm's 64 bytes (cublasLtMatmulAlgo_t is a
 // plain struct); at load it is checked with cublasLtMatmulAlgoCheck and, if the library no
 // longer accepts it (another version), replaced by the heuristic's first choice: never timed.
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 
@@ -54,7 +55,7 @@ LtPlan::LtPlan(const GemmShape& s, size_t workspace, int optimization_level, con
     if (a && mm_->check(*a, workspace)) {
       algo_ = *a;
       how_ = "algorithm from the timing cache";
-      init_fallback();
+      finish_init();
       return;
     }
   }
@@ -83,7 +84,7 @@ LtPlan::LtPlan(const GemmShape& s, size_t workspace, int optimization_level, con
   }
   algo_ = algos[best];
   timing_cache_insert(key, algo_bytes(algo_));
-  init_fallback();
+  finish_init();
 }
 
 LtPlan::LtPlan(const GemmShape& s, size_t workspace, const Bytes& saved)
@@ -99,14 +100,18 @@ LtPlan::LtPlan(const GemmShape& s, size_t workspace, const Bytes& saved)
     algo_ = algos[0];
     how_ = "cuBLASLt heuristic (the saved algorithm is not valid with this library/device)";
   }
-  init_fallback();
+  finish_init();
 }
 
-void LtPlan::init_fallback() {
+void LtPlan::finish_init() {
   const uint32_t elem = uint32_t(std::min(dtype_size(mm_->shape().ab_type), dtype_size(mm_->shape().cd_type)));
+  needed_ = mm_->workspace_needed(algo_);
   if (mm_->shape().align <= elem) return;
   auto algos = mm_->heuristics(1, elem, workspace_);
-  if (!algos.empty()) unaligned_ = algos[0];
+  if (!algos.empty()) {
+    unaligned_ = algos[0];
+    needed_ = std::max(needed_, mm_->workspace_needed(*unaligned_));
+  }
 }
 
 Bytes LtPlan::save() const { return algo_bytes(algo_); }
@@ -119,9 +124,9 @@ void LtPlan::run(const void* a, const void* b, const void* c, void* d, const voi
                ": a tensor pointer is not ", mm_->shape().align, "-byte aligned and no algorithm accepts it");
     algo = &*unaligned_;
   }
-  KILN_CHECK(rc.workspace_size >= workspace_ || workspace_ == 0, kInternal, "cuBLASLt GEMM: workspace of ",
-             rc.workspace_size, " bytes, ", workspace_, " declared");
-  mm_->run(*algo, a, b, c, d, bias, rc.workspace, workspace_, stream_of(rc));
+  KILN_CHECK(rc.workspace_size >= needed_ || needed_ == 0, kInternal, "cuBLASLt GEMM: workspace of ",
+             rc.workspace_size, " bytes, ", needed_, " declared");
+  mm_->run(*algo, a, b, c, d, bias, needed_ ? rc.workspace : nullptr, needed_, stream_of(rc));
 }
 
 BatchPlan plan_batches(const std::vector<int64_t>& out_batch, const std::vector<std::vector<int64_t>>& batch,

@@ -141,6 +141,12 @@ bool LtMatmul::check(const cublasLtMatmulAlgo_t& algo, size_t workspace) const {
   return r.workspaceSize <= workspace;
 }
 
+size_t LtMatmul::workspace_needed(const cublasLtMatmulAlgo_t& algo) const {
+  cublasLtMatmulHeuristicResult_t r{};
+  KILN_CUBLAS_CHECK(cublasLtMatmulAlgoCheck(lt_handle(), op_, a_, b_, c_, c_, &algo, &r));
+  return r.workspaceSize;
+}
+
 void LtMatmul::run(const cublasLtMatmulAlgo_t& algo, const void* a, const void* b, const void* c, void* d,
                    const void* bias, void* workspace, size_t workspace_bytes, cudaStream_t stream) const {
   const double alpha64 = s_.alpha, beta64 = s_.beta;

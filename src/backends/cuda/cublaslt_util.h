@@ -68,6 +68,8 @@ class LtMatmul {
   std::vector<cublasLtMatmulAlgo_t> heuristics(int max_count, uint32_t align, size_t workspace) const;
   // Whether `algo` is valid for this problem on this device within `workspace` bytes.
   bool check(const cublasLtMatmulAlgo_t& algo, size_t workspace) const;
+  // The workspace bytes `algo` needs for this problem (it must be valid: check()).
+  size_t workspace_needed(const cublasLtMatmulAlgo_t& algo) const;
   void run(const cublasLtMatmulAlgo_t& algo, const void* a, const void* b, const void* c, void* d, const void* bias,
            void* workspace, size_t workspace_bytes, cudaStream_t stream) const;
 
@@ -92,15 +94,19 @@ class LtPlan {
   Bytes save() const;
   const std::string& how() const { return how_; }  // "timed ...", "timing cache", "saved", ...
   const LtMatmul& matmul() const { return *mm_; }
+  // Workspace bytes the kept algorithms need (the most of the timed and the fallback one); at most
+  // the `workspace` the plan was made with, which bounded the candidates.
+  size_t workspace_size() const { return needed_; }
   // Runs with the timed algorithm, or the fallback one when a pointer is not aligned enough.
   void run(const void* a, const void* b, const void* c, void* d, const void* bias, const RunContext& rc) const;
 
   static constexpr size_t kSavedBytes = 4 + sizeof(cublasLtMatmulAlgo_t);
 
  private:
-  void init_fallback();
+  void finish_init();  // picks the fallback for unaligned pointers; records the workspace both need
   std::unique_ptr<LtMatmul> mm_;
-  size_t workspace_ = 0;
+  size_t workspace_ = 0;  // the bound candidates were chosen within
+  size_t needed_ = 0;     // what the kept algorithms need
   cublasLtMatmulAlgo_t algo_{};
   std::optional<cublasLtMatmulAlgo_t> unaligned_;
   std::string how_;

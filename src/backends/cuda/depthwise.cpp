@@ -1,7 +1,7 @@
 // The generated depthwise conv's Kernel (depthwise.h) and its timing against the cuDNN plan.
 //
 // Made once per engine with every size known: run() only checks the alignment of the buffers it
-// reads and writes in vectors (x, bias, residual, y; the weight is read element by element),
+// reads and writes in vectors (x, w, bias, residual, y),
 // picks the vectorized variant when all are aligned to its vector (engine buffers always are)
 // and the scalar variant otherwise, and launches on the caller's stream: capturable into a CUDA
 // graph, no allocation. The grid is sized from the device's multiprocessor count; blocks stride
@@ -25,6 +25,7 @@ struct Variant {
   cudaKernel_t fn = nullptr;
   dim3 grid;
   uintptr_t align = 1;  // bytes every vector-accessed buffer must be aligned to
+  unsigned threads = kDepthwiseThreads;
 };
 
 Variant resolve(const ConvGeom& q, const Module& m, const DepthwiseVariant& v) {
@@ -35,6 +36,7 @@ Variant resolve(const ConvGeom& q, const Module& m, const DepthwiseVariant& v) {
   const int64_t cap = std::max<int64_t>(1, int64_t(current_device().sm_count) * 16 / v.tiles);
   r.grid = dim3(unsigned(std::clamp<int64_t>(blocks, 1, cap)), unsigned(v.tiles));
   r.align = uintptr_t(v.vec) * dtype_size(q.dtype);
+  r.threads = unsigned(v.threads);
   return r;
 }
 
@@ -60,11 +62,11 @@ class DepthwiseKernel final : public Kernel {
     if (wide_.fn) {
       const uintptr_t a = wide_.align;
       auto ok = [a](const void* p) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
-      if (ok(x) && ok(bias) && ok(res) && ok(y)) v = &wide_;
+      if (ok(x) && ok(w) && ok(bias) && ok(res) && ok(y)) v = &wide_;
     }
     void* args[5 + kDims] = {&x, &w, &bias, &res, &y};
     for (int i = 0; i < kDims; ++i) args[5 + i] = const_cast<int*>(&dims_[i]);
-    launch(v->fn, v->grid, dim3(kDepthwiseThreads), args, 0, stream_of(rc));
+    launch(v->fn, v->grid, dim3(v->threads), args, 0, stream_of(rc));
   }
 
   bool bakes_constants() const override { return false; }  // weights and bias by pointer

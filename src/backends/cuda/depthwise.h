@@ -7,7 +7,7 @@
 // the cuDNN plan (tactics.h) and keeps the faster; the choice is a ConvChoice with tactic
 // kDepthwise (conv_state.h), saved with the cubin so that loading an engine compiles nothing.
 //
-// The kernel (depthwise_codegen.cpp): a block of 256 threads owns a tile of channels; each
+// The kernel (depthwise_codegen.cpp): a block of up to 256 threads owns a tile of channels; each
 // thread computes `pixels` adjacent outputs of one row for a vector of `vec` adjacent channels
 // (16-byte loads: 8 halves or 4 floats), reading each input column of a kernel row once for all
 // its outputs, with the tile's weights staged in shared memory as f32 [tap][channel]. Blocks
@@ -37,8 +37,9 @@ struct DepthwiseVariant {
   int vec = 1;         // channels per thread (one vector load)
   int pixels = 1;      // adjacent output pixels per thread
   int tile = 1;        // channel vectors per block (the channel tile is tile * vec channels)
-  int groups = 1;      // pixel groups a block computes at once: 256 / tile
+  int groups = 1;      // pixel groups a block computes at once: threads / tile
   int tiles = 1;       // channel tiles: the grid's y extent
+  int threads = 256;   // threads per block (tile * groups, rounded up to a warp); at most 256
 };
 
 struct DepthwiseSource {

@@ -1,7 +1,7 @@
 // Source of the generated depthwise conv (depthwise.h): which convs it takes, how its work is
 // cut, and the CUDA C++ of its two variants (vectorized over channels, and scalar).
 //
-// Work split (threads per block kDepthwiseThreads = 256):
+// Work split (threads per block: 256, fewer for small convs; see variant()):
 //   vec     the largest power of two <= 16 bytes / element dividing C (8 for f16/bf16, 4 for
 //           f32 when C allows); the scalar variant has vec 1.
 //   pixels  adjacent outputs along OW per thread: 4 at stride 1, 2 at larger strides, 1 when a
@@ -27,6 +27,7 @@ namespace {
 constexpr int kMaxKernel = 32;             // KH, KW at most (the column loop is unrolled)
 constexpr int kWeightBytes = 32 * 1024;    // shared memory for a tile's weights
 constexpr int kMaxTile = 64;               // channel vectors per block
+constexpr int64_t kTargetBlocks = 264;     // two blocks for each of a large GPU's 132 multiprocessors
 
 // Helpers shared by both variants (templates over the vector width and its word type).
 const char* const kHelpers = R"(
@@ -77,9 +78,16 @@ extern "C" __global__ void __launch_bounds__(256) KD_NAME(const T* __restrict__ 
   const int c0 = blockIdx.y * (KD_CT * KD_V);
   const int tc = min(KD_CT * KD_V, C - c0);
   const T* __restrict__ wt = w + (long long)c0 * KD_TAPS;  // the tile's weights: contiguous in [C, KH, KW, 1]
-  for (int i = threadIdx.x; i < tc * KD_TAPS; i += blockDim.x) {
-    const int ch = i / KD_TAPS;
-    kd_w[(i - ch * KD_TAPS) * (KD_CT * KD_V) + ch] = to_float(wt[i]);
+  // Staged KD_V weights a load: tc is a multiple of KD_V and c0 * KD_TAPS too, so the loads
+  // stay aligned when w is (run() checks).
+  for (int i = threadIdx.x * KD_V; i < tc * KD_TAPS; i += blockDim.x * KD_V) {
+    float f[KD_V];
+    kd_ld<KD_V, KD_VW>(wt + i, f);
+#pragma unroll
+    for (int v = 0; v < KD_V; ++v) {
+      const int ch = (i + v) / KD_TAPS;
+      kd_w[(i + v - ch * KD_TAPS) * (KD_CT * KD_V) + ch] = f[v];
+    }
   }
   __syncthreads();
   const int cv = threadIdx.x % KD_CT, pg = threadIdx.x / KD_CT;
@@ -141,30 +149,35 @@ int pixels_for(const ConvGeom& q, int vec) {
   return int(std::min<int64_t>(q.sw == 1 ? 4 : 2, q.OW));
 }
 
+// The work split of one variant. By default 256 threads a block and `pixels_for` outputs a
+// thread. A small conv (batch 1) cut that way leaves most multiprocessors idle (a
+// 7x7x960 output makes 9 blocks), so while the grid has fewer than kTargetBlocks blocks the
+// blocks shrink (128, 64 threads: the same threads over more multiprocessors), then each thread
+// takes one output instead of several (more threads). Blocks stay at 64 threads or more: each
+// block stages its tile's weights, which a block of little work would spend its time on. A
+// function of the conv alone, not of the GPU, so the source (and its hash) is the same on every
+// device.
 DepthwiseVariant variant(const ConvGeom& q, int vec, const std::string& name) {
   DepthwiseVariant v;
   v.kernel = name;
   v.vec = vec;
-  v.pixels = pixels_for(q, vec);
   const int64_t vectors = (q.C + vec - 1) / vec, taps = q.KH * q.KW;
   const int64_t fit = std::max<int64_t>(1, kWeightBytes / (taps * vec * 4));
   const int64_t most = std::min<int64_t>(kMaxTile, fit);
-  v.tiles = int((vectors + most - 1) / most);
-  v.tile = int((vectors + v.tiles - 1) / v.tiles);
-  v.groups = kDepthwiseThreads / v.tile;
+  auto blocks = [&](int pixels, int threads) {
+    v.pixels = pixels;
+    v.tiles = int((vectors + most - 1) / most);
+    v.tile = int((vectors + v.tiles - 1) / v.tiles);
+    v.groups = threads / v.tile;
+    v.threads = (v.tile * v.groups + 31) / 32 * 32;
+    const int64_t pixel_groups = q.N * q.OH * ((q.OW + pixels - 1) / pixels);
+    return (pixel_groups + v.groups - 1) / v.groups * v.tiles;
+  };
+  const int wide = pixels_for(q, vec);
+  const std::pair<int, int> steps[] = {{wide, 256}, {wide, 128}, {wide, 64}, {1, 128}, {1, 64}};
+  for (const auto& [pixels, threads] : steps)
+    if (blocks(pixels, threads) >= kTargetBlocks) break;
   return v;
-}
-
-std::string activation_expr(const pw::Activation& a) {
-  if (a.none) return "v";
-  switch (a.op) {
-    case OpKind::kRelu: return "kiln_relu(v)";
-    case OpKind::kGelu: return a.params.gelu_tanh ? "kiln_gelu_tanh(v)" : "kiln_gelu(v)";
-    case OpKind::kSilu: return "kiln_silu(v)";
-    case OpKind::kSigmoid: return "kiln_sigmoid(v)";
-    case OpKind::kTanh: return "tanhf(v)";
-    default: KILN_FAIL(kUnsupported, "depthwise conv: activation '", a.name, "'");
-  }
 }
 
 std::string kernel_text(const ConvGeom& q, const DepthwiseVariant& v, int esz) {
@@ -208,13 +221,6 @@ bool depthwise_eligible(const ConvGeom& q, std::string* why) {
   const int64_t dims[] = {q.N, q.H, q.W, q.C, q.OH, q.OW, q.ph, q.pw};
   for (int64_t d : dims)
     if (d > 0x7fffffff) return no("a size or padding over 2^31");
-  if (!q.act.none) {
-    try {
-      activation_expr(q.act);
-    } catch (const Error& e) {
-      return no(e.what());
-    }
-  }
   return true;
 }
 
@@ -228,7 +234,7 @@ DepthwiseSource generate_depthwise(const ConvGeom& q) {
   out.scalar = variant(q, 1, "kiln_dw_scalar");
   if (vec > 1) out.wide = variant(q, vec, "kiln_dw_vec" + std::to_string(vec));
   out.source = prelude() + "\ntypedef " + storage_type(q.dtype) + " T;\n" + kHelpers +
-               "__device__ __forceinline__ float kd_act(float v) { return " + activation_expr(q.act) + "; }\n";
+               "__device__ __forceinline__ float kd_act(float v) { return " + activation_call(q.act, "v") + "; }\n";
   if (vec > 1) out.source += kernel_text(q, out.wide, esz);
   out.source += kernel_text(q, out.scalar, esz);
   out.hash = fnv1a(reinterpret_cast<const uint8_t*>(out.source.data()), out.source.size());

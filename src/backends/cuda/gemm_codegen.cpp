@@ -19,11 +19,9 @@ struct KilnDims { long long size[8]; long long stride[8]; };
 )";
 
 std::string activation_body(const std::string& act) {
-  if (act == "none") return "return x;";
-  for (const char* a : {"relu", "gelu", "gelu_tanh", "silu", "sigmoid"})
-    if (act == a) return std::string("return kiln_") + a + "(x);";
-  if (act == "tanh") return "return tanhf(x);";
-  KILN_FAIL(kInvalidArgument, "unknown GEMM epilogue activation \"", act, "\"");
+  Attrs a;
+  a.set("activation", act);
+  return "return " + activation_call(pw::parse_activation(OpKind::kLinear, a), "x") + ";";
 }
 
 }  // namespace

@@ -93,7 +93,6 @@ class GemmKernel final : public Kernel {
   size_t a_es = 0, c_es = 0;
   std::optional<Epilogue> epi;
   std::string desc;
-  size_t ws = 0;
 
   void run(const void* const* in, void* const* out, const RunContext& rc) const override {
     if (!plan) return;  // empty output
@@ -127,7 +126,7 @@ class GemmKernel final : public Kernel {
       launch(epi->scalar, dim3(grid), dim3(256), args, 0, st);
     }
   }
-  size_t workspace_size() const override { return ws; }
+  size_t workspace_size() const override { return plan ? plan->workspace_size() : 0; }
   bool bakes_constants() const override { return false; }  // operands by pointer
   std::string describe() const override { return desc; }
   Bytes state() const override {
@@ -257,9 +256,9 @@ std::unique_ptr<Kernel> make_matmul_kernel(const Node& n, const Graph& g, const 
   std::optional<CompiledState> saved;
   if (state) saved = unpack_state(*state);
   Problem p = n.op == OpKind::kLinear ? linear_problem(n, g, saved ? &*saved : nullptr) : matmul_problem(n, g);
-  k->ws = std::min(kGemmWorkspace, options.workspace_limit);
-  k->plan = saved ? std::make_unique<LtPlan>(p.shape, k->ws, saved->params)
-                  : std::make_unique<LtPlan>(p.shape, k->ws, options.optimization_level, op_name(n.op));
+  const size_t ws = std::min(kGemmWorkspace, options.workspace_limit);  // the bound; the plan keeps what it needs
+  k->plan = saved ? std::make_unique<LtPlan>(p.shape, ws, saved->params)
+                  : std::make_unique<LtPlan>(p.shape, ws, options.optimization_level, op_name(n.op));
   k->batches = p.batches;
   k->a_in = p.a_in, k->b_in = p.b_in, k->bias_in = p.bias_in, k->c_in = p.c_in;
   k->a_es = dtype_size(p.shape.ab_type), k->c_es = dtype_size(p.shape.cd_type);

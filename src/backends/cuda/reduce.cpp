@@ -132,23 +132,24 @@ std::string rows_kernel(const Layout& L, const AccSpec& a, int mode, bool block,
   return s;
 }
 
-// Columns: the innermost run is kept. Block (32, 8): x over the run, y splits the reduction.
+// Columns: the innermost run is kept. Block (32, ways): x over the run, y splits the reduction
+// (ways = blockDim.y, at most 32).
 std::string cols_kernel(const Layout& L, const AccSpec& a, int mode) {
   const size_t kr = L.kept_shape.size(), rr = L.red_shape.size();
   std::string s = "extern \"C\" __global__ void kg_reduce_cols(const T_x* __restrict__ x, T_x* __restrict__ y, Side g,"
                   " long long rows, long long inner, long long count, double correction) {\n";
-  s += "  __shared__ A sm[8][33];\n  const int tx = threadIdx.x, ty = threadIdx.y;\n"
+  s += "  __shared__ A sm[32][33];\n  const int tx = threadIdx.x, ty = threadIdx.y, ways = blockDim.y;\n"
        "  const long long tiles = (inner + 31) / 32;\n";
   s += "  for (long long t = blockIdx.x; t < rows * tiles; t += gridDim.x) {\n"
        "    const long long row = t / tiles, j = (t % tiles) * 32 + tx;\n    long long base = 0;\n";
   s += offset_code("base", "row", "k", kr);
   auto pass = [&](const std::string& fold) {
-    std::string p = "    if (j < inner) for (long long r = ty; r < count; r += 8) {\n      long long off = base + j;\n";
+    std::string p = "    if (j < inner) for (long long r = ty; r < count; r += ways) {\n      long long off = base + j;\n";
     p += offset_code("off", "r", "r", rr);
     return p + "      const A v = kg_ld(x[off]); " + fold + "\n    }\n";
   };
   auto combine = [&](const std::string& out) {
-    return "    sm[ty][tx] = acc;\n    __syncthreads();\n    if (ty == 0) for (int k = 1; k < 8; ++k) acc = kg_comb(acc, "
+    return "    sm[ty][tx] = acc;\n    __syncthreads();\n    if (ty == 0) for (int k = 1; k < ways; ++k) acc = kg_comb(acc, "
            "sm[k][tx]);\n    __syncthreads();\n    if (ty == 0) sm[0][tx] = acc;\n    __syncthreads();\n    " + out +
            " = sm[0][tx];\n    __syncthreads();\n";
   };
@@ -297,7 +298,10 @@ Generated generate_reduce(const Node& n, const Graph& g) {
   } else {
     gn.source += cols_kernel(L, acc, mode);
     const int64_t rows = L.outputs / L.inner, tiles = (L.inner + 31) / 32;
-    Launch l("kg_reduce_cols", blocks_for(rows * tiles, 1), 32, 1, 8);
+    // Few column tiles (a global average pool at batch 1: [1, 784, 72] is 3 tiles) leave most of
+    // the GPU idle; 32 ways instead of 8 then shorten each thread's serial run over the rows.
+    const uint32_t ways = rows * tiles < 132 ? 32 : 8;
+    Launch l("kg_reduce_cols", blocks_for(rows * tiles, 1), 32, 1, ways);
     l.in(0).out(0).val(side).i64(rows).i64(L.inner).i64(L.count).f64(correction);
     gn.plan.launches.push_back(std::move(l));
     gn.plan.describe = desc + " (columns)";
