@@ -27,7 +27,7 @@ namespace {
 constexpr int kMaxKernel = 32;             // KH, KW at most (the column loop is unrolled)
 constexpr int kWeightBytes = 32 * 1024;    // shared memory for a tile's weights
 constexpr int kMaxTile = 64;               // channel vectors per block
-constexpr int64_t kTargetBlocks = 264;     // two blocks for each of a large GPU's 132 multiprocessors
+constexpr int64_t kTargetBlocks = 2 * gen::kLargeGpuSms;  // two blocks for each multiprocessor
 
 // Helpers shared by both variants (templates over the vector width and its word type).
 const char* const kHelpers = R"(

@@ -28,6 +28,9 @@ namespace kiln::cuda::gen {
 
 constexpr int kMaxRank = 8;            // dims of a strided walk after collapsing
 constexpr uint32_t kMaxBlocks = 8192;  // grid-stride kernels launch at most this many blocks
+// The multiprocessors of a large GPU (H100 SXM). Work splits that must fill the GPU compare
+// against it instead of the device's own count, so a generated source is the same on every GPU.
+constexpr int64_t kLargeGpuSms = 132;
 
 enum class ArgKind : uint8_t { kInput = 0, kOutput = 1, kWorkspace = 2, kValue = 3 };
 

@@ -300,7 +300,7 @@ Generated generate_reduce(const Node& n, const Graph& g) {
     const int64_t rows = L.outputs / L.inner, tiles = (L.inner + 31) / 32;
     // Few column tiles (a global average pool at batch 1: [1, 784, 72] is 3 tiles) leave most of
     // the GPU idle; 32 ways instead of 8 then shorten each thread's serial run over the rows.
-    const uint32_t ways = rows * tiles < 132 ? 32 : 8;
+    const uint32_t ways = rows * tiles < kLargeGpuSms ? 32 : 8;
     Launch l("kg_reduce_cols", blocks_for(rows * tiles, 1), 32, 1, ways);
     l.in(0).out(0).val(side).i64(rows).i64(L.inner).i64(L.count).f64(correction);
     gn.plan.launches.push_back(std::move(l));
