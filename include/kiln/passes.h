@@ -55,8 +55,8 @@ bool lower_precision(Graph& g, DType compute);
 
 // Assigns every intermediate value an offset in one arena by liveness. Graph inputs,
 // outputs and constants are not in the arena (offset -1). Alias rule (alias_views, on by
-// default): the output of a node for which output_reinterprets_input holds (a reshape, or a
-// copy) whose input is also in the arena gets its input's offset, and the shared bytes stay
+// default): the output of a node for which output_reinterprets_input holds (a reshape, a
+// copy, or a permute that moves only size-1 dims) whose input is also in the arena gets its input's offset, and the shared bytes stay
 // live until the last use of every value aliasing them (chains included); its kernel then
 // sees equal input and output pointers and moves nothing. From a graph input or constant, or
 // into a graph output, such a node still copies.
@@ -68,8 +68,9 @@ struct MemoryPlan {
   size_t alignment = 64;
 };
 MemoryPlan plan_memory(const Graph& g, size_t alignment = 64, bool alias_views = true);
-// Whether node n's single output holds exactly its single input's bytes (a reshape, or a copy:
-// same dtype and byte count, tensors being dense and row-major), so the two may share storage.
+// Whether node n's single output holds exactly its single input's bytes (a reshape, a copy, or
+// a permute / expand / slice that reads its input in order: same dtype and byte count, tensors
+// being dense and row-major), so the two may share storage.
 bool output_reinterprets_input(const Node& n, const Graph& g);
 
 }  // namespace kiln

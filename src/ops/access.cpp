@@ -90,4 +90,16 @@ StridedView strided_view(const Node& n, const Graph& g) {
   return v;
 }
 
+bool reads_input_in_order(const Node& n, const Graph& g) {
+  if (n.op == OpKind::kReshape || n.op == OpKind::kCopy) return true;
+  if (n.op != OpKind::kPermute && n.op != OpKind::kExpand && n.op != OpKind::kSlice) return false;
+  const auto y = g.type(n.outputs[0]).shape();
+  if (g.type(n.inputs[0]).numel() != g.type(n.outputs[0]).numel()) return false;
+  const StridedView v = strided_view(n, g);
+  const std::vector<int64_t> ys = row_major_strides(y);
+  for (size_t k = 0; k < y.size(); ++k)
+    if (y[k] > 1 && v.strides[k] != ys[k]) return false;
+  return v.offset == 0;
+}
+
 }  // namespace kiln

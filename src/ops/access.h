@@ -47,4 +47,11 @@ struct StridedView {
 };
 StridedView strided_view(const Node& n, const Graph& g);
 
+// Whether a shape-family node's output is its input's elements in their own order, so its
+// bytes are the input's bytes: reshape and copy always; permute, expand and slice when their
+// view walks the input contiguously from its start (a permute that moves only size-1 dims, a
+// slice of a whole dim, an expand that broadcasts nothing). The memory planner puts such an
+// output on its input's bytes and the backends then move nothing.
+bool reads_input_in_order(const Node& n, const Graph& g);
+
 }  // namespace kiln

@@ -10,6 +10,9 @@
 //       expand) node; run fold_constants after this pass to make a constant c' a constant;
 //   add(y, r) / add(r, y), P without residual, r of exactly y's shape and dtype
 //       -> P(x, w, bias, r). r cannot depend on y: y's one use is this add;
+//   add(v, r) / add(r, v), v = y through reshapes (or permutes moving only size-1 dims), each
+//       used once, r of the add's shape -> reshape(P(x, w, bias, reshape(r))), since the views
+//       keep the element order;
 //   relu / gelu (approximate none or tanh) / silu / sigmoid / tanh / hardswish / hardsigmoid (y)
 //       -> P with that activation (after which P takes no further add: the add would come
 //       after the activation).
@@ -128,6 +131,44 @@ bool try_add(Graph& g, size_t pos, ValueId y, ValueId other) {
   return true;
 }
 
+// add(v, r) where v is y viewed in its own element order (reshapes, or a permute moving only
+// size-1 dims: ViT's attention output on its way back to [B, S, E]) of a fusable producer's
+// output y, and r has the add's shape: rewritten as reshape(add(y, reshape(r))), the view
+// chain dropped, and that add fused by try_add. Element order is kept, so the sums are the
+// same elements; the reshapes are aliases in the memory plan.
+bool try_add_through_views(Graph& g, size_t pos, ValueId v, ValueId r) {
+  std::vector<const Node*> views;
+  ValueId y = v;
+  for (const Node* view = g.value(y).producer; view != nullptr && g.num_uses(y) == 1 &&
+                                                output_reinterprets_input(*view, g);
+       view = g.value(y).producer) {
+    views.push_back(view);
+    y = view->inputs[0];
+  }
+  const Node* p = views.empty() ? nullptr : fusable_producer(g, y);
+  const TensorType sum = g.type(g.nodes()[pos]->outputs[0]);
+  if (p == nullptr || input_or_none(*p, 3) != kNoValue || g.type(r).dtype != sum.dtype ||
+      g.type(r).shape() != sum.shape() || g.type(y).dtype != sum.dtype)
+    return false;
+  const std::string name = g.nodes()[pos]->name;
+  Attrs to_y, to_sum;
+  to_y.set("shape", g.type(y).shape());
+  to_sum.set("shape", sum.shape());
+  const ValueId r_as_y = g.insert_node(pos, OpKind::kReshape, {r}, to_y, name)[0];
+  const ValueId fused_sum = g.insert_node(pos + 1, OpKind::kAdd, {y, r_as_y}, {}, name)[0];
+  const ValueId out = g.insert_node(pos + 2, OpKind::kReshape, {fused_sum}, to_sum, name)[0];
+  g.replace_all_uses(g.nodes()[pos + 3]->outputs[0], out);
+  g.erase_node(pos + 3);
+  size_t add_pos = pos + 1;
+  for (const Node* view : views) {  // each now unused; all before pos
+    g.erase_node(position_of(g, view, pos));
+    --add_pos;
+  }
+  const bool fused = try_add(g, add_pos, y, r_as_y);
+  KILN_CHECK(fused, kInternal, "fuse_epilogue: a residual seen through views did not fuse at ", name);
+  return true;
+}
+
 bool try_activation(Graph& g, size_t pos) {
   const Node& k = *g.nodes()[pos];
   const std::optional<std::string> act = pw::activation_for_unary(k.op, k.attrs);
@@ -148,7 +189,8 @@ bool sweep(Graph& g) {
     bool fused = false;
     if (k.op == OpKind::kAdd) {
       const ValueId a = k.inputs[0], b = k.inputs[1];
-      fused = try_add(g, i, a, b) || try_add(g, i, b, a);
+      fused = try_add(g, i, a, b) || try_add(g, i, b, a) || try_add_through_views(g, i, a, b) ||
+              try_add_through_views(g, i, b, a);
     } else if (op_info(k.op).family == OpFamily::kUnary) {
       fused = try_activation(g, i);
     }

@@ -8,10 +8,12 @@
 // largest first, each at the lowest aligned offset that does not overlap a placed block whose
 // lifetime intersects its own. Ties break by producer index then id, so a plan is deterministic.
 //
-// Alias rule (when `alias_views` is on, the default): a reshape or copy whose input and output
-// are both arena values (intermediates with at least one byte) and have the same dtype and byte
-// count puts its output on its input's bytes: same offset, no byte moves (every tensor is dense
-// and row-major, so a reshape is a new shape over the same bytes, and a copy keeps the type).
+// Alias rule (when `alias_views` is on, the default): a reshape or copy (or a permute, expand or
+// slice that reads its input in order, src/ops/access.h: a permute moving only size-1 dims)
+// whose input and output are both arena values (intermediates with at least one byte) and
+// have the same dtype and byte count puts its output on its input's bytes: same offset, no
+// byte moves (every tensor is dense and row-major, so a reshape is a new shape over the same
+// bytes, and a copy keeps the type).
 // Such values form an alias group rooted at the first value that is not an alias (chains of
 // reshapes and several reshapes of one value included); the group is one block whose lifetime
 // runs from the root's producer to the last use of any member. So no node writes the group's
@@ -26,13 +28,12 @@
 // included (the arena with neither reuse nor aliasing), so arena_bytes <= naive_bytes.
 // Does not: plan graph inputs, outputs or constants (offset -1; the caller binds those), plan
 // the values inside a fused node's body (the fused kernel keeps them in registers), alias any
-// other op (permute, expand, slice, ... move bytes even when some attributes make them an
-// identity; passes or importers remove those), or reuse an input's buffer in place for an
-// output that differs from it.
+// other op, or reuse an input's buffer in place for an output that differs from it.
 #include <algorithm>
 
 #include "kiln/errors.h"
 #include "kiln/passes.h"
+#include "src/ops/access.h"
 
 namespace kiln {
 
@@ -50,10 +51,9 @@ bool lifetimes_overlap(const Block& a, const Block& b) { return a.first <= b.las
 }  // namespace
 
 bool output_reinterprets_input(const Node& n, const Graph& g) {
-  if (n.op != OpKind::kReshape && n.op != OpKind::kCopy) return false;
   if (n.inputs.size() != 1 || n.outputs.size() != 1 || n.inputs[0] == kNoValue) return false;
   const TensorType &x = g.type(n.inputs[0]), &y = g.type(n.outputs[0]);
-  return x.dtype == y.dtype && x.nbytes() == y.nbytes();
+  return x.dtype == y.dtype && x.nbytes() == y.nbytes() && reads_input_in_order(n, g);
 }
 
 MemoryPlan plan_memory(const Graph& g, size_t alignment, bool alias_views) {

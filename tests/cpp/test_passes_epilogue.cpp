@@ -151,6 +151,56 @@ std::vector<ConvCase> conv_cases() {
 
 // Every conv path x {shift as bias, biased conv} x {residual or not} x every activation: the
 // chain fuses into one conv that computes the same.
+// torch's multi-head attention at batch 1: the out projection's [S, E] result goes back to
+// [1, S, E] through a reshape and a permute that moves only the size-1 dim, then the block's
+// residual is added. The views keep the element order, so the add fuses as the linear's
+// residual, with the residual and the result reshaped around it.
+TEST(FuseEpilogue, ResidualThroughOrderKeepingViewsGolden) {
+  Graph g;
+  ValueId x = g.add_input("x", TensorType(DType::kF32, {6, 4}));
+  ValueId r = g.add_input("r", TensorType(DType::kF32, {1, 6, 4}));
+  ValueId w = f32_weight(g, "w", {4, 4}, 1);
+  ValueId b = f32_weight(g, "b", {4}, 2);
+  Attrs to3, perm;
+  to3.set("shape", std::vector<int64_t>{6, 1, 4});
+  perm.set("perm", std::vector<int64_t>{1, 0, 2});
+  ValueId y = g.add_node1(OpKind::kLinear, {x, w, b});
+  y = g.add_node1(OpKind::kPermute, {g.add_node1(OpKind::kReshape, {y}, to3)}, perm);
+  g.mark_output(g.add_node1(OpKind::kAdd, {r, y}), "y");
+  Graph f = fuse_and_compare(g, 12);
+  EXPECT_EQ(f.to_string(),
+            "graph(%0 \"x\": f32[6,4], %1 \"r\": f32[1,6,4]) {\n"
+            "  %2 \"w\": f32[4,4] = weight\n"
+            "  %3 \"b\": f32[4] = weight\n"
+            "  %4: f32[6,4] = reshape(%1) {shape=[6,4]}\n"
+            "  %6: f32[6,4] = linear(%0, %2, %3, %4)\n"
+            "  %5: f32[1,6,4] = reshape(%6) {shape=[1,6,4]}\n"
+            "  return %5 \"y\"\n"
+            "}\n");
+  EXPECT_FALSE(fuse_epilogue(f));
+}
+
+// The same at batch 2: the permute moves bytes, so the add stays; so does one whose view is
+// also read elsewhere.
+TEST(FuseEpilogue, ResidualThroughViewsNeedsOrderAndSingleUse) {
+  for (const bool batch2 : {true, false}) {
+    SCOPED_TRACE(batch2 ? "batch 2" : "view used twice");
+    const int64_t B = batch2 ? 2 : 1;
+    Graph g;
+    ValueId x = g.add_input("x", TensorType(DType::kF32, {6 * B, 4}));
+    ValueId r = g.add_input("r", TensorType(DType::kF32, {B, 6, 4}));
+    Attrs to3, perm;
+    to3.set("shape", std::vector<int64_t>{6, B, 4});
+    perm.set("perm", std::vector<int64_t>{1, 0, 2});
+    ValueId y = g.add_node1(OpKind::kLinear, {x, f32_weight(g, "w", {4, 4}, 1)});
+    ValueId view = g.add_node1(OpKind::kReshape, {y}, to3);
+    g.mark_output(g.add_node1(OpKind::kAdd, {r, g.add_node1(OpKind::kPermute, {view}, perm)}), "y");
+    if (!batch2) g.mark_output(g.add_node1(OpKind::kRelu, {view}), "also");
+    Graph f = fuse_and_compare(g, 13);
+    EXPECT_EQ(f.to_string(), g.to_string());
+  }
+}
+
 TEST(FuseEpilogue, ConvEveryPathAndActivationMatchesUnfused) {
   uint32_t seed = 100;
   for (const ConvCase& cc : conv_cases()) {

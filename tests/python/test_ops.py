@@ -344,6 +344,8 @@ case("reshape", [ints(6)], {"shape": [2, 3]}, lambda x: x.reshape(2, 3), "i64")
 case("permute", [r(2, 3, 4)], {"perm": [2, 0, 1]}, lambda x: x.permute(2, 0, 1))
 case("permute", [r(2, 3, 4, 5)], {"perm": [0, 2, 3, 1]}, lambda x: x.permute(0, 2, 3, 1), "nhwc")
 case("permute", [bools(3, 4)], {"perm": [1, 0]}, lambda x: x.permute(1, 0), "bool")
+case("permute", [r(1, 6, 4)], {"perm": [1, 0, 2]}, lambda x: x.permute(1, 0, 2), "unit-dim")
+case("expand", [r(3, 1, 4)], {"shape": [3, 1, 4]}, lambda x: x.expand(3, 1, 4), "identity")
 case("expand", [r(3, 1, 4)], {"shape": [3, 5, 4]}, lambda x: x.expand(3, 5, 4))
 case("expand", [r(1, 4)], {"shape": [3, 4]}, lambda x: x.expand(3, 4), "leading")
 case("slice", [r(3, 7)], {"axis": 1, "start": 1, "end": 6, "step": 2}, lambda x: x[:, 1:6:2])
@@ -364,6 +366,10 @@ case("pad", [r(1, 2, 4, 5)], {"pads": [0, 0, 0, 0, 1, 2, 2, 0], "mode": "replica
      lambda x: F.pad(x, (2, 0, 1, 2), mode="replicate"), "replicate")
 case("pad", [r(1, 2, 5, 5)], {"pads": [0, 0, 0, 0, 2, 1, 1, 3], "mode": "reflect", "value": 0.0},
      lambda x: F.pad(x, (1, 3, 2, 1), mode="reflect"), "reflect-2d")
+case("pad", [r(2, 5, 7, 3)], {"pads": [0, 0, 0, 0, 0, 0, 0, 1], "mode": "constant", "value": 0.0},
+     lambda x: F.pad(x, (0, 1)), "channels-last-image")
+case("pad", [r(2, 3, 4, 5, 2)], {"pads": [0, 0, 0, 0, 2, 1, 0, 0, 0, 0], "mode": "reflect", "value": 0.0},
+     lambda x: x.index_select(2, torch.tensor([2, 1, 0, 1, 2, 3, 2])), "reflect-middle-dim")
 case("copy", [r(3, 4)], {}, torch.clone)
 case("copy", [ints(5, dtype=i32)], {}, torch.clone, "i32")
 

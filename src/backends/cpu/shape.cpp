@@ -335,15 +335,14 @@ std::unique_ptr<Kernel> make_pad(const Node& n, const Graph& g) {
 }  // namespace
 
 std::unique_ptr<Kernel> make_shape_kernel(const Node& n, const Graph& g) {
+  if (reads_input_in_order(n, g)) {  // reshape, copy, and views that keep the element order
+    const int64_t bytes = int64_t(g.type(n.inputs[0]).nbytes());
+    return make_fn_kernel([bytes](const void* const* in, void* const* out, const RunContext&) {
+      if (out[0] == in[0]) return;  // aliased by the memory planner: the bytes are already there
+      copy_bytes(out[0], in[0], bytes);
+    }, std::string("cpu ") + op_name(n.op) + " memcpy");
+  }
   switch (n.op) {
-    case OpKind::kReshape:
-    case OpKind::kCopy: {
-      const int64_t bytes = int64_t(g.type(n.inputs[0]).nbytes());
-      return make_fn_kernel([bytes](const void* const* in, void* const* out, const RunContext&) {
-        if (out[0] == in[0]) return;  // aliased by the memory planner: the bytes are already there
-        copy_bytes(out[0], in[0], bytes);
-      }, std::string("cpu ") + op_name(n.op) + " memcpy");
-    }
     case OpKind::kPermute:
     case OpKind::kExpand:
     case OpKind::kSlice: return make_strided(n, g);

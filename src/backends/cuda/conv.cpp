@@ -10,8 +10,8 @@
 // graph was fused; the plan is rebuilt from it without heuristics or timing.
 //
 // Depthwise convs (nhwc, groups == C == O; depthwise.h) have a second tactic: a generated NVRTC
-// kernel, built and timed against the cuDNN plan (which for these is a slow grouped direct
-// kernel); the faster is kept, in the timing cache and in state() (ConvChoice::tactic, with the
+// kernel, built and timed against the cuDNN plans (the fused graph's, for these often a slow
+// grouped direct kernel, and the conv alone's with the generated epilogue); the fastest is kept, in the timing cache and in state() (ConvChoice::tactic, with the
 // generated kernel's cubin), so that loading remakes it without compiling. At optimization
 // level 0 the generated kernel is taken untimed: cuDNN and the timing cache are not asked, and
 // the untimed choice is not recorded there.
@@ -177,42 +177,52 @@ std::unique_ptr<Kernel> load_conv(const ConvGeom& q, uint64_t sig, const Bytes& 
   return cudnn_kernel(q, std::move(b), needs_epilogue ? &cs.cubin : nullptr, what);
 }
 
-// Build, depthwise conv: the generated kernel against the cuDNN plan (when cuDNN has one).
+// Build, depthwise conv: the generated kernel against cuDNN's plans (when cuDNN has them): the
+// fused graph's best and, when that graph holds an epilogue, the conv alone's best followed by
+// the generated epilogue (cuDNN's fast depthwise kernels run only the conv alone: on an H100
+// the fused MobileNetV3 graphs got a grouped direct kernel 3-11x slower than the generated
+// one, while the conv alone got conv2d_c1_k1_nhwc_specialized).
 std::unique_ptr<Kernel> choose_depthwise(const ConvGeom& q, uint64_t sig, const KernelOptions& options,
                                          const std::string& key, const std::string& what) {
   const DepthwiseSource src = generate_depthwise(q);
-  std::unique_ptr<ConvKernel> cudnn;
-  ConvChoice cudnn_choice;
+  std::vector<std::unique_ptr<ConvKernel>> cudnn;
+  std::vector<ConvChoice> cudnn_choices;
   std::string note;
   const bool untimed = options.optimization_level <= 0;
   if (!untimed) {
-    // cuDNN's grouped kernels lost to the generated one on every MobileNetV3 depthwise conv on
-    // an H100, by 3x to 11x: below the exhaustive level, its contender is the better of the
-    // heuristic's first two plans rather than of eight, which only cost build time.
+    // Below the exhaustive level, each cuDNN contender is the better of the heuristic's first
+    // two plans rather than of eight, which only cost build time.
     KernelOptions cudnn_options = options;
     if (options.optimization_level < 5) cudnn_options.optimization_level = 1;
-    try {
-      ConvPlan b = search_conv_plan(q, cudnn_options, what, sig);
-      cudnn_choice = b.choice;
-      cudnn = cudnn_kernel(q, std::move(b), nullptr, what);
-    } catch (const Error& e) {
-      note = std::string("cuDNN refused it: ") + e.what();
+    for (const bool conv_only : {false, true}) {
+      if (conv_only && (!q.has_epilogue() || cudnn_choices.empty() || !cudnn_choices[0].fused)) break;
+      try {
+        ConvPlan b = search_conv_plan(q, cudnn_options, what, sig, conv_only);
+        cudnn_choices.push_back(b.choice);
+        cudnn.push_back(cudnn_kernel(q, std::move(b), nullptr, what));
+      } catch (const Error& e) {
+        note += std::string("cuDNN refused ") + (conv_only ? "the conv alone: " : "it: ") + e.what() + "; ";
+      }
     }
   } else {
     note = "optimization level 0, untimed";
   }
   std::shared_ptr<const Module> module = Module::compile(src.source, what);
-  bool generated = true;
-  if (cudnn) {
+  size_t best = 0;  // 0: generated; i > 0: cudnn[i - 1]
+  if (!cudnn.empty()) {
     const std::unique_ptr<Kernel> dw = make_depthwise_kernel(q, src, module, sig, "timing");
-    generated = depthwise_is_faster(q, *cudnn, *dw, options.optimization_level, &note);
-    note = std::string(generated ? "chosen over" : "lost to") + " the cuDNN plan (" + note + ")";
+    std::vector<const Kernel*> contenders = {dw.get()};
+    for (const auto& k : cudnn) contenders.push_back(k.get());
+    std::string report;
+    best = fastest_depthwise_tactic(q, contenders, options.optimization_level, &report);
+    note += std::string(best == 0 ? "chosen over" : "lost to") + " the cuDNN plan (" + report + ")";
   }
-  if (!untimed) timing_cache_insert(key, encode_conv_choice(generated ? depthwise_choice(src, sig) : cudnn_choice));
+  if (!untimed)
+    timing_cache_insert(key, encode_conv_choice(best == 0 ? depthwise_choice(src, sig) : cudnn_choices[best - 1]));
   if (note.size() > 600) note = note.substr(0, 600) + "...";
-  if (!generated) {
-    cudnn->add_note("the generated depthwise kernel " + note);
-    return cudnn;
+  if (best > 0) {
+    cudnn[best - 1]->add_note("the generated depthwise kernel " + note);
+    return std::move(cudnn[best - 1]);
   }
   return make_depthwise_kernel(q, src, std::move(module), sig, note);
 }

@@ -154,12 +154,15 @@ bool rebuild_conv_plan(const ConvGeom& q, cudnnHandle_t h, const ConvChoice& c, 
   }
 }
 
-ConvPlan search_conv_plan(const ConvGeom& q, const KernelOptions& options, const std::string& what, uint64_t sig) {
+ConvPlan search_conv_plan(const ConvGeom& q, const KernelOptions& options, const std::string& what, uint64_t sig,
+                          bool conv_only) {
   HandleLock hl = lock_handle();
   const bool strict = strict_f32(q.dtype);
   const size_t limit = plans_to_try(options.optimization_level);
   std::string log;
-  std::vector<bool> modes = q.has_epilogue() ? std::vector<bool>{true, false} : std::vector<bool>{true};
+  std::vector<bool> modes = !q.has_epilogue() ? std::vector<bool>{true}
+                            : conv_only         ? std::vector<bool>{false}
+                                                : std::vector<bool>{true, false};
   for (bool fused : modes) {
     ConvPlan b;
     try {
@@ -249,7 +252,7 @@ ConvPlan search_conv_plan(const ConvGeom& q, const KernelOptions& options, const
     const auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
     b.note = detail::concat(cands.size(), " candidate plan(s)", report.empty() ? "" : ", timed", verify, " (plans ",
                             int(ms(t0, t1)), " ms, timing ", int(ms(t1, std::chrono::steady_clock::now())), " ms)");
-    if (!fused) b.note += "; " + log;
+    if (!fused && !conv_only) b.note += "; " + log;
     return b;
   }
   KILN_FAIL(kUnsupported, what, ": cuDNN has no engine for it: ", log);

@@ -29,8 +29,11 @@ struct ConvPlan {
 // f32 data with KILN_DISABLE_TF32=1.
 bool strict_f32(DType dt);
 
-// Throws kUnsupported (with cuDNN's reasons) when no engine runs the conv.
-ConvPlan search_conv_plan(const ConvGeom& q, const KernelOptions& options, const std::string& what, uint64_t sig);
+// The fastest plan of the fused graph (conv + epilogue), or of the conv alone when cuDNN cannot
+// run the fused one; with conv_only, of the conv alone (its epilogue then runs as a generated
+// kernel). Throws kUnsupported (with cuDNN's reasons) when no engine runs the conv.
+ConvPlan search_conv_plan(const ConvGeom& q, const KernelOptions& options, const std::string& what, uint64_t sig,
+                          bool conv_only = false);
 // False (and *why) when cuDNN refuses the saved choice `c`.
 bool rebuild_conv_plan(const ConvGeom& q, cudnnHandle_t h, const ConvChoice& c, const std::string& what, ConvPlan& out,
                        std::string* why);

@@ -102,26 +102,28 @@ std::unique_ptr<Kernel> make_depthwise_kernel(const ConvGeom& q, const Depthwise
   return std::make_unique<DepthwiseKernel>(q, src, std::move(module), std::move(state), src.describe + ", " + note);
 }
 
-bool depthwise_is_faster(const ConvGeom& q, const Kernel& cudnn, const Kernel& depthwise, int optimization_level,
-                         std::string* report) {
+size_t fastest_depthwise_tactic(const ConvGeom& q, const std::vector<const Kernel*>& kernels, int optimization_level,
+                                std::string* report) {
   if (optimization_level <= 0) {
     if (report) *report = "untimed (optimization level 0)";
-    return true;
+    return 0;
   }
   const size_t es = dtype_size(q.dtype);
-  const size_t ws = std::max(cudnn.workspace_size(), depthwise.workspace_size());
+  size_t ws = 0;
+  for (const Kernel* k : kernels) ws = std::max(ws, k->workspace_size());
   ScratchBuffer x(size_t(q.N * q.H * q.W * q.C) * es), w(size_t(q.C * q.KH * q.KW) * es), bias(size_t(q.O) * es),
       res(size_t(q.y_numel()) * es), y(size_t(q.y_numel()) * es), wsb(ws);
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
   const void* ins[4] = {x.get(), w.get(), q.bias ? bias.get() : nullptr, q.residual ? res.get() : nullptr};
   void* outs[1] = {y.get()};
-  auto candidate = [&](const Kernel& k) { return kernel_candidate(k, ins, outs, wsb.get(), ws); };
+  std::vector<Candidate> candidates;
+  for (const Kernel* k : kernels) candidates.push_back(kernel_candidate(*k, ins, outs, wsb.get(), ws));
   std::string log;
-  // Level 1 and up time both (time_candidates: level 1 times 2 candidates).
-  const size_t best = time_candidates({candidate(depthwise), candidate(cudnn)}, std::max(optimization_level, 1), &log);
+  // Every contender is timed whatever the level above 0 (there are at most three).
+  const size_t best = time_candidates(candidates, 5, &log);
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
-  if (report) *report = "depthwise #0 vs cuDNN #1: " + log;
-  return best == 0;
+  if (report) *report = "generated #0 vs cuDNN #1" + std::string(kernels.size() > 2 ? ", #2" : "") + ": " + log;
+  return best;
 }
 
 }  // namespace kiln::cuda

@@ -10,7 +10,8 @@
 // copy moves the widest word (up to 16 bytes) that divides every extent, stride and offset.
 // When the last dim is strided in the input but some other dim is contiguous there (e.g.
 // NCHW -> NHWC), a 32 x 32 tile goes through shared memory so that reads and writes are both
-// coalesced. reshape and copy are a flat copy, and no launch at all when their input and output
+// coalesced. reshape and copy (and a permute, expand or slice that reads its input in order,
+// src/ops/access.h) are a flat copy, and no launch at all when their input and output
 // pointers are equal (the memory planner's alias rule, src/passes/memory_plan.cpp, puts an
 // intermediate's reshape on its input's bytes), so a captured CUDA graph has no node for them.
 // pad maps each output coordinate to an input one (constant / reflect / replicate).
@@ -177,20 +178,25 @@ std::string add_strided(std::string& source, Plan& plan, const std::vector<int64
   return "copy of " + std::to_string(wb) + "-byte words over " + std::to_string(R) + " dims";
 }
 
-std::string pad_kernel(const std::string& mode, int rank, int esz) {
-  const std::string name = "kg_pad_" + mode + "_r" + std::to_string(rank) + "_w" + std::to_string(esz);
+std::string pad_name(const std::string& mode, int rank, int esz, bool wide) {
+  return "kg_pad_" + mode + "_r" + std::to_string(rank) + "_w" + std::to_string(esz) + (wide ? "_l" : "_i");
+}
+
+std::string pad_kernel(const std::string& mode, int rank, int esz, bool wide) {
+  const std::string idx = wide ? "long long" : "int";
   std::string s = "struct PadDims { long long oext[8]; long long iext[8]; long long before[8]; long long ist[8]; };\n";
-  s += "extern \"C\" __global__ void " + name + "(const " + word_type(esz) + "* __restrict__ x, " + word_type(esz) +
-       "* __restrict__ y, PadDims p, unsigned long long fill, long long n) {\n";
+  s += "extern \"C\" __global__ void " + pad_name(mode, rank, esz, wide) + "(const " + word_type(esz) +
+       "* __restrict__ x, " + word_type(esz) + "* __restrict__ y, PadDims p, unsigned long long fill, long long n) {\n";
   s += "  typedef " + std::string(word_type(esz)) + " W;\n  const W f = (W)fill;\n";
-  s += "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * "
-       "blockDim.x) {\n    long long r = i, io = 0; bool inside = true;\n";
+  s += "  for (" + idx + " i = blockIdx.x * (" + idx + ")blockDim.x + threadIdx.x; i < (" + idx + ")n; i += (" + idx +
+       ")gridDim.x * blockDim.x) {\n    " + idx + " r = i, io = 0; bool inside = true;\n";
   s += "#pragma unroll\n    for (int k = " + std::to_string(rank - 1) + "; k >= 0; --k) {\n";
-  s += "      const long long c = r % p.oext[k]; r /= p.oext[k];\n      long long j = c - p.before[k];\n";
-  if (mode == "reflect") s += "      j = j < 0 ? -j : (j >= p.iext[k] ? 2 * (p.iext[k] - 1) - j : j);\n";
-  else if (mode == "replicate") s += "      j = j < 0 ? 0 : (j >= p.iext[k] ? p.iext[k] - 1 : j);\n";
-  else s += "      inside = inside && j >= 0 && j < p.iext[k];\n";
-  s += "      io += j * p.ist[k];\n    }\n    y[i] = inside ? x[io] : f;\n  }\n}\n";
+  s += "      const " + idx + " e = (" + idx + ")p.oext[k], ie = (" + idx + ")p.iext[k];\n";
+  s += "      const " + idx + " c = r % e; r /= e;\n      " + idx + " j = c - (" + idx + ")p.before[k];\n";
+  if (mode == "reflect") s += "      j = j < 0 ? -j : (j >= ie ? 2 * (ie - 1) - j : j);\n";
+  else if (mode == "replicate") s += "      j = j < 0 ? 0 : (j >= ie ? ie - 1 : j);\n";
+  else s += "      inside = inside && j >= 0 && j < ie;\n";
+  s += "      io += j * (" + idx + ")p.ist[k];\n    }\n    y[i] = inside ? x[io] : f;\n  }\n}\n";
   return s;
 }
 
@@ -198,13 +204,15 @@ struct PadDims {
   long long oext[kMaxRank], iext[kMaxRank], before[kMaxRank], ist[kMaxRank];
 };
 
+// pad: one thread per output element, mapping its coordinates to the input's. Neighbouring
+// dims that are not padded merge into one (a channels-last image padded only in C walks
+// [N*H*W, C]), and indices are 32-bit while the tensors allow, so an element costs a few
+// integer divisions rather than one 64-bit division per dim.
 Generated gen_pad(const Node& n, const Graph& g) {
   const TensorType& xt = g.type(n.inputs[0]);
   auto x = xt.shape(), y = g.type(n.outputs[0]).shape();
   auto pads = n.attrs.get_ints("pads");
   if (x.empty()) x = y = {1}, pads = {0, 0};
-  KILN_CHECK(x.size() <= size_t(kMaxRank), kUnsupported, "pad: rank ", x.size(), " exceeds the CUDA kernel's ",
-             kMaxRank);
   const std::string mode = n.attrs.get_string("mode", "constant");
   KILN_CHECK(mode == "constant" || mode == "reflect" || mode == "replicate", kUnsupported, "pad: mode '", mode, "'");
   Generated gn;
@@ -212,14 +220,31 @@ Generated gen_pad(const Node& n, const Graph& g) {
   gn.plan.describe = "cuda pad " + mode;
   if (numel == 0) return gn;
   const int esz = int(dtype_size(xt.dtype));
-  const int R = int(x.size());
-  PadDims p{};
   const auto xs = row_major_strides(x);
-  for (int k = 0; k < R; ++k) p.oext[k] = y[size_t(k)], p.iext[k] = x[size_t(k)], p.before[k] = pads[size_t(2 * k)], p.ist[k] = xs[size_t(k)];
+  std::vector<int64_t> oext, iext, before, ist;
+  for (size_t k = 0; k < x.size(); ++k) {
+    const bool padded = pads[2 * k] != 0 || x[k] != y[k];
+    const bool merge = !padded && !oext.empty() && oext.back() == iext.back() && before.back() == 0;
+    if (merge) {
+      oext.back() *= x[k], iext.back() *= x[k], ist.back() = xs[k];
+    } else {
+      oext.push_back(y[k]), iext.push_back(x[k]), before.push_back(pads[2 * k]), ist.push_back(xs[k]);
+    }
+  }
+  const int R = int(oext.size());
+  KILN_CHECK(R <= kMaxRank, kUnsupported, "pad: ", R, " padded or unmergeable dims exceed the CUDA kernel's ",
+             kMaxRank);
+  PadDims p{};
+  for (int k = 0; k < R; ++k) {
+    const auto K = size_t(k);
+    p.oext[k] = oext[K], p.iext[k] = iext[K], p.before[k] = before[K], p.ist[k] = ist[K];
+  }
   uint64_t fill = 0;
   cpu::store_double(&fill, xt.dtype, 0, mode == "constant" ? n.attrs.get_float("value", 0.0) : 0.0);
-  gn.source = source_head() + pad_kernel(mode, R, esz);
-  Launch l("kg_pad_" + mode + "_r" + std::to_string(R) + "_w" + std::to_string(esz), blocks_for(numel, 256), 256);
+  // 32-bit indices hold every output index and every (possibly negative) input offset.
+  const bool wide = std::max(numel, xt.numel()) >= (int64_t(1) << 30);
+  gn.source = source_head() + pad_kernel(mode, R, esz, wide);
+  Launch l(pad_name(mode, R, esz, wide), blocks_for(numel, 256), 256);
   l.in(0).out(0).val(p).val<unsigned long long>(fill).i64(numel);
   gn.plan.launches.push_back(std::move(l));
   return gn;
@@ -288,7 +313,8 @@ bool supports_shape(const Node& n, const Graph& g, std::string* why) {
 
 namespace {
 
-// reshape / copy: the generated flat copy, skipped when the output is the input's own bytes.
+// reshape / copy (and views that keep the element order): the generated flat copy, skipped
+// when the output is the input's own bytes.
 class CopyUnlessAliased final : public Kernel {
  public:
   explicit CopyUnlessAliased(std::unique_ptr<Kernel> copy) : copy_(std::move(copy)) {}
@@ -309,7 +335,7 @@ class CopyUnlessAliased final : public Kernel {
 std::unique_ptr<Kernel> make_shape_kernel(const Node& n, const Graph& g, const KernelOptions&, const Bytes* state) {
   auto k = state ? gen::build({}, gen::what_of(n), state)
                  : gen::build(gen::generate_shape(n, g), gen::what_of(n), nullptr);
-  if (n.op == OpKind::kReshape || n.op == OpKind::kCopy) return std::make_unique<CopyUnlessAliased>(std::move(k));
+  if (reads_input_in_order(n, g)) return std::make_unique<CopyUnlessAliased>(std::move(k));
   return k;
 }
 
