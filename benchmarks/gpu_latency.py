@@ -31,8 +31,7 @@ from typing import Any
 
 import torch
 
-from gpu_models import DTYPES, build_model, compile_for, median_ms  # type: ignore[import-not-found]
-from kiln.testing import randomize_weights
+from gpu_models import DTYPES, compile_for, median_ms, model_on_gpu  # type: ignore[import-not-found]
 
 log = logging.getLogger("kiln.bench.gpu_latency")
 
@@ -99,13 +98,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=50)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
     dtype = DTYPES[args.dtype]
-    model, inputs = build_model(args.model, args.batch)
-    randomize_weights(model.eval())
-    model = model.cuda().to(dtype)
-    inputs = [x.cuda().to(dtype) if x.is_floating_point() else x.cuda() for x in inputs]
+    model, inputs = model_on_gpu(args.model, args.batch, dtype)
     log.info("%-24s %-6s %10s %8s %12s %8s %8s %8s %7s", "model", "backend", "latency_ms", "host_ms",
              "pipelined_ms", "span_ms", "busy_ms", "gaps_ms", "kernels")
     for backend in args.backends.split(","):

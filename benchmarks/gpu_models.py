@@ -81,6 +81,16 @@ def build_model(name: str, batch: int) -> tuple[torch.nn.Module, list[torch.Tens
     return model, [torch.randn(batch, 3, 224, 224, generator=gen)]
 
 
+def model_on_gpu(name: str, batch: int, dtype: torch.dtype) -> tuple[torch.nn.Module, list[torch.Tensor]]:
+    """The model with re-randomized weights on the GPU in `dtype`, and its inputs; allows TF32."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    model, inputs = build_model(name, batch)
+    randomize_weights(model.eval())
+    model = model.cuda().to(dtype)
+    return model, [x.cuda().to(dtype) if x.is_floating_point() else x.cuda() for x in inputs]
+
+
 def used_bytes() -> int:
     free, total = torch.cuda.mem_get_info()
     return total - free

@@ -16,8 +16,7 @@ import logging
 
 import torch
 
-from gpu_models import DTYPES, build_model, median_ms  # type: ignore[import-not-found]
-from kiln.testing import randomize_weights
+from gpu_models import DTYPES, median_ms, model_on_gpu  # type: ignore[import-not-found]
 
 log = logging.getLogger("kiln.bench.gpu_profile")
 
@@ -38,13 +37,8 @@ def main() -> None:
         handler.setLevel(logging.DEBUG)
         logging.getLogger("kiln.compile").addHandler(handler)
         logging.getLogger("kiln.compile").setLevel(logging.DEBUG)
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
     dtype = DTYPES[args.dtype]
-    model, inputs = build_model(args.model, args.batch)
-    randomize_weights(model.eval())
-    model = model.cuda().to(dtype)
-    inputs = [x.cuda().to(dtype) if x.is_floating_point() else x.cuda() for x in inputs]
+    model, inputs = model_on_gpu(args.model, args.batch, dtype)
     if args.backend == "kiln":
         fn = torch.compile(model, backend="kiln", options={"enabled_precisions": {dtype}, "min_block_size": 1,
                                                            "use_cuda_graphs": False})

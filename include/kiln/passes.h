@@ -56,10 +56,10 @@ bool lower_precision(Graph& g, DType compute);
 // Assigns every intermediate value an offset in one arena by liveness. Graph inputs,
 // outputs and constants are not in the arena (offset -1). Alias rule (alias_views, on by
 // default): the output of a node for which output_reinterprets_input holds (a reshape, a
-// copy, or a permute that moves only size-1 dims) whose input is also in the arena gets its input's offset, and the shared bytes stay
-// live until the last use of every value aliasing them (chains included); its kernel then
-// sees equal input and output pointers and moves nothing. From a graph input or constant, or
-// into a graph output, such a node still copies.
+// copy, or a permute that moves only size-1 dims) whose input is also in the arena gets its
+// input's offset, and the shared bytes stay live until the last use of every value aliasing
+// them (chains included); its kernel then sees equal input and output pointers and moves
+// nothing. From a graph input or constant, or into a graph output, such a node still copies.
 struct MemoryPlan {
   std::vector<int64_t> offsets;  // per ValueId
   size_t arena_bytes = 0;        // what the plan needs

@@ -11,8 +11,9 @@
 //
 // Depthwise convs (nhwc, groups == C == O; depthwise.h) have a second tactic: a generated NVRTC
 // kernel, built and timed against the cuDNN plans (the fused graph's, for these often a slow
-// grouped direct kernel, and the conv alone's with the generated epilogue); the fastest is kept, in the timing cache and in state() (ConvChoice::tactic, with the
-// generated kernel's cubin), so that loading remakes it without compiling. At optimization
+// grouped direct kernel, and the conv alone's with the generated epilogue); the fastest is
+// kept, in the timing cache and in state() (ConvChoice::tactic, with the generated kernel's
+// cubin), so that loading remakes it without compiling. At optimization
 // level 0 the generated kernel is taken untimed: cuDNN and the timing cache are not asked, and
 // the untimed choice is not recorded there.
 //
