@@ -97,7 +97,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   Backend* backend_ = nullptr;
   std::vector<std::unique_ptr<Kernel>> kernels_;       // one per plan node
   std::vector<Bytes> kernel_states_;                   // Kernel::state() per node (engine files)
-  std::vector<std::shared_ptr<void>> constant_memory_;  // device copies of constants
+  std::shared_ptr<void> constant_memory_;               // device copies of the constants, one block
   std::vector<const void*> constant_ptr_;               // per ValueId, null unless constant
   size_t workspace_ = 0;
   std::shared_ptr<const Graph> refit_program_;  // null: immutable weights

@@ -11,6 +11,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kiln/kiln.h"
@@ -81,10 +82,12 @@ inline Layout parse_layout(const Bytes& b) {
   EXPECT_EQ(at + 8, b.size()) << "sections must end at the trailer";
   return l;
 }
-inline const SectionAt& section(const Layout& l, const std::string& tag) {
+// The tag is a string_view: a std::string parameter would bind a temporary, which g++ 13's
+// -Wdangling-reference takes for the referent of the returned reference.
+inline const SectionAt& section(const Layout& l, std::string_view tag) {
   for (const auto& s : l.sections)
     if (s.tag == tag) return s;
-  throw std::runtime_error("no section " + tag);
+  throw std::runtime_error("no section " + std::string(tag));
 }
 // Replaces the length-prefixed string at `at` with `s`.
 inline void replace_string(Bytes& b, size_t at, const std::string& s) {

@@ -7,13 +7,9 @@
 // (ExecutionContext::execute on the caller's thread) must have that device current, as
 // PyTorch's does for its current stream; the Python front end sets it before executing.
 //
-// capture() records what the launches enqueue on `stream` (thread-local capture mode, so
-// other threads' CUDA calls are unaffected) and instantiates a CUDA graph; it runs nothing.
-// Library kernels launched for programmatic dependent launch record "programmatic" edges, which
-// let a kernel start before its predecessor has finished; every such edge becomes a full
-// dependency. (cuDNN's runtime-fusion conv + residual kernel, recorded after the conv that
-// produces its residual, read that residual early: ResNet-50 layer4.0 at batch 32 replayed
-// values 1e-2 to 7e-2 off, different on every replay.) A recording that depends on host memory
+// capture() records what the launches enqueue on `stream` (record_graph in cuda_util, which
+// also decides which of the libraries' programmatic, early-launch edges the graph keeps) and
+// instantiates a CUDA graph; it runs nothing. A recording that depends on host memory
 // (a library's copy from a host buffer it reuses) is refused: the engine then runs its
 // launches directly. The legacy default stream (null, PyTorch's default current stream) cannot
 // be captured, so for it the launches are recorded on a stream of the backend's own: a graph
@@ -171,26 +167,14 @@ class CudaBackend final : public Backend {
   std::unique_ptr<CapturedGraph> capture(const std::function<void(void* stream)>& launches, void* stream,
                                          std::string* why) override {
     const cudaStream_t s = stream ? static_cast<cudaStream_t>(stream) : capture_stream();
-    KILN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    cudaGraph_t graph = nullptr;
-    try {
-      launches(s);
-    } catch (...) {
-      // End the capture so that the stream is usable again, then report the launch's error.
-      if (cudaStreamEndCapture(s, &graph) == cudaSuccess && graph) (void)cudaGraphDestroy(graph);
-      (void)cudaGetLastError();
-      throw;
-    }
-    KILN_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-    const std::unique_ptr<CUgraph_st, GraphDeleter> owned(graph);
-    serialize_programmatic_edges(graph);
-    dump_graph_if_asked(graph);
-    if (const std::string host = graph_host_dependencies(graph); !host.empty()) {
+    const GraphPtr graph = record_graph(s, [&](cudaStream_t rs) { launches(rs); });
+    dump_graph_if_asked(graph.get());
+    if (const std::string host = graph_host_dependencies(graph.get()); !host.empty()) {
       if (why) *why = "the recorded launches hold " + host + ", which a replay would read stale";
       return nullptr;
     }
     cudaGraphExec_t exec = nullptr;
-    KILN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    KILN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph.get(), 0));
     return std::make_unique<GraphExec>(exec);
   }
 
@@ -207,9 +191,6 @@ class CudaBackend final : public Backend {
     return capture_stream_.get();
   }
 
-  struct GraphDeleter {
-    void operator()(cudaGraph_t g) const { (void)cudaGraphDestroy(g); }
-  };
   struct StreamDeleter {
     void operator()(cudaStream_t s) const { (void)cudaStreamDestroy(s); }
   };

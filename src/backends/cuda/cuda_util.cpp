@@ -3,9 +3,12 @@
 // fail_cuda turns a failed call into a kiln::Error: out of memory is the caller's problem
 // (kInvalidArgument: a smaller batch or workspace may fit), anything else is kInternal. The
 // device properties are read once per device index (cudaGetDeviceProperties is slow enough
-// to matter when every make_kernel asks) and kept for the life of the process.
+// to matter when every make_kernel asks) and kept for the life of the process. Graph recording
+// (record_graph), the one place that decides which dependencies a recorded graph keeps, serves
+// both an engine's capture and the tactic timer.
 #include "src/backends/cuda/cuda_util.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <map>
@@ -98,7 +101,10 @@ std::string graph_host_dependencies(cudaGraph_t graph) {
   return out;
 }
 
-void serialize_programmatic_edges(cudaGraph_t graph) {
+namespace {
+
+// Makes every programmatic edge of `graph` a full one.
+void make_edges_full(cudaGraph_t graph) {
   size_t ne = 0;
   KILN_CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &ne));
   if (!ne) return;
@@ -111,6 +117,24 @@ void serialize_programmatic_edges(cudaGraph_t graph) {
     cudaGraphEdgeData plain{};
     KILN_CUDA_CHECK(cudaGraphAddDependencies(graph, &from[i], &to[i], &plain, 1));
   }
+}
+
+}  // namespace
+
+GraphPtr record_graph(cudaStream_t stream, const std::function<void(cudaStream_t)>& launches) {
+  KILN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  cudaGraph_t graph = nullptr;
+  try {
+    launches(stream);
+  } catch (...) {
+    if (cudaStreamEndCapture(stream, &graph) == cudaSuccess && graph) (void)cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    throw;
+  }
+  KILN_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  GraphPtr owned(graph);
+  make_edges_full(graph);
+  return owned;
 }
 
 void dump_graph_if_asked(cudaGraph_t graph) {

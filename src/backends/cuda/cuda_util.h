@@ -8,6 +8,8 @@
 
 #include <cuda_runtime.h>
 
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "kiln/backend.h"
@@ -44,9 +46,22 @@ const DeviceInfo& current_device();
 // whatever that host memory holds by then. Child graphs are searched too.
 std::string graph_host_dependencies(cudaGraph_t graph);
 
-// Turns every programmatic dependency (the next kernel may start before this one completes)
-// into a full one.
-void serialize_programmatic_edges(cudaGraph_t graph);
+struct GraphDeleter {
+  void operator()(cudaGraph_t g) const { (void)cudaGraphDestroy(g); }
+};
+using GraphPtr = std::unique_ptr<CUgraph_st, GraphDeleter>;
+
+// Records what `launches` enqueues on `stream` into a graph (thread-local capture mode, so other
+// threads' CUDA calls are unaffected) and returns it; it runs nothing. An exception thrown by
+// `launches` ends the capture, leaving the stream usable, and is rethrown.
+//
+// Library kernels launched for programmatic dependent launch record "programmatic" edges, which
+// let a kernel start before its predecessor has finished; every such edge becomes a full
+// dependency. (cuDNN's runtime-fusion conv + residual kernel, recorded after the conv that
+// produces its residual, read that residual early: ResNet-50 layer4.0 at batch 32 replayed
+// values 1e-2 to 7e-2 off, different on every replay. Keeping the other edges gained nothing
+// measurable: docs/perf-notes.md, item 23.)
+GraphPtr record_graph(cudaStream_t stream, const std::function<void(cudaStream_t)>& launches);
 
 // With $KILN_CUDA_GRAPH_DUMP set to a folder, writes `graph` there as Graphviz
 // (<folder>/engine-<n>.dot, every node's parameters included); nothing otherwise.

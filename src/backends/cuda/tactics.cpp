@@ -41,9 +41,6 @@ size_t candidates_for_level(int level, size_t available) {
   return std::min(available, size_t(1) << level);  // 1: 2, 2: 4, 3: 8, 4: 16
 }
 
-struct GraphDeleter {
-  void operator()(cudaGraph_t g) const { (void)cudaGraphDestroy(g); }
-};
 struct GraphExecDeleter {
   void operator()(cudaGraphExec_t e) const { (void)cudaGraphExecDestroy(e); }
 };
@@ -99,28 +96,19 @@ class Timer {
   }
 
  private:
-  // `repeats` runs of c recorded into an instantiated graph (programmatic edges made full ones,
-  // as an engine's capture does); null when c cannot be recorded.
+  // `repeats` runs of c recorded into an instantiated graph (with the dependencies an engine's
+  // graph would give them); null when c cannot be recorded.
   GraphExecPtr record(const Candidate& c, int repeats) {
-    KILN_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    cudaGraph_t graph = nullptr;
     try {
-      for (int i = 0; i < repeats; ++i) c(stream_);
-    } catch (...) {
-      if (cudaStreamEndCapture(stream_, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
-      (void)cudaGetLastError();
-      return nullptr;
+      const GraphPtr graph = record_graph(stream_, [&](cudaStream_t s) {
+        for (int i = 0; i < repeats; ++i) c(s);
+      });
+      cudaGraphExec_t exec = nullptr;
+      KILN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph.get(), 0));
+      return GraphExecPtr(exec);
+    } catch (const std::exception&) {
+      return nullptr;  // timed over direct launches instead
     }
-    if (cudaStreamEndCapture(stream_, &graph) != cudaSuccess || graph == nullptr) {
-      (void)cudaGetLastError();
-      return nullptr;
-    }
-    const std::unique_ptr<CUgraph_st, GraphDeleter> owned(graph);
-    serialize_programmatic_edges(graph);
-    cudaGraphExec_t exec = nullptr;
-    if (cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess) return GraphExecPtr(exec);
-    (void)cudaGetLastError();
-    return nullptr;
   }
 
   // Milliseconds for `replays` back-to-back launches of exec.
