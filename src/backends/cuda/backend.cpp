@@ -8,7 +8,7 @@
 // PyTorch's does for its current stream; the Python front end sets it before executing.
 //
 // capture() records what the launches enqueue on `stream` (record_graph in cuda_util, which
-// also decides which of the libraries' programmatic, early-launch edges the graph keeps) and
+// also makes the libraries' programmatic, early-launch edges full dependencies) and
 // instantiates a CUDA graph; it runs nothing. A recording that depends on host memory
 // (a library's copy from a host buffer it reuses) is refused: the engine then runs its
 // launches directly. The legacy default stream (null, PyTorch's default current stream) cannot

@@ -4,11 +4,10 @@
 // (kInvalidArgument: a smaller batch or workspace may fit), anything else is kInternal. The
 // device properties are read once per device index (cudaGetDeviceProperties is slow enough
 // to matter when every make_kernel asks) and kept for the life of the process. Graph recording
-// (record_graph), the one place that decides which dependencies a recorded graph keeps, serves
-// both an engine's capture and the tactic timer.
+// (record_graph), the one place that sets the dependencies of a recorded graph, serves both an
+// engine's capture and the tactic timer.
 #include "src/backends/cuda/cuda_util.h"
 
-#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <map>
