@@ -18,13 +18,25 @@ bool fold_constants(Graph& g);
 // Folds inference batch_norm into a preceding conv / conv_transpose / linear whose weight is
 // a constant and whose output has no other use.
 bool fold_batch_norm(Graph& g);
+// Which sdpa nodes fold_attention_layout (and, for their q / k / v, fuse_sibling_linears) may
+// give strided operands. fused_attention_shape: those the fused attention kernels serve (f16 /
+// bf16, head dim 64 or 128), the default, for backends whose other attention paths want whole
+// heads contiguous (the CPU's runs strided operands through copies). strided_attention_shape:
+// those, and the other f32 / f16 / bf16 sdpa nodes whose batch dims before the heads are all 1,
+// for backends whose fallback reads strided operands but batches its GEMMs over one stride
+// (CUDA's cuBLASLt fallback: over [B, H] views of a qkv output it launches once per b, which
+// cost BERT-base FP32 at batch 32 46% more time than the copies it saves).
+using AttentionFilter = std::function<bool(const Graph& g, const Node& sdpa)>;
+bool fused_attention_shape(const Graph& g, const Node& sdpa);
+bool strided_attention_shape(const Graph& g, const Node& sdpa);
 // Runs two or more plain linears that read the same x with constant weights (q, k and v
 // projections) as one linear over the weights concatenated along N, with a slice of its output
 // per former linear. Only when every output reaches sdpa q / k / v operands through reshape /
-// permute nodes alone, of sdpa nodes fused_attention_shape accepts, so fold_attention_layout
-// reads the slices as views. The weight concatenations are nodes on constants for
-// fold_constants to fold. Run it after lower_precision, before fuse_epilogue.
-bool fuse_sibling_linears(Graph& g);
+// permute nodes alone, of sdpa nodes `foldable` accepts (the filter fold_attention_layout is
+// given), so fold_attention_layout reads the slices as views. The weight concatenations are
+// nodes on constants for fold_constants to fold. Run it after lower_precision, before
+// fuse_epilogue.
+bool fuse_sibling_linears(Graph& g, const AttentionFilter& foldable = fused_attention_shape);
 // Folds a bias add, a residual add and an activation (relu, gelu, silu, sigmoid, tanh) that
 // follow a single-use linear or conv into that op's epilogue (its bias / residual inputs and
 // `activation` attribute). Run it before fuse_pointwise.
@@ -37,10 +49,7 @@ bool to_channels_last(Graph& g);
 // wants them: permute(x, [0, 2, 1, 3]) operands become layout "bshd"; other reshape / permute /
 // slice chains become operand views (q_view, ...) of the value they start from, and a lone
 // output permute becomes out_perm. Run it after fuse_epilogue, before fuse_pointwise.
-// Only sdpa nodes `foldable` accepts change; by default those fused attention kernels serve
-// (f16 / bf16, head dim 64 or 128), since the matmul fallback wants whole heads contiguous.
-using AttentionFilter = std::function<bool(const Graph& g, const Node& sdpa)>;
-bool fused_attention_shape(const Graph& g, const Node& sdpa);
+// Only sdpa nodes `foldable` accepts change (AttentionFilter above).
 bool fold_attention_layout(Graph& g, const AttentionFilter& foldable = fused_attention_shape);
 // Makes an sdpa whose mask is logical_and(all-true constant, m) read m (sdpa broadcasts its
 // mask over the scores), so transformers' folded index masks cost nothing per score.

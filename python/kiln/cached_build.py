@@ -17,8 +17,9 @@ With ``reuse_cached_engines`` a block's engine is first looked up by its key; wi
 A hit deserializes the engine, checks its I/O against the block and refits the block's current
 weights into it, so the same architecture with other weights reuses it. A stored engine carries a
 fingerprint of the weights it was built from (``Engine.source_weights_id``: per weight its name,
-dtype, shape and checksum64); when the block's weights have the same fingerprint (the same model
-in a new process) the refit would change nothing and is skipped. A damaged or foreign
+dtype and shape, and checksums of the bytes, computed where the weights live); when the block's
+weights have the same fingerprint (the same model in a new process) the refit would change
+nothing and is skipped. A damaged or foreign
 entry (unreadable, wrong I/O) is removed and counts as a miss; the compilation then builds.
 Nothing here raises into a compilation because of the cache: failures are logged.
 """
@@ -126,17 +127,68 @@ def _weights_of(description: BlockDescription) -> dict[str, torch.Tensor]:
     return {c.name: c.source.detach().to(c.dtype) for c in description.constants if c.weight}
 
 
+_MIX_1 = 0x5851F42D4C957F2D  # odd 64-bit constants (below 2**63: torch takes them as int64)
+_MIX_2 = 0x2545F4914F6CDD1D
+_DEVICE_GROUP_BYTES = 1 << 26  # bytes hashed at once on a device (a multiple of 8)
+
+
+def _device_checksum(tensors: list[torch.Tensor]) -> int:
+    """A 64-bit checksum of the tensors' bytes, one after the other (each padded to 8 bytes),
+    computed where they live, with one copy of 8 bytes to the host: per 8-byte word w at index i
+    of the stream, m = (w ^ i * _MIX_1) * _MIX_2, m ^= m >> 29, summed with wrap-around. Any
+    changed or moved word changes it (i is mixed in before the multiplication). Tensors go in
+    groups of up to _DEVICE_GROUP_BYTES, so a model of many small weights costs a few launches."""
+    if not tensors:
+        return 0
+    total = torch.zeros((), dtype=torch.int64, device=tensors[0].device)
+    start = 0  # the stream index of the group's first word
+    group: list[torch.Tensor] = []
+    group_bytes = 0
+
+    def flush() -> None:
+        nonlocal start, group, group_bytes, total
+        words = (torch.cat(group) if len(group) > 1 else group[0]).view(torch.int64)
+        index = torch.arange(start, start + words.numel(), device=words.device, dtype=torch.int64)
+        m = (words ^ (index * _MIX_1)) * _MIX_2
+        total += (m ^ (m >> 29)).sum()
+        start += words.numel()
+        group, group_bytes = [], 0
+
+    for t in tensors:
+        raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        for piece in raw.split(_DEVICE_GROUP_BYTES):
+            if piece.numel() % 8:
+                piece = torch.cat([piece, piece.new_zeros(8 - piece.numel() % 8)])
+            if group and group_bytes + piece.numel() > _DEVICE_GROUP_BYTES:
+                flush()
+            group.append(piece)
+            group_bytes += piece.numel()
+    if group:
+        flush()
+    return int(total.item()) & (2**64 - 1)
+
+
 def weights_fingerprint(weights: Mapping[str, torch.Tensor]) -> str:
-    """A hex SHA-256 over each weight's name, dtype, shape and checksum64 of its bytes."""
-    h = hashlib.sha256(b"kiln-weights-1\0")
-    for name in sorted(weights):
+    """A hex SHA-256 over each weight's name, dtype and shape and a checksum of the bytes:
+    checksum64 per host tensor; one _device_checksum over all device tensors, computed on the
+    device (copying the weights to the host took most of a warm cache hit on the GPU: 0.13 s of
+    BERT-base's 0.22 s). The checksum's kind is part of each record, so the same weights on
+    another kind of device make another fingerprint (a refit instead of a skipped one: never a
+    stale engine)."""
+    names = sorted(weights)
+    on_device = [n for n in names if weights[n].device.type != "cpu"]
+    h = hashlib.sha256(b"kiln-weights-2\0")
+    for name in names:
         t = weights[name].detach()
-        if t.device.type != "cpu":
-            t = t.cpu()
-        t = t.contiguous()
-        nbytes = t.numel() * t.element_size()
-        h.update(f"{name}\0{t.dtype}\0{list(t.shape)}\0".encode())
-        h.update(_C.checksum64(t.data_ptr(), nbytes).to_bytes(8, "little") if nbytes else b"")
+        kind = "device" if name in on_device else "host"
+        h.update(f"{name}\0{t.dtype}\0{list(t.shape)}\0{kind}\0".encode())
+        if kind == "host":
+            t = t.contiguous()
+            nbytes = t.numel() * t.element_size()
+            h.update((_C.checksum64(t.data_ptr(), nbytes) if nbytes else 0).to_bytes(8, "little"))
+    for device in sorted({str(weights[n].device) for n in on_device}):
+        checksum = _device_checksum([weights[n] for n in on_device if str(weights[n].device) == device])
+        h.update(f"{device}\0".encode() + checksum.to_bytes(8, "little"))
     return h.hexdigest()
 
 
@@ -216,7 +268,12 @@ class CachedBuild:
         if not weights:
             return True  # nothing to refit: the engine is the block's as it is
         stored = module.engine.source_weights_id
-        if stored and stored == self.fingerprint():
+        try:
+            same = bool(stored) and stored == self.fingerprint()
+        except (RuntimeError, TypeError, ValueError) as err:  # weights torch cannot view as bytes
+            log.info("engine cache: no fingerprint of %s's weights (%s); refitting", self.name, err)
+            same = False
+        if same:
             count("refits_skipped")  # built from these very weights: a refit would change nothing
             return True
         try:

@@ -66,10 +66,13 @@ std::shared_ptr<Engine> Builder::build(const Graph& network) const {
     run(std::string("lower_precision(") + dtype_name(*compute) + ")",
         [&](Graph& graph) { return lower_precision(graph, *compute); });
   run("fold_constants", &fold_constants);
-  run("fuse_sibling_linears", &fuse_sibling_linears);
+  // CUDA's attention kernels (fused and fallback) read strided operands; the CPU's copy them.
+  const AttentionFilter foldable =
+      config_.device.type == DeviceType::kCUDA ? strided_attention_shape : fused_attention_shape;
+  run("fuse_sibling_linears", [&](Graph& graph) { return fuse_sibling_linears(graph, foldable); });
   run("fuse_epilogue", &fuse_epilogue);
   run("simplify_attention_masks", &simplify_attention_masks);
-  run("fold_attention_layout", [](Graph& graph) { return fold_attention_layout(graph); });
+  run("fold_attention_layout", [&](Graph& graph) { return fold_attention_layout(graph, foldable); });
   // Tensor-core convolutions want channels-last tensors; the CPU's run channels-first.
   if (config_.device.type == DeviceType::kCUDA) run("to_channels_last", &to_channels_last);
   run("fold_constants", &fold_constants);

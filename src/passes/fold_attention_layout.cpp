@@ -32,8 +32,8 @@
 //
 // Does not: fold an sdpa that already has a layout or views, an sdpa the filter declines (by
 // default those the fused kernels do not serve: f32, head dims other than 64 / 128; see
-// fused_attention_shape), views through expand or other ops, or permutes elsewhere in the
-// graph. The old chains stay where something else reads them. Run it after fuse_epilogue and
+// fused_attention_shape; the CUDA builder passes strided_attention_shape), views through
+// expand or other ops, or permutes elsewhere in the graph. The old chains stay where something else reads them. Run it after fuse_epilogue and
 // before fuse_pointwise (the pointwise ops between two permutes would otherwise hide the pair);
 // on the CPU a strided sdpa runs through copies, so the pass pays off on CUDA, whose kernels
 // read the strides directly.
@@ -182,6 +182,15 @@ bool fused_attention_shape(const Graph& g, const Node& sdpa) {
   const TensorType& q = g.type(sdpa.inputs[0]);
   const int64_t d = q.rank() ? q.dims.back().extent : 0;
   return (q.dtype == DType::kF16 || q.dtype == DType::kBF16) && (d == 64 || d == 128);
+}
+
+bool strided_attention_shape(const Graph& g, const Node& sdpa) {
+  if (fused_attention_shape(g, sdpa)) return true;
+  const TensorType& q = g.type(sdpa.inputs[0]);
+  if (q.dtype != DType::kF32 && q.dtype != DType::kF16 && q.dtype != DType::kBF16) return false;
+  int64_t outer = 1;  // the batch dims before the heads
+  for (size_t i = 0; i + 3 < q.dims.size(); ++i) outer *= q.dims[i].extent;
+  return outer == 1;
 }
 
 bool fold_attention_layout(Graph& g, const AttentionFilter& foldable) {

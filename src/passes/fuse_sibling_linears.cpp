@@ -17,12 +17,13 @@
 // weights are constants, that all have a constant bias or all have none, that carry no
 // epilogue (no activation, no residual; the pass runs before fuse_epilogue) and whose
 // attributes are equal. Every output of the group must reach only sdpa q / k / v operands,
-// through reshape and permute nodes only, of sdpa nodes that fold_attention_layout folds by
-// default (fused_attention_shape: f16 / bf16, head dim 64 or 128): then each slice is the start
-// of a head split that fold_attention_layout reads as a strided view of y. An output with any
-// other reader (an add, a graph output, a mask), or feeding an sdpa that fold_attention_layout
-// leaves with dense operands (f32, other head dims), keeps its own linear: its slice would
-// stay a copy, which costs about what the saved launch does.
+// through reshape and permute nodes only, of sdpa nodes that the filter accepts, the one
+// fold_attention_layout is given (by default fused_attention_shape: f16 / bf16, head dim 64 or
+// 128; on CUDA strided_attention_shape): then each slice is the start of a head split that
+// fold_attention_layout reads as a strided view of y. An output with any other reader (an add,
+// a graph output, a mask), or feeding an sdpa that fold_attention_layout leaves with dense
+// operands, keeps its own linear: its slice would stay a copy, which costs about what the saved
+// launch does.
 //
 // Does not: fuse linears over different inputs, look through casts or other ops between x and
 // the linears, or fuse matmul / conv siblings.
@@ -42,17 +43,18 @@ namespace {
 ValueId input_or_none(const Node& n, size_t i) { return i < n.inputs.size() ? n.inputs[i] : kNoValue; }
 
 // Whether every reader of v, followed through reshape and permute nodes, is an sdpa that takes
-// it as q, k or v and that fold_attention_layout folds by default (fused_attention_shape); v
-// and the values on the way are no graph outputs, and v has a reader.
-bool feeds_only_attention_views(const Graph& g, const std::vector<std::vector<int>>& users, ValueId v, int depth = 0) {
+// it as q, k or v and that `foldable` accepts; v and the values on the way are no graph
+// outputs, and v has a reader.
+bool feeds_only_attention_views(const Graph& g, const std::vector<std::vector<int>>& users, ValueId v,
+                                const AttentionFilter& foldable, int depth = 0) {
   constexpr int kMaxDepth = 16;  // a head split is two or three views
   if (depth > kMaxDepth || passes::is_graph_output(g, v) || users[size_t(v)].empty()) return false;
   for (int u : users[size_t(v)]) {
     const Node& r = *g.nodes()[size_t(u)];
     if (r.op == OpKind::kReshape || r.op == OpKind::kPermute) {
-      if (!feeds_only_attention_views(g, users, r.outputs[0], depth + 1)) return false;
+      if (!feeds_only_attention_views(g, users, r.outputs[0], foldable, depth + 1)) return false;
     } else if (r.op == OpKind::kSdpa) {
-      if (!fused_attention_shape(g, r)) return false;
+      if (!foldable(g, r)) return false;
       for (size_t i = 3; i < r.inputs.size(); ++i)
         if (r.inputs[i] == v) return false;  // the mask
     } else {
@@ -129,12 +131,12 @@ void fuse(Graph& g, const Group& grp) {
 
 }  // namespace
 
-bool fuse_sibling_linears(Graph& g) {
+bool fuse_sibling_linears(Graph& g, const AttentionFilter& foldable) {
   const std::vector<std::vector<int>> users = g.users();
   std::vector<Group> groups;
   for (const auto& node : g.nodes()) {
     Node& n = *node;
-    if (!plain_constant_linear(g, n) || !feeds_only_attention_views(g, users, n.outputs[0])) continue;
+    if (!plain_constant_linear(g, n) || !feeds_only_attention_views(g, users, n.outputs[0], foldable)) continue;
     const ValueId x = n.inputs[0];
     const bool biased = input_or_none(n, 2) != kNoValue;
     auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& grp) {

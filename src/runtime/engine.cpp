@@ -2,6 +2,9 @@
 #include "kiln/engine.h"
 
 #include <algorithm>
+#include <chrono>
+#include <functional>
+#include <iomanip>
 #include <sstream>
 #include <unordered_map>
 
@@ -32,6 +35,11 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
   for (ValueId out : g.outputs()) e->outputs_.push_back({g.value(out).name, g.type(out)});
   e->memory_ = plan_memory(g, be.alignment());
 
+  using Clock = std::chrono::steady_clock;
+  const auto ms_since = [](Clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+  };
+  const auto t_constants = Clock::now();
   e->constant_ptr_.assign(size_t(g.num_values()), nullptr);
   if (device.type == DeviceType::kCPU) {
     for (ValueId c : g.constants())
@@ -59,11 +67,18 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
 
   KILN_CHECK(kernel_states.empty() || kernel_states.size() == g.nodes().size(), kCorrupted,
              kernel_states.size(), " kernel states for a plan of ", g.nodes().size(), " nodes");
+  const double constants_ms = ms_since(t_constants);
   std::ostringstream log;
   log << build_log;
+  // Loading from saved kernel states (GPU engines): where the time goes, in a "load:" line (the
+  // slowest kernels to remake, e.g. cuDNN plans to finalize).
+  const auto t_kernels = Clock::now();
+  std::vector<std::pair<double, size_t>> slowest;
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     const Node* n = g.nodes()[i].get();
+    const auto t_kernel = Clock::now();
     auto k = be.make_kernel(*n, g, options, kernel_states.empty() ? nullptr : &kernel_states[i]);
+    slowest.emplace_back(ms_since(t_kernel), i);
     KILN_CHECK(k != nullptr, kInternal, "backend ", be.name(), " returned no kernel for ", op_name(n->op));
     e->workspace_ = std::max(e->workspace_, k->workspace_size());
     std::string d = k->describe();
@@ -73,7 +88,19 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
   }
   KILN_CHECK(e->workspace_ <= options.workspace_limit, kInvalidArgument, "the plan needs ", e->workspace_,
              " bytes of workspace, over the workspace limit of ", options.workspace_limit);
-  log << "memory: arena " << e->memory_.arena_bytes << " bytes (naive " << e->memory_.naive_bytes << ")\n";
+  if (!kernel_states.empty()) {
+    const size_t top = std::min<size_t>(3, slowest.size());
+    std::partial_sort(slowest.begin(), slowest.begin() + long(top), slowest.end(), std::greater<>());
+    log << "load: constants " << std::fixed << std::setprecision(1) << constants_ms << " ms, " << g.nodes().size()
+        << " kernels " << ms_since(t_kernels) << " ms";
+    for (size_t j = 0; j < top; ++j) {
+      const Node& n = *g.nodes()[slowest[j].second];
+      log << (j ? ", " : " (slowest: ") << op_name(n.op) << " '" << n.name << "' " << slowest[j].first << " ms";
+    }
+    log << (top ? ")\n" : "\n");
+  } else {
+    log << "memory: arena " << e->memory_.arena_bytes << " bytes (naive " << e->memory_.naive_bytes << ")\n";
+  }
   e->log_ = log.str();
   return e;
 }

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -52,9 +53,11 @@ Bytes Engine::serialize() const {
 
 std::shared_ptr<Engine> Engine::deserialize(const uint8_t* data, size_t size, const Device& device) {
   Backend& be = get_backend(device);
+  const auto t0 = std::chrono::steady_clock::now();
   serialize::EngineFile f = serialize::read_engine_file(data, size, be.name(), be.device_name());
+  const double read_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   std::string log = f.build_log + "loaded from an engine file (" + std::to_string(size) + " bytes, written by Kiln " +
-                    f.kiln_version + ")\n";
+                    f.kiln_version + ", read in " + std::to_string(int64_t(read_ms)) + " ms)\n";
   std::shared_ptr<Engine> e = Engine::create(std::move(f.plan), device, f.options, std::move(log), f.kernel_states,
                                              std::move(f.refit_program));
   e->source_weights_id_ = std::move(f.source_weights_id);

@@ -40,6 +40,10 @@ ConvChoice random_choice(std::mt19937& rng) {
   c.engine = int64_t(rng() % 100);
   const int n = int(rng() % 6);
   for (int i = 0; i < n; ++i) c.knobs.emplace_back(int32_t(rng() % 46), int64_t(rng() % 1000) - 3);
+  if (rng() % 2 == 0) {  // a serialized plan: any bytes, NUL included
+    c.plan_json = "{\"plan\":";
+    for (int i = int(rng() % 40); i > 0; --i) c.plan_json.push_back(char(rng() % 256));
+  }
   return c;
 }
 
@@ -99,6 +103,41 @@ TEST(CudaConvState, RefusesTheVersionOneLayout) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kCorrupted);
     EXPECT_NE(std::string(e.what()).find("version 1"), std::string::npos) << e.what();
+  }
+}
+
+// A version-2 state (written before plans were serialized: no plan length) still loads, with
+// no serialized plan, so engines saved by earlier builds keep loading.
+TEST(CudaConvState, ReadsTheVersionTwoLayoutWithoutAPlan) {
+  Bytes v2{'K', 'C', 'V', '1', 2, 0, 1};  // magic, version 2, tactic cuDNN, fused
+  auto put = [&](uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) v2.push_back(uint8_t(v >> (8 * i)));
+  };
+  put(0x1234, 8);  // signature
+  put(0, 8);       // kernel hash
+  put(7, 8);       // engine
+  put(1, 4);       // one knob
+  put(3, 4), put(uint64_t(-2), 8);
+  put(cuda::fnv1a(v2.data(), v2.size()), 8);
+  const ConvChoice c = cuda::decode_conv_choice(v2);
+  EXPECT_EQ(c.signature, 0x1234u);
+  EXPECT_EQ(c.engine, 7);
+  ASSERT_EQ(c.knobs.size(), 1u);
+  EXPECT_EQ(c.knobs[0], std::make_pair(int32_t(3), int64_t(-2)));
+  EXPECT_TRUE(c.plan_json.empty());
+  EXPECT_EQ(cuda::decode_conv_choice(cuda::encode_conv_choice(c)), c);  // written again as version 3
+}
+
+TEST(CudaConvState, RefusesASerializedPlanOnTheDepthwiseTactic) {
+  ConvChoice c;
+  c.tactic = cuda::ConvTactic::kDepthwise;
+  c.signature = 5, c.kernel_hash = 77, c.engine = -1, c.plan_json = "{}";
+  try {
+    cuda::decode_conv_choice(cuda::encode_conv_choice(c));
+    ADD_FAILURE() << "a depthwise choice with a cuDNN plan was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCorrupted);
+    EXPECT_NE(std::string(e.what()).find("serialized plan"), std::string::npos) << e.what();
   }
 }
 

@@ -77,6 +77,24 @@ TEST(EngineFile, MlpRoundTripKeepsPlanAndOutputs) {
   }
 }
 
+// Engines whose weights pass 32 MB are read on several threads (read_blobs), each copying
+// whole blobs: every weight must come back byte for byte, and the outputs with them.
+TEST(EngineFile, LargeWeightsReadOnSeveralThreadsRoundTrip) {
+  Graph g;
+  ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 1024}));
+  ValueId h = g.add_node1(OpKind::kLinear,
+                          {x, weight(g, "fc1.weight", {4096, 1024}, 21), weight(g, "fc1.bias", {4096}, 22)});
+  ValueId y = g.add_node1(OpKind::kLinear, {h, weight(g, "fc2.weight", {2048, 4096}, 23), kNoValue});
+  ValueId z =
+      g.add_node1(OpKind::kLinear, {y, weight(g, "fc3.weight", {8, 2048}, 24), weight(g, "fc3.bias", {8}, 25)});
+  g.mark_output(z, "out");
+  auto e = Builder().build(g);
+  Bytes file = e->serialize();
+  ASSERT_GT(file.size(), size_t(48) << 20);
+  auto loaded = Engine::deserialize(file.data(), file.size());
+  expect_same_engine(*e, *loaded);
+}
+
 TEST(EngineFile, MlpMatchesNaiveReference) {
   auto e = mlp_engine();
   Bytes file = e->serialize();

@@ -218,6 +218,37 @@ def test_key_ignores_weight_values_but_not_settings(tmp_path: Path) -> None:
     assert cache_stats()["builds"] == 4
 
 
+def test_device_checksum_sees_every_change() -> None:
+    """The checksum weights_fingerprint computes over device weights (here run on host tensors:
+    the same torch operations): equal bytes give equal sums; one flipped bit, two swapped
+    elements, two tensors in the other order, a byte past a multiple of 8 change it; grouping
+    the stream in other sizes does not."""
+    from kiln import cached_build
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(1000, 37, generator=gen)
+    b = torch.randn(37, generator=gen)
+    odd = torch.randint(0, 256, (13,), generator=gen, dtype=torch.uint8)
+    base = cached_build._device_checksum([w, b, odd])
+    assert cached_build._device_checksum([w.clone(), b.clone(), odd.clone()]) == base
+    flipped = w.clone()
+    flipped.view(torch.int32)[500, 3] ^= 1 << 7
+    swapped = w.clone()
+    swapped[0, 0], swapped[0, 1] = w[0, 1], w[0, 0]
+    odd_changed = odd.clone()
+    odd_changed[12] ^= 1
+    others = [cached_build._device_checksum(ts) for ts in
+              ([flipped, b, odd], [swapped, b, odd], [b, w, odd], [w, b, odd_changed])]
+    assert len({base, *others}) == 5, others
+    assert 0 <= base < 2**64
+    old = cached_build._DEVICE_GROUP_BYTES
+    try:
+        for group in (1024, 8 * 37):
+            cached_build._DEVICE_GROUP_BYTES = group
+            assert cached_build._device_checksum([w, b, odd]) == base, group
+    finally:
+        cached_build._DEVICE_GROUP_BYTES = old
+
+
 def test_key_includes_the_build_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """KILN_DISABLE_TF32 and the like change what a build chooses: a process with another value
     must not get an engine built under the first one."""

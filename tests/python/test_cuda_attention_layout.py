@@ -10,8 +10,9 @@ unwritten element fails) and checks:
   - that the path the case is meant to take was taken (the build log names it);
 cases: the shapes that matter (head dim 64, L = S = 128 with an additive [B, 1, 1, S] mask as
 BERT, L = S = 197 unmasked as ViT), and what the flash kernel must keep right: causal, bool
-masks, head dim 128, odd L and S, L != S, heads of k / v broadcast, f16 and bf16; f32 and head
-dim 40 go through the fallback. The default layout runs the same cases.
+masks, head dim 128, odd L and S, L != S, heads of k / v broadcast, f16 and bf16; f32 (BERT's
+shape, and rows of 1500 keys: the fallback's softmax takes a warp per row) and head dim 40 go
+through the fallback. The default layout runs the same cases.
 
 Operand views (q_view / k_view / v_view, out_perm: what the pass makes of torchvision's
 MultiheadAttention) run on one [S, B, 3 * H * D] qkv buffer, checked the same way against torch
@@ -54,6 +55,8 @@ CASES = [
     (1, 1, 9, 2, 2, 64, "bool", True, torch.float16),
     (2, 33, 47, 3, 3, 40, "additive", False, torch.float16),       # fallback: head dim 40
     (2, 29, 31, 2, 2, 32, "bool", True, torch.float32),            # fallback: f32
+    (2, 128, 128, 12, 12, 64, "additive", False, torch.float32),   # fallback: BERT in f32
+    (1, 3, 1500, 2, 2, 32, "additive", False, torch.float32),      # fallback: rows of 1500 keys
 ]
 
 
@@ -232,3 +235,34 @@ def test_vit_encoder_block_fp16_reads_qkv_through_views(level: Optional[int]) ->
     assert "fused flash attention" in engine.build_log, engine.build_log
     if level == 0:
         assert "strided views" in engine.build_log, engine.build_log
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_bert_layer_fp32_reads_heads_in_place_at_batch_one(batch: int) -> None:
+    """An HF BERT layer in FP32 (TF32 allowed) takes the fallback attention path. At batch 1 its
+    GEMMs read strided operands in one batch, so the q, k and v projections run as one linear,
+    sdpa reads its output through views and writes the order the merge wants: no permute copy
+    is left. At batch 3 the heads of [B, S, H, D] views are no single batch stride, so the heads
+    stay copied (a GEMM launch per b would cost more). Both match eager FP32 within TF32."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(hidden_size=256, num_attention_heads=4, intermediate_size=512,
+                                     attn_implementation="sdpa")
+    torch.manual_seed(0)
+    layer = transformers.models.bert.modeling_bert.BertLayer(config).eval().cuda()
+    x = torch.randn(batch, 128, 256, device="cuda")
+    with torch.no_grad():
+        ref = layer(x)
+        ref = ref[0] if isinstance(ref, tuple) else ref
+        fast = kiln.compile(layer, arg_inputs=[x], min_block_size=1, require_full_compilation=True)
+        got = fast(x)
+        got = got[0] if isinstance(got, tuple) else got
+    (engine,) = [m.engine for m in fast.engines()]
+    assert _rel(got, ref) < 2e-3, f"{_rel(got, ref):.2e}\n{engine.build_log}"
+    ops = [n.op for n in engine.graph().nodes]
+    assert ops.count("sdpa") == 1, engine.graph_text
+    assert "sdpa fallback" in engine.build_log and "not fused: the fused kernel takes f16/bf16" in engine.build_log
+    if batch == 1:
+        assert ops.count("linear") == 4, engine.graph_text  # qkv, out, and the two of the MLP
+        assert "permute" not in ops, engine.graph_text
+    else:
+        assert ops.count("linear") == 6 and "permute" in ops, engine.graph_text

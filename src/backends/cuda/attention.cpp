@@ -73,8 +73,9 @@ class FallbackKernel final : public Kernel {
         KilnDims md = geo.mask_dims;
         const float* sc = scores;
         void* args[] = {&sc, &probs, &mask, &rows, &L, &S, &row0, &brank, &md, &mrs, &mcs, &causal};
-        launch(softmax, dim3(unsigned(std::min<long long>(rows, int64_t(sms) * 16))), dim3(128), args, 0,
-               stream_of(rc));
+        constexpr long long kRowsPerBlock = 4;  // one warp per row, 128 threads
+        const long long blocks = std::min<long long>((rows + kRowsPerBlock - 1) / kRowsPerBlock, int64_t(sms) * 16);
+        launch(softmax, dim3(unsigned(blocks)), dim3(32 * kRowsPerBlock), args, 0, stream_of(rc));
         pv->run(v + at(2), probs, nullptr, o + at(3), nullptr, gemm_rc);
       }
     }
@@ -155,7 +156,7 @@ std::unique_ptr<Kernel> make_fallback(const Node& n, const AttentionGeometry& ge
     k->pv = std::make_unique<LtPlan>(pv, k->gemm_ws, options.optimization_level, "sdpa_pv");
     k->module = Module::compile(sdpa_softmax_source(dt, geo.mask_kind), "sdpa softmax of node '" + n.name + "'");
   }
-  k->softmax = k->module->kernel("kiln_sdpa_softmax");
+  k->softmax = k->module->kernel("kiln_sdpa_softmax_w");  // an older engine's cubin lacks it: a load error
   k->desc = "sdpa fallback (cuBLASLt q k^T, generated softmax, cuBLASLt p v; " + std::to_string(bp.outer()) + " x " +
             std::to_string(bp.inner / k->chunk) + " chunks of " + std::to_string(k->chunk) + " batches)" +
             (why_not_fused.empty() ? "" : ", not fused: " + why_not_fused) + "; q k^T: " + k->qk->how() +

@@ -6,13 +6,14 @@
 // Two tactics: a cuDNN execution plan, or the generated depthwise kernel (depthwise.h), which
 // the build times against the cuDNN plan for depthwise convs and keeps when it is faster.
 //
-// Layout (little endian): "KCV1", u8 version (2; a version-1 state, which had no tactic byte,
-// is refused as kCorrupted rather than misread), u8 tactic (0 cuDNN, 1 generated depthwise),
-// u8 fused, u64 signature (a hash of the conv's shapes, dtypes and attributes, so a state from
+// Layout (little endian): "KCV1", u8 version (3; version 2, written before plans were
+// serialized, is read with an empty plan_json; a version-1 state, which had no tactic byte, is
+// refused as kCorrupted rather than misread), u8 tactic (0 cuDNN, 1 generated depthwise), u8
+// fused, u64 signature (a hash of the conv's shapes, dtypes and attributes, so a state from
 // another node is refused), u64 kernel hash (FNV-1a of the generated depthwise source, so a
 // cubin from another generator is refused; 0 for cuDNN), i64 engine global index (-1 for the
-// depthwise kernel), u32 knob count, per knob (i32 type, i64 value), u64 FNV-1a of everything
-// before. decode_conv_choice throws kCorrupted naming what is wrong. No CUDA header here: the
+// depthwise kernel), u32 knob count, per knob (i32 type, i64 value), version 3: u32 plan_json
+// length and its bytes, then u64 FNV-1a of everything before. decode_conv_choice throws kCorrupted naming what is wrong. No CUDA header here: the
 // layout is tested on machines without a GPU.
 #pragma once
 
@@ -36,9 +37,13 @@ struct ConvChoice {
   uint64_t kernel_hash = 0; // kDepthwise: FNV-1a of the generated source; kCudnn: 0
   int64_t engine = -1;      // kCudnn: cuDNN engine global index; kDepthwise: -1
   std::vector<std::pair<int32_t, int64_t>> knobs;  // (knob type, value); none for kDepthwise
+  // kCudnn: the finalized plan serialized by cuDNN (dnn_graph.h plan_json), where cuDNN
+  // serializes it (runtime-fusion engines, whose plans compile a kernel when finalized):
+  // rebuilding the plan from it compiles nothing. Empty otherwise.
+  std::string plan_json;
   bool operator==(const ConvChoice& o) const {
     return tactic == o.tactic && fused == o.fused && signature == o.signature && kernel_hash == o.kernel_hash &&
-           engine == o.engine && knobs == o.knobs;
+           engine == o.engine && knobs == o.knobs && plan_json == o.plan_json;
   }
 };
 
@@ -59,8 +64,9 @@ inline uint64_t conv_signature(const std::vector<std::string>& parts) {
 
 namespace conv_state_detail {
 inline constexpr uint8_t kMagic[4] = {'K', 'C', 'V', '1'};
-inline constexpr uint8_t kVersion = 2;
+inline constexpr uint8_t kVersion = 3;
 inline constexpr uint32_t kMaxKnobs = 256;
+inline constexpr uint32_t kMaxPlanJson = 64u << 20;
 
 template <typename T>
 void put(Bytes& b, T v) {
@@ -97,6 +103,10 @@ inline Bytes encode_conv_choice(const ConvChoice& c) {
     put<int32_t>(b, type);
     put<int64_t>(b, value);
   }
+  KILN_CHECK(c.plan_json.size() <= kMaxPlanJson, kInternal, "conv state: a serialized plan of ", c.plan_json.size(),
+             " bytes");
+  put<uint32_t>(b, uint32_t(c.plan_json.size()));
+  b.insert(b.end(), c.plan_json.begin(), c.plan_json.end());
   put<uint64_t>(b, fnv1a(b.data(), b.size()));
   return b;
 }
@@ -107,7 +117,8 @@ inline ConvChoice decode_conv_choice(const Bytes& b) {
              "conv state: bad magic (not a conv tactic, ", b.size(), " bytes)");
   Reader r{b, 4};
   const auto version = r.get<uint8_t>("version");
-  KILN_CHECK(version == kVersion, kCorrupted, "conv state: version ", int(version), ", expected ", int(kVersion));
+  KILN_CHECK(version == kVersion || version == 2, kCorrupted, "conv state: version ", int(version), ", expected 2 or ",
+             int(kVersion));
   ConvChoice c;
   const auto tactic = r.get<uint8_t>("tactic");
   KILN_CHECK(tactic <= 1, kCorrupted, "conv state: tactic ", int(tactic), " is not 0 (cuDNN) or 1 (depthwise)");
@@ -130,6 +141,14 @@ inline ConvChoice decode_conv_choice(const Bytes& b) {
     const auto type = r.get<int32_t>("knob type");
     const auto value = r.get<int64_t>("knob value");
     c.knobs.emplace_back(type, value);
+  }
+  if (version >= 3) {
+    const auto len = r.get<uint32_t>("plan length");
+    KILN_CHECK(len <= kMaxPlanJson && r.pos + len <= b.size(), kCorrupted, "conv state: a serialized plan of ", len,
+               " bytes in a state of ", b.size());
+    KILN_CHECK(cudnn || len == 0, kCorrupted, "conv state: a serialized plan on the depthwise tactic");
+    c.plan_json.assign(reinterpret_cast<const char*>(b.data() + r.pos), len);
+    r.pos += len;
   }
   const size_t body = r.pos;
   const auto sum = r.get<uint64_t>("checksum");

@@ -143,10 +143,16 @@ bool rebuild_conv_plan(const ConvGeom& q, cudnnHandle_t h, const ConvChoice& c, 
              std::string* why) {
   try {
     out.og = build_conv_graph(q, h, c.fused || !q.has_epilogue(), what);
+    out.choice = c;
+    if (!c.plan_json.empty()) {
+      out.plan = plan_from_json(h, c.plan_json);
+      if (out.plan) return true;
+      // Refused (another cuDNN version?): finalize the config again, which compiles.
+    }
     EngineId id{c.engine, c.knobs};
     Desc cfg = make_engine_config(out.og.graph, id);
     out.plan = make_plan(h, cfg, why);
-    out.choice = c;
+    out.choice.plan_json = plan_json(out.plan);  // what a later save stores
     return bool(out.plan);
   } catch (const Error& e) {
     if (why) *why = e.what();
@@ -249,6 +255,7 @@ ConvPlan search_conv_plan(const ConvGeom& q, const KernelOptions& options, const
     b.choice.signature = sig;
     b.choice.engine = cands[best].id.engine;
     b.choice.knobs = cands[best].id.knobs;
+    b.choice.plan_json = plan_json(b.plan);
     const auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
     b.note = detail::concat(cands.size(), " candidate plan(s)", report.empty() ? "" : ", timed", verify, " (plans ",
                             int(ms(t0, t1)), " ms, timing ", int(ms(t1, std::chrono::steady_clock::now())), " ms)");

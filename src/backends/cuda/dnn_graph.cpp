@@ -269,6 +269,32 @@ Desc make_plan(cudnnHandle_t handle, const Desc& config, std::string* why) {
   return plan;
 }
 
+std::string plan_json(const Desc& plan) {
+  int64_t n = 0;
+  if (!plan || cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, 0,
+                                        &n, nullptr) != CUDNN_STATUS_SUCCESS ||
+      n <= 0)
+    return {};
+  std::string text(size_t(n), '\0');
+  if (cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, n, &n,
+                               text.data()) != CUDNN_STATUS_SUCCESS)
+    return {};
+  text.resize(std::min(text.size(), size_t(std::max<int64_t>(n, 0))));
+  while (!text.empty() && text.back() == '\0') text.pop_back();
+  return text;
+}
+
+Desc plan_from_json(cudnnHandle_t handle, const std::string& json) {
+  Desc plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan (serialized)");
+  cudnnStatus_t st = cudnnBackendSetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1,
+                                              &handle);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnBackendSetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
+                                  int64_t(json.size()), json.data());
+  if (st == CUDNN_STATUS_SUCCESS) st = plan.try_finalize();
+  return st == CUDNN_STATUS_SUCCESS ? std::move(plan) : Desc();
+}
+
 std::vector<Desc> make_plans(const std::vector<const Desc*>& configs, std::vector<std::string>* why) {
   int device = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&device));

@@ -115,6 +115,13 @@ Desc make_engine_config(const Desc& op_graph, const EngineId& id);
 
 // A finalized execution plan of `config`, or an empty Desc (and *why set) when cuDNN refuses it.
 Desc make_plan(cudnnHandle_t handle, const Desc& config, std::string* why);
+// The plan's serialized form (CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION), or "" where cuDNN
+// does not serialize it. cuDNN serializes the plans of runtime-fusion engines, the ones whose
+// finalization compiles a kernel (up to seconds); plan_from_json makes the plan again from the
+// text on `handle` without compiling, or returns an empty Desc when cuDNN refuses it (another
+// cuDNN version or GPU).
+std::string plan_json(const Desc& plan);
+Desc plan_from_json(cudnnHandle_t handle, const std::string& json);
 // make_plan for each config, at once on threads of their own sharing kPlanLanes handle lanes:
 // finalizing a runtime-fusion engine's plan compiles its kernel, up to a second each. The lanes'
 // handles live for the process (about 10 MiB of device memory each, judging by the first build

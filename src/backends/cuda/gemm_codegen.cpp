@@ -76,28 +76,14 @@ std::string sdpa_softmax_source(DType dtype, int mask_kind) {
   s += "typedef " + std::string(mask_kind == 1 ? "bool" : storage_type(dtype)) + " MT;\n";
   s += "#define KILN_MASK " + std::to_string(mask_kind) + "\n";
   s += R"(
-__device__ __forceinline__ float kiln_block_reduce(float v, bool is_max, float* sh) {
-  for (int o = 16; o > 0; o >>= 1) {
-    const float w = __shfl_xor_sync(0xffffffffu, v, o);
-    v = is_max ? fmaxf(v, w) : v + w;
-  }
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
-  __syncthreads();
-  if (lane == 0) sh[warp] = v;
-  __syncthreads();
-  v = lane < nwarps ? sh[lane] : (is_max ? KILN_NEG_INF : 0.0f);
-  for (int o = 16; o > 0; o >>= 1) {
-    const float w = __shfl_xor_sync(0xffffffffu, v, o);
-    v = is_max ? fmaxf(v, w) : v + w;
-  }
-  return v;
-}
-
-extern "C" __global__ void kiln_sdpa_softmax(const float* scores, T* probs, const MT* __restrict__ mask,
-                                             long long rows, int L, int S, long long row0, int brank, KilnDims md,
-                                             long long mrs, long long mcs, int causal) {
-  __shared__ float sh[32];
-  for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+// One warp per score row: coalesced loads, the prelude's shuffle reductions, no block barriers. The second
+// and third pass over a row read it from L1.
+extern "C" __global__ void kiln_sdpa_softmax_w(const float* scores, T* probs, const MT* __restrict__ mask,
+                                               long long rows, int L, int S, long long row0, int brank, KilnDims md,
+                                               long long mrs, long long mcs, int causal) {
+  const int lane = threadIdx.x & 31, warps_per_block = blockDim.x >> 5;
+  const long long stride = (long long)gridDim.x * warps_per_block;
+  for (long long r = (long long)blockIdx.x * warps_per_block + (threadIdx.x >> 5); r < rows; r += stride) {
     const long long g = row0 + r;
     const int i = (int)(g % L);
     const float* srow = scores + r * S;
@@ -121,18 +107,18 @@ extern "C" __global__ void kiln_sdpa_softmax(const float* scores, T* probs, cons
 #define KILN_SCORE(j) (srow[j])
 #endif
     float mx = KILN_NEG_INF;
-    for (int j = threadIdx.x; j < valid; j += blockDim.x) mx = fmaxf(mx, KILN_SCORE(j));
-    mx = kiln_block_reduce(mx, true, sh);
+    for (int j = lane; j < valid; j += 32) mx = fmaxf(mx, KILN_SCORE(j));
+    mx = kiln_warp_max(mx);
     float sum = 0.0f;
     if (mx != KILN_NEG_INF)
-      for (int j = threadIdx.x; j < valid; j += blockDim.x) sum += expf(KILN_SCORE(j) - mx);
-    sum = kiln_block_reduce(sum, false, sh);
+      for (int j = lane; j < valid; j += 32) sum += expf(KILN_SCORE(j) - mx);
+    sum = kiln_warp_sum(sum);
     const float inv = (mx == KILN_NEG_INF || !(sum > 0.0f)) ? 0.0f : 1.0f / sum;
-    for (int j = threadIdx.x; j < S; j += blockDim.x) {
+    // probs may alias scores (f32): each lane reads element j before it writes it.
+    for (int j = lane; j < S; j += 32) {
       const float p = (j < valid && inv != 0.0f) ? expf(KILN_SCORE(j) - mx) * inv : 0.0f;
       prow[j] = from_float<T>(p);
     }
-    __syncthreads();
   }
 }
 )";

@@ -27,10 +27,11 @@ struct KilnDims {
 //   kiln_gemm_epilogue_vec(T* y, long long nvec): activation only, 16 bytes per thread step.
 std::string gemm_epilogue_source(DType dtype, const std::string& activation, bool residual);
 
-// The masked softmax of attention's fallback path, one block per score row:
-//   kiln_sdpa_softmax(const float* scores, T* probs, const M* mask, long long rows, int L, int S,
-//                     long long row0, int brank, KilnDims mdims, long long mrow_stride,
-//                     long long mcol_stride, int causal)
+// The masked softmax of attention's fallback path, one warp per score row (any block size that
+// is a multiple of 32; a grid-stride loop covers the rows):
+//   kiln_sdpa_softmax_w(const float* scores, T* probs, const M* mask, long long rows, int L, int S,
+//                       long long row0, int brank, KilnDims mdims, long long mrow_stride,
+//                       long long mcol_stride, int causal)
 // scores/probs: [rows, S] (probs may alias scores when T is float); row r is query row
 // (row0 + r) % L of batch (row0 + r) / L; mdims: the output batch dims (size) and the mask's
 // batch strides (stride); mask kinds: 0 none, 1 bool (keep where true), 2 additive (of T).
