@@ -19,8 +19,8 @@ weights into it, so the same architecture with other weights reuses it. A stored
 fingerprint of the weights it was built from (``Engine.source_weights_id``: per weight its name,
 dtype and shape, and checksums of the bytes, computed where the weights live); when the block's
 weights have the same fingerprint (the same model in a new process) the refit would change
-nothing and is skipped. A damaged or foreign
-entry (unreadable, wrong I/O) is removed and counts as a miss; the compilation then builds.
+nothing and is skipped. A damaged or foreign entry (unreadable, wrong I/O) is removed and counts
+as a miss; the compilation then builds.
 Nothing here raises into a compilation because of the cache: failures are logged.
 """
 
@@ -180,7 +180,7 @@ def weights_fingerprint(weights: Mapping[str, torch.Tensor]) -> str:
     h = hashlib.sha256(b"kiln-weights-2\0")
     for name in names:
         t = weights[name].detach()
-        kind = "device" if name in on_device else "host"
+        kind = "host" if t.device.type == "cpu" else "device"
         h.update(f"{name}\0{t.dtype}\0{list(t.shape)}\0{kind}\0".encode())
         if kind == "host":
             t = t.contiguous()

@@ -33,10 +33,10 @@
 // Does not: fold an sdpa that already has a layout or views, an sdpa the filter declines (by
 // default those the fused kernels do not serve: f32, head dims other than 64 / 128; see
 // fused_attention_shape; the CUDA builder passes strided_attention_shape), views through
-// expand or other ops, or permutes elsewhere in the graph. The old chains stay where something else reads them. Run it after fuse_epilogue and
-// before fuse_pointwise (the pointwise ops between two permutes would otherwise hide the pair);
-// on the CPU a strided sdpa runs through copies, so the pass pays off on CUDA, whose kernels
-// read the strides directly.
+// expand or other ops, or permutes elsewhere in the graph. The old chains stay where something
+// else reads them. Run it after fuse_epilogue and before fuse_pointwise (the pointwise ops
+// between two permutes would otherwise hide the pair); on the CPU a strided sdpa runs through
+// copies, so the pass pays off on CUDA, whose kernels read the strides directly.
 #include <algorithm>
 #include <unordered_set>
 

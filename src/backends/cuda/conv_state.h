@@ -13,8 +13,9 @@
 // another node is refused), u64 kernel hash (FNV-1a of the generated depthwise source, so a
 // cubin from another generator is refused; 0 for cuDNN), i64 engine global index (-1 for the
 // depthwise kernel), u32 knob count, per knob (i32 type, i64 value), version 3: u32 plan_json
-// length and its bytes, then u64 FNV-1a of everything before. decode_conv_choice throws kCorrupted naming what is wrong. No CUDA header here: the
-// layout is tested on machines without a GPU.
+// length and its bytes, then u64 FNV-1a of everything before. decode_conv_choice throws
+// kCorrupted naming what is wrong. No CUDA header here: the layout is tested on machines
+// without a GPU.
 #pragma once
 
 #include <cstdint>

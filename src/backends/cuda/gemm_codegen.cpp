@@ -76,8 +76,8 @@ std::string sdpa_softmax_source(DType dtype, int mask_kind) {
   s += "typedef " + std::string(mask_kind == 1 ? "bool" : storage_type(dtype)) + " MT;\n";
   s += "#define KILN_MASK " + std::to_string(mask_kind) + "\n";
   s += R"(
-// One warp per score row: coalesced loads, the prelude's shuffle reductions, no block barriers. The second
-// and third pass over a row read it from L1.
+// One warp per score row: coalesced loads, the prelude's shuffle reductions, no block
+// barriers. The second and third pass over a row read it from L1.
 extern "C" __global__ void kiln_sdpa_softmax_w(const float* scores, T* probs, const MT* __restrict__ mask,
                                                long long rows, int L, int S, long long row0, int brank, KilnDims md,
                                                long long mrs, long long mcs, int causal) {
