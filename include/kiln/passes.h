@@ -22,10 +22,9 @@ bool fold_batch_norm(Graph& g);
 // give strided operands. fused_attention_shape: those the fused attention kernels serve (f16 /
 // bf16, head dim 64 or 128), the default, for backends whose other attention paths want whole
 // heads contiguous (the CPU's runs strided operands through copies). strided_attention_shape:
-// those, and the other f32 / f16 / bf16 sdpa nodes whose batch dims before the heads are all 1,
-// for backends whose fallback reads strided operands but batches its GEMMs over one stride
-// (CUDA's cuBLASLt fallback: over [B, H] views of a qkv output it launches once per b, which
-// cost BERT-base FP32 at batch 32 46% more time than the copies it saves).
+// every f32 / f16 / bf16 sdpa node, for backends whose fallback reads strided operands in one
+// pass whatever their batch strides (CUDA's cuBLASLt fallback batches the [B, H] views of a
+// qkv output through pointer arrays).
 using AttentionFilter = std::function<bool(const Graph& g, const Node& sdpa)>;
 bool fused_attention_shape(const Graph& g, const Node& sdpa);
 bool strided_attention_shape(const Graph& g, const Node& sdpa);

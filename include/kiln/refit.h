@@ -6,8 +6,10 @@
 // outputs are the plan constants derived from them, named as in the plan; it is made of exactly
 // the nodes fold_constants evaluated at build time. A refit runs the affected part of the
 // program on the CPU reference kernels, node by node as fold_constants did, except chains of
-// large f32/f64 casts and add/sub/mul/div (a batch-norm fold of a conv weight), which it
-// evaluates row by row with the kernels' own scalar operations, without intermediates; either
+// large f32/f64 add/sub/mul/div and casts (a batch-norm fold of a conv weight, ending in the cast
+// to an f16 engine's dtype), which it evaluates row by row on several threads with the kernels'
+// own scalar operations, without intermediates, reading the weights where the caller holds
+// them and writing straight into the engine's constant; either
 // way the refitted constants have the bits a fresh build with the new weights would have; then it writes them,
 // and every plan weight given, in place: into the engine's own host copies on the CPU, into the
 // device buffers the kernels already read on other devices. Kernels that read constants when
@@ -58,6 +60,10 @@ class Refitter {
   // Applies the weights given since the last refit (kInvalidArgument naming the missing ones,
   // changing nothing, when missing_weights() is not empty).
   void refit();
+  // What the last refit() did and how long each part took, e.g. "refit: 12 weights, program
+  // 40.1 ms (8 outputs), host writes 3.2 ms, device copies 20.5 ms, 2 kernels remade in
+  // 4.0 ms"; empty before the first.
+  const std::string& report() const { return report_; }
 
   const std::shared_ptr<Engine>& engine() const { return engine_; }
 
@@ -72,6 +78,7 @@ class Refitter {
 
   std::shared_ptr<Engine> engine_;
   std::map<std::string, Pending> pending_;
+  std::string report_;
 };
 
 }  // namespace kiln

@@ -500,6 +500,10 @@ class Refitter:
         Applies the weights given since the last refit (InvalidArgumentError naming missing ones).
         """
 
+    @property
+    def report(self) -> str:
+        """What the last refit() did and the milliseconds of each part; empty before the first."""
+
 class ExecutionContext:
     """Runs an engine; one call at a time per context."""
 

@@ -19,8 +19,10 @@ weights into it, so the same architecture with other weights reuses it. A stored
 fingerprint of the weights it was built from (``Engine.source_weights_id``: per weight its name,
 dtype and shape, and checksums of the bytes, computed where the weights live); when the block's
 weights have the same fingerprint (the same model in a new process) the refit would change
-nothing and is skipped. A damaged or foreign entry (unreadable, wrong I/O) is removed and counts
-as a miss; the compilation then builds.
+nothing and is skipped. The fingerprint is computed on a worker thread while the engine is
+deserialized (which releases the GIL): on a GPU both are a large part of a hit. A damaged or
+foreign entry (unreadable, wrong I/O) is removed and counts as a miss; the compilation then
+builds.
 Nothing here raises into a compilation because of the cache: failures are logged.
 """
 
@@ -33,6 +35,7 @@ import platform
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -203,6 +206,7 @@ class CachedBuild:
         self.key = engine_cache_key(description, settings, device)
         self._weights: dict[str, torch.Tensor] | None = None
         self._fingerprint: str | None = None
+        self._pending: Future[str] | None = None  # the fingerprint, being computed
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The block's current model weights by name (computed once)."""
@@ -212,8 +216,18 @@ class CachedBuild:
 
     def fingerprint(self) -> str:
         if self._fingerprint is None:
-            self._fingerprint = weights_fingerprint(self.weights())
+            pending, self._pending = self._pending, None
+            self._fingerprint = pending.result() if pending else weights_fingerprint(self.weights())
         return self._fingerprint
+
+    def _start_fingerprint(self) -> None:
+        """Starts computing the fingerprint on a thread of its own (its errors surface in
+        fingerprint()). A pool per call, not one per process: a forked child must not wait on
+        a worker that only its parent has."""
+        if self._fingerprint is None and self._pending is None and self.weights():
+            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-fingerprint")
+            self._pending = pool.submit(weights_fingerprint, self.weights())
+            pool.shutdown(wait=False)  # the thread ends once the fingerprint is done
 
     @classmethod
     def create(cls, description: BlockDescription, settings: CompilationSettings, device: str,
@@ -243,6 +257,7 @@ class CachedBuild:
             return None
         read = time.perf_counter()
         size = len(data)
+        self._start_fingerprint()
         try:
             engine = _C.Engine.deserialize(data, self.device)
             check(engine)

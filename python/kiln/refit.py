@@ -75,6 +75,7 @@ def _check_complete(refitter: Any) -> None:
 def _apply(module: KilnEngineModule, refitter: Any) -> None:
     with module._lock:  # no call of this module runs during the refit
         refitter.refit()
+    log.debug("%s: %s", module.name, refitter.report)
     if "engine_blob" in module._buffers:  # the engine bytes torch.export would save
         module._buffers["engine_blob"] = torch.frombuffer(bytearray(module.engine_bytes()), dtype=torch.uint8)
 

@@ -174,7 +174,9 @@ void bind_engine(nb::module_& m) {
       }, "The engine file's bytes.")
       .def_static("deserialize", [](nb::handle data, const std::string& device) {
         BufferView view(data, "Engine.deserialize data");
-        return Engine::deserialize(view.data(), view.size(), Device::parse(device));
+        const Device d = Device::parse(device);
+        nb::gil_scoped_release release;  // other Python threads run while the engine loads
+        return Engine::deserialize(view.data(), view.size(), d);
       }, nb::arg("data"), nb::arg("device") = "cpu",
          nb::sig("def deserialize(data: bytes | bytearray | memoryview, device: str = 'cpu') -> Engine"),
          "Rebuilds an engine from serialize()'s bytes; raises an EngineFileError subclass naming the problem.")

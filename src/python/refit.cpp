@@ -67,7 +67,9 @@ void bind_refit(nb::module_& m) {
       .def("missing_weights", &Refitter::missing_weights,
            "Weights that must still be given before refit(): derived constants need all of their sources.")
       .def("refit", &Refitter::refit, nb::call_guard<nb::gil_scoped_release>(),
-           "Applies the weights given since the last refit (InvalidArgumentError naming missing ones).");
+           "Applies the weights given since the last refit (InvalidArgumentError naming missing ones).")
+      .def_prop_ro("report", &Refitter::report,
+                   "What the last refit() did and the milliseconds of each part; empty before the first.");
 }
 
 }  // namespace kiln::python

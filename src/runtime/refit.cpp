@@ -3,6 +3,7 @@
 #include "kiln/refit.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <set>
 #include <unordered_set>
@@ -47,17 +48,20 @@ std::set<std::string> inputs_feeding(const Graph& program, const std::vector<Val
 }
 
 // An elementwise node the refit evaluates itself, tile by tile, without materializing its
-// intermediates: a cast between f32 and f64, or add / sub / mul / div on f32 or f64 (inputs of
-// the output's dtype, broadcast to its shape). Each element goes through the same scalar
-// operations as the CPU kernels (a static_cast; pw::binary_array), so the bits are the same.
+// intermediates: a cast from f32 or f64 to f32, f64, f16 or bf16 (the precision casts of an
+// f16 engine), or add / sub / mul / div on f32 or f64 (inputs of the output's dtype,
+// broadcast to its shape). Each element goes through the same scalar operations as the CPU
+// kernels (a static_cast, pw::Elem<>::store; pw::binary_array), so the bits are the same. An
+// f16 / bf16 value feeds no fusable node, so such a cast is always the root of its group.
 bool fusable(const Graph& p, const Node& n) {
   if (n.body || n.outputs.size() != 1) return false;
   const DType out = p.type(n.outputs[0]).dtype;
   auto real = [](DType d) { return d == DType::kF32 || d == DType::kF64; };
-  if (!real(out)) return false;
   if (n.op == OpKind::kCast)
-    return n.inputs.size() == 1 && n.inputs[0] != kNoValue && real(p.type(n.inputs[0]).dtype) &&
+    return (real(out) || out == DType::kF16 || out == DType::kBF16) && n.inputs.size() == 1 &&
+           n.inputs[0] != kNoValue && real(p.type(n.inputs[0]).dtype) &&
            p.type(n.inputs[0]).shape() == p.type(n.outputs[0]).shape();
+  if (!real(out)) return false;
   if (n.op != OpKind::kAdd && n.op != OpKind::kSub && n.op != OpKind::kMul && n.op != OpKind::kDiv) return false;
   if (n.inputs.size() != 2) return false;
   const auto& os = p.type(n.outputs[0]).shape();
@@ -73,11 +77,25 @@ bool fusable(const Graph& p, const Node& n) {
   return true;
 }
 
+// y[0, n) = x cast from f32 / f64 to f16 / bf16, as the CPU cast kernel does (f64 rounds
+// through f32).
+void cast_to_half(DType from, DType to, const void* x, uint16_t* y, int64_t n) {
+  auto run = [&](auto store) {
+    if (from == DType::kF32)
+      for (int64_t e = 0; e < n; ++e) y[e] = store(static_cast<const float*>(x)[e]);
+    else
+      for (int64_t e = 0; e < n; ++e) y[e] = store(static_cast<float>(static_cast<const double*>(x)[e]));
+  };
+  if (to == DType::kF16) run([](float v) { return pw::Elem<DType::kF16>::store(v); });
+  else run([](float v) { return pw::Elem<DType::kBF16>::store(v); });
+}
+
 // Fused elementwise groups smaller than this are evaluated node by node.
 constexpr int64_t kFuseMinElements = 4096;
 
 // One fused group: `members` (program node indices, in order; the last is the root) computed
-// row by row into `out` (the root's output, `rows` x `row` elements).
+// tile by tile (up to kTile elements of a row) into `out` (the root's output, `rows` x `row`
+// elements).
 void run_group(const Graph& p, const std::vector<const Node*>& members, const std::vector<const uint8_t*>& ptr,
                uint8_t* out) {
   const Node& root = *members.back();
@@ -123,11 +141,17 @@ void run_group(const Graph& p, const std::vector<const Node*>& members, const st
     leaf.outer_stride = std::move(st);
   }
   const size_t out_size = dtype_size(p.type(root.outputs[0]).dtype);
-  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(row, 1));
-  cpu::parallel_for(rows, grain, [&](int64_t begin, int64_t end) {
-    std::vector<std::vector<double>> buf(members.size(), std::vector<double>(size_t(row)));
+  // Tiles of at most kTile elements of a row (the operands are dense or constant along a row),
+  // so that a tensor that is one long row still spreads over the threads.
+  constexpr int64_t kTile = 16384;
+  const int64_t tiles_per_row = std::max<int64_t>(1, (row + kTile - 1) / kTile);
+  const int64_t tile = std::min(row, kTile);
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(tile, 1));
+  cpu::parallel_for(rows * tiles_per_row, grain, [&](int64_t begin, int64_t end) {
+    std::vector<std::vector<double>> buf(members.size(), std::vector<double>(size_t(tile)));
     std::vector<int64_t> idx(static_cast<size_t>(k));
-    for (int64_t i = begin; i < end; ++i) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t i = t / tiles_per_row, c0 = (t % tiles_per_row) * kTile, len = std::min(row - c0, kTile);
       int64_t rem = i;
       for (int j = k - 1; j >= 0; --j) {
         idx[size_t(j)] = rem % dims[size_t(j)];
@@ -140,33 +164,37 @@ void run_group(const Graph& p, const std::vector<const Node*>& members, const st
           return buf[size_t(m->second)].data();
         }
         const Leaf& leaf = leaves.at(v);
-        int64_t off = 0;
+        int64_t off = c0 * leaf.inner_stride;
         for (int j = 0; j < k; ++j) off += idx[size_t(j)] * leaf.outer_stride[size_t(j)];
         stride = leaf.inner_stride;
         return leaf.base + size_t(off) * leaf.esize;
       };
       for (size_t m = 0; m < members.size(); ++m) {
         const Node& n = *members[m];
-        void* y = m + 1 == members.size() ? static_cast<void*>(out + size_t(i * row) * out_size) : buf[m].data();
+        void* y = m + 1 == members.size() ? static_cast<void*>(out + size_t(i * row + c0) * out_size) : buf[m].data();
         const DType to = p.type(n.outputs[0]).dtype;
         int64_t sa = 1, sb = 1;
         const void* a = operand(n.inputs[0], sa);
         if (n.op == OpKind::kCast) {
           const DType from = p.type(n.inputs[0]).dtype;
-          if (from == to) std::memcpy(y, a, size_t(row) * out_size);
+          if (from == to) std::memcpy(y, a, size_t(len) * dtype_size(to));
+          else if (to == DType::kF16 || to == DType::kBF16)
+            cast_to_half(from, to, a, static_cast<uint16_t*>(y), len);
           else if (from == DType::kF32)
-            for (int64_t e = 0; e < row; ++e) static_cast<double*>(y)[e] = static_cast<double>(static_cast<const float*>(a)[e]);
+            for (int64_t e = 0; e < len; ++e)
+              static_cast<double*>(y)[e] = static_cast<double>(static_cast<const float*>(a)[e]);
           else
-            for (int64_t e = 0; e < row; ++e) static_cast<float*>(y)[e] = static_cast<float>(static_cast<const double*>(a)[e]);
+            for (int64_t e = 0; e < len; ++e)
+              static_cast<float*>(y)[e] = static_cast<float>(static_cast<const double*>(a)[e]);
           continue;
         }
         const void* b = operand(n.inputs[1], sb);
         if (to == DType::kF32)
           pw::binary_array<float>(n.op, static_cast<const float*>(a), sa, static_cast<const float*>(b), sb,
-                                  static_cast<float*>(y), row);
+                                  static_cast<float*>(y), len);
         else
           pw::binary_array<double>(n.op, static_cast<const double*>(a), sa, static_cast<const double*>(b), sb,
-                                   static_cast<double*>(y), row);
+                                   static_cast<double*>(y), len);
       }
     }
   });
@@ -254,6 +282,11 @@ void Refitter::refit() {
     KILN_FAIL(kInvalidArgument, "refit needs weight(s) ", list, " as well: the engine derives constants from them "
               "together with the weights given, and keeps no copy of them");
   }
+  using Clock = std::chrono::steady_clock;
+  const auto t_start = Clock::now();
+  auto ms_since = [](Clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+  };
   Engine& e = *engine_;
   Graph& plan = e.plan_;
   const Graph& program = *e.refit_program_;
@@ -397,6 +430,8 @@ void Refitter::refit() {
     run_group(program, members, ptr, const_cast<uint8_t*>(ptr[size_t(out)]));
   }
 
+  const double program_ms = ms_since(t_start);
+  const auto t_write = Clock::now();
   // Write in place: the plan's (engine-owned) host bytes, and the device copy where there is one.
   Backend& be = *e.backend_;
   const bool on_host = e.device_.type == DeviceType::kCPU;
@@ -417,6 +452,10 @@ void Refitter::refit() {
     ValueId out = program.outputs()[i];
     if (changed[size_t(out)]) write(*e.refit_targets_[i], ptr[size_t(out)], program.type(out).nbytes());
   }
+  size_t outputs_changed = 0;
+  for (ValueId out : program.outputs()) outputs_changed += changed[size_t(out)] ? 1 : 0;
+  const double write_ms = ms_since(t_write);
+  const auto t_copy = Clock::now();
   if (!on_host) {
     be.synchronize(nullptr);  // a forward still running on any stream reads the old values, whole
     for (ValueId c : plan.constants())
@@ -426,6 +465,9 @@ void Refitter::refit() {
     be.synchronize(nullptr);
   }
 
+  const double copy_ms = ms_since(t_copy);
+  const auto t_kernels = Clock::now();
+  int remade = 0;
   // Kernels that may have read a written constant when they were made are made again.
   for (size_t i = 0; i < plan.nodes().size(); ++i) {
     const Node& n = *plan.nodes()[i];
@@ -439,7 +481,12 @@ void Refitter::refit() {
     KILN_CHECK(k != nullptr && k->workspace_size() <= e.workspace_, kInternal, "refit: the kernel of ",
                op_name(n.op), " made again needs more workspace than the engine has");
     e.kernels_[i] = std::move(k);
+    ++remade;
   }
+  auto fmt = [](double ms) { return detail::concat(double(int64_t(ms * 10 + 0.5)) / 10, " ms"); };
+  report_ = detail::concat("refit: ", pending_.size(), " weights, program ", fmt(program_ms), " (", outputs_changed,
+                           " outputs), host writes ", fmt(write_ms), on_host ? "" : ", device copies ",
+                           on_host ? "" : fmt(copy_ms), ", ", remade, " kernels remade in ", fmt(ms_since(t_kernels)));
   ++e.weights_version_;
   e.source_weights_id_.clear();
   pending_.clear();

@@ -87,6 +87,8 @@ class ByteWriter {
     buf_.resize(at + n);
     if (n) std::memcpy(buf_.data() + at, p, n);
   }
+  // Room for `n` more bytes without reallocating (large sections: no copies while growing).
+  void reserve(size_t n) { buf_.reserve(buf_.size() + n); }
   // Zero bytes up to the next multiple of `alignment` from the start of the buffer.
   void pad_to(size_t alignment) { buf_.resize((buf_.size() + alignment - 1) / alignment * alignment, 0); }
   void patch_u64(size_t at, uint64_t v) {

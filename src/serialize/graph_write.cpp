@@ -113,6 +113,9 @@ void write_graph(ByteWriter& w, const Graph& g, BlobTable& blobs) {
 }
 
 void write_blobs(ByteWriter& w, const BlobTable& blobs) {
+  size_t total = 8 + (size_t(1) << 20);  // and room for the small sections after it
+  for (const Blob& b : blobs.blobs()) total += 8 + kBlobAlignment + b->size();
+  w.reserve(total);
   w.u64(blobs.blobs().size());
   for (const Blob& b : blobs.blobs()) {
     w.u64(b->size());

@@ -106,6 +106,35 @@ const Net& conv_net() {
   return net;
 }
 
+// Weights large enough for the refit's threaded element-wise path (more than one 16384-element
+// tile per row): x * w1 + w2 with w1 rounded through f16 and w2 through bf16 (20000 elements
+// each, one row), then a linear whose weight goes through f16 before a batch norm folds into
+// it ([8, 20000]: the fold's per-row scale broadcasts over two tiles a row).
+const Net& wide_net() {
+  static const Net net = [] {
+    Net n;
+    n.specs = {{"w1", {20000}}, {"w2", {20000}}, {"fc.weight", {8, 20000}}};
+    for (auto& s : bn_specs("bn", 8)) n.specs.push_back(s);
+    n.make = [](const Weights& w) {
+      Graph g;
+      auto through = [&](ValueId v, DType d) {
+        Attrs lo, hi;
+        lo.set("dtype", d);
+        hi.set("dtype", DType::kF32);
+        return g.add_node1(OpKind::kCast, {g.add_node1(OpKind::kCast, {v}, lo)}, hi);
+      };
+      ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 20000}));
+      ValueId h = g.add_node1(OpKind::kMul, {x, through(add_weight(g, w, "w1", {20000}), DType::kF16)});
+      h = g.add_node1(OpKind::kAdd, {h, through(add_weight(g, w, "w2", {20000}), DType::kBF16)});
+      h = g.add_node1(OpKind::kLinear, {h, through(add_weight(g, w, "fc.weight", {8, 20000}), DType::kF16)});
+      g.mark_output(batch_norm(g, w, h, "bn", 8), "y");
+      return g;
+    };
+    return n;
+  }();
+  return net;
+}
+
 std::shared_ptr<Engine> build(const Graph& g, bool refittable = true) {
   BuilderConfig c;
   c.refittable = refittable;
@@ -214,6 +243,24 @@ TEST(Refit, EqualsAFreshBuildBitForBit) {
   set_all(r, net, a);
   r.refit();
   expect_bits_equal(run(*e, *ctx_before, x), old_y);
+}
+
+TEST(Refit, WideCastsAndFoldsEqualAFreshBuildBitForBit) {
+  const Net& net = wide_net();
+  const Weights a = random_weights(net.specs, 50), b = random_weights(net.specs, 60);
+  auto e = build(net.make(a));
+  const Floats x = random_floats(2 * 20000, 5);
+  const Floats old_y = run(e, x);
+  Refitter r(e);
+  set_all(r, net, b);
+  r.refit();
+  auto fresh = build(net.make(b));
+  EXPECT_EQ(constants_of(e->graph()), constants_of(fresh->graph()));
+  const Floats want = run(fresh, x);
+  ASSERT_NE(std::memcmp(old_y.data(), want.data(), want.size() * 4), 0) << "the weights did not change the output";
+  expect_bits_equal(run(e, x), want);
+  EXPECT_NE(r.report().find("refit: " + std::to_string(net.specs.size()) + " weights"), std::string::npos)
+      << r.report();
 }
 
 TEST(Refit, APlanWeightAloneAndWeightsNeededTogether) {

@@ -10,6 +10,7 @@ the errors: wrong shape or dtype, unknown names, missing weights, immutable engi
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -146,6 +147,19 @@ def test_batch_norm_folds_are_in_the_refit_program() -> None:
     assert {"conv1.weight", "bn1.running_var", "bn3.weight", "fc.weight", "head.bias"} <= names
     weights = refit_module.engine_weights_from(old, engine_module)
     assert set(weights) == names and weights["bn2.bias"] is old.bn2.bias
+
+
+def test_refitter_reports_what_it_did() -> None:
+    old, new, x = conv_pair()
+    (engine_module,) = engines_of(compile_both(old, x, "aot"))
+    refitter = _C.Refitter(engine_module.engine)
+    assert refitter.report == ""
+    weights = refit_module.engine_weights_from(new, engine_module)
+    for name, t in weights.items():
+        refitter.set_weight(name, t.detach().contiguous().numpy())
+    refitter.refit()
+    assert refitter.report.startswith(f"refit: {len(weights)} weights, program "), refitter.report
+    assert re.search(r"host writes [0-9.]+ ms, \d+ kernels remade in [0-9.]+ ms$", refitter.report), refitter.report
 
 
 def test_errors_name_the_weight_and_change_nothing() -> None:

@@ -4,7 +4,8 @@
 // At build: the timing cache is asked first (key: family, the problem's signature, the
 // workspace bound, GPU and library versions). On a miss, cuBLASLt's heuristic proposes up to
 // as many algorithms as the optimization level times (tactics.h), each runs on scratch buffers
-// of the real sizes (allocated here, freed before returning), the fastest is kept and cached.
+// of the real sizes (allocated here, freed before returning; a pointer-array batch gets pointer
+// arrays into them at its matrices' real offsets), the fastest is kept and cached.
 // The saved state is a format tag and the algorithm's 64 bytes (cublasLtMatmulAlgo_t is a
 // plain struct); at load it is checked with cublasLtMatmulAlgoCheck and, if the library no
 // longer accepts it (another version), replaced by the heuristic's first choice: never timed.
@@ -47,8 +48,12 @@ std::optional<cublasLtMatmulAlgo_t> parse_algo(const Bytes& b) {
 
 }  // namespace
 
-LtPlan::LtPlan(const GemmShape& s, size_t workspace, int optimization_level, const std::string& family)
+LtPlan::LtPlan(const GemmShape& s, size_t workspace, int optimization_level, const std::string& family,
+               const BatchOffsets* offsets)
     : mm_(std::make_unique<LtMatmul>(s)), workspace_(workspace) {
+  KILN_CHECK(!s.pointer_array || (offsets && offsets->a.size() == size_t(s.batch) &&
+                                  offsets->b.size() == size_t(s.batch) && offsets->c.size() == size_t(s.batch)),
+             kInternal, "LtPlan: a pointer-array GEMM needs the offsets of its ", s.batch, " matrices");
   const std::string key = timing_key(family, {s.signature(), "ws" + std::to_string(workspace)});
   if (auto cached = timing_cache_find(key)) {
     auto a = parse_algo(*cached);
@@ -64,17 +69,42 @@ LtPlan::LtPlan(const GemmShape& s, size_t workspace, int optimization_level, con
   size_t best = 0;
   if (algos.size() > 1 && optimization_level > 0) {
     const size_t es = dtype_size(s.ab_type), cs = dtype_size(s.cd_type);
-    ScratchBuffer a(es * span(s.lda, s.trans_a ? s.m : s.k, s.batch, s.stride_a));
-    ScratchBuffer b(es * span(s.ldb, s.trans_b ? s.k : s.n, s.batch, s.stride_b));
-    ScratchBuffer c(cs * span(s.ldc, s.n, s.batch, s.stride_c));
-    ScratchBuffer d(cs * span(s.ldc, s.n, s.batch, s.stride_c));
+    const size_t a_mat = size_t(s.lda * (s.trans_a ? s.m : s.k)), b_mat = size_t(s.ldb * (s.trans_b ? s.k : s.n)),
+                 c_mat = size_t(s.ldc * s.n);
+    // Strided: the batch's span. Pointer array: up to the last matrix's end.
+    auto extent = [&](size_t mat, int64_t stride, const std::vector<int64_t>* offs) {
+      if (!s.pointer_array) return span(int64_t(mat), 1, s.batch, stride);
+      return size_t(*std::max_element(offs->begin(), offs->end())) + mat;
+    };
+    ScratchBuffer a(es * extent(a_mat, s.stride_a, offsets ? &offsets->a : nullptr));
+    ScratchBuffer b(es * extent(b_mat, s.stride_b, offsets ? &offsets->b : nullptr));
+    ScratchBuffer c(cs * extent(c_mat, s.stride_c, offsets ? &offsets->c : nullptr));
+    ScratchBuffer d(cs * extent(c_mat, s.stride_c, offsets ? &offsets->c : nullptr));
     ScratchBuffer bias(cs * size_t(s.m));
     ScratchBuffer ws(workspace);
+    // Pointer array: the four operands' pointer arrays, one after the other.
+    const size_t nb = s.pointer_array ? size_t(s.batch) : 0;
+    ScratchBuffer arrays(4 * nb * sizeof(void*));
+    void* const* arr = static_cast<void* const*>(arrays.get());
+    if (s.pointer_array) {
+      std::vector<const void*> host(4 * nb);
+      for (size_t i = 0; i < nb; ++i) {
+        host[i] = static_cast<const uint8_t*>(a.get()) + size_t(offsets->a[i]) * es;
+        host[nb + i] = static_cast<const uint8_t*>(b.get()) + size_t(offsets->b[i]) * es;
+        host[2 * nb + i] = static_cast<const uint8_t*>(c.get()) + size_t(offsets->c[i]) * cs;
+        host[3 * nb + i] = static_cast<const uint8_t*>(d.get()) + size_t(offsets->c[i]) * cs;
+      }
+      KILN_CUDA_CHECK(cudaMemcpy(arrays.get(), host.data(), host.size() * sizeof(void*), cudaMemcpyHostToDevice));
+    }
     std::vector<Candidate> cands;
     for (const auto& algo : algos)
       cands.push_back([&, algo](cudaStream_t st) {
-        mm_->run(algo, a.get(), b.get(), s.beta != 0.0f ? c.get() : nullptr, d.get(), bias.get(), ws.get(), workspace,
-                 st);
+        const bool beta = s.beta != 0.0f;
+        if (s.pointer_array)
+          mm_->run(algo, arr, arr + nb, beta ? arr + 2 * nb : nullptr, const_cast<void**>(arr + 3 * nb), nullptr,
+                   ws.get(), workspace, st);
+        else
+          mm_->run(algo, a.get(), b.get(), beta ? c.get() : nullptr, d.get(), bias.get(), ws.get(), workspace, st);
       });
     std::string report;
     best = time_candidates(cands, optimization_level, &report);
@@ -116,8 +146,8 @@ void LtPlan::finish_init() {
 
 Bytes LtPlan::save() const { return algo_bytes(algo_); }
 
-void LtPlan::run(const void* a, const void* b, const void* c, void* d, const void* bias, const RunContext& rc) const {
-  const uintptr_t bits = uintptr_t(a) | uintptr_t(b) | uintptr_t(c) | uintptr_t(d);
+void LtPlan::enqueue(uintptr_t bits, const void* a, const void* b, const void* c, void* d, const void* bias,
+                     const RunContext& rc) const {
   const cublasLtMatmulAlgo_t* algo = &algo_;
   if (bits % mm_->shape().align != 0) {
     KILN_CHECK(unaligned_.has_value(), kInvalidArgument, "cuBLASLt GEMM ", mm_->shape().signature(),
@@ -127,6 +157,16 @@ void LtPlan::run(const void* a, const void* b, const void* c, void* d, const voi
   KILN_CHECK(rc.workspace_size >= needed_ || needed_ == 0, kInternal, "cuBLASLt GEMM: workspace of ",
              rc.workspace_size, " bytes, ", needed_, " declared");
   mm_->run(*algo, a, b, c, d, bias, needed_ ? rc.workspace : nullptr, needed_, stream_of(rc));
+}
+
+void LtPlan::run(const void* a, const void* b, const void* c, void* d, const void* bias, const RunContext& rc) const {
+  enqueue(uintptr_t(a) | uintptr_t(b) | uintptr_t(c) | uintptr_t(d), a, b, c, d, bias, rc);
+}
+
+void LtPlan::run_pointers(const void* a, const void* b, const void* c, void* d, uintptr_t matrix_bits,
+                          const RunContext& rc) const {
+  KILN_CHECK(mm_->shape().pointer_array, kInternal, "LtPlan::run_pointers on a strided GEMM");
+  enqueue(matrix_bits, a, b, c, d, nullptr, rc);
 }
 
 BatchPlan plan_batches(const std::vector<int64_t>& out_batch, const std::vector<std::vector<int64_t>>& batch,

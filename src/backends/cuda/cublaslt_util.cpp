@@ -55,23 +55,34 @@ std::string GemmShape::signature() const {
   os << dtype_name(ab_type) << ">" << dtype_name(cd_type) << (tf32 ? ",tf32" : "") << ",m" << m << ",n" << n << ",k"
      << k << "," << (trans_a ? "T" : "N") << (trans_b ? "T" : "N") << ",ld" << lda << "/" << ldb << "/" << ldc
      << ",b" << batch << ",s" << stride_a << "/" << stride_b << "/" << stride_c << ",epi" << int(epilogue)
-     << ",alpha" << alpha << ",beta" << beta << ",align" << align;
+     << ",alpha" << alpha << ",beta" << beta << ",align" << align << (pointer_array ? ",ptr" : "");
   return os.str();
 }
 
 namespace {
 
-void set_layout_batch(cublasLtMatrixLayout_t l, int32_t batch, int64_t stride) {
-  if (batch <= 1) return;
+void set_layout_batch(cublasLtMatrixLayout_t l, int32_t batch, int64_t stride, bool pointers) {
+  if (batch <= 1 && !pointers) return;
   KILN_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)));
+  if (pointers) {
+    const uint32_t mode = CUBLASLT_BATCH_MODE_POINTER_ARRAY;
+    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof(mode)));
+    return;
+  }
   KILN_CUBLAS_CHECK(
       cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
 }
 
-cublasLtMatrixLayout_t make_layout(DType t, int64_t rows, int64_t cols, int64_t ld, int32_t batch, int64_t stride) {
+cublasLtMatrixLayout_t make_layout(DType t, int64_t rows, int64_t cols, int64_t ld, int32_t batch, int64_t stride,
+                                   bool pointers) {
   cublasLtMatrixLayout_t l = nullptr;
   KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, cuda_data_type(t), uint64_t(rows), uint64_t(cols), ld));
-  set_layout_batch(l, batch, stride);
+  try {
+    set_layout_batch(l, batch, stride, pointers);
+  } catch (...) {
+    cublasLtMatrixLayoutDestroy(l);
+    throw;
+  }
   return l;
 }
 
@@ -94,9 +105,10 @@ LtMatmul::LtMatmul(const GemmShape& s) : s_(s) {
       const int32_t bt = cuda_data_type(s.cd_type);
       KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
     }
-    a_ = make_layout(s.ab_type, s.trans_a ? s.k : s.m, s.trans_a ? s.m : s.k, s.lda, s.batch, s.stride_a);
-    b_ = make_layout(s.ab_type, s.trans_b ? s.n : s.k, s.trans_b ? s.k : s.n, s.ldb, s.batch, s.stride_b);
-    c_ = make_layout(s.cd_type, s.m, s.n, s.ldc, s.batch, s.stride_c);
+    const bool p = s.pointer_array;
+    a_ = make_layout(s.ab_type, s.trans_a ? s.k : s.m, s.trans_a ? s.m : s.k, s.lda, s.batch, s.stride_a, p);
+    b_ = make_layout(s.ab_type, s.trans_b ? s.n : s.k, s.trans_b ? s.k : s.n, s.ldb, s.batch, s.stride_b, p);
+    c_ = make_layout(s.cd_type, s.m, s.n, s.ldc, s.batch, s.stride_c, p);
   } catch (...) {
     release();
     throw;

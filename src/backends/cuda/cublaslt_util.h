@@ -38,7 +38,10 @@ cublasLtHandle_t lt_handle();
 // Whether f32 GEMMs may use TF32 (KILN_DISABLE_TF32 unset or not "1").
 bool tf32_allowed();
 
-// D[m,n] = act(alpha op(A) op(B) + beta C + bias), column-major, `batch` strided matrices.
+// D[m,n] = act(alpha op(A) op(B) + beta C + bias), column-major, `batch` matrices: strided,
+// or with `pointer_array` each operand's matrices found through a device array of `batch`
+// pointers (cuBLASLt's pointer-array batch mode; the strides are then unused), for batches
+// that no single stride reaches.
 struct GemmShape {
   DType ab_type = DType::kF32;  // A and B
   DType cd_type = DType::kF32;  // C and D (and bias)
@@ -48,6 +51,7 @@ struct GemmShape {
   int64_t lda = 0, ldb = 0, ldc = 0;  // D has C's layout
   int32_t batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;  // elements; 0 broadcasts one matrix
+  bool pointer_array = false;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   float alpha = 1.0f, beta = 0.0f;
   uint32_t align = 16;  // bytes every A/B/C/D pointer (and batch offset) is assumed aligned to
@@ -82,12 +86,20 @@ class LtMatmul {
   mutable const void* bias_ = nullptr;
 };
 
+// Where the matrices of a pointer-array batch lie, for timing: per operand (A, B, C) each
+// matrix's offset in elements from the operand's first one.
+struct BatchOffsets {
+  std::vector<int64_t> a, b, c;
+};
+
 // The algorithm of an LtMatmul, chosen at build (timed, or from the timing cache) or restored
 // from saved bytes at load; plus a second one for pointers that are not `align`-aligned.
 class LtPlan {
  public:
   // Build: times (or finds in the timing cache, keyed by `family` and the shape's signature).
-  LtPlan(const GemmShape& s, size_t workspace, int optimization_level, const std::string& family);
+  // A pointer-array shape needs `offsets` (its matrices are timed where the real ones lie).
+  LtPlan(const GemmShape& s, size_t workspace, int optimization_level, const std::string& family,
+         const BatchOffsets* offsets = nullptr);
   // Load: `saved` from save(); an algorithm the library no longer accepts is re-chosen by heuristic.
   LtPlan(const GemmShape& s, size_t workspace, const Bytes& saved);
 
@@ -99,11 +111,18 @@ class LtPlan {
   size_t workspace_size() const { return needed_; }
   // Runs with the timed algorithm, or the fallback one when a pointer is not aligned enough.
   void run(const void* a, const void* b, const void* c, void* d, const void* bias, const RunContext& rc) const;
+  // A pointer-array shape: a..d are device arrays of matrix pointers; `matrix_bits` is the OR
+  // of every matrix address (or of values with the same low bits), which picks the algorithm.
+  void run_pointers(const void* a, const void* b, const void* c, void* d, uintptr_t matrix_bits,
+                    const RunContext& rc) const;
 
   static constexpr size_t kSavedBytes = 4 + sizeof(cublasLtMatmulAlgo_t);
 
  private:
   void finish_init();  // picks the fallback for unaligned pointers; records the workspace both need
+  // Runs with the timed algorithm, or the unaligned one when `bits` (addresses or'd) need it.
+  void enqueue(uintptr_t bits, const void* a, const void* b, const void* c, void* d, const void* bias,
+               const RunContext& rc) const;
   std::unique_ptr<LtMatmul> mm_;
   size_t workspace_ = 0;  // the bound candidates were chosen within
   size_t needed_ = 0;     // what the kept algorithms need

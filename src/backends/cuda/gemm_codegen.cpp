@@ -121,6 +121,31 @@ extern "C" __global__ void kiln_sdpa_softmax_w(const float* scores, T* probs, co
     }
   }
 }
+
+// The pointer arrays of a pointer-array fallback: for batch i (row-major over the output batch
+// dims, sizes in kd.size) the k, q, v and out matrices at each operand's batch strides, and
+// the i-th scores / probs matrix, written as six arrays of nb pointers.
+extern "C" __global__ void kiln_sdpa_ptrs(long long nb, int brank, KilnDims kd, KilnDims qd, KilnDims vd, KilnDims od,
+                                          const char* k, const char* q, const char* v, char* o, char* scores,
+                                          char* probs, long long es, long long score_bytes, long long prob_bytes,
+                                          const void** arr) {
+  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= nb) return;
+  long long rem = i, ko = 0, qo = 0, vo = 0, oo = 0;
+#pragma unroll
+  for (int d = 7; d >= 0; --d) {
+    if (d >= brank) continue;
+    const long long x = rem % kd.size[d];
+    rem /= kd.size[d];
+    ko += x * kd.stride[d], qo += x * qd.stride[d], vo += x * vd.stride[d], oo += x * od.stride[d];
+  }
+  arr[i] = k + ko * es;
+  arr[nb + i] = q + qo * es;
+  arr[2 * nb + i] = v + vo * es;
+  arr[3 * nb + i] = o + oo * es;
+  arr[4 * nb + i] = scores + i * score_bytes;
+  arr[5 * nb + i] = probs + i * prob_bytes;
+}
 )";
   return s;
 }

@@ -36,6 +36,11 @@ std::string gemm_epilogue_source(DType dtype, const std::string& activation, boo
 // (row0 + r) % L of batch (row0 + r) / L; mdims: the output batch dims (size) and the mask's
 // batch strides (stride); mask kinds: 0 none, 1 bool (keep where true), 2 additive (of T).
 // Causal keeps key j <= query i (top-left aligned). A row with nothing to attend gives zeros.
+// The same source has the pointer arrays of the fallback's pointer-array GEMMs:
+//   kiln_sdpa_ptrs(long long nb, int brank, KilnDims kd, qd, vd, od, k, q, v, o, scores, probs,
+//                  long long es, long long score_bytes, long long prob_bytes, const void** arr)
+// one thread per batch i: arr[t * nb + i] for t = k, q, v, o (each at its batch strides over the
+// output batch dims kd.size, es bytes an element), scores and probs (i * their matrix bytes).
 std::string sdpa_softmax_source(DType dtype, int mask_kind);
 
 // The fused flash-attention kernel (f16/bf16, tensor cores via mma.sync m16n8k16, online
