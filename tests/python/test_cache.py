@@ -193,6 +193,36 @@ def test_second_process_hits_and_builds_nothing(tmp_path: Path) -> None:
     torch.testing.assert_close(yb, ya, atol=0, rtol=0)
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_hits_after_its_parent_did(tmp_path: Path) -> None:
+    """A hit computes the weights' fingerprint on a worker thread. A child forked after its
+    parent had hits has none of the parent's threads: its own hit must still finish (and give
+    the model's outputs), not wait for a worker that does not exist there."""
+    script = textwrap.dedent(f"""
+        import os, signal, sys, torch
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_cache import cached_compile, net
+        from kiln.cached_build import cache_stats, reset_cache_stats
+        x = torch.randn(2, 3, 16, 16)
+        with torch.no_grad():
+            cached_compile(net(0), x, {str(tmp_path)!r})      # builds and stores
+            cached_compile(net(0), x, {str(tmp_path)!r})(x)   # a hit in the parent
+            pid = os.fork()
+            if pid == 0:
+                signal.alarm(120)  # a hang ends the child instead of the test run
+                reset_cache_stats()
+                y = cached_compile(net(0), x, {str(tmp_path)!r})(x)
+                ok = cache_stats()["hits"] == 1 and torch.allclose(y, net(0)(x), atol=1e-4, rtol=1e-4)
+                os._exit(0 if ok else 3)
+            _, status = os.waitpid(pid, 0)
+        print(os.waitstatus_to_exitcode(status))
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=python_env(),
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().splitlines()[-1] == "0", run.stdout + run.stderr
+
+
 def test_same_architecture_other_weights_hits_with_the_new_weights(tmp_path: Path) -> None:
     x = torch.randn(2, 3, 16, 16)
     a, b = net(0), net(1)
