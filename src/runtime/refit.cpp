@@ -448,12 +448,13 @@ void Refitter::refit() {
       auto p = pending_.find(plan.value(c).name);
       if (p != pending_.end()) write(plan.value(c), p->second.bytes(), p->second.size);
     }
+  size_t outputs_changed = 0;
   for (size_t i = 0; i < program.outputs().size(); ++i) {
     ValueId out = program.outputs()[i];
-    if (changed[size_t(out)]) write(*e.refit_targets_[i], ptr[size_t(out)], program.type(out).nbytes());
+    if (!changed[size_t(out)]) continue;
+    write(*e.refit_targets_[i], ptr[size_t(out)], program.type(out).nbytes());
+    ++outputs_changed;
   }
-  size_t outputs_changed = 0;
-  for (ValueId out : program.outputs()) outputs_changed += changed[size_t(out)] ? 1 : 0;
   const double write_ms = ms_since(t_write);
   const auto t_copy = Clock::now();
   if (!on_host) {

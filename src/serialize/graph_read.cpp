@@ -2,14 +2,13 @@
 // graph_codec.h says how the graph is rebuilt; engine_file.h gives the byte layout.
 #include <algorithm>
 #include <cstring>
-#include <exception>
 #include <numeric>
 #include <string>
-#include <thread>
 #include <utility>
 #include <variant>
 
 #include "kiln/errors.h"
+#include "src/backends/cpu/kernels.h"  // parallel_for: the one thread pool
 #include "src/serialize/graph_codec.h"
 
 namespace kiln::serialize {
@@ -305,13 +304,12 @@ std::vector<Blob> read_blobs(ByteReader& r) {
     total += size;
   }
   // Copying the weights into fresh memory is mostly page faults (clearing the new pages): for
-  // large engines the copies run on several threads, each taking whole blobs, largest first to
-  // the least loaded thread (BERT-base's 220 MB: ~100 ms on one thread).
+  // large engines the copies run on up to 8 threads of the CPU pool, each taking whole blobs,
+  // largest first to the least loaded share (BERT-base's 220 MB: ~100 ms on one thread).
   constexpr size_t kParallelBytes = size_t(32) << 20;
-  const size_t cores = std::max(1u, std::thread::hardware_concurrency());
-  const size_t threads = total < kParallelBytes ? 1 : std::min<size_t>({8, blobs.size(), cores});
-  std::vector<std::vector<size_t>> share(threads);
-  std::vector<size_t> load(threads, 0), order(blobs.size());
+  const size_t shares = total < kParallelBytes ? 1 : std::min<size_t>({8, blobs.size(), size_t(cpu::num_threads())});
+  std::vector<std::vector<size_t>> share(shares);
+  std::vector<size_t> load(share.size(), 0), order(blobs.size());
   std::iota(order.begin(), order.end(), size_t(0));
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return spans[a].second > spans[b].second; });
   for (size_t i : order) {
@@ -319,28 +317,11 @@ std::vector<Blob> read_blobs(ByteReader& r) {
     share[t].push_back(i);
     load[t] += spans[i].second;
   }
-  auto copy = [&](size_t t) {
-    for (size_t i : share[t])  // not const: a refittable engine may own and rewrite it
-      blobs[i] = std::make_shared<Bytes>(spans[i].first, spans[i].first + spans[i].second);
-  };
-  std::vector<std::exception_ptr> failed(threads);
-  std::vector<std::thread> workers;
-  for (size_t t = 1; t < threads; ++t)
-    workers.emplace_back([&, t] {
-      try {
-        copy(t);
-      } catch (...) {
-        failed[t] = std::current_exception();
-      }
-    });
-  try {
-    copy(0);
-  } catch (...) {
-    failed[0] = std::current_exception();
-  }
-  for (std::thread& w : workers) w.join();
-  for (const std::exception_ptr& e : failed)
-    if (e) std::rethrow_exception(e);
+  cpu::parallel_for(int64_t(share.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      for (size_t i : share[size_t(t)])  // not const: a refittable engine may own and rewrite it
+        blobs[i] = std::make_shared<Bytes>(spans[i].first, spans[i].first + spans[i].second);
+  });
   return blobs;
 }
 
