@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -96,6 +97,14 @@ class Backend {
     return nullptr;
   }
   virtual size_t alignment() const { return 64; }
+  // Starts the one-time setup of the libraries this backend's kernels call (CUDA: cuBLASLt's
+  // handle and its first algorithm query, ~85 ms in a process's first load of a GEMM engine) on
+  // a thread of its own, so that it overlaps with what the caller does next (reading an engine
+  // file, the build passes). The future says what was set up and how long it took (for the
+  // load log); its destructor waits for the thread, so none outlives the caller's scope. The
+  // setup's own errors are dropped: the kernel that needs the library reports them. Invalid
+  // (nothing to do) by default and after the first call.
+  virtual std::future<std::string> warm_up() { return {}; }
   // Called once at the end of every build: a backend that keeps build-time caches across
   // processes (CUDA: the timing cache) writes them here.
   virtual void build_finished() {}

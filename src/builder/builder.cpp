@@ -44,6 +44,7 @@ Builder::Builder(BuilderConfig config) : config_(std::move(config)) { config_.va
 std::shared_ptr<Engine> Builder::build(const Graph& network) const {
   network.verify();
   Backend& backend = get_backend(config_.device);
+  const std::future<std::string> libraries = backend.warm_up();  // overlaps the passes
   std::ostringstream log;
   Graph g = network;
   size_t before = g.nodes().size();

@@ -2,13 +2,13 @@
 #include "kiln/engine.h"
 
 #include <algorithm>
-#include <chrono>
 #include <functional>
 #include <iomanip>
 #include <sstream>
 #include <unordered_map>
 
 #include "kiln/errors.h"
+#include "src/common/stopwatch.h"
 
 namespace kiln {
 
@@ -35,11 +35,7 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
   for (ValueId out : g.outputs()) e->outputs_.push_back({g.value(out).name, g.type(out)});
   e->memory_ = plan_memory(g, be.alignment());
 
-  using Clock = std::chrono::steady_clock;
-  const auto ms_since = [](Clock::time_point t) {
-    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-  };
-  const auto t_constants = Clock::now();
+  const Stopwatch constants_watch;
   e->constant_ptr_.assign(size_t(g.num_values()), nullptr);
   if (device.type == DeviceType::kCPU) {
     for (ValueId c : g.constants())
@@ -67,18 +63,18 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
 
   KILN_CHECK(kernel_states.empty() || kernel_states.size() == g.nodes().size(), kCorrupted,
              kernel_states.size(), " kernel states for a plan of ", g.nodes().size(), " nodes");
-  const double constants_ms = ms_since(t_constants);
+  const double constants_ms = constants_watch.ms();
   std::ostringstream log;
   log << build_log;
   // Loading from saved kernel states (GPU engines): where the time goes, in a "load:" line (the
   // slowest kernels to remake, e.g. cuDNN plans to finalize).
-  const auto t_kernels = Clock::now();
+  const Stopwatch kernels_watch;
   std::vector<std::pair<double, size_t>> slowest;
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     const Node* n = g.nodes()[i].get();
-    const auto t_kernel = Clock::now();
+    const Stopwatch kernel_watch;
     auto k = be.make_kernel(*n, g, options, kernel_states.empty() ? nullptr : &kernel_states[i]);
-    slowest.emplace_back(ms_since(t_kernel), i);
+    slowest.emplace_back(kernel_watch.ms(), i);
     KILN_CHECK(k != nullptr, kInternal, "backend ", be.name(), " returned no kernel for ", op_name(n->op));
     e->workspace_ = std::max(e->workspace_, k->workspace_size());
     std::string d = k->describe();
@@ -92,7 +88,7 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
     const size_t top = std::min<size_t>(3, slowest.size());
     std::partial_sort(slowest.begin(), slowest.begin() + long(top), slowest.end(), std::greater<>());
     log << "load: constants " << std::fixed << std::setprecision(1) << constants_ms << " ms, " << g.nodes().size()
-        << " kernels " << ms_since(t_kernels) << " ms";
+        << " kernels " << kernels_watch.ms() << " ms";
     for (size_t j = 0; j < top; ++j) {
       const Node& n = *g.nodes()[slowest[j].second];
       log << (j ? ", " : " (slowest: ") << op_name(n.op) << " '" << n.name << "' " << slowest[j].first << " ms";

@@ -9,13 +9,13 @@
 
 #include <atomic>
 #include <cerrno>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 
 #include "kiln/engine.h"
 #include "kiln/errors.h"
+#include "src/common/stopwatch.h"
 #include "src/serialize/engine_file.h"
 
 namespace kiln {
@@ -53,14 +53,16 @@ Bytes Engine::serialize() const {
 
 std::shared_ptr<Engine> Engine::deserialize(const uint8_t* data, size_t size, const Device& device) {
   Backend& be = get_backend(device);
-  const auto t0 = std::chrono::steady_clock::now();
+  std::future<std::string> libraries = be.warm_up();  // overlaps the read and the upload
+  const Stopwatch read_watch;
   serialize::EngineFile f = serialize::read_engine_file(data, size, be.name(), be.device_name());
-  const double read_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const double read_ms = read_watch.ms();
   std::string log = f.build_log + "loaded from an engine file (" + std::to_string(size) + " bytes, written by Kiln " +
                     f.kiln_version + ", read in " + std::to_string(int64_t(read_ms)) + " ms)\n";
   std::shared_ptr<Engine> e = Engine::create(std::move(f.plan), device, f.options, std::move(log), f.kernel_states,
                                              std::move(f.refit_program));
   e->source_weights_id_ = std::move(f.source_weights_id);
+  if (libraries.valid()) e->log_ += "libraries set up while loading: " + libraries.get() + "\n";
   return e;
 }
 

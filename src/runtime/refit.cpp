@@ -3,13 +3,13 @@
 #include "kiln/refit.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <set>
 #include <unordered_set>
 
 #include "kiln/errors.h"
 #include "src/backends/cpu/kernels.h"
+#include "src/common/stopwatch.h"
 #include "src/ops/pointwise.h"
 #include "src/passes/refit_record.h"
 
@@ -282,11 +282,7 @@ void Refitter::refit() {
     KILN_FAIL(kInvalidArgument, "refit needs weight(s) ", list, " as well: the engine derives constants from them "
               "together with the weights given, and keeps no copy of them");
   }
-  using Clock = std::chrono::steady_clock;
-  const auto t_start = Clock::now();
-  auto ms_since = [](Clock::time_point t) {
-    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-  };
+  Stopwatch watch;  // each part's time, for report()
   Engine& e = *engine_;
   Graph& plan = e.plan_;
   const Graph& program = *e.refit_program_;
@@ -430,8 +426,7 @@ void Refitter::refit() {
     run_group(program, members, ptr, const_cast<uint8_t*>(ptr[size_t(out)]));
   }
 
-  const double program_ms = ms_since(t_start);
-  const auto t_write = Clock::now();
+  const double program_ms = watch.lap();
   // Write in place: the plan's (engine-owned) host bytes, and the device copy where there is one.
   Backend& be = *e.backend_;
   const bool on_host = e.device_.type == DeviceType::kCPU;
@@ -455,8 +450,7 @@ void Refitter::refit() {
     write(*e.refit_targets_[i], ptr[size_t(out)], program.type(out).nbytes());
     ++outputs_changed;
   }
-  const double write_ms = ms_since(t_write);
-  const auto t_copy = Clock::now();
+  const double write_ms = watch.lap();
   if (!on_host) {
     be.synchronize(nullptr);  // a forward still running on any stream reads the old values, whole
     for (ValueId c : plan.constants())
@@ -466,8 +460,7 @@ void Refitter::refit() {
     be.synchronize(nullptr);
   }
 
-  const double copy_ms = ms_since(t_copy);
-  const auto t_kernels = Clock::now();
+  const double copy_ms = watch.lap();
   int remade = 0;
   // Kernels that may have read a written constant when they were made are made again.
   for (size_t i = 0; i < plan.nodes().size(); ++i) {
@@ -487,7 +480,7 @@ void Refitter::refit() {
   auto fmt = [](double ms) { return detail::concat(double(int64_t(ms * 10 + 0.5)) / 10, " ms"); };
   report_ = detail::concat("refit: ", pending_.size(), " weights, program ", fmt(program_ms), " (", outputs_changed,
                            " outputs), host writes ", fmt(write_ms), on_host ? "" : ", device copies ",
-                           on_host ? "" : fmt(copy_ms), ", ", remade, " kernels remade in ", fmt(ms_since(t_kernels)));
+                           on_host ? "" : fmt(copy_ms), ", ", remade, " kernels remade in ", fmt(watch.ms()));
   ++e.weights_version_;
   e.source_weights_id_.clear();
   pending_.clear();

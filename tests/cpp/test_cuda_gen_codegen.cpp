@@ -155,6 +155,26 @@ TEST(CudaGenCodegen, Norm) {
   EXPECT_NE(ln.find("warp per row in registers, 8-wide"), std::string::npos) << ln;
 }
 
+TEST(CudaGenCodegen, RowSplitCoversARowWithTheFewestWholeVectors) {
+  for (int esz : {1, 2, 4, 8})
+    for (int lanes : {32, 512})
+      for (int64_t n : {1, 3, 4, 24, 100, 768, 1000, 1023, 1024, 3072, 4096, 16384}) {
+        const gen::RowSplit r = gen::split_row(n, lanes, esz);
+        SCOPED_TRACE(testing::Message() << "n " << n << ", lanes " << lanes << ", esz " << esz);
+        EXPECT_EQ(n % r.vec, 0);
+        EXPECT_LE(r.vec * esz, 16);
+        EXPECT_EQ(r.per_lane % r.vec, 0);
+        EXPECT_GE(int64_t(r.per_lane) * lanes, n);                // the row is covered
+        EXPECT_LT(int64_t(r.per_lane - r.vec) * lanes, n);         // by the fewest vectors
+        if (n % (16 / esz) == 0) {
+          EXPECT_EQ(r.vec * esz, 16);  // the widest load that divides the row
+        }
+      }
+  const gen::RowSplit bert = gen::split_row(768, 32, 2);  // a BERT-base f16 row over one warp
+  EXPECT_EQ(bert.vec, 8);
+  EXPECT_EQ(bert.per_lane, 24);
+}
+
 TEST(CudaGenCodegen, Pool) {
   for (DType dt : kFloats) {
     for (const auto& [shape, k, s, p, d, ceil] : std::vector<std::tuple<Shape, Shape, Shape, Shape, Shape, bool>>{

@@ -233,7 +233,9 @@ def _compile_in_new_process(cache_dir: Path, out: Path) -> dict[str, int]:
         compiled = kiln.compile(model, arg_inputs=[x], **t._cached_options("fp16", {str(cache_dir)!r}))
         with torch.no_grad():
             torch.save(compiled(x).cpu(), {str(out)!r})
-        print(json.dumps(cache_stats()))
+        logs = [m.engine.build_log for m in compiled.modules() if hasattr(m, "engine")]
+        setup = [line for log in logs for line in log.splitlines() if line.startswith("libraries set up")]
+        print(json.dumps(dict(cache_stats(), library_setup=setup)))
     """)
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_python_env(),
                          timeout=600)
@@ -247,6 +249,8 @@ def test_second_process_loads_the_cached_engine(tmp_path: Path) -> None:
     second = _compile_in_new_process(tmp_path / "cache", tmp_path / "b.pt")
     assert second["builds"] == 0 and second["hits"] == 1 and second["stored"] == 0
     assert second["refits"] == 0 and second["refits_skipped"] == 1  # the same weights: nothing to refit
+    # The process's cuBLASLt setup ran beside the load (Backend::warm_up), and the log says so.
+    assert len(second["library_setup"]) == 1 and "cuBLASLt handle" in second["library_setup"][0], second
     ya, yb = torch.load(tmp_path / "a.pt"), torch.load(tmp_path / "b.pt")
     assert relative_error(yb, ya) <= 1e-3, relative_error(yb, ya)  # the engine the first process built
     x = _input("convnet")

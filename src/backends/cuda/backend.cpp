@@ -16,14 +16,18 @@
 // replays on any stream of its device, the legacy one included.
 //
 // synchronize(nullptr) waits for the whole device (a refit must not write constants that a
-// forward on some other stream is still reading); build_finished() writes the timing cache.
+// forward on some other stream is still reading); build_finished() writes the timing cache;
+// warm_up() sets up cuBLASLt for the device on another thread, once per process.
 #include <algorithm>
+#include <atomic>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
 
 #include "kiln/backend.h"
 #include "kiln/errors.h"
+#include "src/backends/cuda/cublaslt_util.h"
 #include "src/backends/cuda/cuda_util.h"
 #include "src/backends/cuda/kernels.h"
 #include "src/backends/cuda/tactics.h"
@@ -73,6 +77,23 @@ class CudaBackend final : public Backend {
   std::string device_name() const override { return name_; }
   size_t alignment() const override { return 256; }
   void build_finished() override { timing_cache_flush(); }
+
+  std::future<std::string> warm_up() override {
+    if (warmed_.exchange(true)) return {};
+    const int index = index_;
+    try {
+      return std::async(std::launch::async, [index]() -> std::string {
+        try {
+          DeviceGuard guard(index);
+          return lt_warm_up();
+        } catch (const std::exception& e) {  // the first GEMM kernel to need cuBLASLt reports it
+          return std::string("cuBLASLt failed (") + e.what() + ")";
+        }
+      });
+    } catch (const std::system_error&) {  // no thread to spare: the kernels set the library up
+      return {};
+    }
+  }
 
   bool supports(const Node& n, const Graph& g, std::string* why) const override {
     switch (op_info(n.op).family) {
@@ -196,6 +217,7 @@ class CudaBackend final : public Backend {
   };
   int index_;
   std::string name_;
+  std::atomic<bool> warmed_{false};
   std::mutex capture_mutex_;
   std::unique_ptr<CUstream_st, StreamDeleter> capture_stream_;
 };

@@ -4,13 +4,13 @@
 
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <cmath>
 
 #include "src/backends/cpu/kernels.h"
 #include "src/backends/cuda/cublaslt_util.h"
 #include "src/backends/cuda/cuda_util.h"
 #include "src/backends/cuda/tactics.h"
+#include "src/common/stopwatch.h"
 
 namespace kiln::cuda {
 
@@ -177,7 +177,7 @@ ConvPlan search_conv_plan(const ConvGeom& q, const KernelOptions& options, const
       log += std::string(fused ? "fused graph" : "conv graph") + " refused: " + e.what() + "; ";
       continue;
     }
-    const auto t0 = std::chrono::steady_clock::now();
+    Stopwatch watch;
     std::vector<Cand> cands;
     std::vector<Desc> cfgs;
     try {
@@ -227,7 +227,7 @@ ConvPlan search_conv_plan(const ConvGeom& q, const KernelOptions& options, const
       log += std::string(fused ? "fused graph (" : "conv graph (") + b.og.ops + "): no usable engine; ";
       continue;
     }
-    const auto t1 = std::chrono::steady_clock::now();
+    const double plans_ms = watch.lap();
     size_t best = 0;
     std::string report, verify;
     if (cands.size() > 1 && options.optimization_level > 0) {
@@ -256,9 +256,8 @@ ConvPlan search_conv_plan(const ConvGeom& q, const KernelOptions& options, const
     b.choice.engine = cands[best].id.engine;
     b.choice.knobs = cands[best].id.knobs;
     b.choice.plan_json = plan_json(b.plan);
-    const auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
     b.note = detail::concat(cands.size(), " candidate plan(s)", report.empty() ? "" : ", timed", verify, " (plans ",
-                            int(ms(t0, t1)), " ms, timing ", int(ms(t1, std::chrono::steady_clock::now())), " ms)");
+                            int(plans_ms), " ms, timing ", int(watch.ms()), " ms)");
     if (!fused && !conv_only) b.note += "; " + log;
     return b;
   }

@@ -7,6 +7,8 @@
 #include <memory>
 #include <sstream>
 
+#include "src/common/stopwatch.h"
+
 namespace kiln::cuda {
 
 void fail_cublas(cublasStatus_t status, const char* expr, const char* file, int line) {
@@ -33,6 +35,29 @@ cublasLtHandle_t lt_handle() {
     h.reset(raw);
   }
   return h.get();
+}
+
+std::string lt_warm_up() {
+  const auto tenths = [](double ms) { return double(int64_t(ms * 10 + 0.5)) / 10; };
+  const Stopwatch handle_watch;
+  (void)lt_handle();
+  std::string report = detail::concat("cuBLASLt handle ", tenths(handle_watch.ms()), " ms, queries");
+  // A square f16 GEMM with a bias epilogue, then the two one-column shapes (a batch-1 linear),
+  // which cuBLASLt serves from kernels of their own.
+  for (const auto& [m, n] : {std::pair<int64_t, int64_t>{128, 128}, {1, 128}, {128, 1}}) {
+    GemmShape s;
+    s.ab_type = s.cd_type = DType::kF16;
+    s.m = m, s.n = n, s.k = 128;
+    s.trans_a = true;
+    s.lda = s.ldb = 128, s.ldc = m;
+    s.epilogue = CUBLASLT_EPILOGUE_BIAS;
+    const LtMatmul mm(s);
+    const Stopwatch query_watch;
+    const auto algos = mm.heuristics(1, s.align, 0);
+    if (!algos.empty()) (void)mm.check(algos[0], 0);
+    report += detail::concat(" ", tenths(query_watch.ms()));
+  }
+  return report + " ms";
 }
 
 bool tf32_allowed() {

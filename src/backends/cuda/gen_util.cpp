@@ -309,6 +309,15 @@ std::string replace_all(std::string s, const std::string& from, const std::strin
   return s;
 }
 
+RowSplit split_row(int64_t n, int lanes, int esz) {
+  RowSplit r;
+  r.vec = std::max(1, 16 / esz);
+  while (r.vec > 1 && n % r.vec != 0) r.vec /= 2;
+  const int64_t per = (n + lanes - 1) / lanes;
+  r.per_lane = int((per + r.vec - 1) / r.vec * r.vec);
+  return r;
+}
+
 uint32_t blocks_for(int64_t n, int64_t per_block) {
   const int64_t b = (n + per_block - 1) / std::max<int64_t>(per_block, 1);
   return uint32_t(std::clamp<int64_t>(b, 1, kMaxBlocks));

@@ -143,6 +143,14 @@ std::string source_head();
 int word_bytes(int esz, std::initializer_list<int64_t> byte_counts);
 // Replaces every occurrence of `from` in s by `to` (fills in generated-code templates).
 std::string replace_all(std::string s, const std::string& from, const std::string& to);
+// How `lanes` threads hold a row of n elements of esz bytes in registers: vec elements per load
+// (the widest of at most 16 bytes dividing n) and per_lane elements each, the fewest multiple
+// of vec that covers the row (BERT's 768 f16 over a warp: 3 loads of 8, 24 registers, where
+// the next power of two held 32).
+struct RowSplit {
+  int per_lane = 1, vec = 1;
+};
+RowSplit split_row(int64_t n, int lanes, int esz);
 // Grid-stride block count for n work items of `per_block` each.
 uint32_t blocks_for(int64_t n, int64_t per_block);
 

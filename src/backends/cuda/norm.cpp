@@ -185,10 +185,8 @@ Generated generate_norm(const Node& n, const Graph& g) {
     if (D <= 32 * kBlockThreads) {
       const bool warp = D <= 1024;
       const int G = warp ? 32 : kBlockThreads;
-      int epl = 1;
-      while (int64_t(epl) * G < D) epl *= 2;
-      int vec = std::min(16 / esz, epl);
-      while (vec > 1 && D % vec != 0) vec /= 2;
+      const RowSplit split = split_row(D, G, esz);
+      const int epl = split.per_lane, vec = split.vec;
       gn.source = head;
       auto ln = [&](int v) {
         const std::string name = "kg_layer_norm_v" + std::to_string(v);

@@ -148,10 +148,8 @@ Generated generate_softmax(const Node& n, const Graph& g) {
   if (inner == 1 && R <= 16 * kBlockThreads) {
     const bool warp = R <= 1024;
     const int G = warp ? 32 : kBlockThreads;
-    int epl = 1;
-    while (int64_t(epl) * G < R) epl *= 2;
-    int vec = std::min(16 / esz, epl);
-    while (vec > 1 && R % vec != 0) vec /= 2;
+    const RowSplit split = split_row(R, G, esz);
+    const int epl = split.per_lane, vec = split.vec;
     auto rows = [&](int v) {
       const std::string name = "kg_softmax_rows_v" + std::to_string(v);
       gn.source += cached_kernel(log, warp, epl, v, esz, name);

@@ -1,0 +1,26 @@
+// Stopwatch: milliseconds since a start point, for the timings in build, load and refit logs.
+#pragma once
+
+#include <chrono>
+
+namespace kiln {
+
+class Stopwatch {
+ public:
+  Stopwatch() : start_(Clock::now()) {}
+  // Milliseconds since construction (or the last lap()).
+  double ms() const { return std::chrono::duration<double, std::milli>(Clock::now() - start_).count(); }
+  // ms(), and starts counting again from now.
+  double lap() {
+    const Clock::time_point now = Clock::now();
+    const double elapsed = std::chrono::duration<double, std::milli>(now - start_).count();
+    start_ = now;
+    return elapsed;
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point start_;
+};
+
+}  // namespace kiln
