@@ -122,6 +122,19 @@ class _Support(OperatorSupportBase):
         return node in self.ok
 
 
+def _groups(gm: fx.GraphModule, support: _Support) -> list[set[fx.Node]]:
+    """The node sets of the blocks. When every call in the graph is supported, torch's
+    partitioner merges them all into one partition (with nothing unsupported between them, no
+    merge can make a cycle); that case, the usual one, is answered directly, since the
+    partitioner's merging costs most of a warm compile's partition step (BERT-base: 12 of
+    17 ms)."""
+    calls = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
+    if calls and all(support.is_node_supported({}, n) for n in calls):
+        return [set(calls)]
+    proposed = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True).propose_partitions()
+    return [set(p.nodes) for p in proposed]
+
+
 def _make_block(nodes: set[fx.Node], order: dict[fx.Node, int]) -> Block:
     ordered = sorted(nodes, key=order.__getitem__)
     inputs: dict[fx.Node, None] = {}
@@ -160,8 +173,7 @@ def partition(gm: fx.GraphModule, supports: SupportFn, settings: CompilationSett
             ok.add(node)
 
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
-    proposed = CapabilityBasedPartitioner(gm, _Support(ok), allows_single_node_partition=True).propose_partitions()
-    candidates = [_make_block(set(p.nodes), order) for p in proposed]
+    candidates = [_make_block(group, order) for group in _groups(gm, _Support(ok))]
     candidates = [b for b in candidates if b.num_ops > 0]
     candidates.sort(key=lambda b: order[b.nodes[0]])
 

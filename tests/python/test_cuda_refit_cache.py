@@ -223,7 +223,7 @@ def _python_env() -> dict[str, str]:
     return env
 
 
-def _compile_in_new_process(cache_dir: Path, out: Path) -> dict[str, int]:
+def _compile_in_new_process(cache_dir: Path, out: Path) -> dict[str, Any]:
     script = textwrap.dedent(f"""
         import json, torch, kiln
         import test_cuda_refit_cache as t

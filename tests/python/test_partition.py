@@ -92,6 +92,34 @@ def test_fully_supported_graph_is_one_block_and_runs() -> None:
     torch.testing.assert_close(gm(x)[0], m(x))
 
 
+class TwoBranches(nn.Module):
+    """Two independent chains and a tuple-returning op: one block when everything is supported."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        values, indices = torch.max(x.relu(), dim=1)
+        return values + 1, indices, torch.sigmoid(y) * 2
+
+
+@pytest.mark.parametrize("model,args", [(ConvNet, (torch.randn(2, 3, 8, 8),)),
+                                        (TwoBranches, (torch.randn(3, 4), torch.randn(5)))])
+def test_a_fully_supported_graph_gives_the_block_torchs_partitioner_gives(model: type[nn.Module],
+                                                                           args: tuple[torch.Tensor, ...]) -> None:
+    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+
+    from kiln.partition import _groups, _Support
+    gm = _lower(model().eval(), *args).gm
+    ok = {n for n in gm.graph.nodes if n.op == "call_function" and "getitem" not in str(n.target)}
+    def torchs(supported: set[fx.Node]) -> list[set[fx.Node]]:
+        parts = CapabilityBasedPartitioner(gm, _Support(supported), allows_single_node_partition=True).propose_partitions()
+        return [set(p.nodes) for p in parts]
+    calls = {n for n in gm.graph.nodes if n.op == "call_function"}
+    assert _groups(gm, _Support(ok)) == torchs(ok) == [calls]  # getitems included
+    # With one op unsupported, the general partitioner answers.
+    relu = next(n for n in ok if "relu" in str(n.target))
+    groups = _groups(gm, _Support(ok - {relu}))
+    assert groups == torchs(ok - {relu}) and all(relu not in g for g in groups)
+
+
 def test_torch_executed_ops_stay_in_pytorch() -> None:
     m, x = ConvNet().eval(), torch.randn(2, 3, 8, 8)
     for excluded in ("aten.relu", "aten.relu.default"):
