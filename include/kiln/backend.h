@@ -98,7 +98,7 @@ class Backend {
   }
   virtual size_t alignment() const { return 64; }
   // Starts the one-time setup of the libraries this backend's kernels call (CUDA: cuBLASLt's
-  // handle and its first algorithm query, ~85 ms in a process's first load of a GEMM engine) on
+  // handle and first algorithm queries, 85-130 ms in a process's first load of a GEMM engine) on
   // a thread of its own, so that it overlaps with what the caller does next (reading an engine
   // file, the build passes). The future says what was set up and how long it took (for the
   // load log); its destructor waits for the thread, so none outlives the caller's scope. The

@@ -1,7 +1,9 @@
-// Stopwatch: milliseconds since a start point, for the timings in build, load and refit logs.
+// Stopwatch: milliseconds since a start point, and tenths() to print them, for the timings in
+// the build, load, refit and tactic logs.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 
 namespace kiln {
 
@@ -22,5 +24,8 @@ class Stopwatch {
   using Clock = std::chrono::steady_clock;
   Clock::time_point start_;
 };
+
+// `ms` rounded to a tenth, for log lines.
+inline double tenths(double ms) { return double(int64_t(ms * 10 + 0.5)) / 10; }
 
 }  // namespace kiln

@@ -477,7 +477,7 @@ void Refitter::refit() {
     e.kernels_[i] = std::move(k);
     ++remade;
   }
-  auto fmt = [](double ms) { return detail::concat(double(int64_t(ms * 10 + 0.5)) / 10, " ms"); };
+  auto fmt = [](double ms) { return detail::concat(tenths(ms), " ms"); };
   report_ = detail::concat("refit: ", pending_.size(), " weights, program ", fmt(program_ms), " (", outputs_changed,
                            " outputs), host writes ", fmt(write_ms), on_host ? "" : ", device copies ",
                            on_host ? "" : fmt(copy_ms), ", ", remade, " kernels remade in ", fmt(watch.ms()));

@@ -38,7 +38,6 @@ cublasLtHandle_t lt_handle() {
 }
 
 std::string lt_warm_up() {
-  const auto tenths = [](double ms) { return double(int64_t(ms * 10 + 0.5)) / 10; };
   const Stopwatch handle_watch;
   (void)lt_handle();
   std::string report = detail::concat("cuBLASLt handle ", tenths(handle_watch.ms()), " ms, queries");
