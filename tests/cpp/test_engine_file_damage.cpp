@@ -3,6 +3,7 @@
 // right ErrorCode and a message naming the cause, and never crash the reader.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -180,4 +181,35 @@ TEST(EngineFileDamage, RandomMutationsOnlyEverThrowKilnErrors) {
   }
   EXPECT_GT(rejected, 1500);
   RecordProperty("loaded_after_mutation", loaded);
+}
+
+// A file with 9 MB of weights: a flipped byte anywhere is the checksum's
+// mismatch, even where the parse alone would fail otherwise (a string length, the backend's
+// name); a resealed edit that the parse refuses is the parse's error.
+TEST(EngineFileDamage, LargeFilesReportTheChecksumBeforeWhatTheParseFinds) {
+  Graph g;
+  ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 1024}));
+  ValueId y = g.add_node1(OpKind::kLinear, {x, weight(g, "w", {2304, 1024}, 31), weight(g, "b", {2304}, 32)});
+  g.mark_output(y, "y");
+  const Bytes file = Builder().build(g)->serialize();
+  ASSERT_GE(file.size(), size_t(9) << 20);
+  const Layout l = parse_layout(file);
+  const size_t weights_mid = section(l, "WGTS").payload_at + section(l, "WGTS").length / 2;
+  for (size_t pos : {size_t(20), l.backend_at, l.backend_at + 4, l.count_at, section(l, "PLAN").length_at,
+                     weights_mid, file.size() - 9}) {
+    Bytes b = file;
+    b[pos] ^= 0x5a;
+    std::string msg;
+    EXPECT_EQ(code_of(b, &msg), ErrorCode::kCorrupted) << pos << ": " << msg;
+    EXPECT_NE(msg.find("checksum mismatch"), std::string::npos) << pos << ": " << msg;
+  }
+  Bytes b = file;
+  replace_string(b, l.backend_at, "cuda");  // resealed: the checksum holds, the backend does not
+  std::string msg;
+  EXPECT_EQ(code_of(b, &msg), ErrorCode::kDeviceMismatch) << msg;
+  Bytes healthy = file;
+  auto loaded = Engine::deserialize(healthy.data(), healthy.size());
+  std::vector<std::string> names = loaded->weight_names();
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"b", "w"}));
 }
