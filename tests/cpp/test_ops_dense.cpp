@@ -641,8 +641,8 @@ TEST(DenseShapes, Sdpa) {
 // ============================== SGEMM ==============================
 
 // Strided A and B, alpha/beta, bias per row or column, relu; sizes crossing the cache blocks
-// and the micro-tile edges; serial and split over parts; the few-row and n == 1 paths; B
-// prepacked.
+// and the micro-tile edges; serial and split over parts; the few-row and n == 1 paths; B, A
+// or both prepacked.
 TEST(DenseSgemm, MatchesReferenceWithStridesAndEpilogues) {
   struct Case {
     int64_t m, n, k;
@@ -650,7 +650,7 @@ TEST(DenseSgemm, MatchesReferenceWithStridesAndEpilogues) {
     float alpha, beta;
     bool bias, relu;
     int parts;
-    bool packed = false;  // B prepacked with sgemm_pack_b
+    int packed = 0;  // bit 1: B prepacked (sgemm_pack_b), bit 2: A (sgemm_pack_a_parallel)
   };
   const Case cases[] = {
       {1, 7, 13, false, false, false, 1, 0, false, false, 1},
@@ -668,8 +668,13 @@ TEST(DenseSgemm, MatchesReferenceWithStridesAndEpilogues) {
       {33, 47, 19, false, true, false, 1, 0.75f, true, false, 1},
       {64, 64, 64, true, true, false, -1, 1, false, true, 4},
       {200, 40, 9, false, false, true, 1, 0, true, false, 2},
-      {70, 1700, 300, false, true, false, 1, 0, true, false, 3, true},  // prepacked, several blocks
-      {9, 50, 31, true, false, false, 1, 0.5f, false, true, 1, true},
+      {70, 1700, 300, false, true, false, 1, 0, true, false, 3, 1},  // prepacked, several blocks
+      {9, 50, 31, true, false, false, 1, 0.5f, false, true, 1, 1},
+      {150, 1100, 300, false, false, true, 1, 0, true, true, 2, 2},  // A prepacked: two depth blocks
+      {97, 65, 513, true, false, true, 0.5f, 0, true, true, 3, 2},   // transposed A, ragged panels
+      {64, 64, 64, true, true, false, -1, 1, false, true, 4, 3},     // both, four parts
+      {33, 47, 19, false, true, false, 1, 0.75f, true, false, 1, 2},
+      {5, 3000, 9, false, false, true, 1, 0, true, true, 2, 2},      // one panel of A
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message() << c.m << "x" << c.n << "x" << c.k << " ta=" << c.trans_a
@@ -697,9 +702,14 @@ TEST(DenseSgemm, MatchesReferenceWithStridesAndEpilogues) {
     g.alpha = c.alpha, g.beta = c.beta;
     g.bias = c.bias ? bias.v.data() : nullptr, g.bias_per_row = c.bias_row, g.relu = c.relu;
     std::vector<float> packed(size_t(cpu::sgemm_packed_b_floats(c.n, c.k)), std::nanf(""));
-    if (c.packed) {
+    if (c.packed & 1) {
       cpu::sgemm_pack_b(c.n, c.k, g.b, g.b_rs, g.b_cs, packed.data());
       g.packed_b = packed.data();
+    }
+    std::vector<float> packed_a(size_t(cpu::sgemm_packed_a_floats(c.m, c.k)), std::nanf(""));
+    if (c.packed & 2) {
+      cpu::sgemm_pack_a_parallel(c.m, c.k, g.a, g.a_rs, g.a_cs, packed_a.data());
+      g.packed_a = packed_a.data();
     }
     std::vector<float> scratch(size_t(cpu::sgemm_scratch_floats(c.m, c.n, c.k, c.parts)) + 16, std::nanf(""));
     cpu::sgemm(g, scratch.data(), c.parts);

@@ -159,8 +159,9 @@ void im2col(const Geom& q, const float* x, float* col) {
   });
 }
 
-void conv_gemm(const Geom& q, bool pointwise, const float* x, const float* w, const float* bias, bool relu,
-               float* y, float* col, float* gs, int threads) {
+// `packed_w`: the weight in sgemm's A panels, one group after another (or null: packed per call).
+void conv_gemm(const Geom& q, bool pointwise, const float* x, const float* w, const float* packed_w,
+               const float* bias, bool relu, float* y, float* col, float* gs, int threads) {
   const int64_t kdim = q.Cg * q.KH * q.KW, cols = q.OH * q.OW;
   for (int64_t img = 0; img < q.N; ++img)
     for (int64_t grp = 0; grp < q.groups; ++grp) {
@@ -170,6 +171,7 @@ void conv_gemm(const Geom& q, bool pointwise, const float* x, const float* w, co
                                   y + (img * q.O + grp * q.Og) * cols, cols);
       ga.bias = bias ? bias + grp * q.Og : nullptr;
       ga.bias_per_row = true;
+      ga.packed_a = packed_w ? packed_w + grp * sgemm_packed_a_floats(q.Og, kdim) : nullptr;
       ga.relu = relu;
       sgemm(ga, gs, threads);
     }
@@ -241,6 +243,18 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g) {
   }
   ValueId bias_id = n.inputs.size() > 2 ? n.inputs[2] : kNoValue;
   F32Input x(g, n.inputs[0]), w(g, n.inputs[1]), bias(g, bias_id);
+  // A constant weight of the GEMM paths is packed into sgemm's A panels here, once, instead of
+  // on every call (sgemm packs only problems of more than kFewRows rows).
+  std::shared_ptr<const float[]> packed_w;
+  if ((path == Path::kPointwise || path == Path::kIm2col) && g.value(n.inputs[1]).is_constant() &&
+      q.Og > kFewRows) {
+    const int64_t kdim = q.Cg * q.KH * q.KW, per = sgemm_packed_a_floats(q.Og, kdim);
+    const float* wf = w.get(g.value(n.inputs[1]).data->data(), nullptr);  // a constant needs no scratch
+    std::shared_ptr<float[]> packed(new float[size_t(per * q.groups)]);
+    for (int64_t grp = 0; grp < q.groups; ++grp)
+      sgemm_pack_a_parallel(q.Og, kdim, wf + grp * q.Og * kdim, kdim, 1, packed.get() + grp * per);
+    packed_w = std::move(packed);
+  }
   const Epilogue epi(n, g);
   // relu in the GEMM's epilogue on the GEMM paths; everything else after the conv.
   const bool gemm_relu = epi.gemm_relu() && (path == Path::kPointwise || path == Path::kIm2col);
@@ -270,8 +284,8 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g) {
     float* gs = c.take(gemm_floats);
     switch (path) {
       case Path::kDirect: conv_depthwise(q, dw, X, Wt, B, Y, col); break;
-      case Path::kPointwise: conv_gemm(q, true, X, Wt, B, gemm_relu, Y, col, gs, threads); break;
-      case Path::kIm2col: conv_gemm(q, false, X, Wt, B, gemm_relu, Y, col, gs, threads); break;
+      case Path::kPointwise: conv_gemm(q, true, X, Wt, packed_w.get(), B, gemm_relu, Y, col, gs, threads); break;
+      case Path::kIm2col: conv_gemm(q, false, X, Wt, packed_w.get(), B, gemm_relu, Y, col, gs, threads); break;
       case Path::kTransposed: conv_transpose_gemm(q, X, Wt, B, Y, col, gs, threads); break;
     }
     float* es = c.take(epi.scratch_floats());
@@ -280,7 +294,8 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g) {
   };
   static const char* const kDesc[] = {"cpu conv direct (depthwise)", "cpu conv 1x1 sgemm", "cpu conv im2col + sgemm",
                                       "cpu conv_transpose sgemm + col2im"};
-  return make_fn_kernel(fn, kDesc[static_cast<int>(path)] + epi.describe(), ws);
+  return make_fn_kernel(fn, kDesc[static_cast<int>(path)] + epi.describe() + (packed_w ? " (prepacked weight)" : ""),
+                        ws);
 }
 
 }  // namespace kiln::cpu

@@ -172,8 +172,9 @@ void pack_b(int64_t kc, int64_t nc, const float* b, int64_t rs, int64_t cs, floa
 int64_t pack_a_floats(int64_t m, int64_t k) { return round_up(round_up(std::min(kMC, m), kMR) * std::min(kKC, k), 16); }
 int64_t pack_b_floats(int64_t n, int64_t k) { return round_up(std::min(kKC, k) * round_up(std::min(kNC, n), kNR), 16); }
 
-// The loop nest over C rows [i0, i1) x columns [j0, j1). With g.packed_b, B's panels are
-// already laid out (full depth per kNR columns) and are read in place.
+// The loop nest over C rows [i0, i1) x columns [j0, j1). With g.packed_b (g.packed_a), B's (A's)
+// panels are already laid out, full depth per kNR columns (kMR rows), and are read in place;
+// row parts start on whole kMR panels (make_plan), so (ic + ir) / kMR names one.
 void gemm_block(const GemmArgs& g, int64_t i0, int64_t i1, int64_t j0, int64_t j1, float* ap, float* bp) {
   for (int64_t jc = j0; jc < j1; jc += kNC) {
     int64_t nc = std::min(kNC, j1 - jc);
@@ -182,13 +183,14 @@ void gemm_block(const GemmArgs& g, int64_t i0, int64_t i1, int64_t j0, int64_t j
       if (!g.packed_b) pack_b(kc, nc, g.b + pc * g.b_rs + jc * g.b_cs, g.b_rs, g.b_cs, bp);
       for (int64_t ic = i0; ic < i1; ic += kMC) {
         int64_t mc = std::min(kMC, i1 - ic);
-        pack_a(mc, kc, g.a + ic * g.a_rs + pc * g.a_cs, g.a_rs, g.a_cs, ap);
+        if (!g.packed_a) pack_a(mc, kc, g.a + ic * g.a_rs + pc * g.a_cs, g.a_rs, g.a_cs, ap);
         for (int64_t jr = 0; jr < nc; jr += kNR) {
           const float* bpanel = g.packed_b ? g.packed_b + (jc + jr) / kNR * (g.k * kNR) + pc * kNR : bp + jr * kc;
           for (int64_t ir = 0; ir < mc; ir += kMR) {
             Tile t{&g, ic + ir, jc + jr, static_cast<int>(std::min<int64_t>(kMR, mc - ir)),
                    static_cast<int>(std::min<int64_t>(kNR, nc - jr)), pc == 0, pc + kc >= g.k};
-            micro_kernel(kc, ap + ir * kc, bpanel, t);
+            const float* apanel = g.packed_a ? g.packed_a + (ic + ir) / kMR * (g.k * kMR) + pc * kMR : ap + ir * kc;
+            micro_kernel(kc, apanel, bpanel, t);
           }
         }
       }
@@ -333,6 +335,17 @@ void sgemm(const GemmArgs& g, float* scratch, int max_parts) {
   };
   if (plan.pm * plan.pn == 1) run_part(0);
   else for_parts(plan.pm * plan.pn, run_part);
+}
+
+int64_t sgemm_packed_a_floats(int64_t m, int64_t k) { return round_up(m, kMR) * k; }
+
+void sgemm_pack_a_parallel(int64_t m, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, float* dst) {
+  if (m <= 0 || k <= 0) return;
+  const int64_t panels = (m + kMR - 1) / kMR;  // panel i starts at dst + i * kMR * k
+  parallel_for(panels, std::max<int64_t>(1, (int64_t(1) << 16) / (kMR * k)), [&](int64_t lo, int64_t hi) {
+    const int64_t i0 = lo * kMR, i1 = std::min(m, hi * kMR);
+    pack_a(i1 - i0, k, a + i0 * a_rs, a_rs, a_cs, dst + i0 * k);
+  });
 }
 
 int64_t sgemm_packed_b_floats(int64_t n, int64_t k) { return round_up(n, kNR) * k; }

@@ -35,6 +35,8 @@ struct GemmArgs {
   // B already in sgemm's panel layout (sgemm_pack_b), e.g. a constant weight packed at build
   // time; b, b_rs and b_cs must still describe B (the unpacked paths below read them).
   const float* packed_b = nullptr;
+  // A likewise (sgemm_pack_a), e.g. a convolution's weight: a, a_rs and a_cs still describe A.
+  const float* packed_a = nullptr;
 };
 
 // Problems with at most this many rows (B contiguous along depth or columns), or with one
@@ -60,6 +62,10 @@ int64_t sgemm_scratch_floats(int64_t m, int64_t n, int64_t k, int max_parts);
 // `scratch` holds sgemm_scratch_floats(m, n, k, max_parts) floats (or more), 64-byte aligned.
 void sgemm(const GemmArgs& g, float* scratch, int max_parts);
 
+// Packs A (m x k, strides a_rs / a_cs) for GemmArgs::packed_a, on every thread (for weights
+// packed when a kernel is made: not for run time).
+int64_t sgemm_packed_a_floats(int64_t m, int64_t k);
+void sgemm_pack_a_parallel(int64_t m, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, float* dst);
 // Packs B (k x n, strides b_rs / b_cs) for GemmArgs::packed_b.
 int64_t sgemm_packed_b_floats(int64_t n, int64_t k);
 void sgemm_pack_b(int64_t n, int64_t k, const float* b, int64_t b_rs, int64_t b_cs, float* dst);
