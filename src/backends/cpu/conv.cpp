@@ -7,6 +7,8 @@
 //     GEMM would have K = 9 and waste its tiles);
 //   * otherwise im2col into the workspace, then per group W[Og, Cg*kh*kw] @ col (bias in
 //     the GEMM epilogue).
+// On the two GEMM paths a constant weight is packed into the GEMM's A panels once, when the
+// kernel is made (GemmArgs::packed_a), not on every call.
 // A fused conv's residual and activation (epilogue.h) run over the f32 output afterwards
 // (relu alone rides in the GEMM's epilogue on the GEMM paths).
 // conv_transpose is the adjoint: col = W^T @ x per group (GEMM), then col2im scatters col

@@ -35,7 +35,7 @@ struct GemmArgs {
   // B already in sgemm's panel layout (sgemm_pack_b), e.g. a constant weight packed at build
   // time; b, b_rs and b_cs must still describe B (the unpacked paths below read them).
   const float* packed_b = nullptr;
-  // A likewise (sgemm_pack_a), e.g. a convolution's weight: a, a_rs and a_cs still describe A.
+  // A likewise (sgemm_pack_a_parallel), e.g. a convolution's weight; a, a_rs and a_cs still describe A.
   const float* packed_a = nullptr;
 };
 
