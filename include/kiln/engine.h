@@ -81,11 +81,21 @@ class Engine : public std::enable_shared_from_this<Engine> {
                                              const Device& device = Device{});
   void save(const std::string& path) const;
   static std::shared_ptr<Engine> load(const std::string& path, const Device& device = Device{});
+  // As load, but maps the file copy-on-write instead of reading it: the engine's host constants
+  // are views of the file's pages (no copy: the page cache's pages, shared between processes),
+  // and a refit's writes stay private to the process. The file must not be rewritten in place
+  // while the engine lives (replace it by rename, as the engine cache does): its pages would
+  // change under the engine, or fault (SIGBUS) if the file were truncated.
+  static std::shared_ptr<Engine> load_mapped(const std::string& path, const Device& device = Device{});
 
  private:
   friend class ExecutionContext;
   friend class Refitter;
   Engine() = default;
+  // deserialize; with an `owner`, the weights are views of `data` (which the owner keeps alive
+  // and which the engine may write) instead of copies.
+  static std::shared_ptr<Engine> from_file_bytes(const uint8_t* data, size_t size, const Device& device,
+                                                 std::shared_ptr<void> owner);
   void own_refittable_constants();
 
   Graph plan_;

@@ -58,7 +58,7 @@ struct ImportNode {
 struct ImportConstant {
   int32_t tensor = -1;
   std::string name;                    // weights keep their module path ("layer1.0.conv1.weight")
-  std::shared_ptr<const Bytes> data;   // dense bytes of ImportGraph::tensors[tensor]
+  std::shared_ptr<const HostBuffer> data;  // dense bytes of ImportGraph::tensors[tensor]
   bool weight = true;
 };
 

@@ -14,6 +14,7 @@
 // stay until compact()), then frozen inside an Engine.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -91,15 +92,56 @@ inline constexpr ValueId kNoValue = -1;  // an absent optional input
 class Node;
 class Graph;
 
-// Host bytes of a constant. Shared so that passes and engines can hold the same data.
 using Bytes = std::vector<uint8_t>;
+
+// Host bytes of a constant: a buffer of its own, or a view of memory that an owner keeps alive
+// (an engine file mapped copy-on-write by Engine::load_mapped: the constants are the file's
+// pages, read in as they are used, and a refit's writes stay private to the process). Shared
+// so that passes and engines can hold the same data. A copy always owns its bytes.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  explicit HostBuffer(size_t n, uint8_t fill = 0) : own_(n, fill) {}
+  explicit HostBuffer(Bytes bytes) : own_(std::move(bytes)) {}
+  HostBuffer(const uint8_t* first, const uint8_t* last) : own_(first, last) {}
+  // A view of `size` bytes at `data`, which `owner` keeps alive and which may be written.
+  HostBuffer(std::shared_ptr<void> owner, uint8_t* data, size_t size)
+      : owner_(std::move(owner)), view_(data), view_size_(size) {}
+  HostBuffer(const HostBuffer& other) : own_(other.begin(), other.end()) {}
+  HostBuffer& operator=(const HostBuffer& other) {
+    if (this != &other) *this = HostBuffer(other);
+    return *this;
+  }
+  HostBuffer(HostBuffer&&) noexcept = default;
+  HostBuffer& operator=(HostBuffer&&) noexcept = default;
+
+  uint8_t* data() { return owner_ ? view_ : own_.data(); }
+  const uint8_t* data() const { return owner_ ? view_ : own_.data(); }
+  size_t size() const { return owner_ ? view_size_ : own_.size(); }
+  bool empty() const { return size() == 0; }
+  bool is_view() const { return owner_ != nullptr; }
+  uint8_t* begin() { return data(); }
+  uint8_t* end() { return data() + size(); }
+  const uint8_t* begin() const { return data(); }
+  const uint8_t* end() const { return data() + size(); }
+  uint8_t operator[](size_t i) const { return data()[i]; }
+  friend bool operator==(const HostBuffer& a, const HostBuffer& b) {
+    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
+  }
+
+ private:
+  Bytes own_;
+  std::shared_ptr<void> owner_;
+  uint8_t* view_ = nullptr;
+  size_t view_size_ = 0;
+};
 
 struct Value {
   TensorType type;
   std::string name;                     // graph inputs, outputs and weights are named
   Node* producer = nullptr;             // non-owning; null for inputs and constants
   int output_index = 0;                 // which output of producer
-  std::shared_ptr<const Bytes> data;    // set for constants
+  std::shared_ptr<const HostBuffer> data;  // set for constants
   bool is_input = false;
   bool is_weight = false;               // a named constant taken from the model (refittable)
   bool is_constant() const { return data != nullptr; }
@@ -130,7 +172,7 @@ class Graph {
   // A constant with data (copied); weight=true marks a named, refittable model weight.
   ValueId add_constant(const std::string& name, const TensorType& type, const void* data, size_t nbytes,
                        bool weight = false);
-  ValueId add_constant(const std::string& name, const TensorType& type, std::shared_ptr<const Bytes> data,
+  ValueId add_constant(const std::string& name, const TensorType& type, std::shared_ptr<const HostBuffer> data,
                        bool weight = false);
   // Validates arity and attributes through the op's shape rule, then appends the node and
   // creates its outputs. Throws kInvalidArgument / kShapeMismatch naming the op and the cause.

@@ -69,7 +69,7 @@ class Refitter {
 
  private:
   struct Pending {
-    std::shared_ptr<const Bytes> owned;  // set_weight's copy, or made from `view` when the program reads it
+    std::shared_ptr<const HostBuffer> owned;  // set_weight's copy, or made from `view` when the program reads it
     const void* view = nullptr;          // set_weight_view's buffer
     size_t size = 0;
     const uint8_t* bytes() const { return owned ? owned->data() : static_cast<const uint8_t*>(view); }

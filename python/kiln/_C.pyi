@@ -461,6 +461,12 @@ class Engine:
     @staticmethod
     def load(path: str | os.PathLike, device: str = 'cpu') -> Engine: ...
 
+    @staticmethod
+    def load_mapped(path: str | os.PathLike, device: str = 'cpu') -> Engine:
+        """
+        As load, but the engine's weights are views of the file mapped copy-on-write (no copy; a refit's writes stay private). The file must not be rewritten in place while the engine lives: replace it by rename.
+        """
+
 class Refitter:
     """
     Replaces a refittable engine's weights by name without rebuilding it; contexts already created see the new weights.
@@ -827,3 +833,8 @@ def set_timing_cache_path(path: str) -> None:
 
 def cuda_available() -> bool:
     """Whether this build has the CUDA backend and a CUDA device is present."""
+
+def warm_up(device: str) -> str:
+    """
+    Sets up the libraries of `device`'s backend (CUDA: cuBLASLt) once per process and says what it did and how long it took; '' when there was nothing to do or it was done before. Blocks.
+    """

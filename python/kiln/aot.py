@@ -37,7 +37,7 @@ from kiln.cached_build import CachedBuild, count
 from kiln.dryrun import emit_report, format_report
 from kiln.lowering import LoweredGraph, lower_exported_program, lower_module
 from kiln.partition import Block, is_op, op_name, partition, replace_block
-from kiln.runtime import KilnEngineModule, build_engine
+from kiln.runtime import KilnEngineModule, build_engine, warm_up
 from kiln.settings import CompilationSettings, settings_from_options
 from kiln.translate import Capability, EncodeError, describe_block, describe_block_parts, kiln_dtype
 
@@ -121,6 +121,8 @@ def compile_lowered(lowered: LoweredGraph, settings: CompilationSettings, device
                     graph_name: str = "graph") -> fx.GraphModule:
     """Partitions the lowered graph and replaces each buildable block by an engine module."""
     start = time.perf_counter()
+    if not settings.builds_nothing:
+        warm_up(device)  # overlaps the partitioning (a no-op when kiln.compile started it already)
     gm = lowered.gm
     result = partition(gm, Capability(gm, settings), settings)
     if settings.builds_nothing or settings.debug:
@@ -259,6 +261,11 @@ def compile(module: torch.nn.Module | torch.export.ExportedProgram, arg_inputs: 
     settings = settings_from_options(settings, **options)
     with debug_logging(settings.debug), torch.no_grad():
         keep = supported_targets()
+        if not settings.builds_nothing and arg_inputs is not None:
+            try:  # the device's libraries set themselves up while torch.export traces
+                warm_up(_device_of(settings, list(arg_inputs)))
+            except ValueError:
+                pass  # inputs on several devices: reported below, after lowering
         if isinstance(module, torch.export.ExportedProgram):
             lowered = lower_exported_program(module, keep, fold_weights=settings.immutable_weights)
         else:

@@ -74,6 +74,13 @@ class EngineCache(abc.ABC):
     def remove(self, key: str) -> None:
         """Drops an entry (a damaged one is removed through this); stores may ignore it."""
 
+    def path(self, key: str) -> Path | None:
+        """A local file that holds the entry, for a store that has one (else None, the default:
+        the entry is read with ``get``). The engine is then mapped from the file, so its weights
+        are not copied; the store must replace such a file only by rename, never rewrite it in
+        place, while engines may use it. Finding a file counts as a use of the entry."""
+        return None
+
 
 def _map(path: Path) -> bytes | memoryview:
     """The file's bytes as a read-only memoryview of a mapping (unmapped once the view is
@@ -126,6 +133,15 @@ class DiskEngineCache(EngineCache):
             return None
         self._touch(path)
         return data
+
+    def path(self, key: str) -> Path | None:
+        """The entry's file, or None. Entries are replaced by rename and removed by unlink, so an
+        engine mapped from one keeps its pages."""
+        path = self._path(key)
+        if not path.is_file():
+            return None
+        self._touch(path)
+        return path
 
     def put(self, key: str, data: bytes) -> None:
         path = self._path(key)

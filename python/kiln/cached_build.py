@@ -36,6 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -246,20 +247,27 @@ class CachedBuild:
     def load(self, make_module: Callable[[Any], Any], check: Callable[[Any], None]) -> Any | None:
         """The engine module of a hit, refitted with the current weights; None on a miss."""
         start = time.perf_counter()
+        path: Path | None = None
+        data: bytes | bytearray | memoryview | None = None
         try:
-            data = self.store_.get(self.key)
+            # A store with local files: the engine maps the entry (its weights are views of the
+            # file's pages, not copies); any other store hands over the bytes.
+            path = self.store_.path(self.key)
+            if path is None:
+                data = self.store_.get(self.key)
         except Exception as err:  # noqa: BLE001 - a user store must not break compilation
             log.warning("engine cache: %r failed to read %s: %s", self.store_, self.key, err)
-            data = None
-        if data is None:
+        if path is None and data is None:
             count("misses")
             log.info("engine cache miss for %s (key %s)", self.name, self.key[:16])
             return None
         read = time.perf_counter()
-        size = len(data)
         self._start_fingerprint()
         try:
-            engine = _C.Engine.deserialize(data, self.device)
+            if path is not None:
+                engine = _C.Engine.load_mapped(path, self.device)
+            else:
+                engine = _C.Engine.deserialize(data, self.device)
             check(engine)
         except (_C.KilnError, TypeError, ValueError) as err:  # damaged, foreign, or not bytes
             self._reject(f"cannot be used ({err})")
@@ -267,15 +275,16 @@ class CachedBuild:
             return None
         finally:
             if isinstance(data, memoryview):
-                data.release()  # the engine holds copies of what it needs; unmaps a disk entry
+                data.release()  # the engine holds copies of what it needs; unmaps a mapped entry
         module = make_module(engine)
         loaded = time.perf_counter()
         if not self._refit(module):
             count("misses")
             return None
         count("hits")
-        log.info("engine cache hit for %s (key %s, %d bytes): read %.3f s, load %.3f s, refit %.3f s",
-                 self.name, self.key[:16], size, read - start, loaded - read, time.perf_counter() - loaded)
+        log.info("engine cache hit for %s (key %s, %s): read %.3f s, load %.3f s, refit %.3f s",
+                 self.name, self.key[:16], f"mapped {path}" if path is not None else f"{len(data)} bytes",
+                 read - start, loaded - read, time.perf_counter() - loaded)
         return module
 
     def _refit(self, module: Any) -> bool:

@@ -35,12 +35,41 @@ from kiln.translate import kiln_dtype, torch_dtype
 
 log = get_logger("runtime")
 
-__all__ = ["KilnEngineModule", "build_engine", "builder_config", "execute_engine"]
+__all__ = ["KilnEngineModule", "build_engine", "builder_config", "execute_engine", "warm_up"]
 
 _DTYPE_NAMES = {dt: str(dt).removeprefix("torch.") for dt in
                 (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
                  torch.int8, torch.uint8, torch.bool)}
 _NAME_DTYPES = {v: k for k, v in _DTYPE_NAMES.items()}
+
+
+_warming: set[str] = set()
+_warming_lock = threading.Lock()
+
+
+def warm_up(device: str) -> None:
+    """Starts setting up ``device``'s libraries (CUDA: cuBLASLt's handle and first algorithm
+    queries, 0.1-0.15 s in a fresh process) on a thread of its own, once per process and device,
+    so that the setup overlaps with tracing and partitioning instead of delaying the first engine
+    build or cache load. Nothing happens for the CPU or when Kiln has no CUDA backend. A plain
+    (non-daemon) thread: the interpreter waits for it at exit rather than tearing the CUDA
+    runtime down under it."""
+    if not device.startswith("cuda") or not _C.cuda_available():
+        return
+    with _warming_lock:
+        if device in _warming:
+            return
+        _warming.add(device)
+
+    def run() -> None:
+        try:
+            report = _C.warm_up(device)
+            if report:
+                log.debug("libraries for %s set up ahead: %s", device, report)
+        except Exception as err:  # noqa: BLE001 - the first kernel that needs the library reports it
+            log.debug("setting up the libraries for %s failed: %s", device, err)
+
+    threading.Thread(target=run, name=f"kiln-warm-up-{device}").start()
 
 
 def builder_config(settings: CompilationSettings, device: str) -> Any:

@@ -51,12 +51,12 @@ ValueId Graph::add_constant(const std::string& name, const TensorType& type, con
                             bool weight) {
   KILN_CHECK(nbytes == type.nbytes(), kInvalidArgument, "constant '", name, "' of type ", type.to_string(),
              " needs ", type.nbytes(), " bytes, got ", nbytes);
-  auto bytes = std::make_shared<Bytes>(nbytes);
+  auto bytes = std::make_shared<HostBuffer>(nbytes);
   if (nbytes) std::memcpy(bytes->data(), data, nbytes);
   return add_constant(name, type, std::move(bytes), weight);
 }
 
-ValueId Graph::add_constant(const std::string& name, const TensorType& type, std::shared_ptr<const Bytes> data,
+ValueId Graph::add_constant(const std::string& name, const TensorType& type, std::shared_ptr<const HostBuffer> data,
                             bool weight) {
   KILN_CHECK(data != nullptr, kInvalidArgument, "constant '", name, "' has no data");
   KILN_CHECK(data->size() == type.nbytes(), kInvalidArgument, "constant '", name, "' of type ",

@@ -55,7 +55,7 @@ bool small_and_static(const Graph& g, const Node& n) {
 
 bool fold_constants(Graph& g) {
   bool changed = false;
-  std::vector<std::shared_ptr<Bytes>> results;
+  std::vector<std::shared_ptr<HostBuffer>> results;
   for (size_t i = 0; i < g.nodes().size();) {
     const Node& n = *g.nodes()[i];
     if (n.op == OpKind::kCopy) {

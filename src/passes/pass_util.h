@@ -28,8 +28,8 @@ inline std::vector<double> constant_as_doubles(const Graph& g, ValueId v) {
 }
 
 // The bytes of a `dt` tensor holding `xs` (rounded as the CPU backend rounds).
-inline std::shared_ptr<const Bytes> bytes_from_doubles(DType dt, const std::vector<double>& xs) {
-  auto bytes = std::make_shared<Bytes>(xs.size() * dtype_size(dt));
+inline std::shared_ptr<const HostBuffer> bytes_from_doubles(DType dt, const std::vector<double>& xs) {
+  auto bytes = std::make_shared<HostBuffer>(xs.size() * dtype_size(dt));
   for (size_t i = 0; i < xs.size(); ++i) cpu::store_double(bytes->data(), dt, int64_t(i), xs[i]);
   return bytes;
 }

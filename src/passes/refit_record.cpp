@@ -13,7 +13,7 @@ namespace {
 thread_local RefitRecorder* g_active = nullptr;
 }  // namespace
 
-bool evaluate_constant_node(const Graph& g, const Node& n, std::vector<std::shared_ptr<Bytes>>& results) {
+bool evaluate_constant_node(const Graph& g, const Node& n, std::vector<std::shared_ptr<HostBuffer>>& results) {
   Backend& cpu = get_backend(Device{});
   std::unique_ptr<Kernel> kernel;
   try {
@@ -33,7 +33,7 @@ bool evaluate_constant_node(const Graph& g, const Node& n, std::vector<std::shar
   results.clear();
   std::vector<void*> outs;
   for (ValueId out : n.outputs) {
-    results.push_back(std::make_shared<Bytes>(g.type(out).nbytes()));
+    results.push_back(std::make_shared<HostBuffer>(g.type(out).nbytes()));
     outs.push_back(results.back()->data());
   }
   RunContext rc;
@@ -75,7 +75,7 @@ ValueId RefitRecorder::value_of(const Graph& g, ValueId v) {
   return id;
 }
 
-void RefitRecorder::record_fold(const Graph& g, const Node& n, const std::vector<std::shared_ptr<Bytes>>& results) {
+void RefitRecorder::record_fold(const Graph& g, const Node& n, const std::vector<std::shared_ptr<HostBuffer>>& results) {
   std::vector<ValueId> ins;
   for (ValueId in : n.inputs) ins.push_back(in == kNoValue ? kNoValue : value_of(g, in));
   const std::vector<ValueId> outs = n.body ? record_.insert_fused(record_.nodes().size(), ins, n.body, n.name)

@@ -27,7 +27,7 @@ namespace kiln::passes {
 // Runs node `n` of `g`, whose inputs are all constants, on the CPU reference kernel; one buffer
 // per output in `results`. Returns false when the CPU backend has no kernel for it. The one
 // evaluator of folding and refit, so a refit computes exactly the bits the build folded.
-bool evaluate_constant_node(const Graph& g, const Node& n, std::vector<std::shared_ptr<Bytes>>& results);
+bool evaluate_constant_node(const Graph& g, const Node& n, std::vector<std::shared_ptr<HostBuffer>>& results);
 
 class RefitRecorder {
  public:
@@ -46,7 +46,7 @@ class RefitRecorder {
   static RefitRecorder* active();
 
   // fold_constants evaluated node `n` of `g` (all inputs constants) into `results`.
-  void record_fold(const Graph& g, const Node& n, const std::vector<std::shared_ptr<Bytes>>& results);
+  void record_fold(const Graph& g, const Node& n, const std::vector<std::shared_ptr<HostBuffer>>& results);
 
   // The refit program of `plan` (the graph after every pass). A plan constant the program
   // outputs gets a unique, non-empty name first (renamed in `plan` when needed), since the
@@ -55,8 +55,8 @@ class RefitRecorder {
 
  private:
   Graph record_;                                       // every fold, in order
-  std::vector<std::shared_ptr<const Bytes>> data_;     // per record_ value: its bytes
-  std::unordered_map<const Bytes*, ValueId> of_bytes_;  // constant bytes -> record_ value
+  std::vector<std::shared_ptr<const HostBuffer>> data_;     // per record_ value: its bytes
+  std::unordered_map<const HostBuffer*, ValueId> of_bytes_;  // constant bytes -> record_ value
   std::unordered_map<std::string, ValueId> weight_;     // weight name -> record_ input
 
   ValueId value_of(const Graph& g, ValueId v);

@@ -183,7 +183,14 @@ void bind_engine(nb::module_& m) {
       .def("save", [](const Engine& e, const std::filesystem::path& p) { e.save(p.string()); }, nb::arg("path"))
       .def_static("load", [](const std::filesystem::path& p, const std::string& device) {
         return Engine::load(p.string(), Device::parse(device));
-      }, nb::arg("path"), nb::arg("device") = "cpu");
+      }, nb::arg("path"), nb::arg("device") = "cpu")
+      .def_static("load_mapped", [](const std::filesystem::path& p, const std::string& device) {
+        const Device d = Device::parse(device);
+        nb::gil_scoped_release release;  // other Python threads run while the engine loads
+        return Engine::load_mapped(p.string(), d);
+      }, nb::arg("path"), nb::arg("device") = "cpu",
+         "As load, but the engine's weights are views of the file mapped copy-on-write (no copy; a refit's writes "
+         "stay private). The file must not be rewritten in place while the engine lives: replace it by rename.");
 
   nb::class_<ExecutionContext>(m, "ExecutionContext", "Runs an engine; one call at a time per context.")
       .def_prop_ro("engine", &engine_of)

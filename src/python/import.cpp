@@ -151,7 +151,7 @@ void add_constant_bytes(ImportGraph& g, int32_t tensor, const std::string& name,
   KILN_CHECK(nbytes == want, kInvalidArgument, "constant '", name, "' (tensor ", tensor, ") needs ", want,
              " dense bytes, got ", nbytes);
   KILN_CHECK(data != nullptr || nbytes == 0, kInvalidArgument, "constant '", name, "' has a null data pointer");
-  auto bytes = std::make_shared<Bytes>(nbytes);
+  auto bytes = std::make_shared<HostBuffer>(nbytes);
   if (nbytes) std::memcpy(bytes->data(), data, nbytes);
   g.constants.push_back(ImportConstant{tensor, name, std::move(bytes), weight});
 }

@@ -21,6 +21,7 @@
 
 #include <array>
 #include <exception>
+#include <future>
 
 #include "kiln/backend.h"
 #include "kiln/errors.h"
@@ -160,4 +161,12 @@ NB_MODULE(_C, m) {
         "Where CUDA builds keep their timing cache file ($KILN_TIMING_CACHE, when set, wins).");
   m.def("cuda_available", [] { return kiln::backend_available(kiln::DeviceType::kCUDA); },
         "Whether this build has the CUDA backend and a CUDA device is present.");
+  m.def("warm_up", [](const std::string& device) {
+          const kiln::Device d = kiln::Device::parse(device);
+          nanobind::gil_scoped_release release;
+          std::future<std::string> done = kiln::get_backend(d).warm_up();
+          return done.valid() ? done.get() : std::string();
+        }, nanobind::arg("device"),
+        "Sets up the libraries of `device`'s backend (CUDA: cuBLASLt) once per process and says what it "
+        "did and how long it took; '' when there was nothing to do or it was done before. Blocks.");
 }

@@ -133,11 +133,12 @@ void Engine::own_refittable_constants() {
   }
   // Private, writable copies of every weight and refit target; body constants that shared their
   // bytes share the copies (a refit writes both at once). Bytes this value alone holds (an engine
-  // read from a file: the reader makes them writable) are the engine's already and are not copied.
-  std::unordered_map<const Bytes*, std::shared_ptr<const Bytes>> copies;
+  // read from a file: the reader makes them writable; a mapped file's views lie in a private,
+  // writable mapping) are the engine's already and are not copied.
+  std::unordered_map<const HostBuffer*, std::shared_ptr<const HostBuffer>> copies;
   auto own = [&](Value& v) {
-    std::shared_ptr<const Bytes>& c = copies[v.data.get()];
-    if (!c) c = v.data.use_count() == 1 ? v.data : std::make_shared<Bytes>(*v.data);  // not const: Refitter writes it
+    std::shared_ptr<const HostBuffer>& c = copies[v.data.get()];
+    if (!c) c = v.data.use_count() == 1 ? v.data : std::make_shared<HostBuffer>(*v.data);  // not const: Refitter writes it
     v.data = c;
   };
   for (ValueId c : g.constants())

@@ -4,7 +4,11 @@
 // it gets its kernels from the loading backend; the file records which backend and device
 // built it, and loading elsewhere is refused (kDeviceMismatch) rather than silently retuned.
 // save() writes a temporary file next to the target and renames it over the target, so a
-// reader never sees a half-written engine.
+// reader never sees a half-written engine. load_mapped() keeps the file mapped and its
+// constants are views of the mapping (no copy of the weights).
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -33,6 +37,17 @@ using File = std::unique_ptr<std::FILE, FileCloser>;
   KILN_FAIL(kIo, "cannot ", what, " engine file '", path, "': ", std::strerror(err));
 }
 
+// Runs `load` and names the file in the message of any Kiln error it throws.
+template <typename Load>
+std::shared_ptr<Engine> naming_file(const std::string& path, Load&& load) {
+  try {
+    return load();
+  } catch (const Error& e) {
+    throw Error(e.code(), std::string(e.what()).substr(std::strlen(error_code_name(e.code())) + 3) + " (file '" +
+                              path + "')");
+  }
+}
+
 }  // namespace
 
 Bytes Engine::serialize() const {
@@ -52,13 +67,19 @@ Bytes Engine::serialize() const {
 }
 
 std::shared_ptr<Engine> Engine::deserialize(const uint8_t* data, size_t size, const Device& device) {
+  return from_file_bytes(data, size, device, nullptr);
+}
+
+std::shared_ptr<Engine> Engine::from_file_bytes(const uint8_t* data, size_t size, const Device& device,
+                                                std::shared_ptr<void> owner) {
   Backend& be = get_backend(device);
   std::future<std::string> libraries = be.warm_up();  // overlaps the read and the upload
   const Stopwatch read_watch;
-  serialize::EngineFile f = serialize::read_engine_file(data, size, be.name(), be.device_name());
+  serialize::EngineFile f = serialize::read_engine_file(data, size, be.name(), be.device_name(), owner);
   const double read_ms = read_watch.ms();
   std::string log = f.build_log + "loaded from an engine file (" + std::to_string(size) + " bytes, written by Kiln " +
-                    f.kiln_version + ", read in " + std::to_string(int64_t(read_ms)) + " ms)\n";
+                    f.kiln_version + (owner ? ", mapped" : "") + ", read in " + std::to_string(int64_t(read_ms)) +
+                    " ms)\n";
   std::shared_ptr<Engine> e = Engine::create(std::move(f.plan), device, f.options, std::move(log), f.kernel_states,
                                              std::move(f.refit_program));
   e->source_weights_id_ = std::move(f.source_weights_id);
@@ -94,16 +115,40 @@ std::shared_ptr<Engine> Engine::load(const std::string& path, const Device& devi
   File f(std::fopen(path.c_str(), "rb"));
   if (!f) io_fail("open", path, errno);
   Bytes bytes;
+  if (std::fseek(f.get(), 0, SEEK_END) == 0) {  // one allocation for the whole file
+    const long n = std::ftell(f.get());
+    if (n > 0) bytes.reserve(size_t(n));
+    std::rewind(f.get());
+  }
   uint8_t chunk[1 << 16];
   size_t n;
   while ((n = std::fread(chunk, 1, sizeof chunk, f.get())) > 0) bytes.insert(bytes.end(), chunk, chunk + n);
   if (std::ferror(f.get())) io_fail("read", path, errno);
-  try {
-    return deserialize(bytes.data(), bytes.size(), device);
-  } catch (const Error& e) {
-    throw Error(e.code(), std::string(e.what()).substr(std::strlen(error_code_name(e.code())) + 3) + " (file '" +
-                              path + "')");
+  return naming_file(path, [&] { return deserialize(bytes.data(), bytes.size(), device); });
+}
+
+std::shared_ptr<Engine> Engine::load_mapped(const std::string& path, const Device& device) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) io_fail("open", path, errno);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    io_fail("read", path, err);
   }
+  const size_t size = size_t(st.st_size);
+  if (size == 0) {  // mmap cannot map an empty file; the reader names what is wrong with it
+    ::close(fd);
+    return naming_file(path, [&] { return deserialize(nullptr, 0, device); });
+  }
+  // Private and writable: a refit writes the engine's weights, and those pages become the
+  // process's own copies; the file never changes.
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  const int err = errno;
+  ::close(fd);  // the mapping keeps the file
+  if (p == MAP_FAILED) io_fail("map", path, err);
+  std::shared_ptr<void> mapping(p, [size](void* q) { ::munmap(q, size); });
+  return naming_file(path, [&] { return from_file_bytes(static_cast<const uint8_t*>(p), size, device, mapping); });
 }
 
 }  // namespace kiln

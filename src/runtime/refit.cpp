@@ -241,7 +241,7 @@ void Refitter::check_weight(const std::string& name, const TensorType& type, con
 
 void Refitter::set_weight(const std::string& name, const TensorType& type, const void* host_data) {
   check_weight(name, type, host_data);
-  auto bytes = std::make_shared<Bytes>(type.nbytes());
+  auto bytes = std::make_shared<HostBuffer>(type.nbytes());
   if (!bytes->empty()) std::memcpy(bytes->data(), host_data, bytes->size());
   Pending p;
   p.size = bytes->size();
@@ -339,7 +339,7 @@ void Refitter::refit() {
   // Evaluate in program order: fused groups at their root, every other node alone in a graph
   // whose inputs are constants, as fold_constants saw it. Weights given as views are read in place.
   std::vector<const uint8_t*> ptr(nv, nullptr);
-  std::vector<std::shared_ptr<const Bytes>> value(nv);  // where the bytes are owned by a Bytes
+  std::vector<std::shared_ptr<const HostBuffer>> value(nv);  // where the bytes are owned by a Bytes
   for (ValueId in : program.inputs()) {
     if (!needed[size_t(in)]) continue;
     auto p = pending_.find(program.value(in).name);
@@ -354,12 +354,12 @@ void Refitter::refit() {
   auto bytes_of = [&](ValueId v) {
     if (!value[size_t(v)]) {  // a view the node-by-node path reads: copy it once
       const size_t size = program.type(v).nbytes();
-      value[size_t(v)] = std::make_shared<Bytes>(ptr[size_t(v)], ptr[size_t(v)] + size);
+      value[size_t(v)] = std::make_shared<HostBuffer>(ptr[size_t(v)], ptr[size_t(v)] + size);
       ptr[size_t(v)] = value[size_t(v)]->data();
     }
     return value[size_t(v)];
   };
-  std::vector<std::shared_ptr<Bytes>> results;
+  std::vector<std::shared_ptr<HostBuffer>> results;
   auto run_alone = [&](const Node& node) {
     Graph one;
     std::vector<ValueId> ins;
@@ -417,9 +417,9 @@ void Refitter::refit() {
     const int oi = output_index[size_t(out)];
     if (oi >= 0 && e.refit_targets_[size_t(oi)]->data && e.refit_targets_[size_t(oi)]->data->size() == size) {
       // Straight into the engine's constant (written below only where it is another buffer).
-      ptr[size_t(out)] = const_cast<Bytes*>(e.refit_targets_[size_t(oi)]->data.get())->data();
+      ptr[size_t(out)] = const_cast<HostBuffer*>(e.refit_targets_[size_t(oi)]->data.get())->data();
     } else {
-      auto buffer = std::make_shared<Bytes>(size);
+      auto buffer = std::make_shared<HostBuffer>(size);
       ptr[size_t(out)] = buffer->data();
       value[size_t(out)] = std::move(buffer);
     }
@@ -430,11 +430,11 @@ void Refitter::refit() {
   // Write in place: the plan's (engine-owned) host bytes, and the device copy where there is one.
   Backend& be = *e.backend_;
   const bool on_host = e.device_.type == DeviceType::kCPU;
-  std::unordered_set<const Bytes*> written;
+  std::unordered_set<const HostBuffer*> written;
   auto write = [&](const Value& target, const uint8_t* src, size_t size) {
     KILN_CHECK(target.data && target.data->size() == size, kInternal, "refit: constant '", target.name,
                "' holds ", target.data ? target.data->size() : 0, " bytes, its new value ", size);
-    auto* dst = const_cast<Bytes*>(target.data.get());  // the engine's own copy (Engine::create)
+    auto* dst = const_cast<HostBuffer*>(target.data.get());  // the engine's own copy (Engine::create)
     if (size && dst->data() != src) std::memcpy(dst->data(), src, size);
     written.insert(dst);
   };

@@ -20,15 +20,21 @@
 
 namespace kiln::serialize {
 
-// The engine file checksum (format version 2): four independent 64-bit lanes over the
-// little-endian u64 words of the data, word i going to lane i % 4; each lane absorbs a word as
-// lane = rotl((lane ^ word) * kM, 31). The last 1..7 bytes form one zero-padded word. The result
-// mixes the byte count and then each lane in order with h = xorshift((h ^ lane) * kM).
+// The engine file checksum (format version 3). A block of up to kChecksumChunk bytes is summed
+// by four independent 64-bit lanes over its little-endian u64 words, word i going to lane i % 4;
+// each lane absorbs a word as lane = rotl((lane ^ word) * kM, 31). The last 1..7 bytes form one
+// zero-padded word. The block's sum mixes its byte count and then each lane in order with
+// h = xorshift((h ^ lane) * kM). Data of up to kChecksumChunk bytes is one block; longer data is
+// cut into kChecksumChunk-byte chunks (the last may be shorter), and the checksum is the block
+// sum of the chunks' block sums written as u64 words: the chunks are independent, so they are
+// summed on several threads, and the result does not depend on how many.
 // Every step is a bijection of the lane (or of h) given the word, so a change confined to the
-// words of one lane (any damage within one aligned 8-byte word, a single byte included) always
-// changes the sum; other
-// damage goes unnoticed with probability about 2^-64. Four lanes keep four multiplies in flight:
-// several GB/s, where byte-at-a-time FNV-1a did about 250 MB/s.
+// words of one lane of one chunk (any damage within one aligned 8-byte word, a single byte
+// included) always changes its chunk's sum, hence the checksum; other damage goes unnoticed
+// with probability about 2^-64. Four lanes keep four multiplies in flight: several GB/s per
+// thread, where byte-at-a-time FNV-1a (format version 1) did about 250 MB/s.
+inline constexpr size_t kChecksumChunk = size_t(1) << 20;
+
 namespace checksum_detail {
 inline constexpr uint64_t kM = 0x9e3779b97f4a7c15ull;  // odd: multiplying by it is a bijection
 inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
@@ -39,10 +45,9 @@ inline uint64_t word_at(const uint8_t* p) {
   if constexpr (std::endian::native == std::endian::big) w = __builtin_bswap64(w);
   return w;
 }
-}  // namespace checksum_detail
 
-inline uint64_t checksum64(const uint8_t* data, size_t n) {
-  using namespace checksum_detail;
+// The sum of one block.
+inline uint64_t block_sum(const uint8_t* data, size_t n) {
   uint64_t lane[4] = {0x243f6a8885a308d3ull, 0x13198a2e03707344ull, 0xa4093822299f31d0ull, 0x082efa98ec4e6c89ull};
   size_t i = 0;
   for (; i + 32 <= n; i += 32) {
@@ -65,6 +70,10 @@ inline uint64_t checksum64(const uint8_t* data, size_t n) {
   }
   return h;
 }
+}  // namespace checksum_detail
+
+// Defined in byte_io.cpp: data over a few chunks is summed on up to 8 threads.
+uint64_t checksum64(const uint8_t* data, size_t n);
 
 class ByteWriter {
  public:

@@ -167,7 +167,7 @@ EngineFileHeader read_engine_header(const uint8_t* data, size_t size) {
 }
 
 EngineFile read_engine_file(const uint8_t* data, size_t size, const std::string& backend,
-                            const std::string& device_name) {
+                            const std::string& device_name, const std::shared_ptr<void>& owner) {
   ByteReader r(nullptr, 0, 0, "header");
   EngineFileHeader h = check_and_read_header(data, size, r);
   EngineFile f;
@@ -199,7 +199,7 @@ EngineFile read_engine_file(const uint8_t* data, size_t size, const std::string&
     if (!s->present) r.fail_corrupted(detail::concat("no ", tag_name(tag), " section"));
 
   ByteReader wr(weights.data, weights.size, weights.offset, "section WGTS");
-  std::vector<Blob> blobs = read_blobs(wr);
+  std::vector<Blob> blobs = read_blobs(wr, owner);
   expect_consumed(wr);
 
   ByteReader pr(plan.data, plan.size, plan.offset, "section PLAN");

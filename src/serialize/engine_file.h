@@ -63,7 +63,7 @@
 namespace kiln::serialize {
 
 inline constexpr char kEngineMagic[8] = {'K', 'I', 'L', 'N', 'E', 'N', 'G', '\0'};
-inline constexpr uint32_t kEngineFormatVersion = 2;  // 2: checksum64 replaced FNV-1a
+inline constexpr uint32_t kEngineFormatVersion = 3;  // 2: checksum64 replaced FNV-1a; 3: summed by chunks
 inline constexpr size_t kEngineHeaderFixedBytes = 20;  // magic, version, file size
 inline constexpr size_t kEngineTrailerBytes = 8;
 
@@ -89,9 +89,11 @@ struct EngineFileHeader {
 // (to pick the device an engine file needs before loading it).
 EngineFileHeader read_engine_header(const uint8_t* data, size_t size);
 
-// Reads and checks a file for a backend named `backend` on a device named `device_name`.
+// Reads and checks a file for a backend named `backend` on a device named `device_name`. With an
+// `owner`, the constants are views of `data` (which the owner keeps alive and which the engine
+// may write, e.g. a private mapping) instead of copies.
 EngineFile read_engine_file(const uint8_t* data, size_t size, const std::string& backend,
-                            const std::string& device_name);
+                            const std::string& device_name, const std::shared_ptr<void>& owner = nullptr);
 
 // Recomputes the trailer of an engine file that was edited in place (tests, fuzzing).
 void reseal_engine_file(Bytes& file);

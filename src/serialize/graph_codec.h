@@ -24,7 +24,7 @@
 
 namespace kiln::serialize {
 
-using Blob = std::shared_ptr<const Bytes>;
+using Blob = std::shared_ptr<const HostBuffer>;
 
 // Constants to store, one entry per distinct buffer (constants sharing bytes share a blob).
 class BlobTable {
@@ -34,7 +34,7 @@ class BlobTable {
 
  private:
   std::vector<Blob> blobs_;
-  std::unordered_map<const Bytes*, uint64_t> index_;
+  std::unordered_map<const HostBuffer*, uint64_t> index_;
 };
 
 // Value flags in the PLAN payload.
@@ -48,7 +48,9 @@ inline constexpr int kMaxBodyDepth = 8;
 void write_graph(ByteWriter& w, const Graph& g, BlobTable& blobs);
 void write_blobs(ByteWriter& w, const BlobTable& blobs);
 
-std::vector<Blob> read_blobs(ByteReader& r);
+// With an `owner`, the blobs are views of the reader's bytes (which the owner keeps alive and
+// which the engine may write) instead of copies.
+std::vector<Blob> read_blobs(ByteReader& r, const std::shared_ptr<void>& owner = nullptr);
 Graph read_graph(ByteReader& r, const std::vector<Blob>& blobs);
 
 }  // namespace kiln::serialize

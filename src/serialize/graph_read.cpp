@@ -208,7 +208,7 @@ Graph rebuild(ByteReader& r, const std::vector<StoredValue>& vals, const std::ve
   std::vector<Rewire> rewires;
   auto stand_in = [&](ValueId stored) {
     const TensorType& t = vals[stored].type;
-    ValueId p = g.add_constant("", TensorType(t.dtype, {}), std::make_shared<const Bytes>(dtype_size(t.dtype), 0));
+    ValueId p = g.add_constant("", TensorType(t.dtype, {}), std::make_shared<const HostBuffer>(dtype_size(t.dtype), 0));
     g.value(p).type = t;  // only its type is seen, by the shape rule; compact() drops it
     return p;
   };
@@ -293,7 +293,7 @@ Graph read_graph_at(ByteReader& r, const std::vector<Blob>& blobs, int depth) {
 
 }  // namespace
 
-std::vector<Blob> read_blobs(ByteReader& r) {
+std::vector<Blob> read_blobs(ByteReader& r, const std::shared_ptr<void>& owner) {
   std::vector<Blob> blobs(r.count64(8, "blobs"));
   std::vector<std::pair<const uint8_t*, size_t>> spans;
   size_t total = 0;
@@ -302,6 +302,11 @@ std::vector<Blob> read_blobs(ByteReader& r) {
     r.align(kBlobAlignment);
     spans.emplace_back(r.take(size), size);
     total += size;
+  }
+  if (owner) {
+    for (size_t i = 0; i < blobs.size(); ++i)
+      blobs[i] = std::make_shared<HostBuffer>(owner, const_cast<uint8_t*>(spans[i].first), spans[i].second);
+    return blobs;
   }
   // Copying the weights into fresh memory is mostly page faults (clearing the new pages): for
   // large engines the copies run on up to 8 threads of the CPU pool, each taking whole blobs,
@@ -320,7 +325,7 @@ std::vector<Blob> read_blobs(ByteReader& r) {
   cpu::parallel_for(int64_t(share.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t)
       for (size_t i : share[size_t(t)])  // not const: a refittable engine may own and rewrite it
-        blobs[i] = std::make_shared<Bytes>(spans[i].first, spans[i].first + spans[i].second);
+        blobs[i] = std::make_shared<HostBuffer>(spans[i].first, spans[i].first + spans[i].second);
   });
   return blobs;
 }

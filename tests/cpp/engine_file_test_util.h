@@ -19,8 +19,8 @@
 namespace kiln::engine_file_test {
 
 // ---- independent format helpers -------------------------------------------------------
-// checksum64 as engine_file.h describes it, byte by byte and word by word.
-inline uint64_t checksum_ref(const uint8_t* p, size_t n) {
+// checksum64 as byte_io.h describes it, byte by byte and word by word, one chunk at a time.
+inline uint64_t block_sum_ref(const uint8_t* p, size_t n) {
   const uint64_t m = 0x9e3779b97f4a7c15ull;
   uint64_t lane[4] = {0x243f6a8885a308d3ull, 0x13198a2e03707344ull, 0xa4093822299f31d0ull, 0x082efa98ec4e6c89ull};
   for (size_t word = 0; word * 8 < n; ++word) {
@@ -35,6 +35,16 @@ inline uint64_t checksum_ref(const uint8_t* p, size_t n) {
     h ^= h >> 32;
   }
   return h;
+}
+inline uint64_t checksum_ref(const uint8_t* p, size_t n) {
+  const size_t chunk = size_t(1) << 20;
+  if (n <= chunk) return block_sum_ref(p, n);
+  std::vector<uint8_t> sums;
+  for (size_t at = 0; at < n; at += chunk) {
+    const uint64_t h = block_sum_ref(p + at, std::min(chunk, n - at));
+    for (int b = 0; b < 8; ++b) sums.push_back(uint8_t(h >> (8 * b)));
+  }
+  return block_sum_ref(sums.data(), sums.size());
 }
 inline uint64_t get_le(const Bytes& b, size_t at, int n) {
   uint64_t v = 0;
@@ -179,7 +189,7 @@ inline std::shared_ptr<Engine> fused_engine() {
   Graph g;
   ValueId x = g.add_input("x", t);
   auto data = random_floats(8, 7);
-  auto shared = std::make_shared<const Bytes>(reinterpret_cast<const uint8_t*>(data.data()),
+  auto shared = std::make_shared<const HostBuffer>(reinterpret_cast<const uint8_t*>(data.data()),
                                               reinterpret_cast<const uint8_t*>(data.data()) + 32);
   ValueId w = g.add_constant("scale", t, shared, true);
   ValueId w2 = g.add_constant("scale_copy", t, shared, true);

@@ -53,7 +53,7 @@ struct Fx {
   int32_t constant(const std::string& name, DType dt, const Shape& shape, std::vector<uint8_t> bytes,
                    bool weight = true) {
     int32_t id = tensor(dt, shape);
-    g.constants.push_back({id, name, std::make_shared<const Bytes>(std::move(bytes)), weight});
+    g.constants.push_back({id, name, std::make_shared<const HostBuffer>(std::move(bytes)), weight});
     return id;
   }
   int32_t weight(const std::string& name, const Shape& shape, std::mt19937& rng) {

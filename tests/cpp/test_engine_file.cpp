@@ -8,6 +8,7 @@
 #include <fstream>
 #include <numbers>
 
+#include "src/serialize/byte_io.h"
 #include "tests/cpp/engine_file_test_util.h"
 
 using namespace kiln;
@@ -58,7 +59,7 @@ TEST(EngineFile, MlpRoundTripKeepsPlanAndOutputs) {
   auto e = mlp_engine();
   Bytes file = e->serialize();
   EXPECT_EQ(std::memcmp(file.data(), "KILNENG\0", 8), 0);
-  EXPECT_EQ(get_le(file, 8, 4), 2u);  // format version 2: checksum64
+  EXPECT_EQ(get_le(file, 8, 4), 3u);  // format version 3: checksum64 by chunks
   EXPECT_EQ(get_le(file, 12, 8), file.size());
   EXPECT_EQ(get_le(file, file.size() - 8, 8), checksum_ref(file.data(), file.size() - 8));
   auto loaded = Engine::deserialize(file.data(), file.size());
@@ -91,8 +92,28 @@ TEST(EngineFile, LargeWeightsReadOnSeveralThreadsRoundTrip) {
   auto e = Builder().build(g);
   Bytes file = e->serialize();
   ASSERT_GT(file.size(), size_t(48) << 20);
+  EXPECT_EQ(get_le(file, file.size() - 8, 8), checksum_ref(file.data(), file.size() - 8));  // chunks summed apart
   auto loaded = Engine::deserialize(file.data(), file.size());
   expect_same_engine(*e, *loaded);
+}
+
+TEST(EngineFile, ChecksumAtChunkBoundariesMatchesTheDescription) {
+  const size_t chunk = serialize::kChecksumChunk;
+  Bytes data(chunk * 9 + 13);
+  uint64_t s = 0x2545f4914f6cdd1dull;
+  for (uint8_t& b : data) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    b = uint8_t(s >> 24);
+  }
+  // One block, the chunk's length either side, a few chunks (one thread), many (several).
+  for (size_t n : {size_t(0), size_t(5), chunk - 1, chunk, chunk + 1, 3 * chunk + 7, 8 * chunk, data.size()}) {
+    const uint64_t sum = serialize::checksum64(data.data(), n);
+    EXPECT_EQ(sum, checksum_ref(data.data(), n)) << n << " bytes";
+    if (n < 16) continue;
+    Bytes damaged(data.begin(), data.begin() + long(n));
+    damaged[n / 2] ^= 0x10;  // one bit, in some chunk: always seen
+    EXPECT_NE(serialize::checksum64(damaged.data(), n), sum) << n << " bytes";
+  }
 }
 
 TEST(EngineFile, MlpMatchesNaiveReference) {

@@ -63,7 +63,7 @@ TEST(EngineFileDamage, OtherFormatVersionNamesBoth) {
   std::string msg;
   EXPECT_EQ(code_of(b, &msg), ErrorCode::kVersionMismatch);
   EXPECT_NE(msg.find("version 1"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("version 2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("version 3"), std::string::npos) << msg;
 }
 
 TEST(EngineFileDamage, OtherBackendOrDeviceIsADeviceMismatch) {

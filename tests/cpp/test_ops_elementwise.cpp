@@ -1180,7 +1180,7 @@ namespace {
 std::vector<Bytes> interpret(const Graph& g, const std::vector<Bytes>& inputs) {
   std::map<ValueId, Bytes> vals;
   for (size_t i = 0; i < inputs.size(); ++i) vals[g.inputs()[i]] = inputs[i];
-  for (ValueId c : g.constants()) vals[c] = *g.value(c).data;
+  for (ValueId c : g.constants()) vals[c].assign(g.value(c).data->begin(), g.value(c).data->end());
   for (const auto& n : g.nodes()) {
     auto k = get_backend(Device{}).make_kernel(*n, g, {});
     std::vector<const void*> in;

@@ -8,8 +8,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <random>
+
+#include <unistd.h>
 
 #include "kiln/kiln.h"
 #include "kiln/refit.h"
@@ -156,7 +161,7 @@ void set_all(Refitter& r, const Net& net, const Weights& w) {
 std::map<std::string, Bytes> constants_of(const Graph& plan) {
   std::map<std::string, Bytes> out;
   for (ValueId c : plan.constants())
-    if (plan.num_uses(c)) out[plan.value(c).name + "#" + std::to_string(c)] = *plan.value(c).data;
+    if (plan.num_uses(c)) out[plan.value(c).name + "#" + std::to_string(c)] = Bytes(plan.value(c).data->begin(), plan.value(c).data->end());
   return out;
 }
 
@@ -337,6 +342,46 @@ TEST(RefitFile, SerializeAfterRefitWritesTheNewWeightsAndKeepsTheProgram) {
   set_all(lr, net, c);
   lr.refit();
   expect_bits_equal(run(loaded, x), run(build(net.make(c)), x));
+}
+
+TEST(RefitFile, AMappedEngineSharesTheFileAndRefitsPrivately) {
+  const Net& net = conv_net();
+  const Weights a = random_weights(net.specs, 80), b = random_weights(net.specs, 90);
+  auto e = build(net.make(a));
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("kiln_mapped_" + std::to_string(::getpid()) + ".kiln")).string();
+  e->save(path);
+  const Bytes file = e->serialize();
+  auto mapped = Engine::load_mapped(path);
+  EXPECT_NE(mapped->build_log().find("mapped"), std::string::npos);
+  bool any_view = false;
+  for (ValueId c : mapped->graph().constants()) any_view = any_view || mapped->graph().value(c).data->is_view();
+  EXPECT_TRUE(any_view) << "the weights are views of the mapping, not copies";
+  EXPECT_EQ(constants_of(mapped->graph()), constants_of(e->graph()));
+  Floats x = random_floats(2 * 3 * 4 * 4, 7);
+  expect_bits_equal(run(mapped, x), run(e, x));
+  // A refit writes the mapped pages: the engine sees the new weights, the file does not change.
+  Refitter r(mapped);
+  set_all(r, net, b);
+  r.refit();
+  expect_bits_equal(run(mapped, x), run(build(net.make(b)), x));
+  std::ifstream in(path, std::ios::binary);
+  const Bytes on_disk((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(on_disk == file) << "a refit of a mapped engine must not write the file";
+  // The file may go (the cache evicts by unlink): the mapping keeps the engine whole.
+  std::filesystem::remove(path);
+  expect_bits_equal(run(mapped, x), run(build(net.make(b)), x));
+  // A damaged or missing file is an error naming it, as with load().
+  Bytes bad = file;
+  bad[bad.size() / 3] ^= 0x04;
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bad.data()), long(bad.size()));
+  EXPECT_EQ(code_of([&] { Engine::load_mapped(path); }), ErrorCode::kCorrupted);
+  std::ofstream(path, std::ios::binary | std::ios::trunc).close();
+  EXPECT_EQ(code_of([&] { Engine::load_mapped(path); }), ErrorCode::kTruncated);
+  std::filesystem::remove(path);
+  std::string message;
+  EXPECT_EQ(code_of([&] { Engine::load_mapped(path); }, &message), ErrorCode::kIo);
+  EXPECT_NE(message.find(path), std::string::npos) << message;
 }
 
 TEST(RefitFile, DamagedRefitSectionsAreRejected) {

@@ -38,8 +38,7 @@ def reference(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     return x.astype(np.float64) @ w.T.astype(np.float64) + b
 
 
-def checksum64(data: bytes) -> int:
-    """The engine file checksum as src/serialize/engine_file.h describes it."""
+def _block_sum(data: bytes) -> int:
     mask, m = (1 << 64) - 1, 0x9E3779B97F4A7C15
     lanes = [0x243F6A8885A308D3, 0x13198A2E03707344, 0xA4093822299F31D0, 0x082EFA98EC4E6C89]
     for word in range((len(data) + 7) // 8):
@@ -51,6 +50,15 @@ def checksum64(data: bytes) -> int:
         h = ((h ^ lane) * m) & mask
         h ^= h >> 32
     return h
+
+
+def checksum64(data: bytes) -> int:
+    """The engine file checksum as src/serialize/byte_io.h describes it."""
+    chunk = 1 << 20
+    if len(data) <= chunk:
+        return _block_sum(data)
+    sums = b"".join(_block_sum(data[at:at + chunk]).to_bytes(8, "little") for at in range(0, len(data), chunk))
+    return _block_sum(sums)
 
 
 @pytest.fixture
@@ -488,3 +496,17 @@ def test_type_stub_lists_every_public_name() -> None:
             members = [m for m in vars(obj) if not m.startswith("_") or m == "__bool__"]
             missing += [f"{name}.{m}" for m in members if m not in top[name]]
     assert not missing, f"python/kiln/_C.pyi lacks {missing}; regenerate it (its header says how)"
+
+
+def test_warm_up_is_a_no_op_on_the_cpu_and_names_a_bad_device() -> None:
+    import threading
+
+    from kiln.runtime import warm_up
+    assert kiln._C.warm_up("cpu") == ""  # the CPU backend has no library to set up
+    with pytest.raises(kiln.InvalidArgumentError, match="unknown device 'tpu'"):
+        kiln._C.warm_up("tpu")
+    before = set(threading.enumerate())
+    warm_up("cpu")
+    if not kiln._C.cuda_available():
+        warm_up("cuda:0")  # no CUDA backend or device: nothing to set up, no thread
+    assert not [t for t in set(threading.enumerate()) - before if t.name.startswith("kiln-warm-up")]
