@@ -339,7 +339,7 @@ void Refitter::refit() {
   // Evaluate in program order: fused groups at their root, every other node alone in a graph
   // whose inputs are constants, as fold_constants saw it. Weights given as views are read in place.
   std::vector<const uint8_t*> ptr(nv, nullptr);
-  std::vector<std::shared_ptr<const HostBuffer>> value(nv);  // where the bytes are owned by a Bytes
+  std::vector<std::shared_ptr<const HostBuffer>> value(nv);  // where the bytes are owned by a HostBuffer
   for (ValueId in : program.inputs()) {
     if (!needed[size_t(in)]) continue;
     auto p = pending_.find(program.value(in).name);
