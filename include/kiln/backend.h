@@ -88,6 +88,25 @@ class Backend {
   virtual void copy_to_host(void* dst, const void* src, size_t bytes, void* stream) = 0;
   virtual void copy_on_device(void* dst, const void* src, size_t bytes, void* stream) = 0;
   virtual void synchronize(void* stream) = 0;
+  // Copies every host buffer to its device address and returns once all have landed (an
+  // engine's constants at load and refit: hundreds of MB). The default copies one at a time.
+  struct HostCopy {
+    void* dst;
+    const void* src;
+    size_t bytes;
+  };
+  virtual void upload(const std::vector<HostCopy>& copies) {
+    for (const HostCopy& c : copies) copy_from_host(c.dst, c.src, c.bytes, nullptr);
+    synchronize(nullptr);
+  }
+  // The word checksum (below) of buffers in this backend's memory laid end to end, read after
+  // the work queued on `stream` (null: the legacy default stream). The engine cache compares
+  // model weights with it where they live; the default copies the buffers to the host first.
+  struct Span {
+    const void* data;
+    size_t bytes;
+  };
+  virtual uint64_t checksum(const std::vector<Span>& buffers, void* stream);
   // Records what `launches` enqueues on `stream` into a graph that replays it. Null where the
   // backend has no such thing (CPU), or where the recording would not replay correctly (`why`
   // then says why); in either case nothing was run.
@@ -98,9 +117,9 @@ class Backend {
   }
   virtual size_t alignment() const { return 64; }
   // Starts the one-time setup of the libraries this backend's kernels call (CUDA: cuBLASLt's
-  // handle and first algorithm queries, 85-130 ms in a process's first load of a GEMM engine) on
-  // a thread of its own, so that it overlaps with what the caller does next (reading an engine
-  // file, the build passes). The future says what was set up and how long it took (for the
+  // handle and first algorithm queries, 85-130 ms in a process's first load of a GEMM engine;
+  // also the upload lanes and the checksum kernel) on a thread of its own, so that it overlaps
+  // with what the caller does next (reading an engine file, the build passes). The future says what was set up and how long it took (for the
   // load log); its destructor waits for the thread, so none outlives the caller's scope. The
   // setup's own errors are dropped: the kernel that needs the library reports them. Invalid
   // (nothing to do) by default and after the first call.
@@ -109,6 +128,14 @@ class Backend {
   // processes (CUDA: the timing cache) writes them here.
   virtual void build_finished() {}
 };
+
+// The word checksum of `bytes` bytes at host address `data`, padded with zeros to whole 8-byte
+// words, whose first word has index `first_word` in the stream being summed: each little-endian
+// word w at index i adds m ^ (m >> 29), where m = (w ^ i * 0x5851F42D4C957F2D) * 0x2545F4914F6CDD1D,
+// to `sum` (all modulo 2^64). Any changed or moved word changes it: the index is mixed in before
+// the multiplication, and words are summed, so a device computes it in any order.
+uint64_t word_checksum(const void* data, size_t bytes, uint64_t first_word, uint64_t sum);
+constexpr uint64_t kWordMix1 = 0x5851F42D4C957F2DULL, kWordMix2 = 0x2545F4914F6CDD1DULL;
 
 // Where the backends that time tactics keep their timing cache file (the CUDA backend; nothing
 // otherwise). $KILN_TIMING_CACHE, when set, wins over it.

@@ -828,6 +828,11 @@ def checksum64(address: int, nbytes: int) -> int:
     The engine file checksum (checksum64) of `nbytes` bytes at a host address: a fast fingerprint.
     """
 
+def word_checksum(device: str, buffers: Sequence[tuple[int, int]], stream: int | None = None) -> int:
+    """
+    The word checksum of (address, nbytes) buffers in `device`'s memory laid end to end, computed where they live, after the work queued on `stream` (a cudaStream_t as an int; None: the legacy default stream). Each buffer is padded with zeros to whole 8-byte words; word w at index i adds m ^ (m >> 29), m = (w ^ i * 0x5851F42D4C957F2D) * 0x2545F4914F6CDD1D, modulo 2**64.
+    """
+
 def set_timing_cache_path(path: str) -> None:
     """Where CUDA builds keep their timing cache file ($KILN_TIMING_CACHE, when set, wins)."""
 

@@ -1,5 +1,7 @@
 // Device names and the backend registry.
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "kiln/backend.h"
@@ -22,6 +24,30 @@ void set_timing_cache_path(const std::string& path) {
 #else
   (void)path;
 #endif
+}
+
+uint64_t word_checksum(const void* data, size_t bytes, uint64_t first_word, uint64_t sum) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t j = 0; 8 * j < bytes; ++j) {
+    uint64_t w = 0;
+    const size_t n = std::min<size_t>(8, bytes - 8 * j);
+    std::memcpy(&w, p + 8 * j, n);  // little-endian hosts only (as the engine file format)
+    uint64_t m = (w ^ ((first_word + j) * kWordMix1)) * kWordMix2;
+    sum += m ^ (m >> 29);
+  }
+  return sum;
+}
+
+uint64_t Backend::checksum(const std::vector<Span>& buffers, void* stream) {
+  uint64_t sum = 0, word = 0;
+  Bytes host;
+  for (const Span& b : buffers) {
+    host.resize(b.bytes);
+    copy_to_host(host.data(), b.data, b.bytes, stream);
+    sum = word_checksum(host.data(), b.bytes, word, sum);
+    word += (b.bytes + 7) / 8;
+  }
+  return sum;
 }
 
 std::string Device::to_string() const {

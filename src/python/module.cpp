@@ -17,7 +17,9 @@
 // The message is the C++ what() ("[code] cause"); the instance's `code` is the ErrorCode.
 // The classes are named kiln.X because the kiln package re-exports them (pickling finds them).
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <array>
 #include <exception>
@@ -157,6 +159,22 @@ NB_MODULE(_C, m) {
         }, nanobind::arg("address"), nanobind::arg("nbytes"),
         nanobind::sig("def checksum64(address: int, nbytes: int) -> int"),
         "The engine file checksum (checksum64) of `nbytes` bytes at a host address: a fast fingerprint.");
+  m.def("word_checksum", [](const std::string& device, const std::vector<std::pair<nanobind::handle, size_t>>& buffers,
+                           nanobind::handle stream) {
+          std::vector<kiln::Backend::Span> spans;
+          for (const auto& [address, nbytes] : buffers)
+            spans.push_back({nbytes ? kp::pointer_from_int(address, "address") : nullptr, nbytes});
+          void* s = stream.is_none() ? nullptr : kp::pointer_from_int(stream, "stream");
+          kiln::Backend& backend = kiln::get_backend(kiln::Device::parse(device));
+          nanobind::gil_scoped_release release;
+          return backend.checksum(spans, s);
+        }, nanobind::arg("device"), nanobind::arg("buffers"), nanobind::arg("stream").none() = nanobind::none(),
+        nanobind::sig("def word_checksum(device: str, buffers: Sequence[tuple[int, int]], stream: int | None = None) "
+                      "-> int"),
+        "The word checksum of (address, nbytes) buffers in `device`'s memory laid end to end, computed where "
+        "they live, after the work queued on `stream` (a cudaStream_t as an int; None: the legacy default "
+        "stream). Each buffer is padded with zeros to whole 8-byte words; word w at index i adds m ^ (m >> 29), "
+        "m = (w ^ i * 0x5851F42D4C957F2D) * 0x2545F4914F6CDD1D, modulo 2**64.");
   m.def("set_timing_cache_path", &kiln::set_timing_cache_path, nanobind::arg("path"),
         "Where CUDA builds keep their timing cache file ($KILN_TIMING_CACHE, when set, wins).");
   m.def("cuda_available", [] { return kiln::backend_available(kiln::DeviceType::kCUDA); },

@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <functional>
+#include <future>
 #include <iomanip>
 #include <sstream>
+#include <system_error>
 #include <unordered_map>
 
 #include "kiln/errors.h"
@@ -37,6 +39,7 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
 
   const Stopwatch constants_watch;
   e->constant_ptr_.assign(size_t(g.num_values()), nullptr);
+  std::vector<Backend::HostCopy> copies;
   if (device.type == DeviceType::kCPU) {
     for (ValueId c : g.constants())
       e->constant_ptr_[c] = g.value(c).data->data();  // the plan owns the bytes for the engine's lifetime
@@ -55,15 +58,28 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
     for (ValueId c : g.constants()) {
       const Value& v = g.value(c);
       void* p = static_cast<uint8_t*>(e->constant_memory_.get()) + offset[i++];
-      be.copy_from_host(p, v.data->data(), v.data->size(), nullptr);
+      copies.push_back({p, v.data->data(), v.data->size()});
       e->constant_ptr_[c] = p;
     }
-    be.synchronize(nullptr);
   }
-
   KILN_CHECK(kernel_states.empty() || kernel_states.size() == g.nodes().size(), kCorrupted,
              kernel_states.size(), " kernel states for a plan of ", g.nodes().size(), " nodes");
-  const double constants_ms = constants_watch.ms();
+  // Kernels take constants by address when they run, so a load uploads them while it remakes
+  // the kernels. A build uploads first: its kernels time their tactics, which concurrent copies
+  // would slow down.
+  double constants_ms = 0;
+  auto upload = [&] {
+    be.upload(copies);
+    constants_ms = constants_watch.ms();
+  };
+  std::future<void> uploading;
+  if (!copies.empty() && !kernel_states.empty()) {
+    try {
+      uploading = std::async(std::launch::async, upload);
+    } catch (const std::system_error&) {  // no thread to spare
+    }
+  }
+  if (!uploading.valid() && !copies.empty()) upload();
   std::ostringstream log;
   log << build_log;
   // Loading from saved kernel states (GPU engines): where the time goes, in a "load:" line (the
@@ -82,13 +98,15 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
     e->kernel_states_.push_back(k->state());
     e->kernels_.push_back(std::move(k));
   }
+  const double kernels_ms = kernels_watch.ms();
+  if (uploading.valid()) uploading.get();
   KILN_CHECK(e->workspace_ <= options.workspace_limit, kInvalidArgument, "the plan needs ", e->workspace_,
              " bytes of workspace, over the workspace limit of ", options.workspace_limit);
   if (!kernel_states.empty()) {
     const size_t top = std::min<size_t>(3, slowest.size());
     std::partial_sort(slowest.begin(), slowest.begin() + long(top), slowest.end(), std::greater<>());
     log << "load: constants " << std::fixed << std::setprecision(1) << constants_ms << " ms, " << g.nodes().size()
-        << " kernels " << kernels_watch.ms() << " ms";
+        << " kernels " << kernels_ms << " ms";
     for (size_t j = 0; j < top; ++j) {
       const Node& n = *g.nodes()[slowest[j].second];
       log << (j ? ", " : " (slowest: ") << op_name(n.op) << " '" << n.name << "' " << slowest[j].first << " ms";

@@ -453,11 +453,12 @@ void Refitter::refit() {
   const double write_ms = watch.lap();
   if (!on_host) {
     be.synchronize(nullptr);  // a forward still running on any stream reads the old values, whole
+    std::vector<Backend::HostCopy> copies;
     for (ValueId c : plan.constants())
       if (written.count(plan.value(c).data.get()) && e.constant_ptr_[size_t(c)])
-        be.copy_from_host(const_cast<void*>(e.constant_ptr_[size_t(c)]), plan.value(c).data->data(),
-                          plan.value(c).data->size(), nullptr);
-    be.synchronize(nullptr);
+        copies.push_back({const_cast<void*>(e.constant_ptr_[size_t(c)]), plan.value(c).data->data(),
+                          plan.value(c).data->size()});
+    be.upload(copies);
   }
 
   const double copy_ms = watch.lap();

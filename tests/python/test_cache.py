@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 
 import kiln
+from kiln import _C
 from kiln.cache import DiskEngineCache, EngineCache, default_cache_dir, looks_like_engine, using_engine_cache
 from kiln.cached_build import cache_stats, reset_cache_stats
 from kiln.testing import randomize_weights
@@ -260,35 +261,55 @@ def test_key_ignores_weight_values_but_not_settings(tmp_path: Path) -> None:
     assert cache_stats()["builds"] == 4
 
 
-def test_device_checksum_sees_every_change() -> None:
-    """The checksum weights_fingerprint computes over device weights (here run on host tensors:
-    the same torch operations): equal bytes give equal sums; one flipped bit, two swapped
-    elements, two tensors in the other order, a byte past a multiple of 8 change it; grouping
-    the stream in other sizes does not."""
-    from kiln import cached_build
+def _word_checksum_reference(tensors: list[torch.Tensor]) -> int:
+    """The word checksum as _C.word_checksum documents it, in Python integers."""
+    total, index = 0, 0
+    for t in tensors:
+        raw = t.contiguous().view(torch.uint8).reshape(-1).tolist()
+        raw += [0] * (-len(raw) % 8)
+        for j in range(0, len(raw), 8):
+            w = int.from_bytes(bytes(raw[j:j + 8]), "little")
+            m = ((w ^ (index * 0x5851F42D4C957F2D)) * 0x2545F4914F6CDD1D) % 2**64
+            total = (total + (m ^ (m >> 29))) % 2**64
+            index += 1
+    return total
+
+
+def _word_checksum(tensors: list[torch.Tensor], device: str = "cpu") -> int:
+    return _C.word_checksum(device, [(t.data_ptr(), t.numel() * t.element_size()) for t in tensors])
+
+
+def test_word_checksum_matches_its_description_and_sees_every_change() -> None:
+    """The checksum weights_fingerprint computes where the weights live (_C.word_checksum, here
+    the CPU backend's): it equals the documented formula; equal bytes give equal sums; one
+    flipped bit, two swapped elements, two tensors in the other order, a byte past a multiple of
+    8 change it; an unaligned address reads the same bytes."""
     gen = torch.Generator().manual_seed(0)
-    w = torch.randn(1000, 37, generator=gen)
+    w = torch.randn(100, 37, generator=gen)
     b = torch.randn(37, generator=gen)
     odd = torch.randint(0, 256, (13,), generator=gen, dtype=torch.uint8)
-    base = cached_build._device_checksum([w, b, odd])
-    assert cached_build._device_checksum([w.clone(), b.clone(), odd.clone()]) == base
+    base = _word_checksum([w, b, odd])
+    assert base == _word_checksum_reference([w, b, odd])
+    assert _word_checksum([w.clone(), b.clone(), odd.clone()]) == base
     flipped = w.clone()
-    flipped.view(torch.int32)[500, 3] ^= 1 << 7
+    flipped.view(torch.int32)[50, 3] ^= 1 << 7
     swapped = w.clone()
     swapped[0, 0], swapped[0, 1] = w[0, 1], w[0, 0]
     odd_changed = odd.clone()
     odd_changed[12] ^= 1
-    others = [cached_build._device_checksum(ts) for ts in
+    others = [_word_checksum(ts) for ts in
               ([flipped, b, odd], [swapped, b, odd], [b, w, odd], [w, b, odd_changed])]
     assert len({base, *others}) == 5, others
     assert 0 <= base < 2**64
-    old = cached_build._DEVICE_GROUP_BYTES
-    try:
-        for group in (1024, 8 * 37):
-            cached_build._DEVICE_GROUP_BYTES = group
-            assert cached_build._device_checksum([w, b, odd]) == base, group
-    finally:
-        cached_build._DEVICE_GROUP_BYTES = old
+    shifted = torch.zeros(1 + odd.numel(), dtype=torch.uint8)
+    shifted[1:] = odd
+    assert _word_checksum([shifted[1:]]) == _word_checksum([odd]) == _word_checksum_reference([odd])
+    assert _C.word_checksum("cpu", []) == 0
+
+
+def test_word_checksum_names_a_bad_device() -> None:
+    with pytest.raises(kiln.KilnError, match="unknown device 'gpu'"):
+        _C.word_checksum("gpu", [])
 
 
 def test_key_includes_the_build_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

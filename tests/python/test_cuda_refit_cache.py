@@ -296,3 +296,36 @@ def test_mutable_module_refits_after_load_state_dict(arch: str, precision: str, 
     again = _run(mm, x)
     assert mm.builds == 1 and mm.refits == 2 and cache_stats()["builds"] == 0
     assert relative_error(again, _run(model, x)) <= tol
+
+
+def test_word_checksum_on_the_gpu_is_the_cpu_sum_of_the_same_bytes() -> None:
+    """weights_fingerprint sums device weights on the device (_C.word_checksum): the same bytes
+    give the CPU backend's sum, whatever the sizes (odd byte counts, an element-offset view)."""
+    gen = torch.Generator().manual_seed(3)
+    host = [torch.randn(1000, 37, generator=gen), torch.randn(5, generator=gen).half(),
+            torch.randint(0, 256, (3 << 20,), generator=gen, dtype=torch.uint8)]
+    device = [t.to(DEVICE) for t in host]
+    device.append(torch.randn(77, generator=gen).half().to(DEVICE)[1:])  # two bytes into its storage
+    host.append(device[-1].cpu())
+
+    def buffers(ts: list[torch.Tensor]) -> list[tuple[int, int]]:
+        return [(t.data_ptr(), t.numel() * t.element_size()) for t in ts]
+
+    on_gpu = kiln._C.word_checksum(DEVICE, buffers(device), torch.cuda.current_stream().cuda_stream)
+    assert on_gpu == kiln._C.word_checksum("cpu", buffers([t.contiguous() for t in host]))
+
+
+def test_fingerprint_reads_device_weights_after_the_callers_stream() -> None:
+    """The fingerprint of device weights is computed on a worker thread at a cache hit; it must
+    see what the caller's stream wrote before (a load_state_dict still running there)."""
+    from kiln.cached_build import current_streams, weights_fingerprint
+    weights = {"w": torch.randn(4096, 1024, device=DEVICE), "b": torch.randn(1024, device=DEVICE)}
+    before = weights_fingerprint(weights)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)  # the write below lands some 50 ms later
+        weights["w"].fill_(0.5)
+        streams = current_streams(weights)
+    got = weights_fingerprint(weights, streams)
+    torch.cuda.synchronize()
+    assert got == weights_fingerprint(weights) != before

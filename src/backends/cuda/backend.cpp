@@ -27,10 +27,13 @@
 
 #include "kiln/backend.h"
 #include "kiln/errors.h"
+#include "src/backends/cuda/checksum.h"
 #include "src/backends/cuda/cublaslt_util.h"
 #include "src/backends/cuda/cuda_util.h"
 #include "src/backends/cuda/kernels.h"
 #include "src/backends/cuda/tactics.h"
+#include "src/backends/cuda/upload.h"
+#include "src/common/stopwatch.h"
 
 namespace kiln {
 
@@ -81,13 +84,26 @@ class CudaBackend final : public Backend {
   std::future<std::string> warm_up() override {
     if (warmed_.exchange(true)) return {};
     const int index = index_;
+    Uploader* uploader = &uploader_;  // the backend lives as long as the process
     try {
-      return std::async(std::launch::async, [index]() -> std::string {
+      return std::async(std::launch::async, [index, uploader]() -> std::string {
+        // A failure is only reported here: the upload, checksum or GEMM that needs the piece
+        // sets it up again and reports its own error.
+        std::string report;
         try {
           DeviceGuard guard(index);
-          return lt_warm_up();
-        } catch (const std::exception& e) {  // the first GEMM kernel to need cuBLASLt reports it
-          return std::string("cuBLASLt failed (") + e.what() + ")";
+          const Stopwatch watch;
+          uploader->prepare();
+          (void)checksum_kernel();
+          report = detail::concat("upload lanes and checksum kernel ", int(watch.ms() + 0.5), " ms");
+        } catch (const std::exception& e) {
+          report = detail::concat("upload lanes and checksum kernel failed (", e.what(), ")");
+        }
+        try {
+          DeviceGuard guard(index);
+          return report + ", " + lt_warm_up();
+        } catch (const std::exception& e) {
+          return report + ", cuBLASLt failed (" + e.what() + ")";
         }
       });
     } catch (const std::system_error&) {  // no thread to spare: the kernels set the library up
@@ -176,6 +192,16 @@ class CudaBackend final : public Backend {
     KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)));
   }
 
+  void upload(const std::vector<HostCopy>& copies) override {
+    DeviceGuard guard(index_);
+    uploader_.upload(copies);
+  }
+
+  uint64_t checksum(const std::vector<Span>& buffers, void* stream) override {
+    DeviceGuard guard(index_);
+    return word_checksum_on_device(buffers, static_cast<cudaStream_t>(stream));
+  }
+
   void synchronize(void* stream) override {
     DeviceGuard guard(index_);
     // No stream: the whole device (work on non-blocking streams included).
@@ -216,6 +242,7 @@ class CudaBackend final : public Backend {
     void operator()(cudaStream_t s) const { (void)cudaStreamDestroy(s); }
   };
   int index_;
+  Uploader uploader_{index_};
   std::string name_;
   std::atomic<bool> warmed_{false};
   std::mutex capture_mutex_;

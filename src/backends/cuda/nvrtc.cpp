@@ -128,12 +128,8 @@ struct Reader {
   }
 };
 
-}  // namespace
-
-Bytes compile_to_cubin(const std::string& source, const std::string& what, int arch) {
-  const char* forbid = std::getenv("KILN_CUDA_NO_COMPILE");
-  KILN_CHECK(forbid == nullptr || forbid[0] == '\0' || std::string(forbid) == "0", kInternal,
-             "KILN_CUDA_NO_COMPILE is set, yet the kernel for ", what, " needs compiling");
+// compile_to_cubin without the KILN_CUDA_NO_COMPILE check: cached in-process by (arch, source).
+Bytes compile_cached(const std::string& source, const std::string& what, int arch) {
   static std::mutex mu;
   static std::map<std::pair<int, std::string>, Bytes> cache;
   auto key = std::make_pair(arch, source);
@@ -148,6 +144,19 @@ Bytes compile_to_cubin(const std::string& source, const std::string& what, int a
   std::lock_guard<std::mutex> lock(mu);
   cache.emplace(std::move(key), cubin);
   return cubin;
+}
+
+}  // namespace
+
+Bytes compile_to_cubin(const std::string& source, const std::string& what, int arch) {
+  const char* forbid = std::getenv("KILN_CUDA_NO_COMPILE");
+  KILN_CHECK(forbid == nullptr || forbid[0] == '\0' || std::string(forbid) == "0", kInternal,
+             "KILN_CUDA_NO_COMPILE is set, yet the kernel for ", what, " needs compiling");
+  return compile_cached(source, what, arch);
+}
+
+std::shared_ptr<const Module> Module::compile_support(const std::string& source, const std::string& what) {
+  return load(compile_cached(source, what, current_device().arch));
 }
 
 std::shared_ptr<const Module> Module::compile(const std::string& source, const std::string& what) {
