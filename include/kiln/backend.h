@@ -119,8 +119,9 @@ class Backend {
   // Starts the one-time setup of the libraries this backend's kernels call (CUDA: cuBLASLt's
   // handle and first algorithm queries, 85-130 ms in a process's first load of a GEMM engine;
   // also the upload lanes and the checksum kernel) on a thread of its own, so that it overlaps
-  // with what the caller does next (reading an engine file, the build passes). The future says what was set up and how long it took (for the
-  // load log); its destructor waits for the thread, so none outlives the caller's scope. The
+  // with what the caller does next (reading an engine file, the build passes). The future says
+  // what was set up and how long it took (for the load log); its destructor waits for the
+  // thread, so none outlives the caller's scope. The
   // setup's own errors are dropped: the kernel that needs the library reports them. Invalid
   // (nothing to do) by default and after the first call.
   virtual std::future<std::string> warm_up() { return {}; }
