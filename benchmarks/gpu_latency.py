@@ -31,31 +31,10 @@ from typing import Any
 
 import torch
 
-from gpu_models import DTYPES, compile_for, median_ms, model_on_gpu  # type: ignore[import-not-found]
+from gpu_models import (DTYPES, compile_for, host_ms, median_ms, model_on_gpu,  # type: ignore[import-not-found]
+                        pipelined_ms)
 
 log = logging.getLogger("kiln.bench.gpu_latency")
-
-
-def host_ms(fn: Callable[[], Any], runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    torch.cuda.synchronize()
-    return statistics.median(times)
-
-
-def pipelined_ms(fn: Callable[[], Any], runs: int) -> float:
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(runs):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / runs
 
 
 def device_spans(fn: Callable[[], Any], iters: int) -> tuple[float, float, int]:
@@ -104,7 +83,7 @@ def main() -> None:
              "pipelined_ms", "span_ms", "busy_ms", "gaps_ms", "kernels")
     for backend in args.backends.split(","):
         torch._dynamo.reset()
-        fn = compile_for(backend, model, dtype)
+        fn = compile_for(backend, model, dtype, inputs)
         with torch.no_grad():
             call = lambda: fn(*inputs)  # noqa: E731
             lat, _ = median_ms(call, args.runs)

@@ -1,19 +1,26 @@
 """Kiln against eager PyTorch and TorchInductor on a GPU, in one process.
 
     python3 benchmarks/gpu_models.py [--models resnet50,bert] [--batches 1,32] [--dtypes fp16,fp32]
-                                     [--backends eager,inductor,ro,kiln] [--runs 100] [--out DIR]
+                                     [--backends eager,inductor,ro,kiln,kiln-aot] [--runs 100] [--out DIR]
 
 Models are built from configs with random weights (nothing is downloaded) and every parameter
 is re-randomized first (some heads start at zero, which would make any comparison pass):
 torchvision resnet50, mobilenet_v3_large and vit_b_16 at 224x224, transformers BertModel
-(base config) at sequence length 128. Per row (model, batch, precision, backend):
+(base config) at sequence length 128. Backends: eager, inductor (torch.compile's default mode), ro
+(reduce-overhead), kiln (torch.compile(backend="kiln")) and kiln-aot (kiln.compile: the same
+engines without Dynamo's guards and frame in front of every call). Per row (model, batch,
+precision, backend):
 
-  ms          median of --runs timed forwards (CUDA events, after warm-up)
+  ms          median of --runs timed forwards (CUDA events, after warm-up), each synchronized:
+              the host time until the device work is issued plus the device time
+  host_ms     host time of one call (perf_counter around it, the device idle before), median
+  pipe_ms     time per call when --runs calls are issued back to back (the larger of the host's
+              and the device's time per call)
   vs_ro       inductor reduce-overhead's ms / this backend's ms (> 1: faster than ro)
   rel_err     ||out - ref|| / ||ref|| against eager FP32 on the same inputs
   rel_same    the same against eager in the row's own precision (what the backend's arithmetic
               adds; rel_err also holds the model's own sensitivity to FP16 / BF16 rounding)
-  compile_s   first call (build) seconds; for Kiln with an empty timing cache
+  compile_s   compile and first call, seconds; for Kiln with an empty timing cache
   warm_s      Kiln only: the same compile again in this process after torch._dynamo.reset(),
               with the timing cache filled by the first
   peak_mib    device memory in use at the peak of this backend's runs, over what was in use
@@ -59,6 +66,8 @@ class Row:
     dtype: str
     backend: str
     ms: float = float("nan")
+    host_ms: float = float("nan")
+    pipe_ms: float = float("nan")
     vs_ro: float = float("nan")
     rel_err: float = float("nan")
     rel_same: float = float("nan")
@@ -114,7 +123,34 @@ def median_ms(fn: Callable[[], Any], runs: int) -> tuple[float, int]:
     return statistics.median(times), peak
 
 
-def compile_for(backend: str, model: torch.nn.Module, dtype: torch.dtype) -> Callable[..., Any]:
+def host_ms(fn: Callable[[], Any], runs: int) -> float:
+    """Median host ms of one call, each started with the device idle."""
+    times = []
+    for _ in range(runs):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def pipelined_ms(fn: Callable[[], Any], runs: int) -> float:
+    """ms per call of `runs` calls issued back to back."""
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(runs):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / runs
+
+
+def compile_for(backend: str, model: torch.nn.Module, dtype: torch.dtype,
+                inputs: list[torch.Tensor]) -> Callable[..., Any]:
+    """`model` compiled by `backend`. "kiln-aot" is kiln.compile (torch.export, traced on
+    `inputs`): the same engines as "kiln", called without Dynamo's guards in front of them."""
     if backend == "eager":
         return model
     if backend == "inductor":
@@ -124,7 +160,9 @@ def compile_for(backend: str, model: torch.nn.Module, dtype: torch.dtype) -> Cal
     if backend == "kiln":
         return torch.compile(model, backend="kiln",
                              options={"enabled_precisions": {dtype}, "min_block_size": 1})
-    raise ValueError(f"unknown backend {backend!r}; valid: eager, inductor, ro, kiln")
+    if backend == "kiln-aot":
+        return kiln.compile(model, inputs, enabled_precisions={dtype}, min_block_size=1)
+    raise ValueError(f"unknown backend {backend!r}; valid: eager, inductor, ro, kiln, kiln-aot")
 
 
 def run_row(name: str, batch: int, dtype_name: str, backend: str, runs: int) -> Row:
@@ -145,19 +183,21 @@ def run_row(name: str, batch: int, dtype_name: str, backend: str, runs: int) -> 
         torch.cuda.empty_cache()
         torch.cuda.synchronize()
         base = used_bytes()
-        fn = compile_for(backend, model, dtype)
         t0 = time.perf_counter()
+        fn = compile_for(backend, model, dtype, cast)
         out = first_output(fn(*cast))
         torch.cuda.synchronize()
         row.compile_s = time.perf_counter() - t0
         row.rel_err = relative_error(out.float(), ref)
         row.rel_same = relative_error(out.float(), same)
         row.ms, peak = median_ms(lambda: fn(*cast), runs)
+        row.host_ms = host_ms(lambda: fn(*cast), runs)
+        row.pipe_ms = pipelined_ms(lambda: fn(*cast), runs)
         row.peak_mib = (peak - base) / 2**20
         if backend == "kiln":
             torch._dynamo.reset()
-            again = compile_for(backend, model, dtype)
             t0 = time.perf_counter()
+            again = compile_for(backend, model, dtype, cast)
             again(*cast)
             torch.cuda.synchronize()
             row.warm_s = time.perf_counter() - t0
@@ -171,21 +211,24 @@ def run_row(name: str, batch: int, dtype_name: str, backend: str, runs: int) -> 
 
 def markdown(rows: list[Row], device: str) -> str:
     lines = [f"Device: {device}; torch {torch.__version__}; Kiln {kiln.__version__}.", "",
-             "| model | batch | dtype | backend | ms | vs ro | rel err vs FP32 eager | vs eager, same dtype | "
-             "compile s | warm s | peak MiB | weights MiB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | batch | dtype | backend | ms | host ms | pipelined ms | vs ro | rel err vs FP32 eager | "
+             "vs eager, same dtype | compile s | warm s | peak MiB | weights MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         def f(v: float, fmt: str) -> str:
             return "" if v != v else format(v, fmt)
         lines.append(f"| {r.model} | {r.batch} | {r.dtype} | {r.backend}{' (' + r.note + ')' if r.note else ''} | "
-                     f"{f(r.ms, '.3f')} | {f(r.vs_ro, '.2f')} | {f(r.rel_err, '.1e')} | {f(r.rel_same, '.1e')} | "
+                     f"{f(r.ms, '.3f')} | {f(r.host_ms, '.3f')} | {f(r.pipe_ms, '.3f')} | {f(r.vs_ro, '.2f')} | "
+                     f"{f(r.rel_err, '.1e')} | {f(r.rel_same, '.1e')} | "
                      f"{f(r.compile_s, '.1f')} | "
                      f"{f(r.warm_s, '.2f')} | {f(r.peak_mib, '.0f')} | {f(r.weights_mib, '.0f')} |")
-    for dtype in sorted({r.dtype for r in rows}):
-        ratios = [r.vs_ro for r in rows if r.backend == "kiln" and r.dtype == dtype and r.vs_ro == r.vs_ro]
-        if ratios:
-            geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-            lines.append(f"\nKiln vs reduce-overhead, geometric mean over the {len(ratios)} {dtype} rows: {geo:.2f}x")
+    for backend, label in (("kiln", "Kiln"), ("kiln-aot", "Kiln through kiln.compile")):
+        for dtype in sorted({r.dtype for r in rows}):
+            ratios = [r.vs_ro for r in rows if r.backend == backend and r.dtype == dtype and r.vs_ro == r.vs_ro]
+            if ratios:
+                geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+                lines.append(f"\n{label} vs reduce-overhead, geometric mean over the {len(ratios)} {dtype} rows: "
+                             f"{geo:.2f}x")
     return "\n".join(lines) + "\n"
 
 

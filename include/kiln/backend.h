@@ -101,7 +101,8 @@ class Backend {
   }
   // The word checksum (below) of buffers in this backend's memory laid end to end, read after
   // the work queued on `stream` (null: the legacy default stream). The engine cache compares
-  // model weights with it where they live; the default copies the buffers to the host first.
+  // model weights with it where they live; the default reads host memory (CPU) in place and
+  // copies other memory to the host first.
   struct Span {
     const void* data;
     size_t bytes;

@@ -23,6 +23,7 @@ requiring grad) the graph runs in eager PyTorch with a warning, or raises under
 from __future__ import annotations
 
 import itertools
+import operator
 import re
 import warnings
 import weakref
@@ -60,6 +61,14 @@ def _pretty_source(placeholder: fx.Node) -> str:
     text = re.sub(r"\._(modules|parameters|buffers)\['([^']*)'\]", r".\2", text)
     text = re.sub(r"\[(\d+)\]", r".\1", text)
     return text.strip(".") or placeholder.name
+
+
+def _tuple_getter(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """The items at `indices` as a tuple (operator.itemgetter, which returns a bare item for one index)."""
+    if len(indices) == 1:
+        i = indices[0]
+        return lambda seq: (seq[i],)
+    return operator.itemgetter(*indices) if indices else (lambda seq: ())
 
 
 def _is_constant(example: Any) -> bool:
@@ -115,6 +124,7 @@ class KilnDynamoGraph:
         self.constant_names = {i: _pretty_source(p) for i, (p, k) in enumerate(zip(placeholders, self.kinds))
                                if k == "constant"}
         self.constant_idx = sorted(self.constant_names)
+        self._constants_of = _tuple_getter(self.constant_idx)
         self.input_idx = [i for i, k in enumerate(self.kinds) if k == "input"]
         self.dynamic = any(isinstance(e, _SYM) for e in examples) or any(
             isinstance(s, torch.SymInt) for p in placeholders
@@ -201,7 +211,7 @@ class KilnDynamoGraph:
     def __call__(self, *args: Any) -> Any:
         last = self._last
         # Static shapes: Dynamo's guards fixed them, so the constants' identity decides.
-        if last is not None and all(args[i] is c for i, c in zip(self.constant_idx, last.constants)):
+        if last is not None and all(map(operator.is_, self._constants_of(args), last.constants)):
             return last.run(*args)
         built = self._lookup(args)
         if not self.dynamic:

@@ -2,8 +2,9 @@
 #include "src/serialize/byte_io.h"
 
 #include <algorithm>
-#include <system_error>
 #include <thread>
+
+#include "src/common/run_parts.h"
 
 namespace kiln::serialize {
 
@@ -22,20 +23,8 @@ uint64_t checksum64(const uint8_t* data, size_t n) {
   // A thread per 8 chunks at least (starting one costs ~0.1 ms, a chunk ~0.1-0.3 ms), 8 at most:
   // the sum is bound by memory bandwidth well before that.
   const size_t hw = std::max<size_t>(1, std::thread::hardware_concurrency());
-  const size_t threads = std::min({hw, size_t(8), chunks / 8});
-  std::vector<std::thread> pool;
-  size_t done = 0;  // chunks [0, done) are handed out
-  for (size_t t = 1; t < threads; ++t) {
-    const size_t end = chunks * t / threads;
-    try {
-      pool.emplace_back(sum_chunks, done, end);
-    } catch (const std::system_error&) {
-      break;  // no thread to spare: this thread sums the rest
-    }
-    done = end;
-  }
-  sum_chunks(done, chunks);
-  for (std::thread& t : pool) t.join();
+  const size_t threads = std::max<size_t>(1, std::min({hw, size_t(8), chunks / 8}));
+  run_parts(threads, [&](size_t t) { sum_chunks(chunks * t / threads, chunks * (t + 1) / threads); });
   return block_sum(sums.data(), sums.size());
 }
 

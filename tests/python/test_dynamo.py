@@ -311,6 +311,42 @@ def test_second_instance_of_a_class_runs_with_its_own_weights() -> None:
     assert len(graph.graph_modules) == 3
 
 
+class Scale(nn.Module):
+    """One parameter: a graph with exactly one constant input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x * self.w) + 1.0
+
+
+@pytest.mark.parametrize("instances", [1, 2])
+def test_graphs_with_one_constant_or_none_check_them_on_every_call(instances: int) -> None:
+    # The per-call identity check of the constants, at its edge sizes: one constant (each
+    # instance's own weight must be used) and none (a module without parameters).
+    graphs: list[Any] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        graphs.append(kiln.dynamo.kiln_backend(gm, example_inputs, options={"min_block_size": 1}))
+        return graphs[-1]
+
+    torch._dynamo.reset()
+    modules = [Scale().eval() for _ in range(instances)]
+    compiled = [torch.compile(m, backend=backend, dynamic=False) for m in modules]
+    plain = torch.compile(nn.Sequential(nn.Tanh(), nn.Softplus()), backend=backend, dynamic=False)
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        for _ in range(2):
+            for m, f in zip(modules, compiled):
+                torch.testing.assert_close(f(x), m(x))
+            torch.testing.assert_close(plain(x), torch.nn.functional.softplus(torch.tanh(x)))
+    one, none = graphs
+    assert len(one.constant_idx) == 1 and len(one.graph_modules) == instances
+    assert none.constant_idx == [] and len(none.graph_modules) == 1
+
+
 def test_graph_mutating_its_input_runs_eagerly_with_a_warning() -> None:
     def f(x: torch.Tensor) -> torch.Tensor:
         x.add_(1.0)

@@ -194,7 +194,7 @@ class CudaBackend final : public Backend {
 
   void upload(const std::vector<HostCopy>& copies) override {
     DeviceGuard guard(index_);
-    uploader_.upload(copies);
+    if (!uploader_.upload(copies)) Backend::upload(copies);  // the driver stages each copy
   }
 
   uint64_t checksum(const std::vector<Span>& buffers, void* stream) override {

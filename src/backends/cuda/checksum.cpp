@@ -1,11 +1,13 @@
 // The word checksum (kiln/backend.h) of device memory: one launch per buffer, each block sums
 // its words and adds the sum to one device word (modular, so the order does not matter). The
-// kernel is one of Kiln's own, compiled by NVRTC once per process (by the backend's warm-up,
-// ahead of the engine cache's first fingerprint); BERT-base's 440 MB of FP32 weights are read
-// once, where torch operations over them took ~35 ms and a dozen first kernel loads.
+// kernel is one of Kiln's own, compiled by NVRTC once per process and GPU architecture (by the
+// backend's warm-up, ahead of the engine cache's first fingerprint); BERT-base's 440 MB of FP32
+// weights are read once, where torch operations over them took ~35 ms and a dozen first kernel
+// loads.
 #include "src/backends/cuda/checksum.h"
 
 #include <algorithm>
+#include <map>
 #include <mutex>
 #include <string>
 
@@ -51,8 +53,10 @@ extern "C" __global__ void kiln_word_checksum(const unsigned char* p, u64 bytes,
 
 cudaKernel_t checksum_kernel() {
   static std::mutex mu;
-  static std::shared_ptr<const Module> module;  // compiled for the first device that asks
+  static std::map<int, std::shared_ptr<const Module>> modules;  // by architecture; never removed
+  const int arch = current_device().arch;
   std::lock_guard<std::mutex> lock(mu);
+  std::shared_ptr<const Module>& module = modules[arch];
   if (!module) module = Module::compile_support(checksum_source(), "the word checksum");
   return module->kernel("kiln_word_checksum");
 }

@@ -3,11 +3,10 @@
 
 #include <algorithm>
 #include <cstring>
-#include <exception>
-#include <system_error>
 #include <thread>
 
 #include "src/backends/cuda/cuda_util.h"
+#include "src/common/run_parts.h"
 
 namespace kiln::cuda {
 
@@ -91,39 +90,22 @@ void Uploader::prepare_locked() {
   lanes_ = std::move(made);
 }
 
-void Uploader::upload(const std::vector<Backend::HostCopy>& copies) {
+bool Uploader::upload(const std::vector<Backend::HostCopy>& copies) {
   size_t total = 0;
   for (const Backend::HostCopy& c : copies) total += c.bytes;
-  if (!total) return;
+  if (!total) return true;
   std::lock_guard<std::mutex> lock(mutex_);
   try {
     prepare_locked();
-  } catch (const Error&) {  // no pinned memory to spare: the driver stages each copy itself
-    for (const Backend::HostCopy& c : copies)
-      KILN_CUDA_CHECK(cudaMemcpy(c.dst, c.src, c.bytes, cudaMemcpyHostToDevice));
-    return;
+  } catch (const Error&) {
+    return false;  // no pinned memory to spare
   }
   const size_t n = std::min(lanes_.size(), std::max<size_t>(1, total / kMinShare));
-  std::vector<std::exception_ptr> errors(n);
-  auto run = [&](size_t t) {
-    try {
-      KILN_CUDA_CHECK(cudaSetDevice(device_));  // a new thread starts on device 0
-      lanes_[t]->copy(copies, total * t / n, total * (t + 1) / n);
-    } catch (...) {
-      errors[t] = std::current_exception();
-    }
-  };
-  std::vector<std::thread> threads;
-  size_t t = 1;
-  try {
-    for (; t < n; ++t) threads.emplace_back(run, t);
-  } catch (const std::system_error&) {  // no thread to spare: this one does the rest
-    for (; t < n; ++t) run(t);
-  }
-  run(0);
-  for (std::thread& th : threads) th.join();
-  for (const std::exception_ptr& e : errors)
-    if (e) std::rethrow_exception(e);
+  run_parts(n, [&](size_t t) {
+    KILN_CUDA_CHECK(cudaSetDevice(device_));  // a new thread starts on device 0
+    lanes_[t]->copy(copies, total * t / n, total * (t + 1) / n);
+  });
+  return true;
 }
 
 }  // namespace kiln::cuda

@@ -7,8 +7,8 @@
 // non-blocking stream and two pinned chunks) copies its share into one chunk while the DMA of
 // the other runs (9-13 ms for those 220 MB). The lanes (up to 16 MiB of pinned host memory in
 // all) are made once per backend, on first use or by the backend's warm-up, and are kept for
-// the process; uploads from several threads take turns. Where pinned memory cannot be had, each
-// copy is staged by the driver.
+// the process; uploads from several threads take turns. Where pinned memory cannot be had,
+// upload() returns false having copied nothing, and the backend copies one buffer at a time.
 //
 // The streams are non-blocking, so an upload never waits for nor joins work or a capture on
 // the legacy default stream; upload() returns when every copy has landed.
@@ -31,7 +31,8 @@ class Uploader {
 
   // Makes the lanes if they are not made yet (pinned memory, streams, events).
   void prepare();
-  void upload(const std::vector<Backend::HostCopy>& copies);
+  // False, with nothing copied, where the lanes cannot be made.
+  bool upload(const std::vector<Backend::HostCopy>& copies);
 
  private:
   struct Lane;
