@@ -82,6 +82,13 @@ class Backend {
   // engine when loading one; a state the backend cannot read is kCorrupted.
   virtual std::unique_ptr<Kernel> make_kernel(const Node& node, const Graph& graph, const KernelOptions& options,
                                               const Bytes* state = nullptr) = 0;
+  // make_kernel for every node of `graph`, in node order: a build when `states` is null, else a
+  // load (one state per node). ms[i] receives the milliseconds node i took. The default makes
+  // them one after the other; a backend whose kernels spend their build time compiling may make
+  // several at once (CUDA: build_turn.h). Throws the error of the first node, in node order,
+  // that failed.
+  virtual std::vector<std::unique_ptr<Kernel>> make_kernels(const Graph& graph, const KernelOptions& options,
+                                                            const std::vector<Bytes>* states, std::vector<double>* ms);
   // Device memory; the deleter frees it. alignment() bytes aligned.
   virtual std::shared_ptr<void> allocate(size_t bytes) = 0;
   virtual void copy_from_host(void* dst, const void* src, size_t bytes, void* stream) = 0;

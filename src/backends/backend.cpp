@@ -1,4 +1,4 @@
-// Device names and the backend registry.
+// Device names, the backend registry, and Backend's default services.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -6,6 +6,7 @@
 
 #include "kiln/backend.h"
 #include "kiln/errors.h"
+#include "src/common/stopwatch.h"
 
 namespace kiln {
 
@@ -36,6 +37,18 @@ uint64_t word_checksum(const void* data, size_t bytes, uint64_t first_word, uint
     sum += m ^ (m >> 29);
   }
   return sum;
+}
+
+std::vector<std::unique_ptr<Kernel>> Backend::make_kernels(const Graph& graph, const KernelOptions& options,
+                                                          const std::vector<Bytes>* states, std::vector<double>* ms) {
+  std::vector<std::unique_ptr<Kernel>> kernels;
+  ms->assign(graph.nodes().size(), 0.0);
+  for (size_t i = 0; i < graph.nodes().size(); ++i) {
+    const Stopwatch watch;
+    kernels.push_back(make_kernel(*graph.nodes()[i], graph, options, states ? &(*states)[i] : nullptr));
+    (*ms)[i] = watch.ms();
+  }
+  return kernels;
 }
 
 uint64_t Backend::checksum(const std::vector<Span>& buffers, void* stream) {

@@ -5,6 +5,7 @@
 #include <functional>
 #include <future>
 #include <iomanip>
+#include <numeric>
 #include <sstream>
 #include <system_error>
 #include <unordered_map>
@@ -82,39 +83,44 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
   if (!uploading.valid() && !copies.empty()) upload();
   std::ostringstream log;
   log << build_log;
-  // Loading from saved kernel states (GPU engines): where the time goes, in a "load:" line (the
-  // slowest kernels to remake, e.g. cuDNN plans to finalize).
+  // Where the kernels' time goes: the slowest to make (cuDNN plans to finalize, tactics to time),
+  // in the "load:" line of a load, in a "kernels:" line of a build.
   const Stopwatch kernels_watch;
-  std::vector<std::pair<double, size_t>> slowest;
-  for (size_t i = 0; i < g.nodes().size(); ++i) {
-    const Node* n = g.nodes()[i].get();
-    const Stopwatch kernel_watch;
-    auto k = be.make_kernel(*n, g, options, kernel_states.empty() ? nullptr : &kernel_states[i]);
-    slowest.emplace_back(kernel_watch.ms(), i);
-    KILN_CHECK(k != nullptr, kInternal, "backend ", be.name(), " returned no kernel for ", op_name(n->op));
-    e->workspace_ = std::max(e->workspace_, k->workspace_size());
-    std::string d = k->describe();
-    if (!d.empty() && kernel_states.empty()) log << "kernel " << op_name(n->op) << ": " << d << "\n";
-    e->kernel_states_.push_back(k->state());
-    e->kernels_.push_back(std::move(k));
-  }
+  std::vector<double> ms;
+  std::vector<std::unique_ptr<Kernel>> kernels =
+      be.make_kernels(g, options, kernel_states.empty() ? nullptr : &kernel_states, &ms);
   const double kernels_ms = kernels_watch.ms();
+  KILN_CHECK(kernels.size() == g.nodes().size(), kInternal, "backend ", be.name(), " made ", kernels.size(),
+             " kernels for ", g.nodes().size(), " nodes");
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    const Node& n = *g.nodes()[i];
+    KILN_CHECK(kernels[i] != nullptr, kInternal, "backend ", be.name(), " returned no kernel for ", op_name(n.op));
+    e->workspace_ = std::max(e->workspace_, kernels[i]->workspace_size());
+    std::string d = kernels[i]->describe();
+    if (!d.empty() && kernel_states.empty()) log << "kernel " << op_name(n.op) << ": " << d << "\n";
+    e->kernel_states_.push_back(kernels[i]->state());
+    e->kernels_.push_back(std::move(kernels[i]));
+  }
   if (uploading.valid()) uploading.get();
   KILN_CHECK(e->workspace_ <= options.workspace_limit, kInvalidArgument, "the plan needs ", e->workspace_,
              " bytes of workspace, over the workspace limit of ", options.workspace_limit);
-  if (!kernel_states.empty()) {
-    const size_t top = std::min<size_t>(3, slowest.size());
-    std::partial_sort(slowest.begin(), slowest.begin() + long(top), slowest.end(), std::greater<>());
-    log << "load: constants " << std::fixed << std::setprecision(1) << constants_ms << " ms, " << g.nodes().size()
-        << " kernels " << kernels_ms << " ms";
-    for (size_t j = 0; j < top; ++j) {
-      const Node& n = *g.nodes()[slowest[j].second];
-      log << (j ? ", " : " (slowest: ") << op_name(n.op) << " '" << n.name << "' " << slowest[j].first << " ms";
-    }
-    log << (top ? ")\n" : "\n");
-  } else {
-    log << "memory: arena " << e->memory_.arena_bytes << " bytes (naive " << e->memory_.naive_bytes << ")\n";
+  std::vector<size_t> slowest(g.nodes().size());
+  std::iota(slowest.begin(), slowest.end(), size_t(0));
+  const size_t top = std::min<size_t>(3, slowest.size());
+  std::partial_sort(slowest.begin(), slowest.begin() + long(top), slowest.end(),
+                    [&](size_t a, size_t b) { return ms[a] > ms[b]; });
+  log << std::fixed << std::setprecision(1);
+  if (kernel_states.empty())
+    log << "kernels: " << g.nodes().size() << " made in " << kernels_ms << " ms";
+  else
+    log << "load: constants " << constants_ms << " ms, " << g.nodes().size() << " kernels " << kernels_ms << " ms";
+  for (size_t j = 0; j < top; ++j) {
+    const Node& n = *g.nodes()[slowest[j]];
+    log << (j ? ", " : " (slowest: ") << op_name(n.op) << " '" << n.name << "' " << ms[slowest[j]] << " ms";
   }
+  log << (top ? ")\n" : "\n");
+  if (kernel_states.empty())
+    log << "memory: arena " << e->memory_.arena_bytes << " bytes (naive " << e->memory_.naive_bytes << ")\n";
   e->log_ = log.str();
   return e;
 }

@@ -264,6 +264,7 @@ std::unique_ptr<Kernel> choose_fused(const Node& n, const AttentionGeometry& geo
   parts.push_back(detail::concat("ws<=", options.workspace_limit));
   const std::string key = timing_key("sdpa", parts);
   const std::string only = forced_tactic();
+  const TimingClaim claim(key);
   if (auto cached = only.empty() ? timing_cache_find(key) : std::nullopt) {
     try {
       if (cached->size() == 1 && (*cached)[0] == 0) return make_fused_attention(n, geo, nullptr);

@@ -20,25 +20,45 @@
 // warm_up() sets up cuBLASLt for the device on another thread, once per process.
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <exception>
 #include <future>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 
 #include "kiln/backend.h"
 #include "kiln/errors.h"
+#include "src/backends/cuda/build_turn.h"
 #include "src/backends/cuda/checksum.h"
 #include "src/backends/cuda/cublaslt_util.h"
 #include "src/backends/cuda/cuda_util.h"
+#include "src/backends/cuda/dnn_graph.h"
 #include "src/backends/cuda/kernels.h"
 #include "src/backends/cuda/tactics.h"
 #include "src/backends/cuda/upload.h"
+#include "src/common/run_parts.h"
 #include "src/common/stopwatch.h"
 
 namespace kiln {
 
 namespace cuda {
 namespace {
+
+// Threads a build makes its kernels on: $KILN_BUILD_THREADS (1 makes them one by one), by
+// default half the host's cores, at most 8 (the cuDNN plan lanes, dnn_graph.h).
+size_t build_workers() {
+  const char* env = std::getenv("KILN_BUILD_THREADS");
+  if (env && *env) {
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    KILN_CHECK(*end == '\0' && v >= 1 && v <= 256, kInvalidArgument,
+               "KILN_BUILD_THREADS must be a whole number from 1 to 256, not '", env, "'");
+    return size_t(v);
+  }
+  return std::clamp<size_t>(std::thread::hardware_concurrency() / 2, 1, kPlanLanes);
+}
 
 // Makes `device` current for its lifetime and restores the previous one.
 class DeviceGuard {
@@ -154,6 +174,38 @@ class CudaBackend final : public Backend {
       case OpFamily::kGenerator: return make_generator_kernel(n, g, o, state);
     }
     KILN_FAIL(kInternal, "no CUDA kernel family for ", op_name(n.op));
+  }
+
+  // A build makes its kernels on up to build_workers() threads at once, each node under the build
+  // turn, which a worker gives up while it compiles (build_turn.h). A load has nothing to compile
+  // (its kernels' states hold the cubins and cuDNN plans) and makes them in order.
+  std::vector<std::unique_ptr<Kernel>> make_kernels(const Graph& g, const KernelOptions& o,
+                                                    const std::vector<Bytes>* states,
+                                                    std::vector<double>* ms) override {
+    const size_t n = g.nodes().size(), workers = std::min(build_workers(), n);
+    if (states || workers <= 1) return Backend::make_kernels(g, o, states, ms);
+    std::vector<std::unique_ptr<Kernel>> kernels(n);
+    ms->assign(n, 0.0);
+    std::vector<std::exception_ptr> errors(n);
+    std::atomic<size_t> next{0};
+    std::atomic<bool> failed{false};
+    run_parts(workers, [&](size_t) {
+      // Nodes are taken in order, so the first failure in node order is always reached.
+      for (size_t i; !failed && (i = next++) < n;) {
+        try {
+          const BuildTurn turn;
+          const Stopwatch watch;  // from the turn on: the wait for it is another node's time
+          kernels[i] = make_kernel(*g.nodes()[i], g, o, nullptr);
+          (*ms)[i] = watch.ms();
+        } catch (...) {
+          errors[i] = std::current_exception();
+          failed = true;
+        }
+      }
+    });
+    for (const std::exception_ptr& e : errors)
+      if (e) std::rethrow_exception(e);
+    return kernels;
   }
 
   std::shared_ptr<void> allocate(size_t bytes) override {

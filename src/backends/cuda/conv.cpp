@@ -245,6 +245,7 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g, const Ke
   const std::string key = timing_key("conv", key_parts);
   const bool depthwise = depthwise_eligible(q);
   if (depthwise && options.optimization_level <= 0) return choose_depthwise(q, sig, options, key, what);
+  const TimingClaim claim(key);
   if (auto cached = timing_cache_find(key)) {
     try {
       const ConvChoice c = decode_conv_choice(*cached);

@@ -162,7 +162,6 @@ bool rebuild_conv_plan(const ConvGeom& q, cudnnHandle_t h, const ConvChoice& c, 
 
 ConvPlan search_conv_plan(const ConvGeom& q, const KernelOptions& options, const std::string& what, uint64_t sig,
                           bool conv_only) {
-  HandleLock hl = lock_handle();
   const bool strict = strict_f32(q.dtype);
   const size_t limit = plans_to_try(options.optimization_level);
   std::string log;
@@ -171,19 +170,24 @@ ConvPlan search_conv_plan(const ConvGeom& q, const KernelOptions& options, const
                                                 : std::vector<bool>{true, false};
   for (bool fused : modes) {
     ConvPlan b;
-    try {
-      b.og = build_conv_graph(q, hl.handle, fused, what);
-    } catch (const Error& e) {
-      log += std::string(fused ? "fused graph" : "conv graph") + " refused: " + e.what() + "; ";
-      continue;
-    }
     Stopwatch watch;
     std::vector<Cand> cands;
     std::vector<Desc> cfgs;
-    try {
-      cfgs = heuristic_configs(b.og.graph, &log);
-    } catch (const Error& e) {
-      log += std::string("heuristics failed: ") + e.what() + "; ";
+    {
+      // The handle's lock only while the graph is built and cuDNN's heuristics read it: the
+      // plans are finalized on lanes (make_plans), and timing executes through the handle itself.
+      HandleLock hl = lock_handle();
+      try {
+        b.og = build_conv_graph(q, hl.handle, fused, what);
+      } catch (const Error& e) {
+        log += std::string(fused ? "fused graph" : "conv graph") + " refused: " + e.what() + "; ";
+        continue;
+      }
+      try {
+        cfgs = heuristic_configs(b.og.graph, &log);
+      } catch (const Error& e) {
+        log += std::string("heuristics failed: ") + e.what() + "; ";
+      }
     }
     // In rounds of as many configs as candidates are still wanted, whose plans are finalized
     // in parallel (make_plans): most of a cold build's time otherwise.
@@ -231,7 +235,6 @@ ConvPlan search_conv_plan(const ConvGeom& q, const KernelOptions& options, const
     size_t best = 0;
     std::string report, verify;
     if (cands.size() > 1 && options.optimization_level > 0) {
-      hl.lock.unlock();  // timing executes through the handle's lock itself
       const size_t es = dtype_size(q.dtype);
       size_t ws = 0;
       for (const auto& c : cands) ws = std::max(ws, c.ws);

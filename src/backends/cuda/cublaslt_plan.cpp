@@ -55,6 +55,7 @@ LtPlan::LtPlan(const GemmShape& s, size_t workspace, int optimization_level, con
                                   offsets->b.size() == size_t(s.batch) && offsets->c.size() == size_t(s.batch)),
              kInternal, "LtPlan: a pointer-array GEMM needs the offsets of its ", s.batch, " matrices");
   const std::string key = timing_key(family, {s.signature(), "ws" + std::to_string(workspace)});
+  const TimingClaim claim(key);
   if (auto cached = timing_cache_find(key)) {
     auto a = parse_algo(*cached);
     if (a && mm_->check(*a, workspace)) {

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 
+#include "src/backends/cuda/build_turn.h"
 #include "src/backends/cuda/cuda_util.h"
 
 namespace kiln::cuda {
@@ -113,21 +114,37 @@ struct Slot {
 std::mutex table_mu;
 std::map<std::pair<int, int>, std::unique_ptr<Slot>> table;  // (device, lane); slots live for the process
 
+Slot& slot_of(int lane) {
+  int device = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> g(table_mu);
+  auto& s = table[{device, lane}];
+  if (!s) s = std::make_unique<Slot>();
+  return *s;
+}
+
+HandleLock locked(Slot& slot, std::unique_lock<std::recursive_mutex> lock) {
+  if (!slot.handle) KILN_CUDNN_CHECK(cudnnCreate(&slot.handle));
+  return HandleLock{slot.handle, std::move(lock)};
+}
+
+// A plan lane for the i-th config of a make_plans call: the first one from 1 + i % kPlanLanes
+// on that no thread holds (concurrent builds share the lanes, build_turn.h), else that one.
+HandleLock lock_plan_lane(size_t i) {
+  for (int k = 0; k < kPlanLanes; ++k) {
+    Slot& slot = slot_of(1 + int((i + size_t(k)) % kPlanLanes));
+    std::unique_lock<std::recursive_mutex> lock(slot.mu, std::try_to_lock);
+    if (lock.owns_lock()) return locked(slot, std::move(lock));
+  }
+  Slot& slot = slot_of(1 + int(i % kPlanLanes));
+  return locked(slot, std::unique_lock<std::recursive_mutex>(slot.mu));
+}
+
 }  // namespace
 
 HandleLock lock_handle(int lane) {
-  int device = 0;
-  KILN_CUDA_CHECK(cudaGetDevice(&device));
-  Slot* slot;
-  {
-    std::lock_guard<std::mutex> g(table_mu);
-    auto& s = table[{device, lane}];
-    if (!s) s = std::make_unique<Slot>();
-    slot = s.get();
-  }
-  std::unique_lock<std::recursive_mutex> lock(slot->mu);
-  if (!slot->handle) KILN_CUDNN_CHECK(cudnnCreate(&slot->handle));
-  return HandleLock{slot->handle, std::move(lock)};
+  Slot& slot = slot_of(lane);
+  return locked(slot, std::unique_lock<std::recursive_mutex>(slot.mu));
 }
 
 std::string EngineId::to_string() const {
@@ -299,11 +316,12 @@ std::vector<Desc> make_plans(const std::vector<const Desc*>& configs, std::vecto
   int device = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&device));
   why->assign(configs.size(), std::string());
+  const OffTurn off;  // host work on configs of the caller's own (build_turn.h)
   std::vector<std::future<Desc>> done;
   for (size_t i = 0; i < configs.size(); ++i)
     done.push_back(std::async(std::launch::async, [&, i] {
       KILN_CUDA_CHECK(cudaSetDevice(device));
-      HandleLock h = lock_handle(1 + int(i) % kPlanLanes);
+      HandleLock h = lock_plan_lane(i);
       return make_plan(h.handle, *configs[i], &(*why)[i]);
     }));
   std::vector<Desc> plans;

@@ -122,12 +122,14 @@ Desc make_plan(cudnnHandle_t handle, const Desc& config, std::string* why);
 // cuDNN version or GPU).
 std::string plan_json(const Desc& plan);
 Desc plan_from_json(cudnnHandle_t handle, const std::string& json);
-// make_plan for each config, at once on threads of their own sharing kPlanLanes handle lanes:
-// finalizing a runtime-fusion engine's plan compiles its kernel, up to a second each. The lanes'
-// handles live for the process (about 10 MiB of device memory each, judging by the first build
-// of a benchmark process): a plan must not outlive the handle it was finalized on, and the plan
-// kept cannot move to lane 0 (with cuDNN 9.19, finalizing a runtime-fusion engine config into a
-// second plan failed to compile). (*why)[i] says why plans[i] is empty.
+// make_plan for each config, at once on threads of their own sharing kPlanLanes handle lanes
+// (each takes a lane no other thread holds, where there is one), off the caller's build turn
+// (build_turn.h): finalizing a runtime-fusion engine's plan compiles its kernel, up to a second
+// each. The caller must hold no handle lock. The lanes' handles live for the process (about
+// 10 MiB of device memory each, judging by the first build of a benchmark process): a plan must
+// not outlive the handle it was finalized on, and the plan kept cannot move to lane 0 (with
+// cuDNN 9.19, finalizing a runtime-fusion engine config into a second plan failed to compile).
+// (*why)[i] says why plans[i] is empty.
 inline constexpr int kPlanLanes = 8;
 std::vector<Desc> make_plans(const std::vector<const Desc*>& configs, std::vector<std::string>* why);
 

@@ -3,7 +3,8 @@
 //
 // compile_to_cubin needs only NVRTC (no GPU), so tests compile every generated source on a
 // build machine. Its cache is keyed by (arch, source): the many nodes that share one source
-// (same op chain and dtypes; sizes are kernel arguments) compile once per process.
+// (same op chain and dtypes; sizes are kernel arguments) compile once per process, even when
+// a build's workers reach them at once.
 //
 // KILN_CUDA_NO_COMPILE=1 in the environment makes every compile fail (kInternal), so a test
 // or a deployment can check that loading an engine file compiles nothing.
@@ -15,13 +16,16 @@
 #include <dlfcn.h>
 #include <nvrtc.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <map>
 #include <mutex>
 #include <utility>
 
 #include "kiln/errors.h"
+#include "src/backends/cuda/build_turn.h"
 #include "src/backends/cuda/cuda_util.h"
 
 namespace kiln::cuda {
@@ -129,21 +133,41 @@ struct Reader {
 };
 
 // compile_to_cubin without the KILN_CUDA_NO_COMPILE check: cached in-process by (arch, source).
+// A source that another thread is compiling is waited for, not compiled twice (a build's
+// workers reach identical nodes at once, build_turn.h); unrelated sources compile in parallel.
+// Compiling and waiting are host work, done off the build turn. A failed compile leaves no
+// entry, so a later request tries again.
 Bytes compile_cached(const std::string& source, const std::string& what, int arch) {
   static std::mutex mu;
-  static std::map<std::pair<int, std::string>, Bytes> cache;
+  static std::map<std::pair<int, std::string>, std::shared_future<Bytes>> cache;
   auto key = std::make_pair(arch, source);
+  std::promise<Bytes> mine;
+  std::shared_future<Bytes> result;
+  bool compile = false;
   {
     std::lock_guard<std::mutex> lock(mu);
-    auto it = cache.find(key);
-    if (it != cache.end()) return it->second;
+    const auto it = cache.find(key);
+    if (it == cache.end()) {
+      result = mine.get_future().share();
+      cache.emplace(key, result);
+      compile = true;
+    } else {
+      result = it->second;
+    }
   }
-  // Compiled outside the lock: two threads may compile the same source once each, which is
-  // harmless, while unrelated compiles run in parallel.
-  Bytes cubin = compile_uncached(source, what, arch);
-  std::lock_guard<std::mutex> lock(mu);
-  cache.emplace(std::move(key), cubin);
-  return cubin;
+  if (!compile && result.wait_for(std::chrono::seconds(0)) == std::future_status::ready) return result.get();
+  const OffTurn off;
+  if (!compile) return result.get();
+  try {
+    mine.set_value(compile_uncached(source, what, arch));
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      cache.erase(key);
+    }
+    mine.set_exception(std::current_exception());
+  }
+  return result.get();
 }
 
 }  // namespace

@@ -46,4 +46,19 @@ void set_timing_cache_path(const std::string& path);
 // Writes the file if entries were added since it was read (the builder calls this once per build).
 void timing_cache_flush();
 
+// Held while the tactic of timing-cache `key` is looked up and, on a miss, searched. A second
+// claim of the same key (a build worker at a node identical to another's, build_turn.h) waits,
+// off its turn, until the first is released, and then finds the first's choice in the cache
+// instead of timing the same candidates again.
+class TimingClaim {
+ public:
+  explicit TimingClaim(std::string key);
+  ~TimingClaim();
+  TimingClaim(const TimingClaim&) = delete;
+  TimingClaim& operator=(const TimingClaim&) = delete;
+
+ private:
+  std::string key_;
+};
+
 }  // namespace kiln::cuda

@@ -6,12 +6,14 @@
 // LOADED; insert marks the key dirty; timing_cache_flush re-reads the file (another process
 // may have added entries), overlays the dirty entries, writes it atomically and clears the
 // dirty set; set_timing_cache_path with another path goes back to UNLOADED, keeping memory.
-// One mutex guards it all, so builds on several threads may share it.
+// One mutex guards it all, so builds on several threads may share it. TimingClaim (tactics.h)
+// keeps two searches of one key from running at once.
 #include "src/backends/cuda/timing_cache.h"
 
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +23,7 @@
 #include <set>
 
 #include "kiln/errors.h"
+#include "src/backends/cuda/build_turn.h"
 #include "src/backends/cuda/tactics.h"
 
 namespace kiln::cuda {
@@ -222,6 +225,45 @@ void timing_cache_flush() {
   } catch (const Error& e) {
     std::fprintf(stderr, "kiln: timing cache not saved: %s\n", e.what());  // a cache, never fatal
   }
+}
+
+namespace {
+
+struct Claims {
+  std::mutex mu;
+  std::condition_variable released;
+  std::set<std::string> held;
+};
+
+Claims& claims() {
+  static Claims c;
+  return c;
+}
+
+}  // namespace
+
+TimingClaim::TimingClaim(std::string key) : key_(std::move(key)) {
+  Claims& c = claims();
+  std::unique_lock<std::mutex> lock(c.mu);
+  if (c.held.count(key_)) {
+    lock.unlock();
+    const OffTurn off;  // the holder may need the turn to finish
+    lock.lock();
+    c.released.wait(lock, [&] { return !c.held.count(key_); });
+    c.held.insert(key_);
+    lock.unlock();  // no lock across the OffTurn's end, which takes the turn back
+    return;
+  }
+  c.held.insert(key_);
+}
+
+TimingClaim::~TimingClaim() {
+  Claims& c = claims();
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    c.held.erase(key_);
+  }
+  c.released.notify_all();
 }
 
 }  // namespace kiln::cuda

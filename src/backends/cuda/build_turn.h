@@ -1,0 +1,45 @@
+// A build makes several kernels at once (CudaBackend::make_kernels), one node per worker
+// thread, but most of a kernel's making must not overlap with another's: timing candidates on
+// the device, the cuDNN handle everything executes on, the timing cache's search order. So a
+// worker holds the build's turn (BuildTurn) while it makes a kernel, and gives it up only for
+// host work on data of its own (OffTurn): NVRTC compiling a generated source, cuDNN finalizing
+// plans (which compiles its runtime-fusion kernels), and waiting for another worker's result
+// (the same source compiling, the same timing key being searched). Those are most of a cold
+// build's time (perf-notes item 54), and they overlap; the device work stays one at a time.
+//
+// The turn is one mutex; it is held only by threads in a BuildTurn. OffTurn on a thread that
+// holds none (a load, a sequential build, the warm-up thread) does nothing, so the code that
+// compiles need not know who called it. Rule: no other lock may be held across an OffTurn,
+// since taking the turn back while holding one could wait on a worker that waits for that lock.
+#pragma once
+
+#include <mutex>
+
+namespace kiln::cuda {
+
+class BuildTurn {
+ public:
+  BuildTurn();  // waits for the turn
+  ~BuildTurn();
+  BuildTurn(const BuildTurn&) = delete;
+  BuildTurn& operator=(const BuildTurn&) = delete;
+
+ private:
+  std::unique_lock<std::mutex> lock_;
+};
+
+class OffTurn {
+ public:
+  OffTurn();   // gives up the calling thread's turn, when it holds one
+  ~OffTurn();  // takes it back
+  OffTurn(const OffTurn&) = delete;
+  OffTurn& operator=(const OffTurn&) = delete;
+
+ private:
+  std::unique_lock<std::mutex>* given_ = nullptr;
+};
+
+// Whether the calling thread holds the turn now (for tests).
+bool holds_build_turn();
+
+}  // namespace kiln::cuda

@@ -1,0 +1,136 @@
+// The build turn (src/backends/cuda/build_turn.h) and TimingClaim (tactics.h), with which a CUDA
+// build makes several kernels at once: one thread at a time holds the turn; one that gives it up
+// (OffTurn) lets another in and gets it back; a second claim of a timing key waits, off its
+// turn, for the first. No device is needed.
+#ifdef KILN_WITH_CUDA
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "src/backends/cuda/build_turn.h"
+#include "src/backends/cuda/tactics.h"
+#include "src/common/run_parts.h"
+
+namespace {
+
+using namespace kiln::cuda;
+using namespace std::chrono_literals;
+
+// Waits up to 10 s for `done`; a broken turn shows as a failed wait, not a hung test.
+bool wait_for(std::atomic<bool>& done) {
+  for (int i = 0; i < 10000 && !done; ++i) std::this_thread::sleep_for(1ms);
+  return done;
+}
+
+TEST(BuildTurn, OneThreadAtATimeHoldsIt) {
+  std::atomic<int> inside{0}, most{0};
+  kiln::run_parts(6, [&](size_t) {
+    for (int k = 0; k < 50; ++k) {
+      const BuildTurn turn;
+      EXPECT_TRUE(holds_build_turn());
+      const int now = ++inside;
+      int seen = most.load();
+      while (now > seen && !most.compare_exchange_weak(seen, now)) {
+      }
+      std::this_thread::sleep_for(10us);
+      --inside;
+    }
+  });
+  EXPECT_EQ(most.load(), 1);
+  EXPECT_FALSE(holds_build_turn());
+}
+
+TEST(BuildTurn, OffTurnLetsAnotherThreadInAndTakesTheTurnBack) {
+  std::atomic<bool> a_off{false}, b_ran{false};
+  std::thread a([&] {
+    const BuildTurn turn;
+    {
+      const OffTurn off;
+      EXPECT_FALSE(holds_build_turn());
+      a_off = true;
+      EXPECT_TRUE(wait_for(b_ran)) << "the other thread never got the turn";
+    }
+    EXPECT_TRUE(holds_build_turn());
+  });
+  ASSERT_TRUE(wait_for(a_off));
+  std::thread b([&] {
+    const BuildTurn turn;  // would wait forever if OffTurn had not given the turn up
+    b_ran = true;
+  });
+  b.join();
+  a.join();
+}
+
+TEST(BuildTurn, OffTurnWithoutATurnDoesNothing) {
+  EXPECT_FALSE(holds_build_turn());
+  {
+    const OffTurn off;
+    const OffTurn nested;
+    EXPECT_FALSE(holds_build_turn());
+  }
+  const BuildTurn turn;
+  {
+    const OffTurn off;
+    const OffTurn nested;  // the turn is already given up: nothing more to give
+    EXPECT_FALSE(holds_build_turn());
+  }
+  EXPECT_TRUE(holds_build_turn());
+}
+
+// Worker A holds the turn and a claim; worker B, holding the turn once A gives it up, claims the
+// same key: B must wait for A's release without keeping the turn, or A could never finish.
+TEST(TimingClaim, ASecondClaimOfAKeyWaitsForTheFirstOffItsTurn) {
+  const std::string key = "build-turn-test|same key";
+  std::mutex mu;
+  std::vector<std::string> events;
+  auto note = [&](const char* e) {
+    std::lock_guard<std::mutex> lock(mu);
+    events.push_back(e);
+  };
+  std::atomic<bool> a_claimed{false};
+  std::thread a([&] {
+    const BuildTurn turn;
+    {
+      const TimingClaim claim(key);
+      note("a claimed");
+      a_claimed = true;
+      {
+        const OffTurn off;  // compiling, say: B gets the turn meanwhile
+        std::this_thread::sleep_for(50ms);
+      }
+      note("a releases");
+    }
+  });
+  ASSERT_TRUE(wait_for(a_claimed));
+  std::thread b([&] {
+    const BuildTurn turn;
+    const TimingClaim claim(key);
+    EXPECT_TRUE(holds_build_turn());
+    note("b claimed");
+  });
+  a.join();
+  b.join();
+  EXPECT_EQ(events, (std::vector<std::string>{"a claimed", "a releases", "b claimed"}));
+}
+
+TEST(TimingClaim, ClaimsOfOtherKeysDoNotWait) {
+  const TimingClaim first("build-turn-test|key 1");
+  std::atomic<bool> done{false};
+  std::thread other([&] {
+    const TimingClaim second("build-turn-test|key 2");
+    done = true;
+  });
+  EXPECT_TRUE(wait_for(done));
+  other.join();
+}
+
+}  // namespace
+
+#endif  // KILN_WITH_CUDA
