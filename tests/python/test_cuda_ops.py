@@ -250,14 +250,43 @@ def test_unaligned_inputs_take_the_scalar_kernel(dtype: torch.dtype) -> None:
     _compare("silu", _run(engine, [xa.clone(), xb.clone()]), want, " (aligned)")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("act,residual", [("hardswish", False), ("hardsigmoid", True)])
+def test_conv_hard_activation_as_cudnn_chain(act: str, residual: bool, dtype: torch.dtype) -> None:
+    """hardswish / hardsigmoid after a conv: cuDNN runs them as a chain of pointwise ops on
+    by-value scalars (+3, clip to [0, 6], * 1/6, and * v for hardswish). At optimization level 0
+    the fused plan is taken untimed, so the chain itself runs; at the default level it is timed
+    against the conv alone + the generated epilogue. Both match the CPU."""
+    gen = torch.Generator().manual_seed(7)
+    g = Graph()
+    x = g.add_input("x", TORCH_TO_KILN[dtype], [2, 8, 11, 9])
+    # CPU tensors go in through DLPack (numpy has no bfloat16).
+    w = g.add_constant("w", (torch.randn(16, 8, 3, 3, generator=gen) * 0.3).to(dtype), weight=True)
+    b = g.add_constant("b", (torch.randn(16, generator=gen) * 0.3).to(dtype), weight=True)
+    inputs = [x, w, b]
+    feeds = [(torch.randn(2, 8, 11, 9, generator=gen) * 2).to(dtype)]
+    if residual:
+        inputs.append(g.add_input("r", TORCH_TO_KILN[dtype], [2, 16, 11, 9]))
+        feeds.append(torch.randn(2, 16, 11, 9, generator=gen).to(dtype))
+    g.mark_output(g.add_node("conv", inputs, {"padding": [1, 1], "activation": act})[0], "y")
+    want = _run(_build(g, "cpu"), feeds)
+    untimed = Builder(BuilderConfig(device="cuda", optimization_level=0)).build(g)
+    assert f"+ {act} [" in untimed.build_log and "generated epilogue" not in untimed.build_log, untimed.build_log
+    _compare("conv", _run(untimed, feeds), want, f" ({act} as a cuDNN chain)")
+    timed = _build(g, "cuda")
+    assert "fused #0 vs conv alone + generated epilogue #1" in timed.build_log, timed.build_log
+    _compare("conv", _run(timed, feeds), want, f" ({act}, timed tactic)", slack=2.0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["f32", "f16"])
 @pytest.mark.parametrize("channels", [16, 6], ids=["c16", "c6"])
 @pytest.mark.parametrize("pool,act", [("max_pool", "relu"), ("avg_pool", "relu"), ("max_pool", "hardswish")])
 def test_channels_last_region_cuda_matches_cpu(pool: str, act: str, channels: int, dtype: torch.dtype) -> None:
     """conv -> pool -> conv: a CUDA build runs it channels-last (to_channels_last; the pool's
     vectorized kernel when 16 bytes of channels divide C), and matches the CPU's channels-first run.
-    hardswish has no cuDNN pointwise mode: the conv runs the generated epilogue (its 16-byte
-    variant when 16 bytes of channels divide C)."""
+    hardswish has no cuDNN pointwise mode: the conv runs it as a chain of cuDNN pointwise ops or
+    as the generated epilogue (its 16-byte variant when 16 bytes of channels divide C), whichever
+    timed faster."""
     gen = torch.Generator().manual_seed(channels)
     g = Graph()
     x = g.add_input("x", TORCH_TO_KILN[dtype], [2, 3, 15, 13])

@@ -58,16 +58,7 @@ SdpaGraph build_graph(const AttentionGeometry& g, cudnnHandle_t handle, const st
   s.parts.push_back(tensor(kUidK, dt, operand(g, 1), what + ": tensor k"));
   s.parts.push_back(tensor(kUidV, dt, operand(g, 2), what + ": tensor v"));
   s.parts.push_back(tensor(kUidO, dt, operand(g, 3), what + ": tensor o"));
-  Desc scale(CUDNN_BACKEND_TENSOR_DESCRIPTOR, what + ": scale");
-  const bool by_value = true;
-  scale.set_i64(CUDNN_ATTR_TENSOR_UNIQUE_ID, kUidScale)
-      .set_dtype(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_DATA_FLOAT)
-      .set_i64(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, 4)
-      .set_i64s(CUDNN_ATTR_TENSOR_DIMENSIONS, {1, 1, 1, 1})
-      .set_i64s(CUDNN_ATTR_TENSOR_STRIDES, {1, 1, 1, 1})
-      .set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value)
-      .finalize();
-  s.parts.push_back(std::move(scale));
+  s.parts.push_back(scalar_desc(kUidScale, what + ": scale"));
   Desc op(CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR, what + ": sdpa operation");
   op.set_desc(CUDNN_ATTR_OPERATION_SDPA_FWD_QDESC, s.parts[0])
       .set_desc(CUDNN_ATTR_OPERATION_SDPA_FWD_KDESC, s.parts[1])

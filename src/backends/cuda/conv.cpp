@@ -6,8 +6,10 @@
 // workspace fits are timed on scratch buffers (tactics.h) and the fastest is kept, in the
 // timing cache and in state(). When no engine runs the fused graph, the graph is the conv alone
 // and a generated NVRTC kernel applies bias / residual / activation in place afterwards
-// (describe() says so). Load: state() names the engine (global index + knobs) and whether the
-// graph was fused; the plan is rebuilt from it without heuristics or timing.
+// (describe() says so). A hardswish / hardsigmoid epilogue is a chain of cuDNN pointwise ops,
+// whose fused plans are timed against the conv alone + the generated epilogue. Load: state()
+// names the engine (global index + knobs) and whether the graph was fused; the plan is rebuilt
+// from it without heuristics or timing.
 //
 // Depthwise convs (nhwc, groups == C == O; depthwise.h) have a second tactic: a generated NVRTC
 // kernel, built and timed against the cuDNN plans (the fused graph's, for these often a slow
@@ -26,6 +28,7 @@
 #include <mutex>
 
 #include "src/backends/cuda/conv_tactic.h"
+#include "src/backends/cuda/cublaslt_util.h"
 #include "src/backends/cuda/cuda_util.h"
 #include "src/backends/cuda/depthwise.h"
 #include "src/backends/cuda/kernels.h"
@@ -58,17 +61,17 @@ class ConvKernel final : public Kernel {
     std::array<void*, kMaxPtrs> ptrs{};
     size_t k = 0;
     uintptr_t align = 0;
+    void* bias = q_.bias ? const_cast<void*>(in[2]) : nullptr;
+    void* res = q_.residual ? const_cast<void*>(in[3]) : nullptr;
     for (int64_t uid : og_.uids) {
-      void* p = uid == kUidY ? out[0] : const_cast<void*>(in[uid == kUidX ? 0 : uid == kUidW ? 1 : uid == kUidBias ? 2 : 3]);
+      void* p = conv_data_ptr(uid, const_cast<void*>(in[0]), const_cast<void*>(in[1]), bias, res, out[0]);
       ptrs[k++] = p;
-      align |= reinterpret_cast<uintptr_t>(p);
+      if (uid != kUidThree && uid != kUidSixth) align |= reinterpret_cast<uintptr_t>(p);
     }
     KILN_CHECK(align % 16 == 0, kInvalidArgument, "conv: cuDNN plans assume 16-byte aligned tensors");
     runner_.run(ptrs.data(), rc.workspace, stream);
     if (epi_.fn) {
       void* y = out[0];
-      const void* bias = q_.bias ? in[2] : nullptr;
-      const void* res = q_.residual ? in[3] : nullptr;
       int64_t n = epi_.n, inner = epi_.inner, channels = epi_.channels;
       if (epi_.vec && (uintptr_t(y) | uintptr_t(bias) | uintptr_t(res)) % 16 == 0) {
         int64_t nvec = n / int64_t(16 / dtype_size(q_.dtype));
@@ -90,7 +93,7 @@ class ConvKernel final : public Kernel {
   }
 
  private:
-  static constexpr size_t kMaxPtrs = 5;
+  static constexpr size_t kMaxPtrs = 7;  // x, w, bias, residual, two scalars, y
   ConvGeom q_;
   ConvOpGraph og_;  // the plan was made from these descriptors: they live as long as it does
   PlanRunner runner_;
@@ -178,52 +181,109 @@ std::unique_ptr<Kernel> load_conv(const ConvGeom& q, uint64_t sig, const Bytes& 
   return cudnn_kernel(q, std::move(b), needs_epilogue ? &cs.cubin : nullptr, what);
 }
 
-// Build, depthwise conv: the generated kernel against cuDNN's plans (when cuDNN has them): the
-// fused graph's best and, when that graph holds an epilogue, the conv alone's best followed by
-// the generated epilogue (cuDNN's fast depthwise kernels run only the conv alone: on an H100
-// the fused MobileNetV3 graphs got a grouped direct kernel 3-11x slower than the generated
-// one, while the conv alone got conv2d_c1_k1_nhwc_specialized).
+// Times `kernels` (kernels of conv `q`) on scratch buffers: the fastest one's index (the first
+// on a tie). Every contender is timed whatever the optimization level (there are at most three).
+size_t fastest_conv_kernel(const ConvGeom& q, const std::vector<const Kernel*>& kernels, std::string* report) {
+  const size_t es = dtype_size(q.dtype);
+  size_t ws = 0;
+  for (const Kernel* k : kernels) ws = std::max(ws, k->workspace_size());
+  ScratchBuffer x(size_t(q.N * q.C * q.H * q.W) * es), w(size_t(q.W0 * q.W1 * q.KH * q.KW) * es),
+      bias(size_t(q.O) * es), res(size_t(q.y_numel()) * es), y(size_t(q.y_numel()) * es), wsb(ws);
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  const void* ins[4] = {x.get(), w.get(), q.bias ? bias.get() : nullptr, q.residual ? res.get() : nullptr};
+  void* outs[1] = {y.get()};
+  std::vector<Candidate> candidates;
+  for (const Kernel* k : kernels) candidates.push_back(kernel_candidate(*k, ins, outs, wsb.get(), ws));
+  const size_t best = time_candidates(candidates, 5, report);
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  return best;
+}
+
+// cuDNN's contenders for conv `q`: the fused graph's best plan (searched with `fused`) and,
+// when that graph holds the epilogue, the conv alone's best (searched with `alone`) followed by
+// the generated epilogue. Refusals go to *note.
+struct CudnnContenders {
+  std::vector<std::unique_ptr<ConvKernel>> kernels;
+  std::vector<ConvChoice> choices;
+};
+CudnnContenders cudnn_contenders(const ConvGeom& q, uint64_t sig, const KernelOptions& fused,
+                                 const KernelOptions& alone, const std::string& what, std::string* note) {
+  CudnnContenders c;
+  for (const bool conv_only : {false, true}) {
+    if (conv_only && (!q.has_epilogue() || c.choices.empty() || !c.choices[0].fused)) break;
+    try {
+      ConvPlan b = search_conv_plan(q, conv_only ? alone : fused, what, sig, conv_only);
+      c.choices.push_back(b.choice);
+      c.kernels.push_back(cudnn_kernel(q, std::move(b), nullptr, what));
+    } catch (const Error& e) {
+      *note += std::string("cuDNN refused ") + (conv_only ? "the conv alone: " : "it: ") + e.what() + "; ";
+    }
+  }
+  return c;
+}
+
+// Below the exhaustive level, a cuDNN contender whose plans are runtime-compiled (a fused
+// graph with a hardswish / hardsigmoid chain, or a depthwise conv's) is the better of the
+// heuristic's first two plans rather than of eight: each one compiles for up to a second.
+KernelOptions compiled_plan_options(const KernelOptions& options) {
+  KernelOptions o = options;
+  if (o.optimization_level < 5) o.optimization_level = std::min(o.optimization_level, 1);
+  return o;
+}
+
+// Build, conv with a hardswish / hardsigmoid epilogue: cuDNN runs those chains only with
+// runtime-compiled plans, which are not always faster than its prebuilt conv kernels followed
+// by the generated epilogue, so the two are timed against each other.
+std::unique_ptr<Kernel> choose_chain(const ConvGeom& q, uint64_t sig, const KernelOptions& options,
+                                     const std::string& key, const std::string& what) {
+  std::string note;
+  CudnnContenders c = cudnn_contenders(q, sig, compiled_plan_options(options), options, what, &note);
+  KILN_CHECK(!c.kernels.empty(), kUnsupported, what, ": cuDNN has no engine for it: ", note);
+  size_t best = 0;
+  if (c.kernels.size() > 1) {
+    std::string report;
+    best = fastest_conv_kernel(q, {c.kernels[0].get(), c.kernels[1].get()}, &report);
+    note += "fused #0 vs conv alone + generated epilogue #1: " + report;
+  }
+  timing_cache_insert(key, encode_conv_choice(c.choices[best]));
+  if (note.size() > 600) note = note.substr(0, 600) + "...";
+  if (!note.empty()) c.kernels[best]->add_note(note);
+  return std::move(c.kernels[best]);
+}
+
+// Build, depthwise conv: the generated kernel against cuDNN's contenders, when cuDNN has them.
+// Which wins depends on the epilogue: on an H100, MobileNetV3's relu graphs got a grouped direct
+// kernel 2-4x slower than the generated one (the conv alone got conv2d_c1_k1_nhwc_specialized,
+// close to it), while its hardswish chains got a runtime-compiled kernel 1.1-3.3x faster.
 std::unique_ptr<Kernel> choose_depthwise(const ConvGeom& q, uint64_t sig, const KernelOptions& options,
                                          const std::string& key, const std::string& what) {
   const DepthwiseSource src = generate_depthwise(q);
-  std::vector<std::unique_ptr<ConvKernel>> cudnn;
-  std::vector<ConvChoice> cudnn_choices;
+  CudnnContenders cudnn;
   std::string note;
   const bool untimed = options.optimization_level <= 0;
   if (!untimed) {
-    // Below the exhaustive level, each cuDNN contender is the better of the heuristic's first
-    // two plans rather than of eight, which only cost build time.
-    KernelOptions cudnn_options = options;
-    if (options.optimization_level < 5) cudnn_options.optimization_level = 1;
-    for (const bool conv_only : {false, true}) {
-      if (conv_only && (!q.has_epilogue() || cudnn_choices.empty() || !cudnn_choices[0].fused)) break;
-      try {
-        ConvPlan b = search_conv_plan(q, cudnn_options, what, sig, conv_only);
-        cudnn_choices.push_back(b.choice);
-        cudnn.push_back(cudnn_kernel(q, std::move(b), nullptr, what));
-      } catch (const Error& e) {
-        note += std::string("cuDNN refused ") + (conv_only ? "the conv alone: " : "it: ") + e.what() + "; ";
-      }
-    }
+    const KernelOptions cudnn_options = compiled_plan_options(options);
+    cudnn = cudnn_contenders(q, sig, cudnn_options, cudnn_options, what, &note);
   } else {
     note = "optimization level 0, untimed";
   }
   std::shared_ptr<const Module> module = Module::compile(src.source, what);
-  size_t best = 0;  // 0: generated; i > 0: cudnn[i - 1]
-  if (!cudnn.empty()) {
+  size_t best = 0;  // 0: generated; i > 0: cudnn.kernels[i - 1]
+  if (!cudnn.kernels.empty()) {
     const std::unique_ptr<Kernel> dw = make_depthwise_kernel(q, src, module, sig, "timing");
     std::vector<const Kernel*> contenders = {dw.get()};
-    for (const auto& k : cudnn) contenders.push_back(k.get());
+    for (const auto& k : cudnn.kernels) contenders.push_back(k.get());
     std::string report;
-    best = fastest_depthwise_tactic(q, contenders, options.optimization_level, &report);
-    note += std::string(best == 0 ? "chosen over" : "lost to") + " the cuDNN plan (" + report + ")";
+    best = fastest_conv_kernel(q, contenders, &report);
+    note += std::string(best == 0 ? "chosen over" : "lost to") + " the cuDNN plan (generated #0 vs cuDNN #1" +
+            (contenders.size() > 2 ? ", #2" : "") + ": " + report + ")";
   }
   if (!untimed)
-    timing_cache_insert(key, encode_conv_choice(best == 0 ? depthwise_choice(src, sig) : cudnn_choices[best - 1]));
+    timing_cache_insert(key, encode_conv_choice(best == 0 ? depthwise_choice(src, sig) : cudnn.choices[best - 1]));
   if (note.size() > 600) note = note.substr(0, 600) + "...";
   if (best > 0) {
-    cudnn[best - 1]->add_note("the generated depthwise kernel " + note);
-    return std::move(cudnn[best - 1]);
+    cudnn.kernels[best - 1]->add_note("the generated depthwise kernel " + note);
+    return std::move(cudnn.kernels[best - 1]);
   }
   return make_depthwise_kernel(q, src, std::move(module), sig, note);
 }
@@ -242,6 +302,8 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g, const Ke
   key_parts.push_back(strict_f32(q.dtype) ? "strict-f32" : "tf32-ok");
   key_parts.push_back(std::string("ws<=") + std::to_string(options.workspace_limit));
   key_parts.push_back("verified");  // choices made before candidates were checked on random data are not reused
+  // Choices made before cuDNN was given the hardswish / hardsigmoid chains are not reused.
+  if (hard_activation(q.act)) key_parts.push_back("chain");
   const std::string key = timing_key("conv", key_parts);
   const bool depthwise = depthwise_eligible(q);
   if (depthwise && options.optimization_level <= 0) return choose_depthwise(q, sig, options, key, what);
@@ -268,8 +330,10 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g, const Ke
     }
   }
   if (depthwise) return choose_depthwise(q, sig, options, key, what);
+  if (hard_activation(q.act) && options.optimization_level > 0) return choose_chain(q, sig, options, key, what);
   ConvPlan b = search_conv_plan(q, options, what, sig);
-  timing_cache_insert(key, encode_conv_choice(b.choice));
+  if (options.optimization_level > 0)  // an untimed choice is not recorded (as for depthwise convs)
+    timing_cache_insert(key, encode_conv_choice(b.choice));
   return cudnn_kernel(q, std::move(b), nullptr, what);
 }
 

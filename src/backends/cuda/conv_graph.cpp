@@ -40,7 +40,22 @@ cudnnPointwiseMode_t act_mode(const pw::Activation& a) {
   }
 }
 
+// cuDNN has no hardswish / hardsigmoid mode: they are chains of its pointwise ops,
+// hardsigmoid(v) = min(max(v + 3, 0), 6) * (1/6) and hardswish(v) = v * hardsigmoid(v).
+int activation_ops(const pw::Activation& a) {
+  if (a.none) return 0;
+  if (!hard_activation(a)) return 1;
+  return a.op == OpKind::kHardswish ? 4 : 3;
+}
+
+// The by-value scalars of those chains (host values cuDNN copies into each launch).
+const float kThree = 3.0f, kSixth = 1.0f / 6.0f;
+
 }  // namespace
+
+bool hard_activation(const pw::Activation& a) {
+  return !a.none && (a.op == OpKind::kHardswish || a.op == OpKind::kHardsigmoid);
+}
 
 ConvGeom conv_geometry(const Node& n, const Graph& g) {
   KILN_CHECK(n.op == OpKind::kConv || n.op == OpKind::kConvTranspose, kInternal, op_name(n.op),
@@ -157,9 +172,11 @@ ConvOpGraph build_conv_graph(const ConvGeom& q, cudnnHandle_t handle, bool fused
   og.uids = {kUidX, kUidW};
 
   if (epi) {
-    int remaining = int(q.bias) + int(q.residual) + int(!q.act.none);
-    // One pointwise node: out = mode(in, operand); the last one writes y.
-    auto pointwise = [&](cudnnPointwiseMode_t pm, const Desc* operand, const char* name) {
+    int remaining = int(q.bias) + int(q.residual) + activation_ops(q.act);
+    // One pointwise node: out = mode(in, operand); the last one writes y. `clip`: RELU_FWD's
+    // upper clip (none when <= 0).
+    auto pointwise = [&](cudnnPointwiseMode_t pm, const Desc* in, const Desc* operand, const char* name,
+                         double clip = 0) {
       Desc& desc = og.parts.emplace_back(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, what + ": pointwise " + name);
       desc.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &pm)
           .set_dtype(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_DATA_FLOAT);
@@ -167,29 +184,50 @@ ConvOpGraph build_conv_graph(const ConvGeom& q, cudnnHandle_t handle, bool fused
         const float one = 1.0f;
         desc.set(CUDNN_ATTR_POINTWISE_SWISH_BETA, CUDNN_TYPE_FLOAT, 1, &one);
       }
+      if (clip > 0) {
+        const double lower = 0.0;
+        desc.set(CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP, CUDNN_TYPE_DOUBLE, 1, &lower)
+            .set(CUDNN_ATTR_POINTWISE_RELU_UPPER_CLIP, CUDNN_TYPE_DOUBLE, 1, &clip);
+      }
       desc.finalize();
       const Desc* out = --remaining == 0 ? &y : &virt();
       Desc& op = og.parts.emplace_back(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, what + ": " + name);
       op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, desc)
-          .set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, *acc)
+          .set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, *in)
           .set_desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, *out);
       if (operand) op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *operand);
       op.finalize();
       ops.push_back(&op);
-      acc = out;
-      og.ops += std::string(" + ") + name;
+      return out;
     };
     if (q.bias) {
       const Desc& b = keep(tensor(kUidBias, dt, {1, q.O, 1, 1}, cl, false, what + ": tensor bias"));
       og.uids.push_back(kUidBias);
-      pointwise(CUDNN_POINTWISE_ADD, &b, "bias");
+      acc = pointwise(CUDNN_POINTWISE_ADD, acc, &b, "bias");
+      og.ops += " + bias";
     }
     if (q.residual) {
       const Desc& r = keep(tensor(kUidResidual, dt, yd, cl, false, what + ": tensor residual"));
       og.uids.push_back(kUidResidual);
-      pointwise(CUDNN_POINTWISE_ADD, &r, "residual");
+      acc = pointwise(CUDNN_POINTWISE_ADD, acc, &r, "residual");
+      og.ops += " + residual";
     }
-    if (!q.act.none) pointwise(act_mode(q.act), nullptr, q.act.name.c_str());
+    if (hard_activation(q.act)) {
+      auto scalar = [&](int64_t uid, const char* name) -> const Desc& {
+        og.uids.push_back(uid);
+        return keep(scalar_desc(uid, what + ": scalar " + name));
+      };
+      const Desc* v = acc;
+      const Desc* t = pointwise(CUDNN_POINTWISE_ADD, v, &scalar(kUidThree, "3"), "+3");
+      t = pointwise(CUDNN_POINTWISE_RELU_FWD, t, nullptr, "clip 0..6", 6.0);
+      t = pointwise(CUDNN_POINTWISE_MUL, t, &scalar(kUidSixth, "1/6"), "/6");
+      if (q.act.op == OpKind::kHardswish) t = pointwise(CUDNN_POINTWISE_MUL, t, v, "*v");
+      acc = t;
+      og.ops += " + " + q.act.name;
+    } else if (!q.act.none) {
+      acc = pointwise(act_mode(q.act), acc, nullptr, q.act.name.c_str());
+      og.ops += " + " + q.act.name;
+    }
   }
   og.uids.push_back(kUidY);
 
@@ -198,6 +236,19 @@ ConvOpGraph build_conv_graph(const ConvGeom& q, cudnnHandle_t handle, bool fused
       .set_descs(CUDNN_ATTR_OPERATIONGRAPH_OPS, ops)
       .finalize();
   return og;
+}
+
+void* conv_data_ptr(int64_t uid, void* x, void* w, void* bias, void* residual, void* y) {
+  switch (uid) {
+    case kUidX: return x;
+    case kUidW: return w;
+    case kUidBias: return bias;
+    case kUidResidual: return residual;
+    case kUidY: return y;
+    case kUidThree: return const_cast<float*>(&kThree);
+    case kUidSixth: return const_cast<float*>(&kSixth);
+    default: KILN_FAIL(kInternal, "conv: no tensor has uid ", uid);
+  }
 }
 
 std::string conv_epilogue_source(const ConvGeom& q) {

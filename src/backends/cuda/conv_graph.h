@@ -2,6 +2,7 @@
 // when cuDNN has no engine for the fused graph.
 //
 // conv:            CONVOLUTION_FORWARD(x, w) -> [+ bias] -> [+ residual] -> [activation] -> y
+//                  (hardswish / hardsigmoid as chains of cuDNN pointwise ops on by-value scalars)
 // conv_transpose:  CONVOLUTION_BACKWARD_DATA(dy = x, w) -> dx = y [+ bias]
 // Intermediates are virtual f32 tensors; compute is f32. 1-D convs are 2-D with H = 1.
 // Tensors are described to cuDNN as [N, C, H, W] with their real strides: NCHW (Kiln's
@@ -32,19 +33,25 @@ struct ConvGeom {
   int64_t y_numel() const { return N * O * OH * OW; }
 };
 
+// hardswish or hardsigmoid: cuDNN runs them as a chain of pointwise ops (build_conv_graph).
+bool hard_activation(const pw::Activation& a);
+
 // Throws kInvalidArgument / kUnsupported naming `what` for nodes the conv family cannot run.
 ConvGeom conv_geometry(const Node& n, const Graph& g);
 // Shapes, dtypes and attributes, one string each: the timing key's parts and the signature.
 std::vector<std::string> conv_key_parts(const ConvGeom& q);
 
 // Unique ids of the non-virtual tensors in a conv graph.
-enum ConvUid : int64_t { kUidX = 1, kUidW = 2, kUidBias = 3, kUidResidual = 4, kUidY = 5 };
+// kUidThree and kUidSixth are the by-value scalars of the hardswish / hardsigmoid chains.
+enum ConvUid : int64_t { kUidX = 1, kUidW = 2, kUidBias = 3, kUidResidual = 4, kUidY = 5, kUidThree = 6, kUidSixth = 7 };
+// The pointer a variant pack gives `uid`: one of the tensors, or a scalar's host value.
+void* conv_data_ptr(int64_t uid, void* x, void* w, void* bias, void* residual, void* y);
 
 // A finalized operation graph plus the descriptors it refers to (kept alive with it).
 struct ConvOpGraph {
   std::deque<Desc> parts;  // a deque: references to its elements stay valid as it grows
   Desc graph;
-  std::vector<int64_t> uids;  // the variant pack's ids: x, w, [bias], [residual], y
+  std::vector<int64_t> uids;  // the variant pack's ids: x, w, [bias], [residual], [scalars], y
   std::string ops;            // "conv + bias + relu", for describe()
 };
 

@@ -242,8 +242,7 @@ ConvPlan search_conv_plan(const ConvGeom& q, const KernelOptions& options, const
           bias(size_t(q.O) * es), res(size_t(q.y_numel()) * es), y(size_t(q.y_numel()) * es), wsb(ws);
       KILN_CUDA_CHECK(cudaDeviceSynchronize());
       std::vector<void*> ptrs;
-      for (int64_t uid : b.og.uids)
-        ptrs.push_back(uid == kUidX ? x.get() : uid == kUidW ? w.get() : uid == kUidBias ? bias.get() : uid == kUidResidual ? res.get() : y.get());
+      for (int64_t uid : b.og.uids) ptrs.push_back(conv_data_ptr(uid, x.get(), w.get(), bias.get(), res.get(), y.get()));
       std::vector<Desc> packs;
       std::vector<Candidate> fns;
       for (size_t i = 0; i < cands.size(); ++i) packs.push_back(make_variant_pack(b.og.uids, ptrs, wsb.get()));

@@ -11,11 +11,9 @@
 // saved state names (conv.cpp).
 #include <algorithm>
 
-#include "src/backends/cuda/cublaslt_util.h"
 #include "src/backends/cuda/cuda_util.h"
 #include "src/backends/cuda/depthwise.h"
 #include "src/backends/cuda/nvrtc.h"
-#include "src/backends/cuda/tactics.h"
 
 namespace kiln::cuda {
 
@@ -100,30 +98,6 @@ std::unique_ptr<Kernel> make_depthwise_kernel(const ConvGeom& q, const Depthwise
   KILN_CHECK(module != nullptr, kInternal, "depthwise conv: no module");
   Bytes state = pack_state(module->cubin(), encode_conv_choice(depthwise_choice(src, signature)));
   return std::make_unique<DepthwiseKernel>(q, src, std::move(module), std::move(state), src.describe + ", " + note);
-}
-
-size_t fastest_depthwise_tactic(const ConvGeom& q, const std::vector<const Kernel*>& kernels, int optimization_level,
-                                std::string* report) {
-  if (optimization_level <= 0) {
-    if (report) *report = "untimed (optimization level 0)";
-    return 0;
-  }
-  const size_t es = dtype_size(q.dtype);
-  size_t ws = 0;
-  for (const Kernel* k : kernels) ws = std::max(ws, k->workspace_size());
-  ScratchBuffer x(size_t(q.N * q.H * q.W * q.C) * es), w(size_t(q.C * q.KH * q.KW) * es), bias(size_t(q.O) * es),
-      res(size_t(q.y_numel()) * es), y(size_t(q.y_numel()) * es), wsb(ws);
-  KILN_CUDA_CHECK(cudaDeviceSynchronize());
-  const void* ins[4] = {x.get(), w.get(), q.bias ? bias.get() : nullptr, q.residual ? res.get() : nullptr};
-  void* outs[1] = {y.get()};
-  std::vector<Candidate> candidates;
-  for (const Kernel* k : kernels) candidates.push_back(kernel_candidate(*k, ins, outs, wsb.get(), ws));
-  std::string log;
-  // Every contender is timed whatever the level above 0 (there are at most three).
-  const size_t best = time_candidates(candidates, 5, &log);
-  KILN_CUDA_CHECK(cudaDeviceSynchronize());
-  if (report) *report = "generated #0 vs cuDNN #1" + std::string(kernels.size() > 2 ? ", #2" : "") + ": " + log;
-  return best;
 }
 
 }  // namespace kiln::cuda

@@ -66,11 +66,4 @@ std::unique_ptr<Kernel> make_depthwise_kernel(const ConvGeom& q, const Depthwise
                                               std::shared_ptr<const Module> module, uint64_t signature,
                                               const std::string& note);
 
-// Times `kernels` (kernels of depthwise conv `q`: the generated one first, then cuDNN's) on
-// scratch buffers and returns the fastest one's index (the first on a tie). With
-// optimization_level 0 nothing is timed and the generated kernel (0) wins. *report receives
-// the timings.
-size_t fastest_depthwise_tactic(const ConvGeom& q, const std::vector<const Kernel*>& kernels, int optimization_level,
-                                std::string* report);
-
 }  // namespace kiln::cuda

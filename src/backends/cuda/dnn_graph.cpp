@@ -38,6 +38,19 @@ Desc tensor_desc(int64_t uid, cudnnDataType_t dt, const std::vector<int64_t>& di
   return t;
 }
 
+Desc scalar_desc(int64_t uid, const std::string& what) {
+  const bool by_value = true;
+  Desc t(CUDNN_BACKEND_TENSOR_DESCRIPTOR, what);
+  t.set_i64(CUDNN_ATTR_TENSOR_UNIQUE_ID, uid)
+      .set_dtype(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_DATA_FLOAT)
+      .set_i64(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, 4)
+      .set_i64s(CUDNN_ATTR_TENSOR_DIMENSIONS, {1, 1, 1, 1})
+      .set_i64s(CUDNN_ATTR_TENSOR_STRIDES, {1, 1, 1, 1})
+      .set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value)
+      .finalize();
+  return t;
+}
+
 std::string cudnn_last_error() {
   std::array<char, 1024> buf{};
   cudnnGetLastErrorString(buf.data(), buf.size());

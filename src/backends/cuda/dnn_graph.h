@@ -73,6 +73,9 @@ cudnnDataType_t cudnn_dtype(DType t);
 // A finalized tensor descriptor of 16-byte aligned data.
 Desc tensor_desc(int64_t uid, cudnnDataType_t dt, const std::vector<int64_t>& dims, const std::vector<int64_t>& strides,
                  bool is_virtual, const std::string& what);
+// A finalized by-value f32 scalar [1, 1, 1, 1]: its variant-pack pointer is a host float, which
+// cuDNN copies into each launch (captured CUDA graphs included).
+Desc scalar_desc(int64_t uid, const std::string& what);
 
 // cuDNN's last error message (empty when none), for messages that explain a refusal.
 std::string cudnn_last_error();
