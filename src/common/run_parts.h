@@ -1,6 +1,7 @@
-// Work split over a few threads of the call's own: the file checksum's chunks, the upload lanes.
-// Not the CPU backend's kernel pool (src/backends/cpu/parallel.cpp): these parts block on I/O
-// or DMA, some set a device on their thread, and they run outside any kernel.
+// Work split over a few threads of the call's own: the file checksum's chunks, the upload lanes,
+// a CUDA build's kernel workers. Not the CPU backend's kernel pool (src/backends/cpu/parallel.cpp):
+// these parts block on I/O, DMA or compiles, some set a device on their thread, and they run
+// outside any kernel.
 #pragma once
 
 #include <cstddef>
