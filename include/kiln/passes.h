@@ -53,6 +53,10 @@ bool fold_attention_layout(Graph& g, const AttentionFilter& foldable = fused_att
 // Makes an sdpa whose mask is logical_and(all-true constant, m) read m (sdpa broadcasts its
 // mask over the scores), so transformers' folded index masks cost nothing per score.
 bool simplify_attention_masks(Graph& g);
+// Turns each distinct bool mask of f16 / bf16 sdpa nodes into one additive mask in q's dtype,
+// where(m, 0, -inf), which they all read (the CUDA builder runs it: cuDNN's fused attention takes
+// only an additive mask).
+bool additive_attention_masks(Graph& g);
 // Groups chains of pointwise ops into fused_pointwise nodes with a body graph.
 bool fuse_pointwise(Graph& g);
 // Runs the graph in `compute` (f16 or bf16): every f32 value inside it becomes `compute`, f32

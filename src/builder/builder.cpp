@@ -73,6 +73,7 @@ std::shared_ptr<Engine> Builder::build(const Graph& network) const {
   run("fuse_sibling_linears", [&](Graph& graph) { return fuse_sibling_linears(graph, foldable); });
   run("fuse_epilogue", &fuse_epilogue);
   run("simplify_attention_masks", &simplify_attention_masks);
+  if (config_.device.type == DeviceType::kCUDA) run("additive_attention_masks", &additive_attention_masks);
   run("fold_attention_layout", [&](Graph& graph) { return fold_attention_layout(graph, foldable); });
   // Tensor-core convolutions want channels-last tensors; the CPU's run channels-first.
   if (config_.device.type == DeviceType::kCUDA) run("to_channels_last", &to_channels_last);

@@ -1,4 +1,6 @@
 // simplify_attention_masks: an sdpa mask that is logical_and(all-true constant, m) reads m.
+// additive_attention_masks: an f16 / bf16 sdpa's bool mask becomes where(m, 0, -inf) in q's
+// dtype (below).
 //
 // Transformers build their attention masks with vmapped index comparisons that constant folding
 // turns into an all-true constant, and-ed with the padding mask of the batch. That and gives a
@@ -8,6 +10,8 @@
 // same keep / drop decision for every score, read from a smaller tensor (on an H100, BERT-base
 // b32's generated attention kernel: 32.5 -> 28.4 us per call). The and-node goes when nothing
 // else reads it.
+#include <map>
+
 #include "kiln/passes.h"
 #include "src/passes/pass_util.h"
 
@@ -55,6 +59,44 @@ bool simplify_attention_masks(Graph& g) {
     const Attrs attrs = n.attrs;
     const std::string name = n.name;
     const ValueId y = n.outputs[0];
+    const ValueId y2 = g.insert_node(pos, OpKind::kSdpa, ins, attrs, name)[0];
+    g.replace_all_uses(y, y2);
+    g.erase_node(pos + 1);
+    changed = true;
+  }
+  if (changed) eliminate_dead_code(g);
+  return changed;
+}
+
+// cuDNN's fused attention takes a mask only as an additive bias (attention_cudnn.h), so on CUDA
+// each distinct bool mask of f16 / bf16 sdpa nodes becomes one where(m, 0, -inf) node in q's
+// dtype that all of them read: the same keep / drop decision (a kept score adds 0, a dropped
+// one is -inf, as the bool mask's false is), computed once per forward and fused by
+// fuse_pointwise into whatever made the mask. The generated kernels read either kind.
+bool additive_attention_masks(Graph& g) {
+  std::map<std::pair<ValueId, DType>, ValueId> additive;  // (bool mask, dtype) -> where node's output
+  bool changed = false;
+  for (size_t pos = 0; pos < g.nodes().size(); ++pos) {
+    const Node& n = *g.nodes()[pos];
+    if (n.op != OpKind::kSdpa || n.inputs.size() < 4 || n.inputs[3] == kNoValue) continue;
+    const ValueId mask = n.inputs[3];
+    const DType dt = g.type(n.inputs[0]).dtype;
+    if (g.type(mask).dtype != DType::kBool || (dt != DType::kF16 && dt != DType::kBF16)) continue;
+    auto [it, fresh] = additive.try_emplace({mask, dt}, kNoValue);
+    if (fresh) {
+      const uint16_t zero = 0, neg_inf = dt == DType::kF16 ? 0xFC00 : 0xFF80;
+      const TensorType scalar(dt, {});
+      const ValueId z = g.add_constant(passes::derived_constant_name(g, "mask_zero"), scalar, &zero, sizeof zero);
+      const ValueId ninf = g.add_constant(passes::derived_constant_name(g, "mask_neg_inf"), scalar, &neg_inf,
+                                          sizeof neg_inf);
+      it->second = g.insert_node(pos++, OpKind::kWhere, {mask, z, ninf}, {}, n.name + ".additive_mask")[0];
+    }
+    const Node& old = *g.nodes()[pos];
+    std::vector<ValueId> ins = old.inputs;
+    ins[3] = it->second;
+    const Attrs attrs = old.attrs;
+    const std::string name = old.name;
+    const ValueId y = old.outputs[0];
     const ValueId y2 = g.insert_node(pos, OpKind::kSdpa, ins, attrs, name)[0];
     g.replace_all_uses(y, y2);
     g.erase_node(pos + 1);

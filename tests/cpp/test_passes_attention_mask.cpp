@@ -1,6 +1,8 @@
 // simplify_attention_masks (src/passes/attention_mask.cpp): an sdpa mask that is
 // logical_and(all-true constant, m) becomes m, with the and gone and the same outputs on random
 // inputs; a constant with one false element, or a non-bool and, is left alone.
+// additive_attention_masks: the bool mask two f16 sdpa nodes share becomes one additive f16
+// mask they both read, with the same outputs (dropped keys included); f32 nodes keep theirs.
 #include "tests/cpp/pass_test_util.h"
 
 namespace {
@@ -62,6 +64,61 @@ TEST(SimplifyAttentionMasks, LeavesAConstantWithAFalseElementAlone) {
   Graph g = c.g;
   EXPECT_FALSE(simplify_attention_masks(g));
   EXPECT_EQ(count_ops(g, OpKind::kLogicalAnd), 1);
+}
+
+// q, k, v [2, 3, 5, 8] f32 inputs, cast to `dt`; m = p > 0 for p [2, 1, 1, 5] (about half of the
+// keys dropped per batch); two sdpa nodes in `dt` read m, the second taking the first's output
+// as its q; the result cast back to f32.
+Graph two_sdpa_one_mask(DType dt) {
+  Graph g;
+  const Shape qs = {2, 3, 5, 8};
+  Attrs to;
+  to.set("dtype", dt);
+  auto in = [&](const char* name, const Shape& s) {
+    const ValueId x = g.add_input(name, TensorType(DType::kF32, s));
+    return dt == DType::kF32 ? x : g.add_node1(OpKind::kCast, {x}, to);
+  };
+  const ValueId q = in("q", qs), k = in("k", qs), v = in("v", qs);
+  const ValueId p = g.add_input("p", TensorType(DType::kF32, {2, 1, 1, 5}));
+  const ValueId m = g.add_node1(OpKind::kGt, {p, f32_constant(g, "zero", {}, {0.0f}, false)});
+  const ValueId a = g.add_node1(OpKind::kSdpa, {q, k, v, m}, Attrs{}, "first");
+  ValueId y = g.add_node1(OpKind::kSdpa, {a, k, v, m}, Attrs{}, "second");
+  if (dt != DType::kF32) {
+    Attrs back;
+    back.set("dtype", DType::kF32);
+    y = g.add_node1(OpKind::kCast, {y}, back);
+  }
+  g.mark_output(y, "y");
+  return g;
+}
+
+TEST(AdditiveAttentionMasks, OneAdditiveMaskForTheSharedBoolMaskWithTheSameOutputs) {
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    const Graph before = two_sdpa_one_mask(dt);
+    Graph g = before;
+    const auto inputs = random_inputs(g, 11);
+    ASSERT_TRUE(additive_attention_masks(g));
+    g.verify();
+    EXPECT_EQ(count_ops(g, OpKind::kWhere), 1);
+    ValueId shared = kNoValue;
+    for (const auto& n : g.nodes()) {
+      if (n->op != OpKind::kSdpa) continue;
+      const ValueId mask = n->inputs[3];
+      EXPECT_EQ(g.type(mask), TensorType(dt, {2, 1, 1, 5})) << n->name;
+      EXPECT_EQ(g.value(mask).producer->op, OpKind::kWhere) << n->name;
+      if (shared == kNoValue) shared = mask;
+      EXPECT_EQ(mask, shared) << n->name << " reads its own additive mask";
+    }
+    // Exact: a dropped key is -inf either way, a kept one adds 0.
+    expect_close(run_plain(g, inputs), run_plain(before, inputs), 0.0f, 0.0f);
+    EXPECT_FALSE(additive_attention_masks(g));
+  }
+}
+
+TEST(AdditiveAttentionMasks, LeavesF32AttentionAlone) {
+  Graph g = two_sdpa_one_mask(DType::kF32);
+  EXPECT_FALSE(additive_attention_masks(g));
+  EXPECT_EQ(count_ops(g, OpKind::kWhere), 0);
 }
 
 }  // namespace

@@ -1,13 +1,16 @@
-"""sdpa through cuDNN's fused attention operation, the tactic timed against Kiln's flash kernel.
+"""sdpa through cuDNN's fused attention, the tactic timed against Kiln's flash kernel.
 
-Unmasked, non-causal f16 / bf16 attention has two fused implementations on CUDA: the generated
-flash kernel and cuDNN's SDPA operation (cuDNN 9.13+). KILN_ATTENTION_TACTIC=cudnn forces the
+Non-causal f16 / bf16 attention has two fused implementations on CUDA: the generated flash
+kernel and cuDNN's (its SDPA operation without a mask, cuDNN 9.13+; with a mask, the chain of
+operations cuDNN fuses into its flash kernel with a bias). KILN_ATTENTION_TACTIC=cudnn forces the
 cuDNN one so that it is the kernel under test (the build log must name it); each case compares
 it with the CPU engine and with torch's sdpa in float64, in both layouts ([B, H, S, D] and
-"bshd" [B, S, H, D], read through strides). Also: CUDA-graph replay, an engine round trip that
-rebuilds the saved cuDNN plan without compiling anything, the timed default (whichever wins is
-correct and the log shows the timing), masked / causal nodes never taking the cuDNN path, and a
-bad KILN_ATTENTION_TACTIC value being an error that names it.
+"bshd" [B, S, H, D], read through strides). Masks: additive [B, 1, 1, S] (BERT's padding shape)
+and [B, 1, L, S] with finite values and dropped keys, and bool masks, which CUDA builds turn into
+additive ones. Also: CUDA-graph replay, an engine round trip that rebuilds the saved cuDNN plan
+without compiling anything, the timed default (whichever wins is correct and the log shows the
+timing), causal nodes and masks with unaligned rows never taking the cuDNN path, and a bad
+KILN_ATTENTION_TACTIC value being an error that names it.
 Skipped, with the reason, where Kiln has no CUDA device.
 """
 
@@ -43,14 +46,20 @@ def _id(c: tuple) -> str:
     return f"b{b}-l{l}-s{s}-h{h}-d{d}-{str(dt).split('.')[-1]}"
 
 
-def _graph(c: tuple, bshd: bool, mask: bool = False, causal: bool = False) -> Graph:
+# Mask kinds: "" none; "add" additive [B, 1, 1, S]; "add-rows" additive [B, 1, L, S]; "bool" [B, 1, 1, S].
+MASK_SHAPES = {"add": lambda b, l, s: [b, 1, 1, s], "add-rows": lambda b, l, s: [b, 1, l, s],
+               "bool": lambda b, l, s: [b, 1, 1, s]}
+
+
+def _graph(c: tuple, bshd: bool, mask: str = "", causal: bool = False) -> Graph:
     b, l, s, h, d, dt = c
     kd = TORCH_TO_KILN[dt]
     shape = (lambda n: [b, n, h, d]) if bshd else (lambda n: [b, h, n, d])
     g = Graph()
     ids = [g.add_input("q", kd, shape(l)), g.add_input("k", kd, shape(s)), g.add_input("v", kd, shape(s))]
     if mask:
-        ids.append(g.add_input("mask", kd, [b, 1, 1, s]))
+        ids.append(g.add_input("mask", TORCH_TO_KILN[torch.bool] if mask == "bool" else kd,
+                               MASK_SHAPES[mask](b, l, s)))
     attrs: dict = {"causal": causal}
     if bshd:
         attrs["layout"] = "bshd"
@@ -81,9 +90,25 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.double() - want.double()).norm() / want.double().norm())
 
 
+def _mask(c: tuple, kind: str, seed: int) -> torch.Tensor:
+    """A mask that drops about a third of the keys (every row keeps its first key); additive
+    kinds also carry finite random values on the kept ones."""
+    b, l, s, h, d, dt = c
+    gen = torch.Generator().manual_seed(seed)
+    keep = torch.rand(*MASK_SHAPES[kind](b, l, s), generator=gen) > 1 / 3
+    keep[..., 0] = True
+    if kind == "bool":
+        return keep
+    bias = torch.randn(keep.shape, generator=gen).masked_fill(~keep, float("-inf"))
+    return bias.to(dt)
+
+
 def _reference(feeds: list[torch.Tensor], bshd: bool) -> torch.Tensor:
     t = (lambda x: x.double().transpose(1, 2)) if bshd else (lambda x: x.double())
-    ref = F.scaled_dot_product_attention(*(t(x) for x in feeds))
+    mask = feeds[3] if len(feeds) > 3 else None
+    if mask is not None and mask.is_floating_point():
+        mask = mask.double()
+    ref = F.scaled_dot_product_attention(*(t(x) for x in feeds[:3]), attn_mask=mask)
     return ref.transpose(1, 2) if bshd else ref
 
 
@@ -128,10 +153,43 @@ def test_timed_choice_is_correct_and_logged() -> None:
     assert _rel(_run(engine, feeds), _reference(feeds, True)) < TOL[c[5]]
 
 
-@pytest.mark.parametrize("mask,causal", [(True, False), (False, True)], ids=["additive-mask", "causal"])
-def test_masked_or_causal_never_take_cudnn(mask: bool, causal: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+# (batch, L, S, heads, head dim, dtype): S a multiple of 8, so that the mask's rows are aligned.
+MASKED_CASES = [
+    (2, 128, 128, 12, 64, torch.float16),   # BERT-base
+    (3, 100, 72, 3, 128, torch.bfloat16),   # L != S, head dim 128
+]
+
+
+@pytest.mark.parametrize("kind", ["add", "add-rows", "bool"])
+@pytest.mark.parametrize("bshd", [True, False], ids=["bshd", "bhsd"])
+@pytest.mark.parametrize("c", MASKED_CASES, ids=[_id(c) for c in MASKED_CASES])
+def test_cudnn_masked_sdpa_matches_cpu_and_float64(c: tuple, bshd: bool, kind: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KILN_ATTENTION_TACTIC", "cudnn")
-    log = _build(_graph(CASES[1], True, mask=mask, causal=causal), "cuda").build_log
+    g = _graph(c, bshd, mask=kind)
+    engine = _build(g, "cuda")
+    log = engine.build_log
+    assert "by cuDNN" in log and "additive mask as bias" in log, log
+    if kind == "bool":
+        assert "pass additive_attention_masks: changed" in log, log
+    tol = TOL[c[5]]
+    for i, use_graphs in enumerate((False, True)):
+        seed = c[1] * 7 + c[2] + i
+        feeds = _inputs(c, bshd, seed) + [_mask(c, kind, seed)]
+        got, ref = _run(engine, feeds, use_graphs=use_graphs), _reference(feeds, bshd)
+        assert not torch.isnan(got).any(), "cuDNN left output elements unwritten (NaN)"
+        assert _rel(got, ref) < tol, f"CUDA (cuDNN) vs float64: {_rel(got, ref):.2e}"
+        if not use_graphs:
+            want = _run(_build(g, "cpu"), feeds)
+            assert _rel(got, want) < tol, f"CUDA (cuDNN) vs CPU: {_rel(got, want):.2e}"
+
+
+@pytest.mark.parametrize("c,mask,causal", [(CASES[1], "", True), (CASES[0], "add", False)],
+                         ids=["causal", "unaligned-mask-rows"])
+def test_causal_or_unaligned_mask_never_take_cudnn(c: tuple, mask: str, causal: bool,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_ATTENTION_TACTIC", "cudnn")
+    log = _build(_graph(c, True, mask=mask, causal=causal), "cuda").build_log
     assert "by cuDNN" not in log and "fused flash attention (generated" in log, log
 
 

@@ -11,7 +11,8 @@
 // one pass when their scores fit: the GEMMs take cuBLASLt's pointer arrays, which a generated
 // kernel (kiln_sdpa_ptrs) writes into the workspace from the operands' batch strides each run,
 // instead of one launch of each GEMM and the softmax per stride group.
-// Where cuDNN's fused attention operation also serves (no mask, not causal: attention_cudnn.h),
+// Where cuDNN's fused attention also serves (no mask or an additive one, not causal:
+// attention_cudnn.h),
 // the build times its plans against the generated flash kernel and keeps the fastest (timing
 // cache key "sdpa|..."; optimization level 0 takes the generated kernel untimed;
 // KILN_ATTENTION_TACTIC=generated|cudnn forces one, for debugging and tests).
@@ -261,6 +262,11 @@ std::unique_ptr<Kernel> choose_fused(const Node& n, const AttentionGeometry& geo
     parts.push_back(p);
   }
   parts.push_back(detail::concat("rows=", geo.q_row, ",", geo.k_row, ",", geo.v_row, ",", geo.o_row));
+  if (geo.mask_kind) {
+    std::string m = detail::concat("mask", geo.mask_kind, "=", geo.mask_row_stride, ",", geo.mask_col_stride);
+    for (int i = 0; i < geo.batch_rank; ++i) m += detail::concat(":", geo.mask_dims.stride[i]);
+    parts.push_back(m);
+  }
   parts.push_back(detail::concat("ws<=", options.workspace_limit));
   const std::string key = timing_key("sdpa", parts);
   const std::string only = forced_tactic();
@@ -291,8 +297,9 @@ std::unique_ptr<Kernel> choose_fused(const Node& n, const AttentionGeometry& geo
     size_t ws = 0;
     for (const auto& k : cands) ws = std::max(ws, k->workspace_size());
     ScratchBuffer q(attention_operand_bytes(geo, 0)), k(attention_operand_bytes(geo, 1)),
-        v(attention_operand_bytes(geo, 2)), o(attention_operand_bytes(geo, 3)), wsb(ws);
-    const void* ins[4] = {q.get(), k.get(), v.get(), nullptr};
+        v(attention_operand_bytes(geo, 2)), o(attention_operand_bytes(geo, 3)),
+        mask(geo.mask_kind ? attention_operand_bytes(geo, 4) : 0), wsb(ws);
+    const void* ins[4] = {q.get(), k.get(), v.get(), geo.mask_kind ? mask.get() : nullptr};
     void* outs[1] = {o.get()};
     std::vector<Candidate> fns;
     for (const auto& c : cands) fns.push_back(kernel_candidate(*c, ins, outs, wsb.get(), ws));

@@ -1,11 +1,18 @@
-// cuDNN's fused attention operation (CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR, cuDNN 9.13 and
-// later: O = softmax(scale * Q K^T) V as one flash-attention kernel) as a second tactic of
-// sdpa, which the build times against the generated flash kernel (attention_fused.h).
+// cuDNN's fused attention as a second tactic of sdpa, which the build times against the
+// generated flash kernel (attention_fused.h). Two operation graphs, each one flash-attention
+// kernel of cuDNN's:
+//   - no mask: cuDNN's one SDPA operation (CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR, cuDNN
+//     9.13 and later), O = softmax(scale * Q K^T) V;
+//   - an additive mask (q's dtype): the chain of matmul, pointwise and reduction operations
+//     that cuDNN's runtime fusion compiles into its flash kernel with a bias,
+//     O = softmax(scale * Q K^T + mask) V. A bool mask is not served; CUDA builds turn the bool
+//     masks of f16 / bf16 sdpa nodes into additive ones (additive_attention_masks, kiln/passes.h).
 //
-// It serves what that operation expresses: f16/bf16, no mask, not causal, q, k, v and the
-// output as [B, H, S, D] strided views (batch rank at most 2, no broadcast batch dim, the head
-// dim contiguous), head dims equal and a multiple of 8 up to 256. Any row and batch strides
-// work, so layout "bshd" and other strided operands run without copies.
+// It serves f16/bf16, not causal, q, k, v and the output as [B, H, S, D] strided views (batch
+// rank at most 2, no broadcast batch dim, the head dim contiguous), head dims equal and a
+// multiple of 8 up to 256; a mask that broadcasts over batch dims and query rows but not over
+// the keys, with 16-byte aligned rows. Any row and batch strides of q, k, v and the output work,
+// so layout "bshd" and other strided operands run without copies.
 //
 // State: pack_state({}, params), params = kCudnnAttentionTag, i64 engine global index, u32 knob
 // count, per knob (i32 type, i64 value): loading rebuilds the plan without heuristics or timing.
@@ -42,7 +49,8 @@ std::unique_ptr<Kernel> make_cudnn_attention(const Node& n, const AttentionGeome
 EngineId decode_cudnn_attention(const Bytes& params);
 Bytes encode_cudnn_attention(const EngineId& id);
 
-// Bytes any operand of `geo` spans from its base pointer (for scratch buffers).
+// Bytes operand `which` of `geo` (0-3: q, k, v, the output; 4: an additive mask) spans from its
+// base pointer (for scratch buffers).
 size_t attention_operand_bytes(const AttentionGeometry& geo, int operand);
 
 }  // namespace kiln::cuda
