@@ -282,7 +282,10 @@ std::unique_ptr<Kernel> choose_fused(const Node& n, const AttentionGeometry& geo
   std::vector<std::unique_ptr<Kernel>> cands;
   cands.push_back(make_fused_attention(n, geo, nullptr));
   std::string log;
-  const size_t cudnn_plans = (size_t(1) << std::clamp(options.optimization_level, 1, 4)) - 1;  // 1, 3, 7, 15
+  size_t cudnn_plans = (size_t(1) << std::clamp(options.optimization_level, 1, 4)) - 1;  // 1, 3, 7, 15
+  // The masked graph's plans are runtime-compiled (a second or so each while cuDNN's kernel
+  // cache is cold): below the exhaustive level, its first two.
+  if (geo.mask_kind && options.optimization_level < 5) cudnn_plans = std::min<size_t>(cudnn_plans, 2);
   if (only != "generated")
     for (auto& k : cudnn_attention_candidates(n, geo, cudnn_plans, options.workspace_limit, &log))
       cands.push_back(std::move(k));
