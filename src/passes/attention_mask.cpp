@@ -37,6 +37,19 @@ bool broadcasts_to(const std::vector<int64_t>& m, const std::vector<int64_t>& sc
   return true;
 }
 
+// Replaces the sdpa node at `pos` by one reading `mask` (the IR has no in-place input edit).
+void set_mask(Graph& g, size_t pos, ValueId mask) {
+  const Node& n = *g.nodes()[pos];
+  std::vector<ValueId> ins = n.inputs;
+  ins[3] = mask;
+  const Attrs attrs = n.attrs;
+  const std::string name = n.name;
+  const ValueId y = n.outputs[0];
+  const ValueId y2 = g.insert_node(pos, OpKind::kSdpa, ins, attrs, name)[0];
+  g.replace_all_uses(y, y2);
+  g.erase_node(pos + 1);
+}
+
 }  // namespace
 
 bool simplify_attention_masks(Graph& g) {
@@ -54,14 +67,7 @@ bool simplify_attention_masks(Graph& g) {
       if (all_true(g, c) && g.type(m).dtype == DType::kBool && broadcasts_to(g.type(m).shape(), scores)) keep = m;
     }
     if (keep == kNoValue) continue;
-    std::vector<ValueId> ins = n.inputs;
-    ins[3] = keep;
-    const Attrs attrs = n.attrs;
-    const std::string name = n.name;
-    const ValueId y = n.outputs[0];
-    const ValueId y2 = g.insert_node(pos, OpKind::kSdpa, ins, attrs, name)[0];
-    g.replace_all_uses(y, y2);
-    g.erase_node(pos + 1);
+    set_mask(g, pos, keep);
     changed = true;
   }
   if (changed) eliminate_dead_code(g);
@@ -91,15 +97,7 @@ bool additive_attention_masks(Graph& g) {
                                           sizeof neg_inf);
       it->second = g.insert_node(pos++, OpKind::kWhere, {mask, z, ninf}, {}, n.name + ".additive_mask")[0];
     }
-    const Node& old = *g.nodes()[pos];
-    std::vector<ValueId> ins = old.inputs;
-    ins[3] = it->second;
-    const Attrs attrs = old.attrs;
-    const std::string name = old.name;
-    const ValueId y = old.outputs[0];
-    const ValueId y2 = g.insert_node(pos, OpKind::kSdpa, ins, attrs, name)[0];
-    g.replace_all_uses(y, y2);
-    g.erase_node(pos + 1);
+    set_mask(g, pos, it->second);
     changed = true;
   }
   if (changed) eliminate_dead_code(g);

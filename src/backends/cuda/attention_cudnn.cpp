@@ -187,7 +187,9 @@ SdpaGraph build_biased_chain(const AttentionGeometry& g, cudnnHandle_t handle, c
   matmul(*p, v, o, "p v");
 
   s.graph = Desc(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, what + ": operation graph (biased sdpa chain)");
-  s.graph.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle).set_descs(CUDNN_ATTR_OPERATIONGRAPH_OPS, ops).finalize();
+  s.graph.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle)
+      .set_descs(CUDNN_ATTR_OPERATIONGRAPH_OPS, ops)
+      .finalize();
   return s;
 }
 
@@ -212,7 +214,8 @@ class CudnnAttention final : public Kernel {
                      const_cast<float*>(&scale_), masked_ ? const_cast<void*>(in[3]) : nullptr};
     const uintptr_t bits =
         uintptr_t(ptrs[0]) | uintptr_t(ptrs[1]) | uintptr_t(ptrs[2]) | uintptr_t(ptrs[3]) | uintptr_t(ptrs[5]);
-    KILN_CHECK(bits % 16 == 0, kInvalidArgument, "sdpa (cuDNN): q, k, v, the mask and the output must be 16-byte aligned");
+    KILN_CHECK(bits % 16 == 0, kInvalidArgument,
+               "sdpa (cuDNN): q, k, v, the mask and the output must be 16-byte aligned");
     KILN_CHECK(rc.workspace_size >= runner_.workspace_size(), kInvalidArgument, "sdpa (cuDNN): workspace of ",
                rc.workspace_size, " bytes, the plan needs ", runner_.workspace_size());
     runner_.run(ptrs, rc.workspace, stream_of(rc));
@@ -224,15 +227,15 @@ class CudnnAttention final : public Kernel {
   void add_note(const std::string& note) { desc_ += "; " + note; }
 
  private:
-  SdpaGraph graph_;
-  PlanRunner runner_;
-  EngineId id_;
   static std::vector<int64_t> uids(const AttentionGeometry& geo) {
     std::vector<int64_t> u = {kUidQ, kUidK, kUidV, kUidO, kUidScale};
     if (geo.mask_kind != 0) u.push_back(kUidBias);
     return u;
   }
 
+  SdpaGraph graph_;
+  PlanRunner runner_;
+  EngineId id_;
   std::array<size_t, 4> off_{};  // bytes from each kernel pointer to its operand's view
   float scale_;  // by-value operand: cuDNN copies it into the launch (captured graphs included)
   bool masked_;  // in[3] is the additive mask, cuDNN's bias
@@ -242,7 +245,8 @@ class CudnnAttention final : public Kernel {
 std::string describe(const AttentionGeometry& geo, const EngineId& id, const std::string& note) {
   return "sdpa fused flash attention by cuDNN (" + id.to_string() + ", head dim " + std::to_string(geo.E) + ", " +
          std::to_string(geo.batch_count) + " x " + std::to_string(geo.L) + " x " + std::to_string(geo.S) +
-         (geo.mask_kind ? ", additive mask as bias" : "") + (geo.bshd ? ", bshd strided" : "") + (geo.views ? ", strided views" : "") + ")" + (note.empty() ? "" : "; " + note);
+         (geo.mask_kind ? ", additive mask as bias" : "") + (geo.bshd ? ", bshd strided" : "") +
+         (geo.views ? ", strided views" : "") + ")" + (note.empty() ? "" : "; " + note);
 }
 
 }  // namespace
