@@ -16,6 +16,9 @@
 //
 // State: pack_state({}, params), params = kCudnnAttentionTag, i64 engine global index, u32 knob
 // count, per knob (i32 type, i64 value): loading rebuilds the plan without heuristics or timing.
+// The masked graph's plans are runtime-compiled, so rebuilding one compiles cuDNN's kernel
+// again (once per process and configuration); unlike the conv plans, their serialized form is
+// not stored yet.
 #pragma once
 
 #include <memory>
