@@ -34,7 +34,9 @@ struct BuilderConfig {
 class Builder {
  public:
   explicit Builder(BuilderConfig config = {});
-  std::shared_ptr<Engine> build(const Graph& network) const;
+  // `borrowed`: weights the engine may read in place instead of copying (kiln/engine.h
+  // BorrowedWeight), by weight name.
+  std::shared_ptr<Engine> build(const Graph& network, const BorrowedWeights& borrowed = {}) const;
   const BuilderConfig& config() const { return config_; }
 
  private:

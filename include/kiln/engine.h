@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,6 +39,19 @@ struct IOTensor {
   TensorType type;
 };
 
+// A weight an engine may read where its owner keeps it instead of from a copy of its own: `size`
+// bytes at `data` on the engine's device, dense, in the plan weight's type, kept alive by
+// `owner`. Engine::create reads a plan weight (a constant named as a weight, with the weight's
+// bytes) from there when the size matches and `data` has the backend's alignment, and copies it
+// otherwise. The engine then sees changes made to those bytes in place; the weights a refit
+// writes become the engine's own again (Refitter never writes into a borrowed weight).
+struct BorrowedWeight {
+  const void* data = nullptr;
+  size_t size = 0;
+  std::shared_ptr<const void> owner;
+};
+using BorrowedWeights = std::map<std::string, BorrowedWeight>;
+
 class ExecutionContext;
 
 class Engine : public std::enable_shared_from_this<Engine> {
@@ -46,9 +60,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // `kernel_states` (one per plan node, from an engine file) remake the kernels chosen at build.
   // `refit_program` (kiln/refit.h; null: immutable weights) must name plan constants of its
   // output types and take plan weights of their own types (kCorrupted naming the value if not).
+  // `borrowed`: weights to read in place rather than copy (see BorrowedWeight).
   static std::shared_ptr<Engine> create(Graph plan, const Device& device, const KernelOptions& options,
                                         std::string build_log = {}, const std::vector<Bytes>& kernel_states = {},
-                                        std::shared_ptr<const Graph> refit_program = nullptr);
+                                        std::shared_ptr<const Graph> refit_program = nullptr,
+                                        const BorrowedWeights& borrowed = {});
 
   const std::vector<IOTensor>& inputs() const { return inputs_; }
   const std::vector<IOTensor>& outputs() const { return outputs_; }
@@ -59,6 +75,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   const std::string& build_log() const { return log_; }
   const KernelOptions& kernel_options() const { return options_; }
   size_t workspace_size() const { return workspace_; }
+  // Bytes of plan weights read in place from their owners' memory (BorrowedWeight).
+  size_t borrowed_bytes() const;
   // Whether a Refitter can change the weights (a refit program was kept), and the program.
   bool refittable() const { return refit_program_ != nullptr; }
   const Graph* refit_program() const { return refit_program_.get(); }
@@ -97,6 +115,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   static std::shared_ptr<Engine> from_file_bytes(const uint8_t* data, size_t size, const Device& device,
                                                  std::shared_ptr<void> owner);
   void own_refittable_constants();
+  // Makes constant `c` the engine's own again if it is borrowed (before a refit writes it).
+  void stop_borrowing(ValueId c);
 
   Graph plan_;
   Device device_;
@@ -109,6 +129,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<Bytes> kernel_states_;                   // Kernel::state() per node (engine files)
   std::shared_ptr<void> constant_memory_;               // device copies of the constants, one block
   std::vector<const void*> constant_ptr_;               // per ValueId, null unless constant
+  std::vector<std::shared_ptr<const void>> borrowed_;  // per ValueId: the owner of a borrowed weight
+  std::vector<std::shared_ptr<void>> own_copies_;      // device copies of weights borrowed before a refit
   size_t workspace_ = 0;
   std::shared_ptr<const Graph> refit_program_;  // null: immutable weights
   std::vector<Value*> refit_targets_;           // per program output: the plan (or fused body) constant
@@ -139,6 +161,7 @@ class ExecutionContext {
 
  private:
   void launch_all(void* stream);
+  void bind_constants();  // slot_ of every constant, from the engine's current addresses
   void bind(const std::vector<const void*>& inputs, const std::vector<void*>& outputs);
 
   std::shared_ptr<const Engine> engine_;
@@ -152,6 +175,7 @@ class ExecutionContext {
   std::vector<std::shared_ptr<void>> staging_;  // graph replay: one buffer per engine input, then output
   std::unique_ptr<CapturedGraph> graph_;
   uint64_t captured_version_ = 0;  // the engine's weights_version() when graph_ was captured
+  uint64_t bound_version_ = 0;     // ... when slot_ took the constants' addresses (a refit may move one)
   std::string graph_refusal_;
 };
 

@@ -365,9 +365,12 @@ class Builder:
     def config(self) -> BuilderConfig:
         """A copy of the configuration."""
 
-    def build(self, network: Graph) -> Engine:
+    def build(self, network: Graph, borrowed: dict[str, tuple[int, int, object]] | None = None) -> Engine:
         """
-        Copies the network, runs the passes, picks kernels and returns an immutable Engine.
+        Copies the network, runs the passes, picks kernels and returns an Engine. ``borrowed``:
+        {weight name: (address, bytes, owner)} of weights, dense and in the plan weight's dtype on the
+        engine's device, that the engine may read in place instead of copying (``owner`` is kept
+        alive as long as the engine reads them).
         """
 
 class IOTensor:
@@ -417,6 +420,12 @@ class Engine:
 
     @property
     def workspace_size(self) -> int: ...
+
+    @property
+    def borrowed_bytes(self) -> int:
+        """
+        Bytes of weights the engine reads in place from the memory they were borrowed from.
+        """
 
     @property
     def refittable(self) -> bool:

@@ -37,9 +37,9 @@ from kiln.cached_build import CachedBuild, count
 from kiln.dryrun import emit_report, format_report
 from kiln.lowering import LoweredGraph, lower_exported_program, lower_module
 from kiln.partition import Block, is_op, op_name, partition, replace_block
-from kiln.runtime import KilnEngineModule, build_engine, warm_up
+from kiln.runtime import KilnEngineModule, borrowable_weights, build_engine, warm_up
 from kiln.settings import CompilationSettings, settings_from_options
-from kiln.translate import Capability, EncodeError, describe_block, describe_block_parts, kiln_dtype
+from kiln.translate import Capability, EncodeError, describe_block_parts, kiln_dtype
 
 log = get_logger("compile")
 
@@ -97,10 +97,10 @@ def _build_block(gm: fx.GraphModule, block: Block, settings: CompilationSettings
                 module = cached.load(make_module, lambda e: _check_engine(e, block, settings))
                 if module is not None:
                     return module
-            description = lite.graph if lite.weight_bytes else describe_block(gm, block, settings)
+            parts = lite if lite.weight_bytes else describe_block_parts(gm, block, settings)
         else:
-            description = describe_block(gm, block, settings)
-        engine = build_engine(description, settings, device)
+            parts = describe_block_parts(gm, block, settings)
+        engine = build_engine(parts.graph, settings, device, borrowable_weights(parts.constants, device))
         count("builds")
         _check_engine(engine, block, settings)
     except (_C.KilnError, EncodeError) as err:

@@ -79,12 +79,29 @@ def builder_config(settings: CompilationSettings, device: str) -> Any:
                             refittable=not settings.immutable_weights)
 
 
-def build_engine(description: Any, settings: CompilationSettings, device: str) -> Any:
-    """ImportGraph -> Engine (raises kiln.KilnError subclasses naming the cause)."""
+def borrowable_weights(constants: Sequence[Any], device: str) -> dict[str, tuple[int, int, torch.Tensor]]:
+    """The weights an engine on ``device`` may read where the model keeps them instead of copying
+    them (``Builder.build``'s ``borrowed``): dense tensors already on that device, in the dtype
+    the engine takes. ``constants`` are a block description's (``kiln.translate.ConstantInfo``)."""
+    dev = torch.device(device)
+    out: dict[str, tuple[int, int, torch.Tensor]] = {}
+    for c in constants:
+        t = c.source
+        if (c.weight and type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type == dev.type
+                and (dev.index is None or t.device.index == dev.index) and t.dtype == c.dtype
+                and t.is_contiguous() and t.numel() * t.element_size() == c.nbytes):
+            out[c.name] = (t.data_ptr(), c.nbytes, t.detach())
+    return out
+
+
+def build_engine(description: Any, settings: CompilationSettings, device: str,
+                 borrowed: dict[str, tuple[int, int, torch.Tensor]] | None = None) -> Any:
+    """ImportGraph -> Engine (raises kiln.KilnError subclasses naming the cause). ``borrowed``:
+    weights the engine may read in place (:func:`borrowable_weights`)."""
     network = _C.import_aten(description)
     if device != "cpu":  # the timing cache lives beside the engine cache and is shared by every build
         _C.set_timing_cache_path(os.path.join(settings.engine_cache_dir, "timing.cache"))
-    return _C.Builder(builder_config(settings, device)).build(network)
+    return _C.Builder(builder_config(settings, device)).build(network, borrowed)
 
 
 class KilnEngineModule(torch.nn.Module):

@@ -41,7 +41,7 @@ std::optional<DType> reduced_precision(const BuilderConfig& c) {
 
 Builder::Builder(BuilderConfig config) : config_(std::move(config)) { config_.validate(); }
 
-std::shared_ptr<Engine> Builder::build(const Graph& network) const {
+std::shared_ptr<Engine> Builder::build(const Graph& network, const BorrowedWeights& borrowed) const {
   network.verify();
   Backend& backend = get_backend(config_.device);
   const std::future<std::string> libraries = backend.warm_up();  // overlaps the passes
@@ -101,7 +101,8 @@ std::shared_ptr<Engine> Builder::build(const Graph& network) const {
   KernelOptions options;
   options.optimization_level = config_.optimization_level;
   options.workspace_limit = config_.workspace_limit;
-  auto engine = Engine::create(std::move(g), config_.device, options, log.str(), {}, std::move(refit_program));
+  auto engine =
+      Engine::create(std::move(g), config_.device, options, log.str(), {}, std::move(refit_program), borrowed);
   get_backend(config_.device).build_finished();
   return engine;
 }

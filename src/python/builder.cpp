@@ -3,6 +3,7 @@
 // BuilderConfig takes keyword arguments whose defaults are the C++ defaults; the device is a
 // string ("cpu", "cuda:0") parsed by Device::parse. The constructor validates, so an
 // impossible setting fails where it is written rather than at build time.
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -26,6 +27,33 @@ std::string config_repr(const BuilderConfig& c) {
      << ", device='" << c.device.to_string() << "', fuse_pointwise=" << (c.fuse_pointwise ? "True" : "False")
      << ", refittable=" << (c.refittable ? "True" : "False") << ")";
   return os.str();
+}
+
+// A reference to a Python object that a C++ owner may drop from any thread: the last release
+// takes the GIL (and leaks the reference once the interpreter is gone).
+std::shared_ptr<const void> python_owner(nb::handle object) {
+  Py_INCREF(object.ptr());
+  return std::shared_ptr<const void>(object.ptr(), [](const void* p) {
+    if (!Py_IsInitialized()) return;
+    nb::gil_scoped_acquire gil;
+    Py_DECREF(static_cast<PyObject*>(const_cast<void*>(p)));
+  });
+}
+
+// {weight name: (address, bytes, owner)} -> BorrowedWeights.
+BorrowedWeights borrowed_weights(const nb::dict& borrowed) {
+  BorrowedWeights out;
+  for (auto [key, value] : borrowed) {
+    auto t = nb::cast<nb::tuple>(value);
+    KILN_CHECK(t.size() == 3, kInvalidArgument, "borrowed weight '", nb::cast<std::string>(key),
+               "': expected (address, bytes, owner), got ", t.size(), " items");
+    BorrowedWeight w;
+    w.data = reinterpret_cast<const void*>(nb::cast<uintptr_t>(t[0]));
+    w.size = nb::cast<size_t>(t[1]);
+    w.owner = python_owner(t[2]);
+    out.emplace(nb::cast<std::string>(key), std::move(w));
+  }
+  return out;
 }
 
 }  // namespace
@@ -64,8 +92,18 @@ void bind_builder(nb::module_& m) {
   nb::class_<Builder>(m, "Builder", "Turns a verified Graph into an Engine.")
       .def(nb::init<BuilderConfig>(), nb::arg("config") = BuilderConfig{})
       .def_prop_ro("config", [](const Builder& b) { return b.config(); }, "A copy of the configuration.")
-      .def("build", &Builder::build, nb::arg("network"),
-           "Copies the network, runs the passes, picks kernels and returns an Engine.");
+      .def(
+          "build",
+          [](const Builder& b, const Graph& network, const std::optional<nb::dict>& borrowed) {
+            return b.build(network, borrowed ? borrowed_weights(*borrowed) : BorrowedWeights{});
+          },
+          nb::arg("network"), nb::arg("borrowed") = nb::none(),
+          nb::sig("def build(self, network: Graph, borrowed: dict[str, tuple[int, int, object]] | None = None) "
+                  "-> Engine"),
+          "Copies the network, runs the passes, picks kernels and returns an Engine. ``borrowed``: "
+          "{weight name: (address, bytes, owner)} of weights, dense and in the plan weight's dtype on the "
+          "engine's device, that the engine may read in place instead of copying (``owner`` is kept "
+          "alive as long as the engine reads them).");
 }
 
 }  // namespace kiln::python

@@ -158,6 +158,8 @@ void bind_engine(nb::module_& m) {
       .def_prop_ro("naive_bytes", [](const Engine& e) { return e.memory_plan().naive_bytes; },
                    "Bytes the intermediates would need without reuse.")
       .def_prop_ro("workspace_size", &Engine::workspace_size)
+      .def_prop_ro("borrowed_bytes", &Engine::borrowed_bytes,
+                   "Bytes of weights the engine reads in place from the memory they were borrowed from.")
       .def_prop_ro("refittable", &Engine::refittable,
                    "Whether a Refitter can change the weights (built with refittable=True).")
       .def_prop_ro("weights_version", &Engine::weights_version, "How many refits the engine has had.")

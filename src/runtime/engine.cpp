@@ -17,7 +17,8 @@ namespace kiln {
 
 std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const KernelOptions& options,
                                        std::string build_log, const std::vector<Bytes>& kernel_states,
-                                       std::shared_ptr<const Graph> refit_program) {
+                                       std::shared_ptr<const Graph> refit_program,
+                                       const BorrowedWeights& borrowed) {
   plan.verify();
   std::shared_ptr<Engine> e(new Engine());
   e->plan_ = std::move(plan);
@@ -40,23 +41,37 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
 
   const Stopwatch constants_watch;
   e->constant_ptr_.assign(size_t(g.num_values()), nullptr);
+  e->borrowed_.assign(size_t(g.num_values()), nullptr);
+  // A plan weight holds the bytes of the weight of its name: a borrowed one that fits is read in place.
+  std::vector<ValueId> own;
+  for (ValueId c : g.constants()) {
+    const Value& v = g.value(c);
+    auto it = v.is_weight ? borrowed.find(v.name) : borrowed.end();
+    if (it != borrowed.end() && it->second.data && it->second.size == v.data->size() &&
+        reinterpret_cast<uintptr_t>(it->second.data) % be.alignment() == 0) {
+      e->constant_ptr_[c] = it->second.data;
+      e->borrowed_[c] = it->second.owner;
+    } else {
+      own.push_back(c);
+    }
+  }
   std::vector<Backend::HostCopy> copies;
   if (device.type == DeviceType::kCPU) {
-    for (ValueId c : g.constants())
+    for (ValueId c : own)
       e->constant_ptr_[c] = g.value(c).data->data();  // the plan owns the bytes for the engine's lifetime
   } else {
-    // One device block for every constant: an allocation per constant is rounded up by the
+    // One device block for the constants: an allocation per constant is rounded up by the
     // driver (up to 2 MiB for large ones), which cost transformer engines ~55 MiB.
     const size_t align = std::max<size_t>(be.alignment(), 256);
     std::vector<size_t> offset;
     size_t total = 0;
-    for (ValueId c : g.constants()) {
+    for (ValueId c : own) {
       offset.push_back(total);
       total += (g.value(c).data->size() + align - 1) / align * align;
     }
     if (total) e->constant_memory_ = be.allocate(total);
     size_t i = 0;
-    for (ValueId c : g.constants()) {
+    for (ValueId c : own) {
       const Value& v = g.value(c);
       void* p = static_cast<uint8_t*>(e->constant_memory_.get()) + offset[i++];
       copies.push_back({p, v.data->data(), v.data->size()});
@@ -119,8 +134,11 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
     log << (j ? ", " : " (slowest: ") << op_name(n.op) << " '" << n.name << "' " << ms[slowest[j]] << " ms";
   }
   log << (top ? ")\n" : "\n");
-  if (kernel_states.empty())
-    log << "memory: arena " << e->memory_.arena_bytes << " bytes (naive " << e->memory_.naive_bytes << ")\n";
+  if (kernel_states.empty()) {
+    log << "memory: arena " << e->memory_.arena_bytes << " bytes (naive " << e->memory_.naive_bytes << ")";
+    if (size_t b = e->borrowed_bytes()) log << ", weights read in place " << b << " bytes";
+    log << "\n";
+  }
   e->log_ = log.str();
   return e;
 }
@@ -177,6 +195,27 @@ void Engine::own_refittable_constants() {
   }
 }
 
+size_t Engine::borrowed_bytes() const {
+  size_t n = 0;
+  for (ValueId c : plan_.constants())
+    if (borrowed_[size_t(c)]) n += plan_.value(c).data->size();
+  return n;
+}
+
+void Engine::stop_borrowing(ValueId c) {
+  if (!borrowed_[size_t(c)]) return;
+  const HostBuffer& bytes = *plan_.value(c).data;  // the weight's bytes, as the plan holds them
+  if (device_.type == DeviceType::kCPU) {
+    constant_ptr_[size_t(c)] = bytes.data();
+  } else {
+    std::shared_ptr<void> copy = backend_->allocate(bytes.size());
+    backend_->upload({{copy.get(), bytes.data(), bytes.size()}});
+    constant_ptr_[size_t(c)] = copy.get();
+    own_copies_.push_back(std::move(copy));
+  }
+  borrowed_[size_t(c)].reset();
+}
+
 std::vector<std::string> Engine::weight_names() const {
   std::vector<std::string> names;
   for (ValueId c : plan_.constants())
@@ -197,10 +236,9 @@ ExecutionContext::ExecutionContext(std::shared_ptr<const Engine> engine, bool us
   if (e.memory_.arena_bytes) arena_ = be.allocate(e.memory_.arena_bytes);
   if (e.workspace_) workspace_ = be.allocate(e.workspace_);
   slot_.assign(size_t(g.num_values()), nullptr);
-  for (ValueId v = 0; v < g.num_values(); ++v) {
-    if (e.constant_ptr_[v]) slot_[v] = const_cast<void*>(e.constant_ptr_[v]);
-    else if (e.memory_.offsets[v] >= 0) slot_[v] = static_cast<uint8_t*>(arena_.get()) + e.memory_.offsets[v];
-  }
+  for (ValueId v = 0; v < g.num_values(); ++v)
+    if (e.memory_.offsets[v] >= 0) slot_[v] = static_cast<uint8_t*>(arena_.get()) + e.memory_.offsets[v];
+  bind_constants();
   size_t max_in = 0, max_out = 0;
   for (const auto& n : g.nodes()) {
     node_in_.push_back(n->inputs);
@@ -214,6 +252,12 @@ ExecutionContext::ExecutionContext(std::shared_ptr<const Engine> engine, bool us
     for (ValueId v : g.inputs()) staging_.push_back(be.allocate(g.type(v).nbytes()));
     for (ValueId v : g.outputs()) staging_.push_back(be.allocate(g.type(v).nbytes()));
   }
+}
+
+void ExecutionContext::bind_constants() {
+  const Engine& e = *engine_;
+  for (ValueId c : e.plan_.constants()) slot_[c] = const_cast<void*>(e.constant_ptr_[c]);
+  bound_version_ = e.weights_version_;
 }
 
 void ExecutionContext::bind(const std::vector<const void*>& inputs, const std::vector<void*>& outputs) {
@@ -251,6 +295,7 @@ void ExecutionContext::execute(const std::vector<const void*>& inputs, const std
   for (size_t i = 0; i < outputs.size(); ++i)
     KILN_CHECK(outputs[i] != nullptr || g.type(g.outputs()[i]).nbytes() == 0, kInvalidArgument, "output '",
                e.outputs_[i].name, "' has a null buffer");
+  if (bound_version_ != e.weights_version_) bind_constants();  // refitted: a weight may have moved
   if (!use_graphs_) {
     bind(inputs, outputs);
     launch_all(stream);

@@ -451,11 +451,19 @@ void Refitter::refit() {
     ++outputs_changed;
   }
   const double write_ms = watch.lap();
+  if (!on_host) be.synchronize(nullptr);  // a forward still running on any stream reads the old values, whole
+  // A weight read in place from its owner's memory is never written there: it becomes the
+  // engine's own, with its new bytes (contexts take its new address on their next call).
+  std::unordered_set<ValueId> moved;
+  for (ValueId c : plan.constants())
+    if (written.count(plan.value(c).data.get()) && e.borrowed_[size_t(c)]) {
+      e.stop_borrowing(c);
+      moved.insert(c);
+    }
   if (!on_host) {
-    be.synchronize(nullptr);  // a forward still running on any stream reads the old values, whole
     std::vector<Backend::HostCopy> copies;
     for (ValueId c : plan.constants())
-      if (written.count(plan.value(c).data.get()) && e.constant_ptr_[size_t(c)])
+      if (written.count(plan.value(c).data.get()) && e.constant_ptr_[size_t(c)] && !moved.count(c))
         copies.push_back({const_cast<void*>(e.constant_ptr_[size_t(c)]), plan.value(c).data->data(),
                           plan.value(c).data->size()});
     be.upload(copies);

@@ -15,6 +15,7 @@
 #include "kiln/kiln.h"
 #include "src/backends/cuda/conv_state.h"
 #include "src/backends/cuda/kernels.h"
+#include "tests/cpp/cudnn_state_test_util.h"
 #include "tests/cpp/error_test_util.h"
 
 namespace kiln::cuda {
@@ -40,10 +41,7 @@ ConvChoice random_choice(std::mt19937& rng) {
   c.engine = int64_t(rng() % 100);
   const int n = int(rng() % 6);
   for (int i = 0; i < n; ++i) c.knobs.emplace_back(int32_t(rng() % 46), int64_t(rng() % 1000) - 3);
-  if (rng() % 2 == 0) {  // a serialized plan: any bytes, NUL included
-    c.plan_json = "{\"plan\":";
-    for (int i = int(rng() % 40); i > 0; --i) c.plan_json.push_back(char(rng() % 256));
-  }
+  c.plan_json = kiln::test::random_plan_json(rng);
   return c;
 }
 

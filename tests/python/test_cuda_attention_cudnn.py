@@ -7,10 +7,12 @@ cuDNN one so that it is the kernel under test (the build log must name it); each
 it with the CPU engine and with torch's sdpa in float64, in both layouts ([B, H, S, D] and
 "bshd" [B, S, H, D], read through strides). Masks: additive [B, 1, 1, S] (BERT's padding shape)
 and [B, 1, L, S] with finite values and dropped keys, and bool masks, which CUDA builds turn into
-additive ones. Also: CUDA-graph replay, an engine round trip that rebuilds the saved cuDNN plan
-without compiling anything, the timed default (whichever wins is correct and the log shows the
-timing), causal nodes and masks with unaligned rows never taking the cuDNN path, and a bad
-KILN_ATTENTION_TACTIC value being an error that names it.
+additive ones. Also: CUDA-graph replay, engine round trips that rebuild the saved cuDNN plan
+without compiling anything (KILN_CUDA_NO_COMPILE, which forbids cuDNN's runtime compilation too),
+unmasked from the engine config and masked from the plan's serialized form, the timed default
+(whichever wins is correct and the log shows the timing), causal nodes and masks with unaligned
+rows never taking the cuDNN path, and a bad KILN_ATTENTION_TACTIC value being an error that
+names it.
 Skipped, with the reason, where Kiln has no CUDA device.
 """
 
@@ -182,6 +184,22 @@ def test_cudnn_masked_sdpa_matches_cpu_and_float64(c: tuple, bshd: bool, kind: s
         if not use_graphs:
             want = _run(_build(g, "cpu"), feeds)
             assert _rel(got, want) < tol, f"CUDA (cuDNN) vs CPU: {_rel(got, want):.2e}"
+
+
+def test_cudnn_masked_sdpa_round_trip_uses_the_serialized_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The masked graph's plan is runtime-compiled: loading must rebuild it from the serialized
+    # form the state stores, since finalizing its engine config would compile cuDNN's kernel.
+    c = MASKED_CASES[0]
+    monkeypatch.setenv("KILN_ATTENTION_TACTIC", "cudnn")
+    engine = _build(_graph(c, True, "add"), "cuda")
+    assert "additive mask as bias" in engine.build_log, engine.build_log
+    seed = 17
+    feeds = _inputs(c, True, seed) + [_mask(c, "add", seed)]
+    blob = engine.serialize()
+    monkeypatch.delenv("KILN_ATTENTION_TACTIC")
+    monkeypatch.setenv("KILN_CUDA_NO_COMPILE", "1")
+    loaded = Engine.deserialize(blob, device="cuda")
+    assert torch.equal(_run(loaded, feeds), _run(engine, feeds))
 
 
 @pytest.mark.parametrize("c,mask,causal", [(CASES[1], "", True), (CASES[0], "add", False)],

@@ -172,11 +172,11 @@ def test_gradients_required_runs_eagerly_with_a_warning() -> None:
 def _failing_build(target: str) -> Any:
     real = kiln.aot.build_engine
 
-    def build(description: Any, settings: Any, device: str) -> Any:
+    def build(description: Any, settings: Any, device: str, borrowed: Any = None) -> Any:
         for node in description.nodes:
             if node.target == target:
                 raise kiln.UnsupportedError(f"[unsupported] {target} ({node.name}): no kernel for this case")
-        return real(description, settings, device)
+        return real(description, settings, device, borrowed)
     return build
 
 

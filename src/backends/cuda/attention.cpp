@@ -253,7 +253,7 @@ std::string forced_tactic() {
 
 // The generated flash kernel against cuDNN's fused attention plans, timed on scratch buffers;
 // the choice goes to the timing cache (one byte 0 for the generated kernel, else the cuDNN
-// state's params).
+// state's params, whose serialized plan lets a hit rebuild a masked plan without compiling).
 std::unique_ptr<Kernel> choose_fused(const Node& n, const AttentionGeometry& geo, const KernelOptions& options) {
   std::vector<std::string> parts = {dtype_name(geo.dtype), detail::concat("L=", geo.L, " S=", geo.S, " E=", geo.E)};
   for (const KilnDims* d : {&geo.q_dims, &geo.k_dims, &geo.v_dims, &geo.o_dims}) {

@@ -135,17 +135,7 @@ SdpaGraph build_biased_chain(const AttentionGeometry& g, cudnnHandle_t handle, c
     ops.push_back(&op);
   };
   auto pointwise = [&](cudnnPointwiseMode_t pm, const Desc& x, const Desc* b, const Desc& y, const char* name) {
-    Desc& pd = keep(Desc(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, what + ": " + name + " descriptor"));
-    pd.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &pm)
-        .set_dtype(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_DATA_FLOAT)
-        .finalize();
-    Desc& op = keep(Desc(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, what + ": " + name));
-    op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pd)
-        .set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x)
-        .set_desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
-    if (b) op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b);
-    op.finalize();
-    ops.push_back(&op);
+    ops.push_back(&pointwise_op(s.parts, pm, x, b, y, what + ": " + name));
     return &y;
   };
   auto reduce = [&](cudnnReduceTensorOp_t mode, const Desc& x, const Desc& y, const char* name) {
@@ -199,9 +189,11 @@ SdpaGraph build_graph(const AttentionGeometry& g, cudnnHandle_t handle, const st
 
 class CudnnAttention final : public Kernel {
  public:
-  CudnnAttention(const AttentionGeometry& geo, SdpaGraph graph, Desc plan, EngineId id, std::string desc)
-      : graph_(std::move(graph)), runner_(std::move(plan), uids(geo)), id_(std::move(id)), scale_(geo.scale),
-        masked_(geo.mask_kind != 0), desc_(std::move(desc)) {
+  // choice.plan_json: `plan` serialized (plan_json), empty where cuDNN does not serialize it.
+  CudnnAttention(const AttentionGeometry& geo, SdpaGraph graph, Desc plan, CudnnAttentionChoice choice,
+                 std::string desc)
+      : graph_(std::move(graph)), runner_(std::move(plan), uids(geo)), choice_(std::move(choice)),
+        scale_(geo.scale), masked_(geo.mask_kind != 0), desc_(std::move(desc)) {
     const size_t es = dtype_size(geo.dtype);
     off_ = {size_t(geo.q_off) * es, size_t(geo.k_off) * es, size_t(geo.v_off) * es, size_t(geo.o_off) * es};
   }
@@ -223,7 +215,7 @@ class CudnnAttention final : public Kernel {
   size_t workspace_size() const override { return runner_.workspace_size(); }
   bool bakes_constants() const override { return false; }
   std::string describe() const override { return desc_; }
-  Bytes state() const override { return pack_state({}, encode_cudnn_attention(id_)); }
+  Bytes state() const override { return pack_state({}, encode_cudnn_attention(choice_)); }
   void add_note(const std::string& note) { desc_ += "; " + note; }
 
  private:
@@ -235,7 +227,7 @@ class CudnnAttention final : public Kernel {
 
   SdpaGraph graph_;
   PlanRunner runner_;
-  EngineId id_;
+  CudnnAttentionChoice choice_;  // what state() saves
   std::array<size_t, 4> off_{};  // bytes from each kernel pointer to its operand's view
   float scale_;  // by-value operand: cuDNN copies it into the launch (captured graphs included)
   bool masked_;  // in[3] is the additive mask, cuDNN's bias
@@ -308,7 +300,8 @@ std::vector<std::unique_ptr<Kernel>> cudnn_attention_candidates(const Node& n, c
         if (log) *log += info.id.to_string() + ": workspace over the limit; ";
         continue;
       }
-      out.push_back(std::make_unique<CudnnAttention>(geo, std::move(own), std::move(plan), info.id,
+      CudnnAttentionChoice choice{info.id, plan_json(plan)};
+      out.push_back(std::make_unique<CudnnAttention>(geo, std::move(own), std::move(plan), std::move(choice),
                                                      describe(geo, info.id, "")));
     }
   } catch (const Error& e) {
@@ -317,44 +310,74 @@ std::vector<std::unique_ptr<Kernel>> cudnn_attention_candidates(const Node& n, c
   return out;
 }
 
-std::unique_ptr<Kernel> make_cudnn_attention(const Node& n, const AttentionGeometry& geo, const EngineId& id,
-                                             const std::string& note) {
+std::unique_ptr<Kernel> make_cudnn_attention(const Node& n, const AttentionGeometry& geo,
+                                             const CudnnAttentionChoice& choice, const std::string& note) {
   const std::string what = "sdpa '" + n.name + "'";
   std::string why;
   KILN_CHECK(cudnn_attention_serves(geo, &why), kUnsupported, what, ": cuDNN's fused attention cannot serve it: ", why);
   HandleLock hl = lock_handle();
   SdpaGraph graph = build_graph(geo, hl.handle, what);
-  Desc cfg = make_engine_config(graph.graph, id);
-  Desc plan = make_plan(hl.handle, cfg, &why);
-  KILN_CHECK(bool(plan), kUnsupported, what, ": cuDNN cannot rebuild the saved plan (", id.to_string(),
-             "; another cuDNN version or GPU?): ", why);
-  return std::make_unique<CudnnAttention>(geo, std::move(graph), std::move(plan), id, describe(geo, id, note));
+  CudnnAttentionChoice mine = choice;
+  std::string how;
+  Desc plan;
+  if (!choice.plan_json.empty()) {
+    plan = plan_from_json(hl.handle, choice.plan_json);
+    how = plan ? "plan rebuilt from its serialized form"
+               : "serialized plan refused by this cuDNN, plan finalized again";
+  }
+  if (!plan) {
+    // No serialized plan, or cuDNN refused the text (another cuDNN version?): finalize the
+    // config again, which for the masked graph compiles cuDNN's kernel.
+    Desc cfg = make_engine_config(graph.graph, choice.id);
+    plan = make_plan(hl.handle, cfg, &why);
+    KILN_CHECK(bool(plan), kUnsupported, what, ": cuDNN cannot rebuild the saved plan (", choice.id.to_string(),
+               "; another cuDNN version or GPU?): ", why);
+    mine.plan_json = plan_json(plan);  // what a later save stores
+  }
+  const std::string notes = note.empty() ? how : how.empty() ? note : note + "; " + how;
+  return std::make_unique<CudnnAttention>(geo, std::move(graph), std::move(plan), std::move(mine),
+                                          describe(geo, choice.id, notes));
 }
 
-Bytes encode_cudnn_attention(const EngineId& id) {
+Bytes encode_cudnn_attention(const CudnnAttentionChoice& choice) {
+  using namespace conv_state_detail;
   Bytes b{kCudnnAttentionTag};
-  conv_state_detail::put<int64_t>(b, id.engine);
-  conv_state_detail::put<uint32_t>(b, uint32_t(id.knobs.size()));
-  for (const auto& [type, value] : id.knobs) {
-    conv_state_detail::put<int32_t>(b, type);
-    conv_state_detail::put<int64_t>(b, value);
+  put<int64_t>(b, choice.id.engine);
+  put<uint32_t>(b, uint32_t(choice.id.knobs.size()));
+  for (const auto& [type, value] : choice.id.knobs) {
+    put<int32_t>(b, type);
+    put<int64_t>(b, value);
   }
+  KILN_CHECK(choice.plan_json.size() <= kMaxPlanJson, kInternal, "sdpa state: a serialized plan of ",
+             choice.plan_json.size(), " bytes");
+  put<uint32_t>(b, uint32_t(choice.plan_json.size()));
+  b.insert(b.end(), choice.plan_json.begin(), choice.plan_json.end());
   return b;
 }
 
-EngineId decode_cudnn_attention(const Bytes& params) {
+CudnnAttentionChoice decode_cudnn_attention(const Bytes& params) {
+  using namespace conv_state_detail;
   KILN_CHECK(!params.empty() && params[0] == kCudnnAttentionTag, kCorrupted, "sdpa state: not a cuDNN attention state");
-  conv_state_detail::Reader r{params, 1};
-  EngineId id;
-  id.engine = r.get<int64_t>("engine");
+  Reader r{params, 1};
+  CudnnAttentionChoice c;
+  c.id.engine = r.get<int64_t>("engine");
   const auto count = r.get<uint32_t>("knob count");
-  KILN_CHECK(count <= conv_state_detail::kMaxKnobs, kCorrupted, "sdpa state: ", count, " knobs");
+  KILN_CHECK(count <= kMaxKnobs, kCorrupted, "sdpa state: ", count, " knobs");
   for (uint32_t i = 0; i < count; ++i) {
     const auto type = r.get<int32_t>("knob type");
-    id.knobs.emplace_back(type, r.get<int64_t>("knob value"));
+    c.id.knobs.emplace_back(type, r.get<int64_t>("knob value"));
   }
+  // States written before the plan was stored end here: no serialized plan.
+  if (r.pos == params.size()) return c;
+  KILN_CHECK(params.size() - r.pos >= sizeof(uint32_t), kCorrupted, "sdpa state: ", params.size() - r.pos,
+             " trailing bytes");
+  const auto len = r.get<uint32_t>("plan length");
+  KILN_CHECK(len <= kMaxPlanJson && len <= params.size() - r.pos, kCorrupted, "sdpa state: a serialized plan of ",
+             len, " bytes, with ", params.size() - r.pos, " left in the state");
+  c.plan_json.assign(reinterpret_cast<const char*>(params.data() + r.pos), len);
+  r.pos += len;
   KILN_CHECK(r.pos == params.size(), kCorrupted, "sdpa state: ", params.size() - r.pos, " trailing bytes");
-  return id;
+  return c;
 }
 
 }  // namespace kiln::cuda

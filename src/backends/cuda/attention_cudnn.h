@@ -15,10 +15,13 @@
 // so layout "bshd" and other strided operands run without copies.
 //
 // State: pack_state({}, params), params = kCudnnAttentionTag, i64 engine global index, u32 knob
-// count, per knob (i32 type, i64 value): loading rebuilds the plan without heuristics or timing.
-// The masked graph's plans are runtime-compiled, so rebuilding one compiles cuDNN's kernel
-// again (once per process and configuration); unlike the conv plans, their serialized form is
-// not stored yet.
+// count, per knob (i32 type, i64 value), u32 plan_json length and its bytes (the plan serialized
+// by cuDNN, dnn_graph.h plan_json: the masked graph's runtime-compiled plans; empty for the
+// unmasked operation's, which cuDNN does not serialize). Loading rebuilds the plan without
+// heuristics or timing: from its serialized form when there is one, which compiles nothing,
+// else (or when this cuDNN refuses the text) by finalizing the engine config, which for the
+// masked graph compiles cuDNN's kernel again. States written before the plan was stored end
+// after the knobs and read as having no serialized plan. The timing cache stores the same params.
 #pragma once
 
 #include <memory>
@@ -43,14 +46,23 @@ std::vector<std::unique_ptr<Kernel>> cudnn_attention_candidates(const Node& n, c
                                                                 size_t limit, size_t workspace_limit,
                                                                 std::string* log);
 
-// The kernel of the engine config `id` (a saved state or a timing-cache entry); throws
-// kUnsupported when this cuDNN cannot rebuild it.
-std::unique_ptr<Kernel> make_cudnn_attention(const Node& n, const AttentionGeometry& geo, const EngineId& id,
-                                             const std::string& note);
+// What a state or a timing-cache entry holds: the engine config, and its plan serialized by
+// cuDNN (empty where cuDNN does not serialize it).
+struct CudnnAttentionChoice {
+  EngineId id;
+  std::string plan_json;
+  bool operator==(const CudnnAttentionChoice& o) const { return id == o.id && plan_json == o.plan_json; }
+};
 
-// The engine id in a state's params (kCorrupted when malformed), and the params of one.
-EngineId decode_cudnn_attention(const Bytes& params);
-Bytes encode_cudnn_attention(const EngineId& id);
+// The kernel of a saved choice (a state or a timing-cache entry): its plan rebuilt from
+// plan_json when cuDNN takes the text, else from the engine config; throws kUnsupported when
+// this cuDNN cannot rebuild it.
+std::unique_ptr<Kernel> make_cudnn_attention(const Node& n, const AttentionGeometry& geo,
+                                             const CudnnAttentionChoice& choice, const std::string& note);
+
+// The choice in a state's params (kCorrupted when malformed), and the params of one.
+CudnnAttentionChoice decode_cudnn_attention(const Bytes& params);
+Bytes encode_cudnn_attention(const CudnnAttentionChoice& choice);
 
 // Bytes operand `which` of `geo` (0-3: q, k, v, the output; 4: an additive mask) spans from its
 // base pointer (for scratch buffers).

@@ -177,27 +177,8 @@ ConvOpGraph build_conv_graph(const ConvGeom& q, cudnnHandle_t handle, bool fused
     // upper clip (none when <= 0).
     auto pointwise = [&](cudnnPointwiseMode_t pm, const Desc* in, const Desc* operand, const char* name,
                          double clip = 0) {
-      Desc& desc = og.parts.emplace_back(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, what + ": pointwise " + name);
-      desc.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &pm)
-          .set_dtype(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_DATA_FLOAT);
-      if (pm == CUDNN_POINTWISE_SWISH_FWD) {
-        const float one = 1.0f;
-        desc.set(CUDNN_ATTR_POINTWISE_SWISH_BETA, CUDNN_TYPE_FLOAT, 1, &one);
-      }
-      if (clip > 0) {
-        const double lower = 0.0;
-        desc.set(CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP, CUDNN_TYPE_DOUBLE, 1, &lower)
-            .set(CUDNN_ATTR_POINTWISE_RELU_UPPER_CLIP, CUDNN_TYPE_DOUBLE, 1, &clip);
-      }
-      desc.finalize();
       const Desc* out = --remaining == 0 ? &y : &virt();
-      Desc& op = og.parts.emplace_back(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, what + ": " + name);
-      op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, desc)
-          .set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, *in)
-          .set_desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, *out);
-      if (operand) op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *operand);
-      op.finalize();
-      ops.push_back(&op);
+      ops.push_back(&pointwise_op(og.parts, pm, *in, operand, *out, what + ": " + name, clip));
       return out;
     };
     if (q.bias) {

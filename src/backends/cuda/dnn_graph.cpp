@@ -13,6 +13,7 @@
 
 #include "src/backends/cuda/build_turn.h"
 #include "src/backends/cuda/cuda_util.h"
+#include "src/backends/cuda/nvrtc.h"
 
 namespace kiln::cuda {
 
@@ -49,6 +50,30 @@ Desc scalar_desc(int64_t uid, const std::string& what) {
       .set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value)
       .finalize();
   return t;
+}
+
+const Desc& pointwise_op(std::deque<Desc>& parts, cudnnPointwiseMode_t mode, const Desc& x, const Desc* b,
+                         const Desc& y, const std::string& what, double relu_upper_clip) {
+  Desc& pd = parts.emplace_back(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, what + " (pointwise descriptor)");
+  pd.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode)
+      .set_dtype(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_DATA_FLOAT);
+  if (mode == CUDNN_POINTWISE_SWISH_FWD) {
+    const float one = 1.0f;
+    pd.set(CUDNN_ATTR_POINTWISE_SWISH_BETA, CUDNN_TYPE_FLOAT, 1, &one);
+  }
+  if (mode == CUDNN_POINTWISE_RELU_FWD && relu_upper_clip > 0) {
+    const double lower = 0.0;
+    pd.set(CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP, CUDNN_TYPE_DOUBLE, 1, &lower)
+        .set(CUDNN_ATTR_POINTWISE_RELU_UPPER_CLIP, CUDNN_TYPE_DOUBLE, 1, &relu_upper_clip);
+  }
+  pd.finalize();
+  Desc& op = parts.emplace_back(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, what);
+  op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pd)
+      .set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x)
+      .set_desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
+  if (b) op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b);
+  op.finalize();
+  return op;
 }
 
 std::string cudnn_last_error() {
@@ -289,6 +314,15 @@ Desc make_engine_config(const Desc& graph, const EngineId& id) {
 }
 
 Desc make_plan(cudnnHandle_t handle, const Desc& config, std::string* why) {
+  if (compiling_forbidden()) {
+    const std::vector<cudnnBackendBehaviorNote_t> notes = engine_info(config).behavior;
+    if (std::find(notes.begin(), notes.end(), CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION) != notes.end()) {
+      if (why)
+        *why = "KILN_CUDA_NO_COMPILE is set, yet this engine config compiles a kernel when finalized (a "
+               "runtime-compiled cuDNN engine)";
+      return Desc();
+    }
+  }
   Desc plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, std::string("execution plan of ") + config.what());
   plan.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle).set_desc(
       CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config);

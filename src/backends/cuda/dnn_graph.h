@@ -1,6 +1,7 @@
-// A thin RAII layer over the cuDNN v9 backend (graph) API, which the conv family builds its
-// operation graphs with: descriptors that destroy themselves, setters that name the attribute
-// in their error, the per-device cuDNN handle, and the identity of an engine configuration
+// A thin RAII layer over the cuDNN v9 backend (graph) API, which the conv family and cuDNN's
+// fused attention build their operation graphs with: descriptors that destroy themselves,
+// setters that name the attribute in their error, the pointwise operation both use, the
+// per-device cuDNN handle, and the identity of an engine configuration
 // (engine global index + knob choices) that the timing cache and engine files store so that a
 // plan can be rebuilt exactly, without heuristics or timing.
 //
@@ -11,6 +12,7 @@
 #include <cudnn.h>
 
 #include <cstdint>
+#include <deque>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -77,6 +79,15 @@ Desc tensor_desc(int64_t uid, cudnnDataType_t dt, const std::vector<int64_t>& di
 // cuDNN copies into each launch (captured CUDA graphs included).
 Desc scalar_desc(int64_t uid, const std::string& what);
 
+// One pointwise operation y = mode(x, b) (b: nullptr for a unary mode), computed in f32: its
+// pointwise descriptor and its operation descriptor, both finalized and kept in `parts` (a
+// deque, so that references to them stay valid while more are added); returns the operation,
+// which the caller lists in its operation graph. SWISH_FWD gets beta 1 (silu); RELU_FWD gets
+// the clip [0, relu_upper_clip] when relu_upper_clip > 0 (none otherwise). `what` names the
+// operation in errors (e.g. "conv 'layer1.0.conv1': bias").
+const Desc& pointwise_op(std::deque<Desc>& parts, cudnnPointwiseMode_t mode, const Desc& x, const Desc* b,
+                         const Desc& y, const std::string& what, double relu_upper_clip = 0);
+
 // cuDNN's last error message (empty when none), for messages that explain a refusal.
 std::string cudnn_last_error();
 
@@ -116,13 +127,15 @@ std::vector<Desc> heuristic_configs(const Desc& op_graph, std::string* log);
 // e.g. a config saved by another cuDNN version).
 Desc make_engine_config(const Desc& op_graph, const EngineId& id);
 
-// A finalized execution plan of `config`, or an empty Desc (and *why set) when cuDNN refuses it.
+// A finalized execution plan of `config`, or an empty Desc (and *why set) when cuDNN refuses it,
+// or when `config` is a runtime-compiled engine's (behavior note RUNTIME_COMPILATION: finalizing
+// compiles a kernel) while KILN_CUDA_NO_COMPILE is set (compiling_forbidden(), nvrtc.h).
 Desc make_plan(cudnnHandle_t handle, const Desc& config, std::string* why);
 // The plan's serialized form (CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION), or "" where cuDNN
 // does not serialize it. cuDNN serializes the plans of runtime-fusion engines, the ones whose
 // finalization compiles a kernel (up to seconds); plan_from_json makes the plan again from the
-// text on `handle` without compiling, or returns an empty Desc when cuDNN refuses it (another
-// cuDNN version or GPU).
+// text on `handle` without compiling (so also with KILN_CUDA_NO_COMPILE set), or returns an
+// empty Desc when cuDNN refuses it (another cuDNN version or GPU).
 std::string plan_json(const Desc& plan);
 Desc plan_from_json(cudnnHandle_t handle, const std::string& json);
 // make_plan for each config, at once on threads of their own sharing kPlanLanes handle lanes

@@ -6,8 +6,9 @@
 // (same op chain and dtypes; sizes are kernel arguments) compile once per process, even when
 // a build's workers reach them at once.
 //
-// KILN_CUDA_NO_COMPILE=1 in the environment makes every compile fail (kInternal), so a test
-// or a deployment can check that loading an engine file compiles nothing.
+// KILN_CUDA_NO_COMPILE=1 in the environment makes every compile fail (kInternal), and cuDNN's
+// runtime compilation too (make_plan, dnn_graph.h), so a test or a deployment can check that
+// loading an engine file compiles nothing.
 //
 // The state format (pack_state) is: "KCS1" magic, u32 version, u64 cubin size, cubin,
 // u64 params size, params, u32 FNV-1a checksum of everything before it; all little-endian.
@@ -172,10 +173,14 @@ Bytes compile_cached(const std::string& source, const std::string& what, int arc
 
 }  // namespace
 
-Bytes compile_to_cubin(const std::string& source, const std::string& what, int arch) {
+bool compiling_forbidden() {
   const char* forbid = std::getenv("KILN_CUDA_NO_COMPILE");
-  KILN_CHECK(forbid == nullptr || forbid[0] == '\0' || std::string(forbid) == "0", kInternal,
-             "KILN_CUDA_NO_COMPILE is set, yet the kernel for ", what, " needs compiling");
+  return forbid != nullptr && forbid[0] != '\0' && std::string(forbid) != "0";
+}
+
+Bytes compile_to_cubin(const std::string& source, const std::string& what, int arch) {
+  KILN_CHECK(!compiling_forbidden(), kInternal, "KILN_CUDA_NO_COMPILE is set, yet the kernel for ", what,
+             " needs compiling");
   return compile_cached(source, what, arch);
 }
 

@@ -46,9 +46,17 @@ class Module {
   cudaLibrary_t library_ = nullptr;
 };
 
+// Whether KILN_CUDA_NO_COMPILE is set (not empty, not "0"): a test or a deployment checking
+// that loading an engine compiles nothing. Then compile_to_cubin (so Module::compile) throws,
+// and make_plan (dnn_graph.h) refuses the cuDNN engine configs whose plans compile a kernel
+// when finalized (runtime-compiled engines); plans rebuilt from their serialized form compile
+// nothing and stay allowed.
+bool compiling_forbidden();
+
 // Compiles `source` with NVRTC into a cubin for sm_<arch> (e.g. 90), with the options
 // Module::compile uses; needs no GPU, so generated sources can be checked on any machine.
-// Results are cached in-process by (source, arch). Throws kInternal with the log and `what`.
+// Results are cached in-process by (source, arch). Throws kInternal with the log and `what`
+// (and when compiling_forbidden()).
 Bytes compile_to_cubin(const std::string& source, const std::string& what, int arch);
 
 // cudaLaunchKernel on a module's kernel, then checks the launch error.

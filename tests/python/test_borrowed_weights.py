@@ -1,0 +1,158 @@
+"""Weights an engine reads where the model keeps them instead of copying them.
+
+A weight that reaches the plan unchanged (same bytes, dtype and device as the model's tensor,
+dense) is borrowed: ``Engine.borrowed_bytes`` counts it and the build log says so. Checked here,
+on the CPU engines: both compile paths borrow every such weight and compute what eager does;
+weights that need converting or are not dense are copied; the engine keeps borrowed weights
+alive after the model is gone; a refit never writes into the model's tensors (the refitted
+weights become the engine's own); a saved and loaded engine owns its weights; a malformed
+``borrowed`` argument of ``Builder.build`` is an error naming the weight.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+import kiln
+from kiln import Builder, BuilderConfig, DType, Engine, Graph
+from kiln.dynamo import _LIVE_GRAPHS
+from kiln.runtime import KilnEngineModule
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = torch.nn.Linear(16, 32)
+        self.ln = torch.nn.LayerNorm(32)
+        self.l2 = torch.nn.Linear(32, 8)
+        self.scale = torch.nn.Parameter(torch.randn(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l2(torch.relu(self.ln(self.l1(x)))) * self.scale
+
+
+def _net(seed: int) -> Net:
+    torch.manual_seed(seed)
+    net = Net().eval()
+    with torch.no_grad():
+        for p in net.parameters():  # LayerNorm starts at ones / zeros
+            p.copy_(torch.randn_like(p))
+    return net
+
+
+def _weight_bytes(m: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in m.parameters())
+
+
+def _engines(compiled: torch.nn.Module) -> list:
+    return [m.engine for m in compiled.engines()]
+
+
+X = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+
+
+def test_kiln_compile_reads_the_model_weights_in_place() -> None:
+    net = _net(0)
+    with torch.no_grad():
+        compiled = kiln.compile(net, [X], min_block_size=1)
+        assert sum(e.borrowed_bytes for e in _engines(compiled)) == _weight_bytes(net)
+        assert "weights read in place" in _engines(compiled)[0].build_log
+        torch.testing.assert_close(compiled(X), net(X))
+
+
+def test_torch_compile_reads_the_model_weights_in_place() -> None:
+    net = _net(1)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        fn = torch.compile(net, backend="kiln", options={"min_block_size": 1})
+        torch.testing.assert_close(fn(X), net(X))
+    engines = [mod.engine for g in list(_LIVE_GRAPHS) for gm in g.graph_modules for mod in gm.modules()
+               if isinstance(mod, KilnEngineModule)]
+    assert engines and sum(e.borrowed_bytes for e in engines) == _weight_bytes(net)
+    torch._dynamo.reset()
+
+
+def test_weights_that_need_converting_or_are_not_dense_are_copied() -> None:
+    net = _net(2).double()
+    with torch.no_grad():
+        compiled = kiln.compile(net, [X.double()], min_block_size=1, truncate_double=True)
+        assert sum(e.borrowed_bytes for e in _engines(compiled)) == 0  # f64 weights built as f32
+        torch.testing.assert_close(compiled(X.double()), net(X.double()), rtol=1e-5, atol=1e-5)
+
+    class Strided(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("w", torch.randn(8, 16).t())  # [16, 8], not dense in row order
+            self.b = torch.nn.Parameter(torch.randn(8))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ self.w + self.b
+
+    s = Strided().eval()
+    with torch.no_grad():
+        compiled = kiln.compile(s, [X], min_block_size=1)
+        assert sum(e.borrowed_bytes for e in _engines(compiled)) == s.b.numel() * 4
+        torch.testing.assert_close(compiled(X), s(X))
+
+
+def test_the_engine_keeps_borrowed_weights_alive() -> None:
+    net = _net(3)
+    with torch.no_grad():
+        want = net(X)
+        compiled = kiln.compile(net, [X], min_block_size=1)
+        assert sum(e.borrowed_bytes for e in _engines(compiled)) > 0
+        for p in net.parameters():
+            p.data = torch.full_like(p, float("nan"))  # the model lets go of its storage
+        del net
+        gc.collect()
+        torch.randn(1 << 16).add_(1.0)  # reuse freed memory, if any was freed
+        torch.testing.assert_close(compiled(X), want)
+
+
+def test_refit_never_writes_into_the_model() -> None:
+    net, other = _net(4), _net(5)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    with torch.no_grad():
+        compiled = kiln.compile(net, [X], min_block_size=1)
+        kiln.refit(compiled, other)
+        for k, v in net.state_dict().items():
+            assert torch.equal(v, before[k]), f"refit wrote into the model's {k}"
+        assert sum(e.borrowed_bytes for e in _engines(compiled)) == 0
+        torch.testing.assert_close(compiled(X), other(X))
+        for p in net.parameters():  # no longer read by the engine
+            p.add_(1.0)
+        torch.testing.assert_close(compiled(X), other(X))
+
+
+def test_a_saved_engine_owns_its_weights(tmp_path: pytest.TempPathFactory) -> None:
+    net = _net(6)
+    with torch.no_grad():
+        want = net(X)
+        compiled = kiln.compile(net, [X], min_block_size=1)
+        engine = _engines(compiled)[0]
+        assert engine.borrowed_bytes > 0
+        assert Engine.deserialize(engine.serialize()).borrowed_bytes == 0
+        path = tmp_path / "net.kiln"
+        kiln.save(compiled, str(path), [X])
+        for p in net.parameters():
+            p.add_(1.0)
+        torch.testing.assert_close(kiln.load(str(path)).module()(X), want)
+
+
+def test_builder_borrowed_argument_is_checked() -> None:
+    w = torch.randn(8)
+    g = Graph()
+    x = g.add_input("x", DType.f32, [8])
+    wid = g.add_constant_from_ptr("w", DType.f32, [8], w.data_ptr(), 32, True)
+    g.mark_output(g.add_node("add", [x, wid])[0], "y")
+    builder = Builder(BuilderConfig(device="cpu", fuse_pointwise=False))
+    with pytest.raises(kiln.InvalidArgumentError, match="borrowed weight 'w'.*address, bytes, owner"):
+        builder.build(g, {"w": (w.data_ptr(), 32)})
+    engine = builder.build(g, {"w": (w.data_ptr(), 32, w)})
+    assert engine.borrowed_bytes == 32
+    x_in = torch.randn(8)
+    (y,) = engine.create_execution_context().execute([x_in.numpy()])
+    torch.testing.assert_close(torch.from_numpy(y), x_in + w)
