@@ -100,7 +100,8 @@ def _build_block(gm: fx.GraphModule, block: Block, settings: CompilationSettings
             parts = lite if lite.weight_bytes else describe_block_parts(gm, block, settings)
         else:
             parts = describe_block_parts(gm, block, settings)
-        engine = build_engine(parts.graph, settings, device, borrowable_weights(parts.constants, device))
+        shared = borrowable_weights(parts.constants, device) if settings.share_weights else None
+        engine = build_engine(parts.graph, settings, device, shared)
         count("builds")
         _check_engine(engine, block, settings)
     except (_C.KilnError, EncodeError) as err:

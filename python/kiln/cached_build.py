@@ -55,7 +55,7 @@ _KEY_FORMAT = "kiln-engine-cache-1"
 _NOT_BUILD_SETTINGS = frozenset({
     "min_block_size", "torch_executed_ops", "require_full_compilation", "pass_through_build_failures",
     "debug", "dryrun", "cache_built_engines", "reuse_cached_engines", "engine_cache_dir",
-    "engine_cache_size", "custom_engine_cache", "use_cuda_graphs",
+    "engine_cache_size", "custom_engine_cache", "use_cuda_graphs", "share_weights",
     "device",  # the key has the device's kind and name instead: cuda:1 reuses cuda:0's engines
 })
 

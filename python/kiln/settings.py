@@ -79,6 +79,11 @@ class CompilationSettings:
         refused together with the engine cache, which reuses engines by refitting them.
     use_cuda_graphs: on a CUDA device, each engine call replays one captured CUDA graph (the
         engine is captured on its first call); False launches kernel by kernel. No effect on CPU.
+    share_weights: True (the default): an engine reads the model's weights that it uses
+        unchanged (dense, on its device, in its dtype) where the model keeps them, instead of
+        holding a second copy; the weights it folds or converts are its own. Change weights
+        through ``kiln.refit`` then: a change made in place to the model reaches the shared weights
+        only. False copies every weight into the engine, so that it is a snapshot of the model.
     """
 
     enabled_precisions: frozenset[torch.dtype] = frozenset({torch.float32})
@@ -99,6 +104,7 @@ class CompilationSettings:
     engine_cache_size: int = 5 << 30
     custom_engine_cache: EngineCache | None = None
     use_cuda_graphs: bool = True
+    share_weights: bool = True
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -305,6 +311,7 @@ _NORMALIZERS: dict[str, Any] = {
     "engine_cache_size": _int_in(0, None),
     "custom_engine_cache": _engine_cache,
     "use_cuda_graphs": _bool,
+    "share_weights": _bool,
 }
 
 assert set(_NORMALIZERS) == {f.name for f in dataclasses.fields(CompilationSettings)}

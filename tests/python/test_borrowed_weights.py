@@ -6,7 +6,8 @@ the CPU engines, and on CUDA where there is a GPU: both compile paths borrow eve
 and compute what eager does; weights that need converting or are not dense are copied; the
 engine keeps borrowed weights alive after the model is gone; a refit never writes into the
 model's tensors (the refitted weights become the engine's own); a saved and loaded engine owns
-its weights; a malformed ``borrowed`` argument of ``Builder.build`` is an error naming the weight.
+its weights; ``share_weights=False`` copies every weight; a malformed ``borrowed`` argument of
+``Builder.build`` is an error naming the weight.
 """
 
 from __future__ import annotations
@@ -110,6 +111,17 @@ def test_weights_that_need_converting_or_are_not_dense_are_copied() -> None:
         compiled = kiln.compile(s, [X], min_block_size=1)
         assert sum(e.borrowed_bytes for e in _engines(compiled)) == s.b.numel() * 4
         torch.testing.assert_close(compiled(X), s(X))
+
+
+def test_share_weights_false_copies_every_weight() -> None:
+    net = _net(7)
+    with torch.no_grad():
+        want = net(X)
+        compiled = kiln.compile(net, [X], min_block_size=1, share_weights=False)
+        assert sum(e.borrowed_bytes for e in _engines(compiled)) == 0
+        for p in net.parameters():  # a snapshot: the model's later changes never reach it
+            p.add_(1.0)
+        torch.testing.assert_close(compiled(X), want)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -18,7 +18,7 @@ def test_defaults_are_documented_values() -> None:
     assert s.torch_executed_ops == frozenset()
     assert not s.require_full_compilation and not s.pass_through_build_failures
     assert s.optimization_level == 3 and s.device is None and s.dryrun is False
-    assert not s.immutable_weights and not s.cache_built_engines and s.use_cuda_graphs
+    assert not s.immutable_weights and not s.cache_built_engines and s.use_cuda_graphs and s.share_weights
     assert not s.builds_nothing
 
 
