@@ -2,7 +2,6 @@
 #include "kiln/engine.h"
 
 #include <algorithm>
-#include <functional>
 #include <future>
 #include <iomanip>
 #include <numeric>
