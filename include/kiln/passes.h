@@ -28,6 +28,15 @@ bool fold_batch_norm(Graph& g);
 using AttentionFilter = std::function<bool(const Graph& g, const Node& sdpa)>;
 bool fused_attention_shape(const Graph& g, const Node& sdpa);
 bool strided_attention_shape(const Graph& g, const Node& sdpa);
+// Runs each 2-D conv whose stride equals its kernel (a patch embedding: windows that neither
+// overlap nor leave gaps) as permute -> linear -> permute: im2col of such a conv is a permute.
+// Static shapes, H and W multiples of the kernel, groups 1, no padding or dilation, no residual
+// or activation yet (run it before fuse_epilogue, after fold_batch_norm).
+bool convs_to_linears(Graph& g);
+// Replaces each permute that, through the reshapes and permutes before it, reads its start value
+// in row-major order by a reshape of that value (free in the memory plan). Run it after the
+// layout passes.
+bool collapse_view_chains(Graph& g);
 // Runs two or more plain linears that read the same x with constant weights (q, k and v
 // projections) as one linear over the weights concatenated along N, with a slice of its output
 // per former linear. Only when every output reaches sdpa q / k / v operands through reshape /
@@ -44,6 +53,12 @@ bool fuse_epilogue(Graph& g);
 // them through activations, binary ops and global average pools until they cancel, so a conv
 // region converts layout only at its boundary. Run it after fuse_epilogue, then fold_constants.
 bool to_channels_last(Graph& g);
+// Moves the bias and activation of an f16 / bf16 channels-last conv over an image (at most 4 input
+// channels, no residual, an activation that never decreases) behind the channels-last max_pool
+// that alone reads it: act(max_pool(conv(x, w)) + b), exact for such activations. Run it after
+// to_channels_last (the builder does, for CUDA builds: cuDNN's first-layer kernels run the conv
+// alone).
+bool pool_before_epilogue(Graph& g);
 // Makes sdpa read q, k and v where the head split left them and write where the head merge
 // wants them: permute(x, [0, 2, 1, 3]) operands become layout "bshd"; other reshape / permute /
 // slice chains become operand views (q_view, ...) of the value they start from, and a lone

@@ -62,6 +62,7 @@ std::shared_ptr<Engine> Builder::build(const Graph& network, const BorrowedWeigh
   run("eliminate_dead_code", &eliminate_dead_code);
   run("fold_constants", &fold_constants);
   run("fold_batch_norm", &fold_batch_norm);
+  run("convs_to_linears", &convs_to_linears);
   // Batch norm folds in f32 first; the narrowed weights are then cast once, at build time.
   if (std::optional<DType> compute = reduced_precision(config_))
     run(std::string("lower_precision(") + dtype_name(*compute) + ")",
@@ -76,7 +77,11 @@ std::shared_ptr<Engine> Builder::build(const Graph& network, const BorrowedWeigh
   if (config_.device.type == DeviceType::kCUDA) run("additive_attention_masks", &additive_attention_masks);
   run("fold_attention_layout", [&](Graph& graph) { return fold_attention_layout(graph, foldable); });
   // Tensor-core convolutions want channels-last tensors; the CPU's run channels-first.
-  if (config_.device.type == DeviceType::kCUDA) run("to_channels_last", &to_channels_last);
+  if (config_.device.type == DeviceType::kCUDA) {
+    run("to_channels_last", &to_channels_last);
+    run("pool_before_epilogue", &pool_before_epilogue);
+  }
+  run("collapse_view_chains", &collapse_view_chains);
   run("fold_constants", &fold_constants);
   if (config_.fuse_pointwise) run("fuse_pointwise", &fuse_pointwise);
   run("eliminate_dead_code", &eliminate_dead_code);

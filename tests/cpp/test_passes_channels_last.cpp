@@ -197,4 +197,53 @@ TEST(ToChannelsLast, LeavesGraphsWithoutTwoDimensionalConvsAlone) {
   EXPECT_EQ(g.to_string(), before);
 }
 
+// pool_before_epilogue: an image conv's bias and a never-decreasing activation move behind its
+// max pool; the result matches the original graph (ceil mode and padding included).
+Graph stem(const std::string& act, int64_t channels, bool second_use, bool half = true) {
+  Graph g;
+  ValueId x = g.add_input("x", TensorType(DType::kF32, {2, channels, 13, 13}));
+  Attrs c = conv2d_attrs(2, 3, 1);
+  if (!act.empty()) c.set("activation", act);
+  ValueId y = g.add_node1(OpKind::kConv, {x, f32_weight(g, "w", {6, channels, 7, 7}, 1), f32_weight(g, "b", {6}, 2)}, c);
+  Attrs p;
+  p.set("kernel", Shape{3, 3});
+  p.set("stride", Shape{2, 2});
+  p.set("padding", Shape{1, 1});
+  p.set("ceil_mode", true);
+  g.mark_output(g.add_node1(OpKind::kMaxPool, {y}, p), "y");
+  if (second_use) g.mark_output(y, "conv");
+  if (half) lower_precision(g, DType::kF16);
+  return g;
+}
+
+TEST(PoolBeforeEpilogue, ImageConvRunsAloneAndTheEpilogueFollowsThePool) {
+  for (const std::string act : {"relu", "sigmoid", ""}) {
+    const Graph g = stem(act, 3, false);
+    Graph f = g;
+    ASSERT_TRUE(to_channels_last(f));
+    ASSERT_TRUE(pool_before_epilogue(f)) << f.to_string();
+    f.verify();
+    fold_constants(f);
+    for (const auto& n : f.nodes())
+      if (n->op == OpKind::kConv) {
+        EXPECT_EQ(n->inputs.size(), 2u) << f.to_string();
+        EXPECT_FALSE(n->attrs.has("activation")) << f.to_string();
+      }
+    EXPECT_EQ(count_op(f, OpKind::kAdd), 1u) << f.to_string();
+    const auto in = random_inputs(g, 3);
+    expect_close(run_plain(f, in), run_plain(g, in), 2e-3f, 2e-3f);
+  }
+}
+
+TEST(PoolBeforeEpilogue, LeavesOtherConvsAlone) {
+  for (const Graph& g : {stem("silu", 3, false),    // silu decreases below its minimum
+                         stem("relu", 8, false),    // not an image
+                         stem("relu", 3, true),     // the conv's output has another reader
+                         stem("relu", 3, false, false)}) {  // f32
+    Graph f = g;
+    ASSERT_TRUE(to_channels_last(f));
+    EXPECT_FALSE(pool_before_epilogue(f)) << f.to_string();
+  }
+}
+
 }  // namespace

@@ -231,13 +231,18 @@ KernelOptions compiled_plan_options(const KernelOptions& options) {
   return o;
 }
 
-// Build, conv with a hardswish / hardsigmoid epilogue: cuDNN runs those chains only with
-// runtime-compiled plans, which are not always faster than its prebuilt conv kernels followed
-// by the generated epilogue, so the two are timed against each other.
-std::unique_ptr<Kernel> choose_chain(const ConvGeom& q, uint64_t sig, const KernelOptions& options,
-                                     const std::string& key, const std::string& what) {
+// An image_input conv with an epilogue. cuDNN has kernels for an image's first layer that it
+// offers for the conv alone, not for the fused graph (ResNet-50's 7x7 stem at batch 32 on an
+// H200: fused plans 108 us, the conv alone's first-layer kernel 60 us, perf-notes item 67).
+bool image_entry(const ConvGeom& q) { return image_input(q) && q.has_epilogue(); }
+
+// Build, conv whose fused graph may lose to the conv alone followed by the generated epilogue:
+// a hardswish / hardsigmoid chain (cuDNN runs those only with runtime-compiled plans, searched
+// with `fused`) or an image_entry conv. The two are timed against each other.
+std::unique_ptr<Kernel> choose_chain(const ConvGeom& q, uint64_t sig, const KernelOptions& fused,
+                                     const KernelOptions& options, const std::string& key, const std::string& what) {
   std::string note;
-  CudnnContenders c = cudnn_contenders(q, sig, compiled_plan_options(options), options, what, &note);
+  CudnnContenders c = cudnn_contenders(q, sig, fused, options, what, &note);
   KILN_CHECK(!c.kernels.empty(), kUnsupported, what, ": cuDNN has no engine for it: ", note);
   size_t best = 0;
   if (c.kernels.size() > 1) {
@@ -304,6 +309,8 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g, const Ke
   key_parts.push_back("verified");  // choices made before candidates were checked on random data are not reused
   // Choices made before cuDNN was given the hardswish / hardsigmoid chains are not reused.
   if (hard_activation(q.act)) key_parts.push_back("chain");
+  // Choices made before an image's conv could take the conv alone and reduced-precision sums are not reused.
+  if (image_input(q)) key_parts.push_back("image");
   const std::string key = timing_key("conv", key_parts);
   const bool depthwise = depthwise_eligible(q);
   if (depthwise && options.optimization_level <= 0) return choose_depthwise(q, sig, options, key, what);
@@ -330,7 +337,10 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g, const Ke
     }
   }
   if (depthwise) return choose_depthwise(q, sig, options, key, what);
-  if (hard_activation(q.act) && options.optimization_level > 0) return choose_chain(q, sig, options, key, what);
+  if (options.optimization_level > 0) {
+    if (hard_activation(q.act)) return choose_chain(q, sig, compiled_plan_options(options), options, key, what);
+    if (image_entry(q)) return choose_chain(q, sig, options, options, key, what);
+  }
   ConvPlan b = search_conv_plan(q, options, what, sig);
   if (options.optimization_level > 0)  // an untimed choice is not recorded (as for depthwise convs)
     timing_cache_insert(key, encode_conv_choice(b.choice));

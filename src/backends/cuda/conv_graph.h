@@ -33,6 +33,9 @@ struct ConvGeom {
   int64_t y_numel() const { return N * O * OH * OW; }
 };
 
+// A conv over an image: at most 4 input channels (to_channels_last pads RGB to 4), groups 1.
+inline bool image_input(const ConvGeom& q) { return !q.transpose && q.groups == 1 && q.C <= 4; }
+
 // hardswish or hardsigmoid: cuDNN runs them as a chain of pointwise ops (build_conv_graph).
 bool hard_activation(const pw::Activation& a);
 
