@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterator
 from typing import Any, Optional
 
@@ -248,6 +249,41 @@ def test_unaligned_inputs_take_the_scalar_kernel(dtype: torch.dtype) -> None:
     _compare("silu", [out.cpu()], want, " (unaligned)")
     # And the aligned copies through the vectorized kernel agree with it.
     _compare("silu", _run(engine, [xa.clone(), xb.clone()]), want, " (aligned)")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("op,x_shape,other_shape", [
+    ("add", [2, 5, 5, 64], [64]),           # a per-channel bias of a channels-last tensor
+    ("mul", [2, 5, 5, 64], [2, 1, 1, 64]),  # a squeeze-excite scale
+    ("sub", [3, 4, 16], [3, 1, 16]),        # one row per batch, against every row
+], ids=["bias", "scale", "rows"])
+def test_strided_vectorized_pointwise_matches_cpu(op: str, x_shape: list[int], other_shape: list[int],
+                                                  dtype: torch.dtype) -> None:
+    """Broadcasts whose innermost dim is contiguous in every input run 16-byte vectors walked once
+    each; at an unaligned address they take the scalar kernel. Both match the CPU."""
+    g = Graph()
+    a = g.add_input("a", TORCH_TO_KILN[dtype], x_shape)
+    b = g.add_input("b", TORCH_TO_KILN[dtype], other_shape)
+    (y,) = g.add_node(op, [a, b])
+    (z,) = g.add_node("relu", [y])
+    g.mark_output(z, "z")
+    engine = _build(g, "cuda", fuse=True)
+    assert re.search(r"strided rank \d+ vec\d+", engine.build_log), engine.build_log
+    xa, xb = torch.randn(x_shape).to(dtype), torch.randn(other_shape).to(dtype)
+    want = _run(_build(g, "cpu", fuse=True), [xa, xb])
+    _compare(op, _run(engine, [xa, xb]), want, " (vectorized)")
+    with _side_stream():
+        _compare(op, _run(engine, [xa, xb], use_graphs=True), want, " (vectorized, graph replay)")
+    storage = torch.empty(xa.numel() + 1, dtype=dtype, device="cuda")
+    ua = storage[1:].view(x_shape)
+    ua.copy_(xa)
+    assert ua.data_ptr() % 16 != 0
+    out = torch.empty(xa.numel() + 1, dtype=dtype, device="cuda")[1:]
+    ctx = engine.create_execution_context(use_graphs=False)
+    ub = xb.cuda()
+    ctx.execute_ptrs([ua.data_ptr(), ub.data_ptr()], [out.data_ptr()], torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    _compare(op, [out.cpu().view(x_shape)], want, " (unaligned)")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["f32", "f16", "bf16"])

@@ -8,11 +8,13 @@
 // from the node again (deterministic) and the cubin is loaded; nothing is compiled, and a
 // state whose facts disagree with the node is kCorrupted.
 //
-// run() picks the vectorized kernel when the layout has one and every non-scalar pointer is
+// run() picks the vectorized kernel (flat layouts, and strided ones whose innermost dim is
+// contiguous in every non-scalar input) when the layout has one and every non-scalar pointer is
 // aligned to its vector width (engine buffers always are; caller buffers usually), else the
 // grid-stride kernel. Both are plain launches on the run's stream, so capturable.
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "src/backends/cuda/codegen.h"
 #include "src/backends/cuda/cuda_util.h"
@@ -140,14 +142,20 @@ std::unique_ptr<Kernel> make_pointwise_kernel(const Node& n, const Graph& g, con
   pwgen::Program p;
   KILN_CHECK(pwgen::program_of(n, g, &p, &why), kUnsupported, "CUDA ", op_name(n.op), " node '", n.name, "': ", why);
   bool ok = true;
-  const pwgen::Layout l = pwgen::layout_of(n, g, p, &why, &ok);
+  pwgen::Layout l = pwgen::layout_of(n, g, p, &why, &ok);
   KILN_CHECK(ok, kUnsupported, "CUDA ", op_name(n.op), " node '", n.name, "': ", why);
+  std::optional<CompiledState> stored;
+  if (state) {
+    stored = unpack_state(*state);
+    // Engines saved before strided layouts had a vectorized kernel hold the same layout with vec 1.
+    if (!l.flat && stored->params.size() > 4 && stored->params[4] == 1) l.vec = 1;
+  }
   const Bytes params = layout_params(l);
   const std::string desc = describe_program(n, p, l);
   std::shared_ptr<const Module> module;
   Bytes saved;
-  if (state) {
-    CompiledState cs = unpack_state(*state);
+  if (stored) {
+    CompiledState& cs = *stored;
     KILN_CHECK(cs.params == params, kCorrupted, "stored CUDA kernel of ", op_name(n.op), " node '", n.name,
                "' was made for another layout of the node");
     saved = *state;

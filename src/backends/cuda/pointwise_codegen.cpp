@@ -168,18 +168,6 @@ Layout layout_of(const Node& n, const Graph& g, const Program& p, std::string* w
   bool flat = l.numel <= 1 || plan.shape.size() == 1;
   for (size_t k = 0; k < shapes.size() && flat && l.numel > 1; ++k) flat = plan.strides[k][0] == 1;
   l.flat = flat;
-  if (!flat) {
-    l.rank = int(plan.shape.size());
-    if (l.rank > kMaxRank) {
-      *ok = fail(why, "pointwise broadcast over " + std::to_string(l.rank) + " non-mergeable dims (at most " +
-                          std::to_string(kMaxRank) + ")");
-      return l;
-    }
-    l.dims = plan.shape;
-    l.strides.assign(size_t(p.num_inputs), std::vector<int64_t>(size_t(l.rank), 0));
-    for (size_t k = 0; k < dense_inputs.size(); ++k) l.strides[size_t(dense_inputs[k])] = plan.strides[k];
-    return l;
-  }
   // Vector width: 16 bytes of the widest array that moves an element per output element.
   size_t widest = 0;
   for (int i = 0; i < p.num_inputs; ++i)
@@ -187,6 +175,26 @@ Layout layout_of(const Node& n, const Graph& g, const Program& p, std::string* w
   for (int v : p.outputs) widest = std::max(widest, dtype_size(p.dtype[size_t(v)]));
   l.vec = widest ? int(16 / widest) : 1;
   if (l.numel < int64_t(l.vec) * 2) l.vec = 1;
+  if (flat) return l;
+  l.rank = int(plan.shape.size());
+  if (l.rank > kMaxRank) {
+    *ok = fail(why, "pointwise broadcast over " + std::to_string(l.rank) + " non-mergeable dims (at most " +
+                        std::to_string(kMaxRank) + ")");
+    return l;
+  }
+  l.dims = plan.shape;
+  l.strides.assign(size_t(p.num_inputs), std::vector<int64_t>(size_t(l.rank), 0));
+  for (size_t k = 0; k < dense_inputs.size(); ++k) l.strides[size_t(dense_inputs[k])] = plan.strides[k];
+  // Strided vectors: vec consecutive elements of the innermost dim are consecutive in every
+  // non-scalar input (a per-channel operand of a channels-last tensor, a row added to every row)
+  // and start on a multiple of vec there.
+  bool rows = l.dims.back() % l.vec == 0;
+  for (int i : dense_inputs)
+    for (int d = 0; d < l.rank && rows; ++d) {
+      const int64_t st = l.strides[size_t(i)][size_t(d)];
+      rows = d == l.rank - 1 ? st == 1 : (l.dims[size_t(d)] == 1 || st % l.vec == 0);
+    }
+  if (!rows) l.vec = 1;
   return l;
 }
 

@@ -51,7 +51,7 @@ struct Layout {
   bool flat = true;
   bool wide = false;  // 64-bit indices (numel >= 2^30)
   int rank = 1;       // collapsed dims (strided layouts)
-  int vec = 1;        // elements per thread step of the vectorized flat kernel (1: none)
+  int vec = 1;        // elements per thread step of the vectorized kernel (1: none)
   std::vector<uint8_t> scalar;          // per input: one element for the whole output
   int64_t numel = 0;
   std::vector<int64_t> dims;            // collapsed output dims (strided)
@@ -61,7 +61,8 @@ struct Layout {
 Layout layout_of(const Node& n, const Graph& g, const Program& p, std::string* why, bool* ok);
 
 // The CUDA source: extern "C" kernels `kiln_pw` (grid-stride, scalar) and, when layout.vec > 1,
-// `kiln_pw_vec` (flat only; every non-scalar pointer aligned to vec elements).
+// `kiln_pw_vec` (flat, or strided with the innermost dim contiguous in every non-scalar input;
+// every non-scalar pointer aligned to vec elements).
 std::string generate(const Program& p, const Layout& layout);
 
 // The kernel's by-value argument block (8-byte fields in the order generate() declares them).

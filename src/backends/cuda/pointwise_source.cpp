@@ -308,40 +308,54 @@ std::string generate(const Program& p, const Layout& l) {
   std::vector<std::string> leaf(static_cast<size_t>(leaves));
   for (int i = p.num_inputs; i < leaves; ++i) leaf[size_t(i)] = id("l", i);
 
+  // Strided layouts: the dims, and per non-scalar input i its element offset o<i> of the output
+  // element `index` (a row-major walk of the collapsed dims).
+  auto dim_defs = [&] {
+    std::ostringstream t;
+    for (int d = 0; d < l.rank; ++d) t << "  const " << I << " d" << d << " = (" << I << ")a.dims[" << d << "];\n";
+    return t.str();
+  };
+  auto offsets = [&](const std::string& index) {
+    std::ostringstream t;
+    t << "    " << I << " rem = " << index << ", c;\n";
+    for (int i = 0; i < p.num_inputs; ++i)
+      if (!l.scalar[size_t(i)]) t << "    " << I << " o" << i << " = 0;\n";
+    for (int d = l.rank - 1; d >= 0; --d) {
+      if (d > 0) t << "    c = rem % d" << d << "; rem /= d" << d << ";\n";
+      else t << "    c = rem;\n";
+      int k = 0;
+      for (int i = 0; i < p.num_inputs; ++i)
+        if (!l.scalar[size_t(i)]) t << "    o" << i << " += c * (" << I << ")a.st[" << k++ << "][" << d << "];\n";
+    }
+    return t.str();
+  };
+
   // The grid-stride kernel (flat or strided).
   s << "extern \"C\" __global__ void __launch_bounds__(256) kiln_pw(" << params() << ") {\n" << preamble();
-  if (!l.flat) {
-    for (int d = 0; d < l.rank; ++d) s << "  const " << I << " d" << d << " = (" << I << ")a.dims[" << d << "];\n";
-  }
+  if (!l.flat) s << dim_defs();
   s << "  for (" << I << " i = tid; i < n; i += step) {\n";
-  if (!l.flat) {
-    s << "    " << I << " rem = i, c;\n";
-    int k = 0;
-    for (int i = 0; i < p.num_inputs; ++i)
-      if (!l.scalar[size_t(i)]) s << "    " << I << " o" << i << " = 0;\n";
-    for (int d = l.rank - 1; d >= 0; --d) {
-      if (d > 0) s << "    c = rem % d" << d << "; rem /= d" << d << ";\n";
-      else s << "    c = rem;\n";
-      k = 0;
-      for (int i = 0; i < p.num_inputs; ++i)
-        if (!l.scalar[size_t(i)]) s << "    o" << i << " += c * (" << I << ")a.st[" << k++ << "][" << d << "];\n";
-    }
-  }
+  if (!l.flat) s << offsets("i");
   for (int i = 0; i < p.num_inputs; ++i)
     leaf[size_t(i)] = l.scalar[size_t(i)]
                           ? id("l", i)
                           : load_expr(p.dtype[size_t(i)], id("in", i) + "[" + (l.flat ? "i" : id("o", i)) + "]");
   s << element(leaf, "    ", false) << "  }\n}\n";
 
-  if (l.flat && l.vec > 1) {
+  if (l.vec > 1) {
+    // Vectors of V elements: flat, or strided with every non-scalar input's V elements
+    // consecutive and starting on a multiple of V (layout_of), whose offsets are then walked once
+    // per vector; the innermost dim is a multiple of V, so a strided layout has no tail.
     const std::string V = std::to_string(l.vec);
     s << "\nextern \"C\" __global__ void __launch_bounds__(256) kiln_pw_vec(" << params() << ") {\n" << preamble();
+    if (!l.flat) s << dim_defs();
     s << "  const " << I << " nv = n / " << V << ";\n";
     s << "  for (" << I << " j = tid; j < nv; j += step) {\n";
+    if (!l.flat) s << offsets("j * " + V);
     for (int i = 0; i < p.num_inputs; ++i)
       if (!l.scalar[size_t(i)])
         s << "    const kiln_vec<" << store_type(p.dtype[size_t(i)]) << ", " << V << "> x" << i << " = kiln_vload<"
-          << store_type(p.dtype[size_t(i)]) << ", " << V << ">(in" << i << ", j);\n";
+          << store_type(p.dtype[size_t(i)]) << ", " << V << ">(in" << i << ", "
+          << (l.flat ? std::string("j") : id("o", i) + " / " + V) << ");\n";
     for (size_t k = 0; k < p.outputs.size(); ++k)
       s << "    kiln_vec<" << store_type(p.dtype[size_t(p.outputs[k])]) << ", " << V << "> y" << k << ";\n";
     s << "#pragma unroll\n    for (int k = 0; k < " << V << "; ++k) {\n";
@@ -354,6 +368,7 @@ std::string generate(const Program& p, const Layout& l) {
       s << "    kiln_vstore<" << store_type(p.dtype[size_t(p.outputs[k])]) << ", " << V << ">(out" << k << ", j, y" << k
         << ");\n";
     s << "  }\n";
+    if (!l.flat) return s.str() + "}\n";
     // The tail (n % V elements) elementwise.
     s << "  for (" << I << " i = nv * " << V << " + tid; i < n; i += step) {\n";
     std::vector<std::string> tleaf = leaf;
