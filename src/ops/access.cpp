@@ -90,6 +90,15 @@ StridedView strided_view(const Node& n, const Graph& g) {
   return v;
 }
 
+PadInput pad_input(const Node& n, const Graph& g) {
+  const auto x = g.type(n.inputs[0]).shape();
+  PadInput v{x, row_major_strides(x)};
+  if (!n.attrs.has("input_perm")) return v;
+  PadInput p;
+  for (int64_t d : n.attrs.get_ints("input_perm")) p.dims.push_back(v.dims[size_t(d)]), p.strides.push_back(v.strides[size_t(d)]);
+  return p;
+}
+
 bool reads_input_in_order(const Node& n, const Graph& g) {
   if (n.op == OpKind::kReshape || n.op == OpKind::kCopy) return true;
   if (n.op != OpKind::kPermute && n.op != OpKind::kExpand && n.op != OpKind::kSlice) return false;

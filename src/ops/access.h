@@ -1,6 +1,6 @@
 // How an op walks its input, as every backend computes it: the collapsed layout of a
-// reduction, the window geometry of a pooling op, and the strided view that permute, expand
-// and slice read through. These follow from the op's shapes and attributes alone, so they
+// reduction, the window geometry of a pooling op, the strided view that permute, expand
+// and slice read through, and the view pad reads. These follow from the op's shapes and attributes alone, so they
 // live with the ops and the CPU and CUDA kernels share them.
 #pragma once
 
@@ -46,6 +46,13 @@ struct StridedView {
   int64_t offset = 0;
 };
 StridedView strided_view(const Node& n, const Graph& g);
+
+// pad: the dims it reads (x's, permuted by the optional `input_perm`) and their element strides
+// in x, dense and row-major.
+struct PadInput {
+  std::vector<int64_t> dims, strides;
+};
+PadInput pad_input(const Node& n, const Graph& g);
 
 // Whether a shape-family node's output is its input's elements in their own order, so its
 // bytes are the input's bytes: reshape and copy always; permute, expand and slice when their

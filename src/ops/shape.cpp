@@ -69,15 +69,16 @@ TensorType infer_reshape(OpKind op, const TensorType& x, const Attrs& a) {
   return out;
 }
 
-TensorType infer_permute(OpKind op, const TensorType& x, const Attrs& a) {
-  const auto& perm = ints_attr(op, a, "perm");
-  KILN_CHECK(int64_t(perm.size()) == x.rank(), kInvalidArgument, op_name(op), ": perm ", list_str(perm), " has ",
+// x read through `perm` (attribute `key`): dim i of the result is dim perm[i] of x.
+TensorType permuted(OpKind op, const TensorType& x, const Attrs& a, const char* key) {
+  const auto& perm = ints_attr(op, a, key);
+  KILN_CHECK(int64_t(perm.size()) == x.rank(), kInvalidArgument, op_name(op), ": ", key, " ", list_str(perm), " has ",
              perm.size(), " entries, ", x.to_string(), " has rank ", x.rank());
   std::vector<bool> seen(perm.size(), false);
   TensorType out = x;
   for (size_t i = 0; i < perm.size(); ++i) {
     int64_t p = perm[i];
-    KILN_CHECK(p >= 0 && p < x.rank() && !seen[size_t(p)], kInvalidArgument, op_name(op), ": perm ",
+    KILN_CHECK(p >= 0 && p < x.rank() && !seen[size_t(p)], kInvalidArgument, op_name(op), ": ", key, " ",
                list_str(perm), " is not a permutation of 0..", x.rank() - 1);
     seen[size_t(p)] = true;
     out.dims[i] = x.dims[size_t(p)];
@@ -155,7 +156,10 @@ std::vector<TensorType> infer_split(OpKind op, const TensorType& x, const Attrs&
   return outs;
 }
 
-TensorType infer_pad(OpKind op, const TensorType& x, const Attrs& a) {
+// pad's optional `input_perm` reads x permuted (to_channels_last pads an image's channels while
+// moving them last, in one pass).
+TensorType infer_pad(OpKind op, const TensorType& x_in, const Attrs& a) {
+  const TensorType x = a.has("input_perm") ? permuted(op, x_in, a, "input_perm") : x_in;
   const auto& pads = ints_attr(op, a, "pads");
   KILN_CHECK(int64_t(pads.size()) == 2 * x.rank(), kInvalidArgument, op_name(op), ": pads ", list_str(pads),
              " has ", pads.size(), " values, expected ", 2 * x.rank(), " (a before/after pair per dim of ",
@@ -197,7 +201,7 @@ std::vector<TensorType> infer_shape_op(OpKind op, const TypeList& in, const Attr
   const TensorType& x = *in[0];
   switch (op) {
     case OpKind::kReshape: return {infer_reshape(op, x, a)};
-    case OpKind::kPermute: return {infer_permute(op, x, a)};
+    case OpKind::kPermute: return {permuted(op, x, a, "perm")};
     case OpKind::kExpand: return {infer_expand(op, x, a)};
     case OpKind::kSlice: return {infer_slice(op, x, a)};
     case OpKind::kConcat: return {infer_concat(op, in, a)};

@@ -18,7 +18,7 @@
 //      A conv's output permute meets the next conv's input permute (directly, or after the
 //      activations, residual adds and squeeze-excite products between them) and both go;
 //   3. a conv at a region's entry with fewer than 4 input channels (an image) gets them
-//      zero-padded to 4.
+//      zero-padded to 4, by a pad that reads the image through the entry permute (input_perm).
 // Does not: convert conv_transpose or 1-D convs; move permutes through adaptive pools other
 // than the global one, reductions, shape ops or where; change a graph output's permute into
 // an alias of a graph input. Run it after fuse_epilogue (residuals and activations are then
@@ -77,7 +77,8 @@ bool convert_conv(Graph& g, size_t pos) {
 // kChannelQuantum input channels (an RGB image) are zero-padded to it in x and w: cuDNN's
 // kernels for an image's first layer want 4 channels, and zeros add nothing to the sum.
 // (Measured on an H100 for ResNet-50's 7x7 stem: 3 channels 193 us, 4 channels 108 us plus
-// a 49 us pad, 8 channels 163 us.)
+// a 49 us pad, 8 channels 163 us; on an H200 the permute and the pad took 16 and 19 us at batch
+// 32 as two kernels, perf-notes item 70.)
 bool pad_entry_channels(Graph& g, size_t pos) {
   const Node& n = *g.nodes()[pos];
   if (n.op != OpKind::kConv || !channels_last(n.op, n.attrs) || n.attrs.get_int("groups", 1) != 1) return false;
@@ -87,12 +88,15 @@ bool pad_entry_channels(Graph& g, size_t pos) {
   const std::string name = n.name;
   std::vector<ValueId> ins = n.inputs;
   const Attrs attrs = n.attrs;
-  const ValueId y = n.outputs[0];
+  const ValueId y = n.outputs[0], image = entry->inputs[0];
   size_t at = pos;
   Attrs pad;
   pad.set("pads", std::vector<int64_t>{0, 0, 0, 0, 0, 0, 0, kChannelQuantum - c});
-  ins[0] = g.insert_node(at++, OpKind::kPad, {ins[0]}, pad, name)[0];
   ins[1] = g.insert_node(at++, OpKind::kPad, {ins[1]}, pad, name)[0];
+  // The image itself is read through the permute: one pass moves its channels last and pads them
+  // (the permute goes with eliminate_dead_code unless something else reads it).
+  pad.set("input_perm", kToLast);
+  ins[0] = g.insert_node(at++, OpKind::kPad, {image}, pad, name)[0];
   g.replace_all_uses(y, g.insert_node(at++, OpKind::kConv, ins, attrs, name)[0]);
   g.erase_node(at);
   return true;

@@ -68,7 +68,8 @@ TEST(ChannelsLastConv, CpuKernelMatchesChannelsFirst) {
     a.set("activation", std::string("relu"));
     g.mark_output(g.add_node1(OpKind::kConv, {x, w, b, r}, a), "y");
     Graph f = convert_and_compare(g, 7);
-    EXPECT_EQ(count_op(f, OpKind::kPermute), 3u) << f.to_string();  // x, r in; y out
+    // x, r in; y out. An RGB x is read by its pad (input_perm) instead of a permute.
+    EXPECT_EQ(count_op(f, OpKind::kPermute), c.x[1] < 4 ? 2u : 3u) << f.to_string();
   }
 }
 
@@ -244,6 +245,40 @@ TEST(PoolBeforeEpilogue, LeavesOtherConvsAlone) {
     ASSERT_TRUE(to_channels_last(f));
     EXPECT_FALSE(pool_before_epilogue(f)) << f.to_string();
   }
+}
+
+// pad with input_perm reads x permuted: the same as pad(permute(x)) in every mode, padded dim
+// and dtype size the CPU kernel has (the last dim strided in x included); a bad perm is refused.
+TEST(PadInputPerm, ReadsThePermutedInput) {
+  struct Case {
+    Shape x, perm, pads;
+    std::string mode;
+  };
+  for (const Case& c : {Case{{2, 3, 4, 5}, {0, 2, 3, 1}, {0, 0, 0, 0, 0, 0, 0, 1}, "constant"},
+                        Case{{2, 3, 4, 5}, {0, 2, 3, 1}, {0, 1, 1, 0, 0, 0, 2, 1}, "reflect"},
+                        Case{{3, 4, 5}, {2, 0, 1}, {1, 0, 0, 2, 1, 1}, "replicate"}}) {
+    Graph g;
+    ValueId x = g.add_input("x", TensorType(DType::kF32, c.x));
+    Attrs pa;
+    pa.set("perm", c.perm);
+    Attrs pad;
+    pad.set("pads", c.pads);
+    pad.set("mode", c.mode);
+    g.mark_output(g.add_node1(OpKind::kPad, {g.add_node1(OpKind::kPermute, {x}, pa)}, pad), "two");
+    pad.set("input_perm", c.perm);
+    ValueId fused = g.add_node1(OpKind::kPad, {x}, pad);
+    g.mark_output(fused, "one");
+    const auto out = run_plain(g, random_inputs(g, 5));
+    EXPECT_EQ(g.type(fused), g.type(g.outputs()[0]));
+    expect_close({out[1]}, {out[0]}, 0, 0);
+  }
+  Graph g;
+  ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 3, 4}));
+  Attrs bad;
+  bad.set("pads", Shape{0, 0, 0, 0, 0, 1});
+  bad.set("input_perm", Shape{0, 2, 2});
+  expect_error([&] { g.add_node1(OpKind::kPad, {x}, bad); }, ErrorCode::kInvalidArgument,
+               {"input_perm", "not a permutation"});
 }
 
 }  // namespace

@@ -335,6 +335,7 @@ def test_channels_last_region_cuda_matches_cpu(pool: str, act: str, channels: in
     feeds = [torch.randn(2, 3, 15, 13, generator=gen).to(dtype)]
     engine = _build(g, "cuda")
     assert f'{pool}' in engine.graph_text and 'layout="nhwc"' in engine.graph_text, engine.graph_text
+    assert "input_perm" in engine.graph_text, engine.graph_text  # the image padded as it moves channels last
     # A generated epilogue reads the conv's result rounded to the dtype: one rounding more than
     # the CPU's fused epilogue (and cuDNN's), hence twice the tolerance.
     _compare("conv", _run(engine, feeds), _run(_build(g, "cpu"), feeds), " (channels-last region)",

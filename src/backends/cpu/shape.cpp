@@ -260,6 +260,7 @@ struct PadPlan {
   std::array<int64_t, kMaxDims> oext{}, ist{}, tab{};  // tab: where dim k's table starts in map
   std::vector<int64_t> map;  // per dim, per output index: the input index, or -1 for the fill value
   int64_t before = 0, width = 0, numel = 0;  // last dim: left pad and input extent
+  int64_t lst = 1;                           // last dim: input stride (not 1 under input_perm)
   uint64_t fill = 0;                         // the fill value's bytes
 };
 
@@ -285,9 +286,11 @@ void pad_rows(const PadPlan& p, const T* in, T* out, int64_t rb, int64_t re) {
       continue;
     }
     const T* src = in + off;
-    for (int64_t j = 0; j < p.before; ++j) dst[j] = lmap[j] < 0 ? fill : src[lmap[j]];
-    std::memcpy(dst + p.before, src, size_t(p.width) * sizeof(T));
-    for (int64_t j = p.before + p.width; j < L; ++j) dst[j] = lmap[j] < 0 ? fill : src[lmap[j]];
+    const int64_t st = p.lst;
+    for (int64_t j = 0; j < p.before; ++j) dst[j] = lmap[j] < 0 ? fill : src[lmap[j] * st];
+    if (st == 1) std::memcpy(dst + p.before, src, size_t(p.width) * sizeof(T));
+    else for (int64_t j = 0; j < p.width; ++j) dst[p.before + j] = src[j * st];
+    for (int64_t j = p.before + p.width; j < L; ++j) dst[j] = lmap[j] < 0 ? fill : src[lmap[j] * st];
   }
 }
 
@@ -306,16 +309,16 @@ struct Pad {
 
 std::unique_ptr<Kernel> make_pad(const Node& n, const Graph& g) {
   const TensorType& xt = g.type(n.inputs[0]);
-  auto x = xt.shape(), y = g.type(n.outputs[0]).shape();
+  auto [x, xs] = pad_input(n, g);
+  auto y = g.type(n.outputs[0]).shape();
   auto pads = n.attrs.get_ints("pads");
-  if (x.empty()) x = y = {1}, pads = {0, 0};  // a scalar: one unpadded element
+  if (x.empty()) x = y = xs = {1}, pads = {0, 0};  // a scalar: one unpadded element
   KILN_CHECK(x.size() <= size_t(kMaxDims), kUnsupported, op_name(n.op), ": rank ", x.size(),
              " exceeds the CPU kernel's limit of ", kMaxDims);
   const std::string mode = n.attrs.get_string("mode", "constant");
   auto p = std::make_shared<PadPlan>();
   p->rank = int(x.size());
   p->numel = g.type(n.outputs[0]).numel();
-  const auto xs = row_major_strides(x);
   for (size_t k = 0; k < x.size(); ++k) {
     p->oext[k] = y[k], p->ist[k] = xs[k], p->tab[k] = int64_t(p->map.size());
     for (int64_t o = 0; o < y[k]; ++o) {
@@ -326,7 +329,7 @@ std::unique_ptr<Kernel> make_pad(const Node& n, const Graph& g) {
       p->map.push_back(i < 0 ? -1 : i);
     }
   }
-  p->before = pads[2 * x.size() - 2], p->width = x.back();
+  p->before = pads[2 * x.size() - 2], p->width = x.back(), p->lst = xs.back();
   store_double(&p->fill, xt.dtype, 0, mode == "constant" ? n.attrs.get_float("value", 0.0) : 0.0);
   return make_fn_kernel(by_size<Pad>(dtype_size(xt.dtype), std::shared_ptr<const PadPlan>(p)),
                         "cpu pad " + mode + " rows");

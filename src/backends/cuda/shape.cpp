@@ -204,27 +204,30 @@ struct PadDims {
   long long oext[kMaxRank], iext[kMaxRank], before[kMaxRank], ist[kMaxRank];
 };
 
-// pad: one thread per output element, mapping its coordinates to the input's. Neighbouring
-// dims that are not padded merge into one (a channels-last image padded only in C walks
-// [N*H*W, C]), and indices are 32-bit while the tensors allow, so an element costs a few
-// integer divisions rather than one 64-bit division per dim.
+// pad: one thread per output element, mapping its coordinates to the input's (through
+// input_perm's strides when present: an NCHW image padded in C while it moves channels last, in
+// one pass). Neighbouring dims that are not padded and are contiguous in the input merge into one
+// (a channels-last image padded only in C walks [N*H*W, C]), and indices are 32-bit while the
+// tensors allow, so an element costs a few integer divisions rather than one 64-bit division per
+// dim.
 Generated gen_pad(const Node& n, const Graph& g) {
   const TensorType& xt = g.type(n.inputs[0]);
-  auto x = xt.shape(), y = g.type(n.outputs[0]).shape();
+  auto [x, xs] = pad_input(n, g);
+  auto y = g.type(n.outputs[0]).shape();
   auto pads = n.attrs.get_ints("pads");
-  if (x.empty()) x = y = {1}, pads = {0, 0};
+  if (x.empty()) x = y = xs = {1}, pads = {0, 0};
   const std::string mode = n.attrs.get_string("mode", "constant");
   KILN_CHECK(mode == "constant" || mode == "reflect" || mode == "replicate", kUnsupported, "pad: mode '", mode, "'");
   Generated gn;
   const int64_t numel = g.type(n.outputs[0]).numel();
-  gn.plan.describe = "cuda pad " + mode;
+  gn.plan.describe = "cuda pad " + mode + (n.attrs.has("input_perm") ? " of the input permuted" : "");
   if (numel == 0) return gn;
   const int esz = int(dtype_size(xt.dtype));
-  const auto xs = row_major_strides(x);
   std::vector<int64_t> oext, iext, before, ist;
   for (size_t k = 0; k < x.size(); ++k) {
     const bool padded = pads[2 * k] != 0 || x[k] != y[k];
-    const bool merge = !padded && !oext.empty() && oext.back() == iext.back() && before.back() == 0;
+    const bool merge = !padded && !oext.empty() && oext.back() == iext.back() && before.back() == 0 &&
+                       ist.back() == xs[k] * x[k];
     if (merge) {
       oext.back() *= x[k], iext.back() *= x[k], ist.back() = xs[k];
     } else {
