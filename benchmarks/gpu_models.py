@@ -20,7 +20,8 @@ precision, backend):
   rel_err     ||out - ref|| / ||ref|| against eager FP32 on the same inputs
   rel_same    the same against eager in the row's own precision (what the backend's arithmetic
               adds; rel_err also holds the model's own sensitivity to FP16 / BF16 rounding)
-  compile_s   compile and first call, seconds; for Kiln with an empty timing cache
+  compile_s   compile and first call, seconds, from empty caches (Kiln's timing cache, inductor's
+              and Triton's compiled code)
   warm_s      Kiln only: the same compile again in this process after torch._dynamo.reset(),
               with the timing cache filled by the first
   peak_mib    device memory in use at the peak of this backend's runs, over what was in use
@@ -247,8 +248,13 @@ def main() -> None:
         raise SystemExit("gpu_models.py needs a CUDA device")
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    # Cold builds start from an empty timing cache of their own.
-    os.environ.setdefault("KILN_TIMING_CACHE", os.path.join(tempfile.mkdtemp(prefix="kiln-bench-"), "timing.cache"))
+    # Cold builds start from empty caches of their own: Kiln's timing cache, and inductor's and
+    # Triton's compiled-code caches (a reduce-overhead compile that finds an earlier run's code is
+    # not a cold one).
+    scratch = tempfile.mkdtemp(prefix="kiln-bench-")
+    os.environ.setdefault("KILN_TIMING_CACHE", os.path.join(scratch, "timing.cache"))
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(scratch, "inductor"))
+    os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(scratch, "triton"))
 
     rows: list[Row] = []
     out = Path(args.out)

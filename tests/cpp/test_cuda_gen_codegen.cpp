@@ -223,20 +223,26 @@ TEST(CudaGenCodegen, Shape) {
   EXPECT_NE(flat.find("16-byte words over 1 dims"), std::string::npos) << flat;
   // A pad walks its padded dims and each run of unpadded ones merged into one dim, with 32-bit
   // indices while they fit: the channels-last stem's 3 -> 4 channel pad is [N*H*W, C].
+  // The kernel names of the launch and of its unaligned fallback ("" when it has none).
   auto pad_kernel = [](const Shape& x, const Shape& pads, const char* mode, const Shape& perm = {}) {
     Attrs a = attrs({{"pads", pads}, {"mode", std::string(mode)}});
     if (!perm.empty()) a.set("input_perm", perm);
     const Built b = one_node(OpKind::kPad, {tt(DType::kF16, x)}, a);
     check(gen::generate_shape, b);
-    return gen::generate_shape(*b.node, b.g).plan.launches.at(0).kernel;
+    const gen::Launch l = gen::generate_shape(*b.node, b.g).plan.launches.at(0);
+    return l.kernel + "|" + (l.alt.empty() ? "" : l.alt[0].kernel);
   };
   // The stem's image read through input_perm (NCHW -> NHWC while padding C): H and W merge (they
-  // are contiguous in x), N and C do not.
-  EXPECT_EQ(pad_kernel({32, 3, 224, 224}, {0, 0, 0, 0, 0, 0, 0, 1}, "constant", {0, 2, 3, 1}), "kg_pad_constant_r3_w2_i");
-  EXPECT_EQ(pad_kernel({32, 224, 224, 3}, {0, 0, 0, 0, 0, 0, 0, 1}, "constant"), "kg_pad_constant_r2_w2_i");
-  EXPECT_EQ(pad_kernel({2, 3, 4, 5, 2}, {0, 0, 0, 0, 2, 1, 0, 0, 0, 0}, "reflect"), "kg_pad_reflect_r3_w2_i");
-  EXPECT_EQ(pad_kernel({2, 3, 4}, {1, 0, 0, 2, 3, 1}, "constant"), "kg_pad_constant_r3_w2_i");
-  EXPECT_EQ(pad_kernel({1100, 1024, 1024}, {0, 0, 0, 0, 0, 1}, "constant"), "kg_pad_constant_r2_w2_l");
+  // are contiguous in x), N and C do not; a thread writes a pixel's 4 channels as one 8-byte word.
+  EXPECT_EQ(pad_kernel({32, 3, 224, 224}, {0, 0, 0, 0, 0, 0, 0, 1}, "constant", {0, 2, 3, 1}),
+            "kg_pad_rows_constant_r3_w2_c4_i|kg_pad_constant_r3_w2_i");
+  EXPECT_EQ(pad_kernel({32, 224, 224, 3}, {0, 0, 0, 0, 0, 0, 0, 1}, "constant"),
+            "kg_pad_rows_constant_r2_w2_c4_i|kg_pad_constant_r2_w2_i");
+  EXPECT_EQ(pad_kernel({2, 3, 2}, {0, 0, 1, 0, 1, 1}, "reflect"), "kg_pad_rows_reflect_r3_w2_c4_i|kg_pad_reflect_r3_w2_i");
+  EXPECT_EQ(pad_kernel({2, 3, 4, 5, 2}, {0, 0, 0, 0, 2, 1, 0, 0, 0, 0}, "reflect"), "kg_pad_reflect_r3_w2_i|");
+  EXPECT_EQ(pad_kernel({2, 3, 4}, {1, 0, 0, 2, 3, 1}, "constant"), "kg_pad_rows_constant_r3_w2_c8_i|kg_pad_constant_r3_w2_i");
+  EXPECT_EQ(pad_kernel({2, 3, 5}, {1, 0, 0, 2, 3, 1}, "constant"), "kg_pad_constant_r3_w2_i|");  // 9 per row
+  EXPECT_EQ(pad_kernel({1100, 1024, 1024}, {0, 0, 0, 0, 0, 1}, "constant"), "kg_pad_constant_r2_w2_l|");
   // Empty tensors make no launch.
   const Built e = one_node(OpKind::kCopy, {tt(DType::kF32, {0, 8})}, {});
   const gen::Generated empty = gen::generate_shape(*e.node, e.g);

@@ -248,6 +248,9 @@ case("linear", [r(4, 8), r(6, 8), None, r(6)], {"activation": "silu"},
      lambda x, w, b, res: F.silu(F.linear(x, w) + res), "broadcast-residual-no-bias-silu")
 case("linear", [r(5, 40), r(3, 40), r(3)], {"activation": "relu"}, lambda x, w, b: F.relu(F.linear(x, w, b)),
      "relu")
+# Few output tiles and a long K (a batch-1 transformer's FFN shape, scaled down).
+case("linear", [r(16, 1024, scale=0.1), r(96, 1024, scale=0.1), r(96), r(16, 96)], {"activation": "gelu"},
+     lambda x, w, b, res: F.gelu(F.linear(x, w, b) + res), "long-k-residual-gelu")
 
 # ---- convolution --------------------------------------------------------------------------
 def _conv_case(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], stride: list[int],
@@ -370,6 +373,10 @@ case("pad", [r(2, 5, 7, 3)], {"pads": [0, 0, 0, 0, 0, 0, 0, 1], "mode": "constan
      lambda x: F.pad(x, (0, 1)), "channels-last-image")
 case("pad", [r(2, 3, 4, 5, 2)], {"pads": [0, 0, 0, 0, 2, 1, 0, 0, 0, 0], "mode": "reflect", "value": 0.0},
      lambda x: x.index_select(2, torch.tensor([2, 1, 0, 1, 2, 3, 2])), "reflect-middle-dim")
+case("pad", [r(2, 3, 2)], {"pads": [0, 0, 1, 0, 1, 1], "mode": "reflect", "value": 0.0},
+     lambda x: F.pad(x, (1, 1, 1, 0), mode="reflect"), "reflect-short-rows")
+case("pad", [r(5, 3)], {"pads": [0, 0, 0, 1], "mode": "replicate", "value": 0.0},
+     lambda x: F.pad(x, (0, 1), mode="replicate"), "replicate-short-rows")
 case("copy", [r(3, 4)], {}, torch.clone)
 case("copy", [ints(5, dtype=i32)], {}, torch.clone, "i32")
 

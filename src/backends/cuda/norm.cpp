@@ -35,7 +35,35 @@ std::string param_defs(const Node& n, const Graph& g, size_t first) {
   return s;
 }
 
-std::string layer_cached(bool warp, int epl, int vec, int esz, bool w, bool b, const std::string& name) {
+// Loads the vec parameter values of lane chunk i into `arr` (A) as whole words: the widest of at
+// most 16 bytes that the launch's alignment (vec * esz, checked on every pointer) allows. Scalar
+// 2-byte loads of the weight and bias spread a warp's instruction over 16 sectors each and cost
+// more L1 wavefronts than the row itself.
+std::string param_loads(const std::string& ptr, const std::string& ld, const std::string& arr, int vec, int esz,
+                        int psz) {
+  const int word = std::min({16, vec * esz, vec * psz}), count = vec * psz / word;
+  const std::string wt = word_type(word), pt = ptr == "w" ? "T_p0" : "T_p1";
+  std::string s = R"(        {
+          WT pw[CNT];
+          const WT* pq = reinterpret_cast<const WT*>(PTR + i * KG_V);
+#pragma unroll
+          for (int k = 0; k < CNT; ++k) pw[k] = pq[k];
+          const PT* pe = reinterpret_cast<const PT*>(pw);
+#pragma unroll
+          for (int j = 0; j < KG_V; ++j) ARR[c * KG_V + j] = (A)LD(pe[j]);
+        }
+)";
+  s = replace_all(s, "WT", wt);
+  s = replace_all(s, "CNT", std::to_string(count));
+  s = replace_all(s, "PTR", ptr);
+  s = replace_all(s, "PT", pt);
+  s = replace_all(s, "ARR", arr);
+  return replace_all(s, "LD", ld);
+}
+
+// psz_w / psz_b: the weight's and bias's element sizes (0 when absent).
+std::string layer_cached(bool warp, int epl, int vec, int esz, int psz_w, int psz_b, const std::string& name) {
+  const bool w = psz_w > 0, b = psz_b > 0;
   std::string s = "extern \"C\" __global__ void " + name + "(const T_x* __restrict__ x, const T_p0* __restrict__ w, const T_p1* "
        "__restrict__ b, T_x* __restrict__ y, long long rows, long long D, double eps) {\n  __shared__ A sm[33];\n";
   if (warp) {
@@ -89,8 +117,8 @@ KG_PARAM_LOADS      } else {
   // following the two reductions.
   s = replace_all(s, "KG_PARAM_DECLS", std::string(w ? "    A wv[KG_EPL];\n" : "") + (b ? "    A bv[KG_EPL];\n" : ""));
   std::string loads;
-  if (w) loads += "#pragma unroll\n        for (int j = 0; j < KG_V; ++j) wv[c * KG_V + j] = (A)ld_p0(w[i * KG_V + j]);\n";
-  if (b) loads += "#pragma unroll\n        for (int j = 0; j < KG_V; ++j) bv[c * KG_V + j] = (A)ld_p1(b[i * KG_V + j]);\n";
+  if (w) loads += param_loads("w", "ld_p0", "wv", vec, esz, psz_w);
+  if (b) loads += param_loads("b", "ld_p1", "bv", vec, esz, psz_b);
   s = replace_all(s, "KG_PARAM_LOADS", loads);
   s = replace_all(s, "KG_EPL", std::to_string(epl));
   s = replace_all(s, "KG_V", std::to_string(vec));
@@ -187,10 +215,11 @@ Generated generate_norm(const Node& n, const Graph& g) {
       const int G = warp ? 32 : kBlockThreads;
       const RowSplit split = split_row(D, G, esz);
       const int epl = split.per_lane, vec = split.vec;
+      auto psz = [&](size_t i) { return present(n, i) ? int(dtype_size(g.type(n.inputs[i]).dtype)) : 0; };
       gn.source = head;
       auto ln = [&](int v) {
         const std::string name = "kg_layer_norm_v" + std::to_string(v);
-        gn.source += layer_cached(warp, epl, v, esz, w, b, name);
+        gn.source += layer_cached(warp, epl, v, esz, psz(1), psz(2), name);
         // Warp per row: 4 rows a block, fewer when the rows are too few to reach every
         // multiprocessor of a large GPU (BERT at batch 1: 128 rows).
         const uint32_t wpb = rows >= 4 * kLargeGpuSms ? 4 : rows >= 2 * kLargeGpuSms ? 2 : 1;

@@ -15,6 +15,7 @@
 // NaN counting as largest. An empty reduction writes sum 0, mean / var NaN.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 #include "src/backends/cpu/kernels.h"
@@ -133,7 +134,10 @@ std::string rows_kernel(const Layout& L, const AccSpec& a, int mode, bool block,
 }
 
 // Columns: the innermost run is kept. Block (32, ways): x over the run, y splits the reduction
-// (ways = blockDim.y, at most 32).
+// (ways = blockDim.y, a power of two up to 32). Each thread keeps four partial results over rows
+// ty, ty + ways, ... so four loads are in flight at once (a global average pool at batch 1 is a
+// short reduction on few blocks: its time is the chain of load latencies), and the ways combine
+// as a tree in shared memory.
 std::string cols_kernel(const Layout& L, const AccSpec& a, int mode) {
   const size_t kr = L.kept_shape.size(), rr = L.red_shape.size();
   std::string s = "extern \"C\" __global__ void kg_reduce_cols(const T_x* __restrict__ x, T_x* __restrict__ y, Side g,"
@@ -143,20 +147,38 @@ std::string cols_kernel(const Layout& L, const AccSpec& a, int mode) {
   s += "  for (long long t = blockIdx.x; t < rows * tiles; t += gridDim.x) {\n"
        "    const long long row = t / tiles, j = (t % tiles) * 32 + tx;\n    long long base = 0;\n";
   s += offset_code("base", "row", "k", kr);
-  auto pass = [&](const std::string& fold) {
-    std::string p = "    if (j < inner) for (long long r = ty; r < count; r += ways) {\n      long long off = base + j;\n";
-    p += offset_code("off", "r", "r", rr);
-    return p + "      const A v = kg_ld(x[off]); " + fold + "\n    }\n";
+  // One pass over the rows: `fold(acc, v)` folds value v into accumulator acc.
+  auto pass = [&](const std::string& init, const std::function<std::string(const std::string&, const std::string&)>& fold) {
+    std::string p = "    {\n    A acc0 = " + init + ", acc1 = " + init + ", acc2 = " + init + ", acc3 = " + init + ";\n";
+    p += "    if (j < inner) {\n      long long r = ty;\n      for (; r + 3 * ways < count; r += 4 * ways) {\n";
+    const char* const unrolled[] = {"0", "1", "2", "3"};
+    for (const char* k : unrolled) {
+      const std::string off = std::string("off") + k;
+      p += "        long long " + off + " = base + j;\n";
+      p += replace_all(offset_code(off, std::string("r + ") + k + " * ways", "r", rr), "    ", "        ");
+      p += std::string("        const A v") + k + " = kg_ld(x[" + off + "]);\n";
+    }
+    for (const char* k : unrolled) p += "        " + fold(std::string("acc") + k, std::string("v") + k) + "\n";
+    p += "      }\n      for (; r < count; r += ways) {\n        long long off = base + j;\n";
+    p += replace_all(offset_code("off", "r", "r", rr), "    ", "        ");
+    p += "        const A v = kg_ld(x[off]);\n        ";
+    p += fold("acc0", "v");
+    p += "\n      }\n    }\n";
+    return p + "    acc = kg_comb(kg_comb(acc0, acc1), kg_comb(acc2, acc3));\n    }\n";
   };
+  // Folds the ways' results into sm[0][tx], read back into `out` by every thread.
   auto combine = [&](const std::string& out) {
-    return "    sm[ty][tx] = acc;\n    __syncthreads();\n    if (ty == 0) for (int k = 1; k < ways; ++k) acc = kg_comb(acc, "
-           "sm[k][tx]);\n    __syncthreads();\n    if (ty == 0) sm[0][tx] = acc;\n    __syncthreads();\n    " + out +
-           " = sm[0][tx];\n    __syncthreads();\n";
+    return "    sm[ty][tx] = acc;\n    __syncthreads();\n    for (int h = ways / 2; h > 0; h /= 2) {\n"
+           "      if (ty < h) sm[ty][tx] = kg_comb(sm[ty][tx], sm[ty + h][tx]);\n      __syncthreads();\n    }\n    " +
+           out + " = sm[0][tx];\n    __syncthreads();\n";
   };
-  s += "    A acc = " + a.identity + ";\n" + pass("acc = kg_comb(acc, v);") + combine("acc");
+  s += "    A acc;\n" + pass(a.identity, [](const std::string& acc, const std::string& v) {
+         return acc + " = kg_comb(" + acc + ", " + v + ");";
+       }) + combine("acc");
   if (mode == 2) {
-    s += "    const A mean = acc / (A)count;\n    acc = (A)0;\n" + pass("acc += (v - mean) * (v - mean);") +
-         combine("acc") + "    const A r = (A)((double)acc / ((double)count - correction));\n";
+    s += "    const A mean = acc / (A)count;\n" + pass("(A)0", [](const std::string& acc, const std::string& v) {
+           return acc + " += (" + v + " - mean) * (" + v + " - mean);";
+         }) + combine("acc") + "    const A r = (A)((double)acc / ((double)count - correction));\n";
   } else if (mode == 1) {
     s += "    const A r = acc / (A)count;\n";
   } else {

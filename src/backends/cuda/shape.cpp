@@ -184,8 +184,7 @@ std::string pad_name(const std::string& mode, int rank, int esz, bool wide) {
 
 std::string pad_kernel(const std::string& mode, int rank, int esz, bool wide) {
   const std::string idx = wide ? "long long" : "int";
-  std::string s = "struct PadDims { long long oext[8]; long long iext[8]; long long before[8]; long long ist[8]; };\n";
-  s += "extern \"C\" __global__ void " + pad_name(mode, rank, esz, wide) + "(const " + word_type(esz) +
+  std::string s = "extern \"C\" __global__ void " + pad_name(mode, rank, esz, wide) + "(const " + word_type(esz) +
        "* __restrict__ x, " + word_type(esz) + "* __restrict__ y, PadDims p, unsigned long long fill, long long n) {\n";
   s += "  typedef " + std::string(word_type(esz)) + " W;\n  const W f = (W)fill;\n";
   s += "  for (" + idx + " i = blockIdx.x * (" + idx + ")blockDim.x + threadIdx.x; i < (" + idx + ")n; i += (" + idx +
@@ -198,6 +197,60 @@ std::string pad_kernel(const std::string& mode, int rank, int esz, bool wide) {
   else s += "      inside = inside && j >= 0 && j < ie;\n";
   s += "      io += j * (" + idx + ")p.ist[k];\n    }\n    y[i] = inside ? x[io] : f;\n  }\n}\n";
   return s;
+}
+
+// pad with a short last output dim (a channels-last image padded from 3 to 4 channels): a
+// thread writes a whole output row of `cols` elements as one word, reading its elements from
+// wherever input_perm puts them, so a warp's stores and each input plane's loads stay dense.
+std::string pad_rows_name(const std::string& mode, int rank, int esz, int cols, bool wide) {
+  return "kg_pad_rows_" + mode + "_r" + std::to_string(rank) + "_w" + std::to_string(esz) + "_c" +
+         std::to_string(cols) + (wide ? "_l" : "_i");
+}
+
+std::string pad_rows_kernel(const std::string& mode, int rank, int esz, int cols, bool wide) {
+  std::string s = R"(extern "C" __global__ void NAME(const E* __restrict__ x, O* __restrict__ y, PadDims p, unsigned long long fill, long long n) {
+  const E f = (E)fill;
+  for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < (I)n; i += (I)gridDim.x * blockDim.x) {
+    I r = i, io = 0;
+    bool inside = true;
+#pragma unroll
+    for (int k = LAST - 1; k >= 0; --k) {
+      const I e = (I)p.oext[k], ie = (I)p.iext[k];
+      const I c = r % e;
+      r /= e;
+      I j = c - (I)p.before[k];
+MAP      io += j * (I)p.ist[k];
+    }
+    const I ie = (I)p.iext[LAST], st = (I)p.ist[LAST], b = (I)p.before[LAST];
+    union { O word; E e[COLS]; } row;
+#pragma unroll
+    for (int c = 0; c < COLS; ++c) {
+      I j = c - b;
+      bool in = inside;
+MAPL      row.e[c] = in ? x[io + j * st] : f;
+    }
+    y[i] = row.word;
+  }
+}
+)";
+  std::string map, map_last;
+  if (mode == "reflect") {
+    map = "      j = j < 0 ? -j : (j >= ie ? 2 * (ie - 1) - j : j);\n";
+  } else if (mode == "replicate") {
+    map = "      j = j < 0 ? 0 : (j >= ie ? ie - 1 : j);\n";
+  } else {
+    map = "      inside = inside && j >= 0 && j < ie;\n";
+    map_last = "      in = in && j >= 0 && j < ie;\n";
+  }
+  if (map_last.empty()) map_last = map;
+  s = replace_all(s, "MAPL", map_last);
+  s = replace_all(s, "MAP", map);
+  s = replace_all(s, "NAME", pad_rows_name(mode, rank, esz, cols, wide));
+  s = replace_all(s, "LAST", std::to_string(rank - 1));
+  s = replace_all(s, "COLS", std::to_string(cols));
+  s = replace_all(s, "I ", wide ? "long long " : "int ");
+  s = replace_all(s, "(I)", wide ? "(long long)" : "(int)");
+  return "typedef " + std::string(word_type(esz)) + " E;\ntypedef " + word_type(cols * esz) + " O;\n" + s;
 }
 
 struct PadDims {
@@ -246,10 +299,22 @@ Generated gen_pad(const Node& n, const Graph& g) {
   cpu::store_double(&fill, xt.dtype, 0, mode == "constant" ? n.attrs.get_float("value", 0.0) : 0.0);
   // 32-bit indices hold every output index and every (possibly negative) input offset.
   const bool wide = std::max(numel, xt.numel()) >= (int64_t(1) << 30);
-  gn.source = source_head() + pad_kernel(mode, R, esz, wide);
+  const std::string head = source_head() + "struct PadDims { long long oext[8]; long long iext[8]; long long before[8]; "
+                           "long long ist[8]; };\n";
+  gn.source = head + pad_kernel(mode, R, esz, wide);
   Launch l(pad_name(mode, R, esz, wide), blocks_for(numel, 256), 256);
   l.in(0).out(0).val(p).val<unsigned long long>(fill).i64(numel);
-  gn.plan.launches.push_back(std::move(l));
+  const int cols = int(oext.back()), row_bytes = cols * esz;
+  if (R > 1 && cols > 1 && (row_bytes == 4 || row_bytes == 8 || row_bytes == 16)) {
+    gn.source += pad_rows_kernel(mode, R, esz, cols, wide);
+    Launch rows(pad_rows_name(mode, R, esz, cols, wide), blocks_for(numel / cols, 256), 256);
+    rows.in(0).out(0).val(p).val<unsigned long long>(fill).i64(numel / cols);
+    with_fallback(rows, uint32_t(row_bytes), std::move(l));
+    gn.plan.describe += ", a row of " + std::to_string(cols) + " per thread";
+    gn.plan.launches.push_back(std::move(rows));
+  } else {
+    gn.plan.launches.push_back(std::move(l));
+  }
   return gn;
 }
 
