@@ -22,7 +22,7 @@ using cuda::CudnnAttentionChoice;
 CudnnAttentionChoice random_choice(std::mt19937& rng) {
   CudnnAttentionChoice c;
   c.id.engine = int64_t(rng() % 100);
-  for (int i = int(rng() % 6); i > 0; --i) c.id.knobs.emplace_back(int32_t(rng() % 46), int64_t(rng() % 1000) - 3);
+  c.id.knobs = kiln::test::random_knobs(rng);
   c.plan_json = kiln::test::random_plan_json(rng);
   return c;
 }

@@ -39,8 +39,7 @@ ConvChoice random_choice(std::mt19937& rng) {
     return c;
   }
   c.engine = int64_t(rng() % 100);
-  const int n = int(rng() % 6);
-  for (int i = 0; i < n; ++i) c.knobs.emplace_back(int32_t(rng() % 46), int64_t(rng() % 1000) - 3);
+  c.knobs = kiln::test::random_knobs(rng);
   c.plan_json = kiln::test::random_plan_json(rng);
   return c;
 }

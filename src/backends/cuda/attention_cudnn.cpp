@@ -343,15 +343,8 @@ Bytes encode_cudnn_attention(const CudnnAttentionChoice& choice) {
   using namespace conv_state_detail;
   Bytes b{kCudnnAttentionTag};
   put<int64_t>(b, choice.id.engine);
-  put<uint32_t>(b, uint32_t(choice.id.knobs.size()));
-  for (const auto& [type, value] : choice.id.knobs) {
-    put<int32_t>(b, type);
-    put<int64_t>(b, value);
-  }
-  KILN_CHECK(choice.plan_json.size() <= kMaxPlanJson, kInternal, "sdpa state: a serialized plan of ",
-             choice.plan_json.size(), " bytes");
-  put<uint32_t>(b, uint32_t(choice.plan_json.size()));
-  b.insert(b.end(), choice.plan_json.begin(), choice.plan_json.end());
+  put_knobs(b, choice.id.knobs);
+  put_plan_json(b, choice.plan_json, "sdpa state");
   return b;
 }
 
@@ -361,21 +354,12 @@ CudnnAttentionChoice decode_cudnn_attention(const Bytes& params) {
   Reader r{params, 1};
   CudnnAttentionChoice c;
   c.id.engine = r.get<int64_t>("engine");
-  const auto count = r.get<uint32_t>("knob count");
-  KILN_CHECK(count <= kMaxKnobs, kCorrupted, "sdpa state: ", count, " knobs");
-  for (uint32_t i = 0; i < count; ++i) {
-    const auto type = r.get<int32_t>("knob type");
-    c.id.knobs.emplace_back(type, r.get<int64_t>("knob value"));
-  }
+  c.id.knobs = get_knobs(r, "sdpa state");
   // States written before the plan was stored end here: no serialized plan.
   if (r.pos == params.size()) return c;
   KILN_CHECK(params.size() - r.pos >= sizeof(uint32_t), kCorrupted, "sdpa state: ", params.size() - r.pos,
              " trailing bytes");
-  const auto len = r.get<uint32_t>("plan length");
-  KILN_CHECK(len <= kMaxPlanJson && len <= params.size() - r.pos, kCorrupted, "sdpa state: a serialized plan of ",
-             len, " bytes, with ", params.size() - r.pos, " left in the state");
-  c.plan_json.assign(reinterpret_cast<const char*>(params.data() + r.pos), len);
-  r.pos += len;
+  c.plan_json = get_plan_json(r, "sdpa state");
   KILN_CHECK(r.pos == params.size(), kCorrupted, "sdpa state: ", params.size() - r.pos, " trailing bytes");
   return c;
 }

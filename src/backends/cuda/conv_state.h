@@ -88,6 +88,45 @@ struct Reader {
     return v;
   }
 };
+
+// The cuDNN part of a saved choice, as the conv and attention states both store it: u32 knob
+// count, per knob (i32 type, i64 value); u32 plan_json length and its bytes. `what` names the
+// state in messages ("conv state").
+using Knobs = std::vector<std::pair<int32_t, int64_t>>;
+
+inline void put_knobs(Bytes& b, const Knobs& knobs) {
+  put<uint32_t>(b, uint32_t(knobs.size()));
+  for (const auto& [type, value] : knobs) {
+    put<int32_t>(b, type);
+    put<int64_t>(b, value);
+  }
+}
+
+inline Knobs get_knobs(Reader& r, const char* what) {
+  const auto n = r.get<uint32_t>("knob count");
+  KILN_CHECK(n <= kMaxKnobs, kCorrupted, what, ": ", n, " knobs (at most ", kMaxKnobs, ")");
+  Knobs knobs;
+  for (uint32_t i = 0; i < n; ++i) {
+    const auto type = r.get<int32_t>("knob type");
+    knobs.emplace_back(type, r.get<int64_t>("knob value"));
+  }
+  return knobs;
+}
+
+inline void put_plan_json(Bytes& b, const std::string& json, const char* what) {
+  KILN_CHECK(json.size() <= kMaxPlanJson, kInternal, what, ": a serialized plan of ", json.size(), " bytes");
+  put<uint32_t>(b, uint32_t(json.size()));
+  b.insert(b.end(), json.begin(), json.end());
+}
+
+inline std::string get_plan_json(Reader& r, const char* what) {
+  const auto len = r.get<uint32_t>("plan length");
+  KILN_CHECK(len <= kMaxPlanJson && len <= r.b.size() - r.pos, kCorrupted, what, ": a serialized plan of ", len,
+             " bytes, with ", r.b.size() - r.pos, " left in the state");
+  std::string json(reinterpret_cast<const char*>(r.b.data() + r.pos), len);
+  r.pos += len;
+  return json;
+}
 }  // namespace conv_state_detail
 
 inline Bytes encode_conv_choice(const ConvChoice& c) {
@@ -99,15 +138,8 @@ inline Bytes encode_conv_choice(const ConvChoice& c) {
   put<uint64_t>(b, c.signature);
   put<uint64_t>(b, c.kernel_hash);
   put<int64_t>(b, c.engine);
-  put<uint32_t>(b, uint32_t(c.knobs.size()));
-  for (const auto& [type, value] : c.knobs) {
-    put<int32_t>(b, type);
-    put<int64_t>(b, value);
-  }
-  KILN_CHECK(c.plan_json.size() <= kMaxPlanJson, kInternal, "conv state: a serialized plan of ", c.plan_json.size(),
-             " bytes");
-  put<uint32_t>(b, uint32_t(c.plan_json.size()));
-  b.insert(b.end(), c.plan_json.begin(), c.plan_json.end());
+  put_knobs(b, c.knobs);
+  put_plan_json(b, c.plan_json, "conv state");
   put<uint64_t>(b, fnv1a(b.data(), b.size()));
   return b;
 }
@@ -135,21 +167,11 @@ inline ConvChoice decode_conv_choice(const Bytes& b) {
   c.engine = r.get<int64_t>("engine index");
   KILN_CHECK(cudnn ? c.engine >= 0 : c.engine == -1, kCorrupted, "conv state: engine index ", c.engine,
              cudnn ? " is negative" : " on the depthwise tactic (expected -1)");
-  const auto n = r.get<uint32_t>("knob count");
-  KILN_CHECK(n <= kMaxKnobs, kCorrupted, "conv state: ", n, " knobs (at most ", kMaxKnobs, ")");
-  KILN_CHECK(cudnn || n == 0, kCorrupted, "conv state: ", n, " knobs on the depthwise tactic");
-  for (uint32_t i = 0; i < n; ++i) {
-    const auto type = r.get<int32_t>("knob type");
-    const auto value = r.get<int64_t>("knob value");
-    c.knobs.emplace_back(type, value);
-  }
+  c.knobs = get_knobs(r, "conv state");
+  KILN_CHECK(cudnn || c.knobs.empty(), kCorrupted, "conv state: ", c.knobs.size(), " knobs on the depthwise tactic");
   if (version >= 3) {
-    const auto len = r.get<uint32_t>("plan length");
-    KILN_CHECK(len <= kMaxPlanJson && r.pos + len <= b.size(), kCorrupted, "conv state: a serialized plan of ", len,
-               " bytes in a state of ", b.size());
-    KILN_CHECK(cudnn || len == 0, kCorrupted, "conv state: a serialized plan on the depthwise tactic");
-    c.plan_json.assign(reinterpret_cast<const char*>(b.data() + r.pos), len);
-    r.pos += len;
+    c.plan_json = get_plan_json(r, "conv state");
+    KILN_CHECK(cudnn || c.plan_json.empty(), kCorrupted, "conv state: a serialized plan on the depthwise tactic");
   }
   const size_t body = r.pos;
   const auto sum = r.get<uint64_t>("checksum");
