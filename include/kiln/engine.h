@@ -12,12 +12,19 @@
 // failed check throws before any kernel runs and leaves the context usable. One context
 // runs one call at a time; several contexts on one engine run concurrently.
 //
-// With graph replay (on a backend that captures, i.e. CUDA, and unless turned off), the
-// context also owns a staging buffer per engine input and output: the first execute()
-// captures every kernel launch, reading and writing the staging buffers, into one graph;
-// each call then copies the inputs in, replays the graph and copies the outputs out, so the
-// caller's buffers may change from call to call. After a refit (Engine::weights_version()
-// changed) the next execute() captures again, since a refit may remake kernels.
+// With graph replay (on a backend that captures, i.e. CUDA, and unless turned off), the first
+// execute() captures every kernel launch into one graph on the caller's own buffers, replayed
+// with no copies whenever a call brings those buffers again (a loop over one input tensor, or
+// over outputs that the caller's allocator hands back at the same addresses). A call with other
+// buffers uses a second graph, captured once on staging buffers the context then allocates (one
+// per engine input and output): it copies the inputs in, replays, and copies the outputs out, so
+// the caller's buffers may change from call to call. Buffers that come again within the next two
+// calls with other buffers (outputs alternating between two addresses while the caller holds the
+// last one) get a graph of their own too. Up to kMaxDirectGraphs graphs on caller buffers are
+// kept (the oldest goes) and kMaxDirectCaptures captured in a context's life (then buffers that
+// keep changing settle on the staging graph); an output that overlaps an input or another output
+// always goes through staging. After a refit (Engine::weights_version() changed) the next
+// execute() captures again, since a refit may remake kernels.
 #pragma once
 
 #include <cstdint>
@@ -140,6 +147,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
 class ExecutionContext {
  public:
+  // Graphs on the caller's buffers kept at once, and captured in a context's life.
+  static constexpr size_t kMaxDirectGraphs = 2;
+  static constexpr int kMaxDirectCaptures = 8;
+
   explicit ExecutionContext(std::shared_ptr<const Engine> engine, bool use_graphs = true);
   ExecutionContext(const ExecutionContext&) = delete;
   ExecutionContext& operator=(const ExecutionContext&) = delete;
@@ -158,11 +169,16 @@ class ExecutionContext {
   bool uses_graphs() const { return use_graphs_; }
   // Why graph replay was given up for direct launches ("" when it was not).
   const std::string& graph_refusal() const { return graph_refusal_; }
+  // Graphs captured so far: on the caller's own buffers and on the staging buffers (each again
+  // after a refit).
+  int graph_captures() const { return graph_captures_; }
 
  private:
   void launch_all(void* stream);
   void bind_constants();  // slot_ of every constant, from the engine's current addresses
   void bind(const std::vector<const void*>& inputs, const std::vector<void*>& outputs);
+  // Whether an output's bytes overlap an input's or another output's.
+  bool overlapping(const std::vector<const void*>& inputs, const std::vector<void*>& outputs) const;
 
   std::shared_ptr<const Engine> engine_;
   std::shared_ptr<void> arena_;
@@ -173,8 +189,17 @@ class ExecutionContext {
   std::vector<void*> out_ptrs_;
   bool use_graphs_ = false;
   std::vector<std::shared_ptr<void>> staging_;  // graph replay: one buffer per engine input, then output
-  std::unique_ptr<CapturedGraph> graph_;
-  uint64_t captured_version_ = 0;  // the engine's weights_version() when graph_ was captured
+  std::unique_ptr<CapturedGraph> graph_;  // on staging_
+  struct DirectGraph {                    // a graph on the caller's buffers `in` and `out`
+    std::vector<const void*> in;
+    std::vector<void*> out;
+    std::unique_ptr<CapturedGraph> graph;
+  };
+  std::vector<DirectGraph> direct_;  // the newest last
+  std::vector<std::pair<std::vector<const void*>, std::vector<void*>>> seen_;  // recent buffers without one
+  int direct_captures_ = 0;
+  int graph_captures_ = 0;
+  uint64_t captured_version_ = 0;  // the engine's weights_version() when the graphs were captured
   uint64_t bound_version_ = 0;     // ... when slot_ took the constants' addresses (a refit may move one)
   std::string graph_refusal_;
 };

@@ -535,6 +535,12 @@ class ExecutionContext:
     def graph_refusal(self) -> str:
         """Why graph replay was given up for direct launches ('' when it was not)."""
 
+    @property
+    def graph_captures(self) -> int:
+        """
+        Graphs captured so far: the staging graph (again after a refit) and those on the caller's own buffers (buffers that come again within a few calls).
+        """
+
     def execute(self, inputs: Sequence[Annotated[NDArray, dict(order='C', device='cpu', writable=False)]]) -> list[Annotated[NDArray, dict(order='C', device='cpu')]]:
         """
         Runs on CPU arrays (numpy or DLPack) in the engine's input order; returns new numpy arrays.

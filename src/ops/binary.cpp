@@ -41,6 +41,14 @@ std::vector<int64_t> broadcast_shapes(OpKind op, const std::vector<int64_t>& a, 
   return out;
 }
 
+bool broadcasts_to(const std::vector<int64_t>& small, const std::vector<int64_t>& big) {
+  if (small.size() > big.size()) return false;
+  const size_t lead = big.size() - small.size();
+  for (size_t i = 0; i < small.size(); ++i)
+    if (small[i] != 1 && small[i] != big[lead + i]) return false;
+  return true;
+}
+
 std::vector<TensorType> infer_binary(OpKind op, const TypeList& in, const Attrs&) {
   KILN_CHECK(op_info(op).family == OpFamily::kBinary, kInternal, op_name(op), " is not a binary op");
   const TensorType& a = *in[0];

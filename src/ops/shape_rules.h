@@ -29,6 +29,8 @@ std::vector<TensorType> infer_fused(OpKind op, const TypeList& in, const Attrs& 
 
 // numpy broadcasting of two shapes; throws kShapeMismatch naming op and both shapes.
 std::vector<int64_t> broadcast_shapes(OpKind op, const std::vector<int64_t>& a, const std::vector<int64_t>& b);
+// Whether `small` broadcasts to exactly `big` (numpy rules: right-aligned, each dim equal or 1).
+bool broadcasts_to(const std::vector<int64_t>& small, const std::vector<int64_t>& big);
 
 // Attribute checks several op families share (src/ops/attr_checks.cpp); each failure is
 // kInvalidArgument naming the op and the attribute.

@@ -15,18 +15,22 @@
 //       keep the element order;
 //   relu / gelu (approximate none or tanh) / silu / sigmoid / tanh / hardswish / hardsigmoid (y)
 //       -> P with that activation (after which P takes no further add: the add would come
-//       after the activation).
+//       after the activation), unless the activation's one use is a pointwise op that broadcasts
+//       it to more elements (a squeeze-excitation gate: hardsigmoid(conv(s)) * x), which
+//       fuse_pointwise then recomputes inside that op's kernel.
 // The add's output must have y's type (an add that broadcasts y to a larger shape stays). The
 // sweep runs in topological order, so chains (conv -> add bias -> add skip -> relu) fuse in one
 // pass; it repeats until nothing changes. Values that lose their uses are dropped (compact).
 // Does not: fuse into conv_transpose or matmul, fuse a second bias into a biased op (even
 // when both are constants), look inside fused_pointwise nodes (run this pass before
 // fuse_pointwise), or fuse an add whose other operand has another dtype.
+#include <algorithm>
 #include <optional>
 
 #include "kiln/errors.h"
 #include "kiln/passes.h"
 #include "src/ops/epilogue.h"
+#include "src/passes/pass_util.h"
 
 namespace kiln {
 
@@ -169,10 +173,23 @@ bool try_add_through_views(Graph& g, size_t pos, ValueId v, ValueId r) {
   return true;
 }
 
+// Whether v's one use is a pointwise op that broadcasts it to more elements (a gate scaling a
+// feature map).
+bool broadcast_into_pointwise(const Graph& g, ValueId v) {
+  if (g.num_uses(v) != 1 || passes::is_graph_output(g, v)) return false;
+  for (const auto& n : g.nodes())
+    if (std::find(n->inputs.begin(), n->inputs.end(), v) != n->inputs.end())
+      return op_info(n->op).pointwise() && g.type(n->outputs[0]).numel() > g.type(v).numel();
+  return false;
+}
+
 bool try_activation(Graph& g, size_t pos) {
   const Node& k = *g.nodes()[pos];
   const std::optional<std::string> act = pw::activation_for_unary(k.op, k.attrs);
   if (!act) return false;
+  // Left to fuse_pointwise, which recomputes it inside the op it feeds: one launch either way
+  // where the producer's library fuses the activation, one fewer where it cannot.
+  if (broadcast_into_pointwise(g, k.outputs[0])) return false;
   Node* p = fusable_producer(g, k.inputs[0]);
   if (p == nullptr) return false;
   Attrs attrs = p->attrs;

@@ -6,19 +6,24 @@
 // its pointwise producers that have its output shape, provided no member of those groups has a
 // user outside the group that comes before the node: the fused node takes the position of its
 // last member, so every outside user of a member must come after it. This keeps the plan
-// topologically ordered without any reordering.
+// topologically ordered without any reordering. A producer group of a smaller shape that
+// broadcasts to the node's (a per-channel gate scaling a feature map: hardsigmoid(s) * x) joins
+// too when it has at most kMaxRecomputed ops, all read only inside the new group: the fused
+// kernel recomputes those few ops for every element, which costs less than a launch of their own.
 //
 // The fused node's contract (what the fused kernels rely on):
 //   - body inputs map one to one to the node's inputs, with the same types; body outputs map one
 //     to one to the node's outputs;
-//   - body nodes are only unary / binary / where / cast, and every body node's output has the
-//     group shape; an input may have any shape that broadcasts to it;
+//   - body nodes are only unary / binary / where / cast; every body node's output has a shape
+//     that broadcasts to the group shape, and every body output has the group shape; an input
+//     may have any shape that broadcasts to it;
 //   - scalar constants (one element, not weights) are copied into the body; any other constant
 //     is an input;
 //   - a member whose value is used outside the group, or is a graph output, is a body output.
 //
-// Does not: fuse a group of a single op (nothing to save), fuse across shapes (a [C] chain
-// feeding an [N,C] chain makes two groups), fuse reductions or other non-pointwise epilogues,
+// Does not: fuse a group of a single op (nothing to save), fuse across shapes beyond the
+// recomputed gates above (a [C] chain that is also read elsewhere, or longer than
+// kMaxRecomputed, stays a group of its own), fuse reductions or other non-pointwise epilogues,
 // or look inside existing fused nodes.
 #include <algorithm>
 #include <numeric>
@@ -27,6 +32,8 @@
 
 #include "kiln/errors.h"
 #include "kiln/passes.h"
+#include "src/ops/shape_rules.h"
+#include "src/passes/pass_util.h"
 
 namespace kiln {
 
@@ -41,6 +48,25 @@ struct Groups {
     return i;
   }
 };
+
+using passes::is_graph_output;
+
+constexpr size_t kMaxRecomputed = 4;
+
+// Whether a group of another shape than node `i`'s (`shape`) can join it, recomputed for every
+// element of `shape`: a few ops whose outputs broadcast to `shape`, are read only by the group
+// itself or by node i, and are no graph output.
+bool recomputable(const Graph& g, const std::vector<std::vector<int>>& users, const std::vector<int>& group, int i,
+                  const std::vector<int64_t>& shape) {
+  if (group.size() > kMaxRecomputed) return false;
+  for (int m : group)
+    for (ValueId out : g.nodes()[size_t(m)]->outputs) {
+      if (!broadcasts_to(g.type(out).shape(), shape) || is_graph_output(g, out)) return false;
+      for (int u : users[size_t(out)])
+        if (u != i && std::find(group.begin(), group.end(), u) == group.end()) return false;
+    }
+  return true;
+}
 
 // Node indices of each group with at least two members, in topological order.
 std::vector<std::vector<int>> find_groups(const Graph& g) {
@@ -63,9 +89,10 @@ std::vector<std::vector<int>> find_groups(const Graph& g) {
     for (ValueId in : n.inputs) {
       if (in == kNoValue || g.value(in).producer == nullptr) continue;
       const int p = index.at(g.value(in).producer);
-      if (!pointwise[size_t(p)] || g.type(in).shape() != shape) continue;
+      if (!pointwise[size_t(p)]) continue;
       const int root = sets.find(p);
       if (std::find(join.begin(), join.end(), root) != join.end()) continue;
+      if (g.type(in).shape() != shape && !recomputable(g, users, members[size_t(root)], int(i), shape)) continue;
       // Every user of a member that is neither a member nor this node must come after it.
       bool ok = true;
       for (int m : members[size_t(root)]) {
@@ -88,10 +115,6 @@ std::vector<std::vector<int>> find_groups(const Graph& g) {
   for (size_t i = 0; i < nodes.size(); ++i)
     if (pointwise[i] && sets.find(int(i)) == int(i) && members[i].size() >= 2) groups.push_back(members[i]);
   return groups;
-}
-
-bool is_graph_output(const Graph& g, ValueId v) {
-  return std::find(g.outputs().begin(), g.outputs().end(), v) != g.outputs().end();
 }
 
 // Replaces the group (nodes given by pointer, in topological order) by one fused node.

@@ -200,6 +200,9 @@ void bind_engine(nb::module_& m) {
                    "Whether calls replay a captured graph (false on the CPU, when turned off, or after a failed capture).")
       .def_prop_ro("graph_refusal", &ExecutionContext::graph_refusal,
                    "Why graph replay was given up for direct launches ('' when it was not).")
+      .def_prop_ro("graph_captures", &ExecutionContext::graph_captures,
+                   "Graphs captured so far: the staging graph (again after a refit) and those on the caller's own "
+                   "buffers (buffers that come again within a few calls).")
       .def("execute", &execute_arrays, nb::arg("inputs"),
            "Runs on CPU arrays (numpy or DLPack) in the engine's input order; returns new numpy arrays.")
       .def("execute_ptrs", &execute_ptrs, nb::arg("input_ptrs"), nb::arg("output_ptrs"), nb::arg("stream") = 0,

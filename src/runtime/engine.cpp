@@ -247,10 +247,6 @@ ExecutionContext::ExecutionContext(std::shared_ptr<const Engine> engine, bool us
   }
   in_ptrs_.resize(max_in);
   out_ptrs_.resize(max_out);
-  if (use_graphs_) {
-    for (ValueId v : g.inputs()) staging_.push_back(be.allocate(g.type(v).nbytes()));
-    for (ValueId v : g.outputs()) staging_.push_back(be.allocate(g.type(v).nbytes()));
-  }
 }
 
 void ExecutionContext::bind_constants() {
@@ -263,6 +259,22 @@ void ExecutionContext::bind(const std::vector<const void*>& inputs, const std::v
   const Graph& g = engine_->plan_;
   for (size_t i = 0; i < inputs.size(); ++i) slot_[g.inputs()[i]] = const_cast<void*>(inputs[i]);
   for (size_t i = 0; i < outputs.size(); ++i) slot_[g.outputs()[i]] = outputs[i];
+}
+
+bool ExecutionContext::overlapping(const std::vector<const void*>& inputs, const std::vector<void*>& outputs) const {
+  const Graph& g = engine_->plan_;
+  auto meet = [](const void* a, size_t an, const void* b, size_t bn) {
+    const auto *pa = static_cast<const uint8_t*>(a), *pb = static_cast<const uint8_t*>(b);
+    return pa < pb + bn && pb < pa + an;
+  };
+  for (size_t o = 0; o < outputs.size(); ++o) {
+    const size_t on = g.type(g.outputs()[o]).nbytes();
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (meet(outputs[o], on, inputs[i], g.type(g.inputs()[i]).nbytes())) return true;
+    for (size_t k = 0; k < o; ++k)
+      if (meet(outputs[o], on, outputs[k], g.type(g.outputs()[k]).nbytes())) return true;
+  }
+  return false;
 }
 
 void ExecutionContext::launch_all(void* stream) {
@@ -302,15 +314,56 @@ void ExecutionContext::execute(const std::vector<const void*>& inputs, const std
   }
   Backend& be = *e.backend_;
   const size_t nin = inputs.size();
-  if (graph_ && captured_version_ != e.weights_version_) graph_.reset();  // refitted: kernels may be new
+  if (captured_version_ != e.weights_version_) {  // refitted: kernels may be new
+    graph_.reset();
+    direct_.clear();
+    captured_version_ = e.weights_version_;
+  }
+  for (const DirectGraph& d : direct_)
+    if (d.in == inputs && d.out == outputs) {
+      d.graph->replay(stream);
+      return;
+    }
+  const auto seen = std::find_if(seen_.begin(), seen_.end(), [&](const auto& b) {
+    return b.first == inputs && b.second == outputs;
+  });
+  const bool first = !graph_ && direct_.empty();  // no graph yet (or none since a refit)
+  if ((first || seen != seen_.end()) && direct_captures_ < kMaxDirectCaptures && !overlapping(inputs, outputs)) {
+    // A graph on the caller's own buffers, replayed with no copies whenever they come again.
+    if (seen != seen_.end()) seen_.erase(seen);
+    ++direct_captures_;
+    bind(inputs, outputs);
+    std::string why;
+    std::unique_ptr<CapturedGraph> direct = be.capture([this](void* s) { launch_all(s); }, stream, &why);
+    if (direct) {
+      ++graph_captures_;
+      if (direct_.size() == kMaxDirectGraphs) direct_.erase(direct_.begin());
+      direct_.push_back(DirectGraph{inputs, outputs, std::move(direct)});
+      direct_.back().graph->replay(stream);
+      return;
+    }
+    if (first) {  // the backend cannot capture: run directly from now on
+      graph_refusal_ = why;
+      use_graphs_ = false;
+      launch_all(stream);
+      return;
+    }
+    direct_captures_ = kMaxDirectCaptures;  // refused: stay with the staging graph
+  } else if (seen == seen_.end()) {
+    if (seen_.size() == kMaxDirectGraphs) seen_.erase(seen_.begin());
+    seen_.emplace_back(inputs, outputs);
+  }
   if (!graph_) {
+    if (staging_.empty()) {  // made once, by the first call whose buffers have no graph of their own
+      for (ValueId v : g.inputs()) staging_.push_back(be.allocate(g.type(v).nbytes()));
+      for (ValueId v : g.outputs()) staging_.push_back(be.allocate(g.type(v).nbytes()));
+    }
     std::vector<const void*> staged_in(nin);
     std::vector<void*> staged_out(outputs.size());
     for (size_t i = 0; i < nin; ++i) staged_in[i] = staging_[i].get();
     for (size_t i = 0; i < outputs.size(); ++i) staged_out[i] = staging_[nin + i].get();
     bind(staged_in, staged_out);
     graph_ = be.capture([this](void* s) { launch_all(s); }, stream, &graph_refusal_);
-    captured_version_ = e.weights_version_;
     if (!graph_) {  // the backend cannot capture: run directly from now on
       use_graphs_ = false;
       staging_.clear();
@@ -318,6 +371,7 @@ void ExecutionContext::execute(const std::vector<const void*>& inputs, const std
       launch_all(stream);
       return;
     }
+    ++graph_captures_;
   }
   for (size_t i = 0; i < nin; ++i)
     be.copy_on_device(staging_[i].get(), inputs[i], g.type(g.inputs()[i]).nbytes(), stream);

@@ -103,6 +103,23 @@ TEST(CudaGenCodegen, Reduce) {
   const std::string cols = check(gen::generate_reduce, one_node(OpKind::kReduceSum, {tt(DType::kF32, {64, 3, 100})},
                                                                 attrs({{"axes", std::vector<int64_t>{0}}})));
   EXPECT_NE(cols.find("columns"), std::string::npos) << cols;
+  // Columns whose runs are whole 16-byte words: the vector kernel, the scalar one as its fallback
+  // (a global average pool at batch 1, a variance, integer and bool columns, a short reduction).
+  const std::pair<DType, Shape> vec_cols[] = {{DType::kF16, {1, 784, 72}}, {DType::kF32, {2, 49, 64}},
+                                              {DType::kI32, {4, 6, 16}},   {DType::kI8, {4, 3, 32}},
+                                              {DType::kF64, {3, 10, 4}},   {DType::kBF16, {2, 3, 8}}};
+  for (const auto& [dt, shape] : vec_cols)
+    for (OpKind op : {OpKind::kReduceSum, OpKind::kReduceMean, OpKind::kReduceVar, OpKind::kReduceMax}) {
+      if (!is_floating(dt) && (op == OpKind::kReduceMean || op == OpKind::kReduceVar)) continue;
+      Attrs a = attrs({{"axes", std::vector<int64_t>{1}}});
+      if (op == OpKind::kReduceVar) a.set("correction", 1.0);
+      const std::string d = check(gen::generate_reduce, one_node(op, {tt(dt, shape)}, a));
+      const std::string wide = std::to_string(16 / dtype_size(dt)) + "-wide";
+      EXPECT_NE(d.find("columns, " + wide), std::string::npos) << d;
+    }
+  const std::string bools = check(gen::generate_reduce, one_node(OpKind::kReduceMax, {tt(DType::kBool, {4, 6, 16})},
+                                                                 attrs({{"axes", std::vector<int64_t>{1}}})));
+  EXPECT_NE(bools.find("columns, 16-wide"), std::string::npos) << bools;
   // Empty reduction: a fill.
   check(gen::generate_reduce, one_node(OpKind::kReduceMean, {tt(DType::kF32, {3, 0})},
                                        attrs({{"axes", std::vector<int64_t>{1}}})));

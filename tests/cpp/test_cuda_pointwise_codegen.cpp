@@ -229,6 +229,43 @@ TEST(CudaPointwiseCodegen, FusedBodyWithALargeConstantIsRefusedWithAReason) {
   EXPECT_NE(why.find("constant of 8 elements"), std::string::npos) << why;
 }
 
+// A per-channel gate recomputed for every element it scales (fuse_pointwise's recomputed small
+// groups): y = x * hardsigmoid(s), s [2, 1, 1, 8] against x [2, 5, 5, 8]. A body op whose shape
+// does not broadcast to the group's is refused with a reason.
+TEST(CudaPointwiseCodegen, FusedBodyWithABroadcastGateCompiles) {
+  for (const bool bad : {false, true}) {
+    auto body = std::make_shared<Graph>();
+    const TensorType xt(DType::kF16, {2, 5, 5, 8}), st(DType::kF16, bad ? Shape{2, 1, 1, 3} : Shape{2, 1, 1, 8});
+    const ValueId x = body->add_input("x", xt), s = body->add_input("s", st);
+    const ValueId gate = body->add_node1(OpKind::kHardsigmoid, {s});
+    if (bad) {  // a body that no pass makes: the gate's shape cannot broadcast to x's
+      body->mark_output(x, "y");
+      body->mark_output(gate, "g");
+    } else {
+      body->mark_output(body->add_node1(OpKind::kMul, {x, gate}), "y");
+    }
+    Built b;
+    const std::vector<ValueId> ins{b.g.add_input("x", xt), b.g.add_input("s", st)};
+    const auto outs = b.g.insert_fused(0, ins, body, "gate_t");
+    for (size_t k = 0; k < outs.size(); ++k) {
+      std::string name = "o";
+      name += std::to_string(k);
+      b.g.mark_output(outs[k], name);
+    }
+    b.node = b.g.nodes().back().get();
+    if (bad) {
+      pwg::Program p;
+      std::string why;
+      EXPECT_FALSE(pwg::program_of(*b.node, b.g, &p, &why));
+      EXPECT_NE(why.find("does not broadcast to the group shape"), std::string::npos) << why;
+      continue;
+    }
+    const Generated gen = compiles(b, "broadcast gate");
+    EXPECT_EQ(gen.program.steps.size(), 2u);
+    EXPECT_GT(gen.layout.vec, 1);
+  }
+}
+
 TEST(CudaPointwiseCodegen, LayoutsCollapseBroadcastsAndVectorize) {
   // Same shapes: flat, 4 f32 per 16-byte vector.
   Generated g1 = generate(one_node(OpKind::kAdd, {TensorType(DType::kF32, {8, 16, 32}), TensorType(DType::kF32, {8, 16, 32})}));

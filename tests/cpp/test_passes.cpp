@@ -10,6 +10,7 @@
 #include <random>
 
 #include "kiln/kiln.h"
+#include "src/ops/shape_rules.h"
 #include "tests/cpp/pass_test_util.h"
 
 namespace {
@@ -480,7 +481,8 @@ TEST(FusePointwise, SingleOpsAndShapeChangesStayApart) {
   Graph g;
   ValueId x = g.add_input("x", TensorType(DType::kF32, {4, 3}));
   ValueId v = g.add_input("v", TensorType(DType::kF32, {3}));
-  ValueId vv = g.add_node1(OpKind::kExp, {g.add_node1(OpKind::kNeg, {v})});  // a [3] group
+  ValueId vv = g.add_node1(OpKind::kExp, {g.add_node1(OpKind::kNeg, {v})});  // a [3] group...
+  g.mark_output(vv, "vv");  // ...that is also a graph output, so not recomputed in the [4,3] one
   ValueId y = g.add_node1(OpKind::kSigmoid, {g.add_node1(OpKind::kMul, {x, vv})});  // a [4,3] group
   g.mark_output(y, "y");
   Attrs sum;
@@ -499,6 +501,42 @@ TEST(FusePointwise, SingleOpsAndShapeChangesStayApart) {
     for (const auto& b : n->body->nodes()) EXPECT_EQ(n->body->type(b->outputs[0]).shape(), group);
   }
   auto in = random_inputs(original, 12);
+  expect_close(run_plain(g, in), run_plain(original, in), 1e-6f, 1e-6f);
+}
+
+// A few ops of a smaller shape read only by a larger group (a per-channel gate: x *
+// hardsigmoid(s)) join it and are recomputed per element; a longer small chain, or one read
+// elsewhere too, stays a group of its own.
+TEST(FusePointwise, SmallGatesJoinTheGroupTheyScale) {
+  Graph g;
+  ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 5, 5, 4}));
+  ValueId s = g.add_input("s", TensorType(DType::kF32, {2, 1, 1, 4}));
+  ValueId gate = g.add_node1(OpKind::kHardsigmoid, {s});
+  g.mark_output(g.add_node1(OpKind::kMul, {x, gate}), "y");
+  // A five-op [4] chain: more than the recomputed limit.
+  ValueId t = g.add_input("t", TensorType(DType::kF32, {4}));
+  ValueId c = t;
+  for (int k = 0; k < 5; ++k) c = g.add_node1(k % 2 ? OpKind::kTanh : OpKind::kSigmoid, {c});
+  g.mark_output(g.add_node1(OpKind::kAdd, {x, c}), "z");
+  const Graph original = g;
+  EXPECT_TRUE(fuse_pointwise(g));
+  g.verify();
+  EXPECT_EQ(count_ops(g, OpKind::kFusedPointwise), 2);  // the gate with its mul; the [4] chain alone
+  EXPECT_EQ(count_ops(g, OpKind::kAdd), 1);
+  EXPECT_EQ(count_ops(g, OpKind::kHardsigmoid), 0);
+  for (const auto& n : g.nodes()) {
+    if (n->op != OpKind::kFusedPointwise) continue;
+    const Graph& b = *n->body;
+    for (ValueId o : b.outputs()) EXPECT_EQ(b.type(o).shape(), g.type(n->outputs[0]).shape());
+    if (count_ops(b, OpKind::kHardsigmoid) == 1) {
+      EXPECT_EQ(b.nodes().size(), 2u);
+      EXPECT_EQ(g.type(n->outputs[0]).shape(), (Shape{2, 5, 5, 4}));
+      EXPECT_EQ(b.type(b.nodes()[0]->outputs[0]).shape(), (Shape{2, 1, 1, 4}));  // computed per element
+    } else {
+      EXPECT_EQ(b.nodes().size(), 5u);
+    }
+  }
+  auto in = random_inputs(original, 13);
   expect_close(run_plain(g, in), run_plain(original, in), 1e-6f, 1e-6f);
 }
 
@@ -574,11 +612,12 @@ TEST(FusePointwise, RandomGraphsStayVerifiedAndComputeTheSame) {
     for (const auto& n : g.nodes()) {
       if (n->op != OpKind::kFusedPointwise) continue;
       ASSERT_GE(n->body->nodes().size(), 2u);
-      const Shape group = n->body->type(n->body->nodes()[0]->outputs[0]).shape();
-      for (const auto& b : n->body->nodes()) {
+      const Shape group = g.type(n->outputs[0]).shape();
+      for (const auto& b : n->body->nodes()) {  // a recomputed gate broadcasts to the group shape
         EXPECT_TRUE(op_info(b->op).pointwise());
-        EXPECT_EQ(n->body->type(b->outputs[0]).shape(), group);
+        EXPECT_TRUE(broadcasts_to(n->body->type(b->outputs[0]).shape(), group));
       }
+      for (ValueId o : n->body->outputs()) EXPECT_EQ(n->body->type(o).shape(), group);
     }
     auto in = random_inputs(original, seed);
     expect_close(run_plain(g, in), run_plain(original, in), 1e-5f, 1e-5f);

@@ -383,3 +383,33 @@ TEST(FuseEpilogue, ShapeRulesRejectBadActivationsAndResiduals) {
 }
 
 }  // namespace
+
+// A squeeze-excitation gate: x * hardsigmoid(conv(mean(x))). The activation, broadcast into the
+// mul, stays out of the conv (fuse_pointwise recomputes it inside the mul's kernel); the same
+// activation feeding an op of its own shape still fuses.
+TEST(FuseEpilogue, ActivationBroadcastIntoAPointwiseOpStaysOut) {
+  for (const char* act : {"hardsigmoid", "sigmoid"}) {
+    Graph g;
+    ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 4, 5, 5}));
+    Attrs mean;
+    mean.set("axes", Shape{2, 3});
+    mean.set("keepdim", true);
+    ValueId s = g.add_node1(OpKind::kReduceMean, {x}, mean);
+    ValueId c = g.add_node1(OpKind::kConv, {s, f32_weight(g, "fc.weight", {4, 4, 1, 1}, 91), f32_weight(g, "fc.bias", {4}, 92)},
+                            conv2d_attrs(1, 0, 1));
+    ValueId gate = apply_activation(g, c, act);
+    g.mark_output(g.add_node1(OpKind::kMul, {x, gate}), "y");
+    // A second conv whose activation feeds a same-shape op: fused as before.
+    ValueId c2 = g.add_node1(OpKind::kConv, {x, f32_weight(g, "c2.weight", {4, 4, 1, 1}, 93)}, conv2d_attrs(1, 0, 1));
+    g.mark_output(g.add_node1(OpKind::kMul, {apply_activation(g, c2, act), x}), "z");
+    Graph f = fuse_and_compare(g, 94);
+    EXPECT_EQ(count_ops(f, OpKind::kConv), 2) << act;
+    EXPECT_EQ(count_ops(f, act == std::string("sigmoid") ? OpKind::kSigmoid : OpKind::kHardsigmoid), 1) << act;
+    for (const auto& n : f.nodes()) {
+      if (n->op != OpKind::kConv) continue;
+      const Node* in = f.value(n->inputs[0]).producer;
+      const bool gate_conv = in != nullptr && in->op == OpKind::kReduceMean;
+      EXPECT_EQ(n->attrs.get_string("activation", "none"), gate_conv ? std::string("none") : std::string(act)) << act;
+    }
+  }
+}

@@ -195,6 +195,16 @@ for _axes, _keep, _corr in [([1], False, 1.0), ([0, 2], True, 0.0), ([], False, 
     case("reduce_var", [r(3, 4, 6)], {"axes": _axes, "keepdim": _keep, "correction": _corr},
          lambda x, a=_axes, k=_keep, c=_corr: torch.var(x, dim=all_dims(x, a), correction=c, keepdim=k),
          f"{_axes}-{_keep}-{_corr}")
+# Kept runs of whole 16-byte words (in f32, f16 and bf16): the vector column kernel on CUDA. A
+# channels-last global pool, a long reduction (several rounds of loads per thread), a short one.
+case("reduce_mean", [r(2, 6, 6, 72)], {"axes": [1, 2], "keepdim": True},
+     lambda x: torch.mean(x, dim=(1, 2), keepdim=True), "nhwc-pool")
+case("reduce_sum", [r(1, 1500, 8)], {"axes": [1], "keepdim": False}, lambda x: torch.sum(x, dim=1), "long-cols")
+case("reduce_max", [r(2, 7, 8)], {"axes": [1], "keepdim": False}, lambda x: torch.amax(x, dim=1), "short-cols")
+case("reduce_var", [r(3, 50, 64)], {"axes": [1], "keepdim": False, "correction": 1.0},
+     lambda x: torch.var(x, dim=1, correction=1.0), "cols")
+case("reduce_sum", [ints(5, 33, 16, dtype=i32)], {"axes": [1], "keepdim": False},
+     lambda x: torch.sum(x, dim=1, dtype=i32), "i32-cols")
 for _axis, _keep in [(0, False), (1, True), (2, False)]:
     case("argmax", [r(3, 5, 7)], {"axis": _axis, "keepdim": _keep},
          lambda x, a=_axis, k=_keep: torch.argmax(x, dim=a, keepdim=k), f"{_axis}-{_keep}")

@@ -1,6 +1,8 @@
 // CPU kernel of fused_pointwise: runs the node's body (a graph of unary / binary / where / cast
-// ops, every op output of the group shape) block by block, so every intermediate stays in a
-// cache-sized scratch block instead of a full tensor.
+// ops, every op output of a shape that broadcasts to the group shape) block by block, so every
+// intermediate stays in a cache-sized scratch block instead of a full tensor. Every value is
+// computed at the group shape: an op of a smaller shape (a per-channel gate recomputed for every
+// element it scales) reads its leaves broadcast like any other op.
 //
 // The factory compiles the body into steps over value references:
 //   - a leaf (body input or constant) that already holds the compute type and the group shape,
@@ -23,6 +25,7 @@
 
 #include "src/backends/cpu/kernels.h"
 #include "src/ops/pointwise.h"
+#include "src/ops/shape_rules.h"
 
 namespace kiln::cpu {
 
@@ -213,8 +216,8 @@ std::shared_ptr<const Program<T>> compile(const Node& n, const Graph& g) {
     KILN_CHECK(ok, kUnsupported, "fused_pointwise: body op ", op_name(node->op), " is not pointwise");
     KILN_CHECK(node->outputs.size() == 1, kInternal, "fused_pointwise: body op with ", node->outputs.size(), " outputs");
     const TensorType& ot = body.type(node->outputs[0]);
-    KILN_CHECK(ot.shape() == group, kInternal, "fused_pointwise: body op ", op_name(node->op), " gives ",
-               ot.to_string(), ", not the group shape");
+    KILN_CHECK(broadcasts_to(ot.shape(), group), kInternal, "fused_pointwise: body op ", op_name(node->op), " gives ",
+               ot.to_string(), ", which does not broadcast to the group shape");
     typename Program<T>::Step s;
     s.op = node->op;
     if (op_info(node->op).family == OpFamily::kUnary) {
@@ -234,8 +237,11 @@ std::shared_ptr<const Program<T>> compile(const Node& n, const Graph& g) {
     p.vals.push_back(r);
     p.steps.push_back(std::move(s));
   }
-  for (size_t k = 0; k < body.outputs().size(); ++k)
+  for (size_t k = 0; k < body.outputs().size(); ++k) {
+    KILN_CHECK(body.type(body.outputs()[k]).shape() == group, kInternal, "fused_pointwise: body output ", k, " is ",
+               body.type(body.outputs()[k]).to_string(), ", not the group shape");
     p.outputs.emplace_back(index.at(size_t(body.outputs()[k])), g.type(n.outputs[k]).dtype);
+  }
   return prog;
 }
 

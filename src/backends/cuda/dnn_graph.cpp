@@ -161,21 +161,46 @@ Slot& slot_of(int lane) {
   return *s;
 }
 
-HandleLock locked(Slot& slot, std::unique_lock<std::recursive_mutex> lock) {
-  if (!slot.handle) KILN_CUDNN_CHECK(cudnnCreate(&slot.handle));
-  return HandleLock{slot.handle, std::move(lock)};
+HandleLock locked(Slot& slot, std::unique_lock<std::recursive_mutex> lock, bool with_handle = true) {
+  if (with_handle && !slot.handle) KILN_CUDNN_CHECK(cudnnCreate(&slot.handle));
+  return HandleLock{with_handle ? slot.handle : nullptr, std::move(lock)};
+}
+
+// The device-properties descriptor of each device, made on first use; null where cuDNN has
+// none (before 9.8). Read-only once finalized, so threads share it.
+const Desc* device_props() {
+#if CUDNN_VERSION >= 90800
+  if (cudnnGetVersion() < 90800) return nullptr;
+  int device = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mu;
+  static std::map<int, Desc> props;
+  std::lock_guard<std::mutex> g(mu);
+  auto it = props.find(device);
+  if (it == props.end()) {
+    Desc d(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, "device properties of device " + std::to_string(device));
+    const int32_t id = device;
+    d.set(CUDNN_ATTR_DEVICEPROP_DEVICE_ID, CUDNN_TYPE_INT32, 1, &id).finalize();
+    it = props.emplace(device, std::move(d)).first;
+  }
+  return &it->second;
+#else
+  return nullptr;
+#endif
 }
 
 // A plan lane for the i-th config of a make_plans call: the first one from 1 + i % kPlanLanes
 // on that no thread holds (concurrent builds share the lanes, build_turn.h), else that one.
+// Its handle is null where plans finalize on the device's properties instead.
 HandleLock lock_plan_lane(size_t i) {
+  const bool with_handle = device_props() == nullptr;
   for (int k = 0; k < kPlanLanes; ++k) {
     Slot& slot = slot_of(1 + int((i + size_t(k)) % kPlanLanes));
     std::unique_lock<std::recursive_mutex> lock(slot.mu, std::try_to_lock);
-    if (lock.owns_lock()) return locked(slot, std::move(lock));
+    if (lock.owns_lock()) return locked(slot, std::move(lock), with_handle);
   }
   Slot& slot = slot_of(1 + int(i % kPlanLanes));
-  return locked(slot, std::unique_lock<std::recursive_mutex>(slot.mu));
+  return locked(slot, std::unique_lock<std::recursive_mutex>(slot.mu), with_handle);
 }
 
 }  // namespace
@@ -324,8 +349,17 @@ Desc make_plan(cudnnHandle_t handle, const Desc& config, std::string* why) {
     }
   }
   Desc plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, std::string("execution plan of ") + config.what());
-  plan.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle).set_desc(
-      CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config);
+  if (handle) {
+    plan.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+  } else {
+    const Desc* props = device_props();
+    if (!props) KILN_FAIL(kInternal, "make_plan: no cuDNN handle, and cuDNN ", cudnnGetVersion(),
+                          " cannot finalize a plan on device properties (9.8 or later)");
+#if CUDNN_VERSION >= 90800
+    plan.set_desc(CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, *props);
+#endif
+  }
+  plan.set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config);
   if (cudnnStatus_t st = plan.try_finalize(); st != CUDNN_STATUS_SUCCESS) {
     if (why) *why = detail::concat(cudnnGetErrorString(st), " ", cudnn_last_error());
     return Desc();

@@ -130,6 +130,8 @@ Desc make_engine_config(const Desc& op_graph, const EngineId& id);
 // A finalized execution plan of `config`, or an empty Desc (and *why set) when cuDNN refuses it,
 // or when `config` is a runtime-compiled engine's (behavior note RUNTIME_COMPILATION: finalizing
 // compiles a kernel) while KILN_CUDA_NO_COMPILE is set (compiling_forbidden(), nvrtc.h).
+// `handle` null: the plan is finalized on the current device's properties descriptor (cuDNN 9.8
+// and later), with no handle of its own, and executes on any handle of that device.
 Desc make_plan(cudnnHandle_t handle, const Desc& config, std::string* why);
 // The plan's serialized form (CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION), or "" where cuDNN
 // does not serialize it. cuDNN serializes the plans of runtime-fusion engines, the ones whose
@@ -138,14 +140,16 @@ Desc make_plan(cudnnHandle_t handle, const Desc& config, std::string* why);
 // empty Desc when cuDNN refuses it (another cuDNN version or GPU).
 std::string plan_json(const Desc& plan);
 Desc plan_from_json(cudnnHandle_t handle, const std::string& json);
-// make_plan for each config, at once on threads of their own sharing kPlanLanes handle lanes
-// (each takes a lane no other thread holds, where there is one), off the caller's build turn
+// make_plan for each config, at once on threads of their own sharing kPlanLanes lanes (each
+// takes a lane no other thread holds, where there is one), off the caller's build turn
 // (build_turn.h): finalizing a runtime-fusion engine's plan compiles its kernel, up to a second
-// each. The caller must hold no handle lock. The lanes' handles live for the process (about
-// 9 MiB of device memory each, which cudnnDestroy does not give back: 9 handles took 80 MiB,
-// destroying 8 of them returned none, cuDNN 9.19 on an H100): a plan must
-// not outlive the handle it was finalized on, and the plan kept cannot move to lane 0 (with
-// cuDNN 9.19, finalizing a runtime-fusion engine config into a second plan failed to compile).
+// each. The caller must hold no handle lock. With cuDNN 9.8 and later the lanes only bound how
+// many plans finalize at once: each plan is finalized on the device's properties, handle-free.
+// Before 9.8 each lane has a handle of its own, which lives for the process (about 9 MiB of
+// device memory each, which cudnnDestroy does not give back: 9 handles took 80 MiB, destroying
+// 8 of them returned none, cuDNN 9.19 on an H100), since a plan must not outlive the handle it
+// was finalized on and the plan kept cannot move to lane 0 (with cuDNN 9.19, finalizing a
+// runtime-fusion engine config into a second plan failed to compile).
 // (*why)[i] says why plans[i] is empty.
 inline constexpr int kPlanLanes = 8;
 std::vector<Desc> make_plans(const std::vector<const Desc*>& configs, std::vector<std::string>* why);

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "src/backends/cuda/pointwise_codegen.h"
+#include "src/ops/shape_rules.h"
 
 namespace kiln::cuda::pwgen {
 
@@ -110,8 +111,9 @@ bool program_of(const Node& n, const Graph& g, Program* out, std::string* why) {
   for (const auto& node : body.nodes()) {
     if (!op_info(node->op).pointwise() && node->op != OpKind::kCopy)
       return fail(why, std::string("fused_pointwise body op ") + op_name(node->op) + " is not pointwise");
-    if (node->outputs.size() != 1 || body.type(node->outputs[0]).shape() != group)
-      return fail(why, std::string("fused_pointwise body op ") + op_name(node->op) + " does not give the group shape");
+    if (node->outputs.size() != 1 || !broadcasts_to(body.type(node->outputs[0]).shape(), group))
+      return fail(why, std::string("fused_pointwise body op ") + op_name(node->op) +
+                           " gives a shape that does not broadcast to the group shape");
     Step s;
     s.op = node->op;
     s.out = body.type(node->outputs[0]).dtype;

@@ -6,8 +6,10 @@
 // run that is either reduced (rows) or kept (columns):
 //   rows:    one warp per output (at most 2048 reduced elements) or one 256-thread block,
 //            16-byte loads when every run starts aligned; warp shuffles combine the lanes;
-//   columns: 32 consecutive outputs per block, 8 rows of threads splitting the reduction,
-//            combined through shared memory; reads are coalesced along the kept run.
+//   columns: where every run starts 16-byte aligned, one 16-byte word of consecutive outputs
+//            per block, 32 to 256 threads splitting the reduction with up to four words in
+//            flight each; else 32 consecutive outputs per block, 8 or 32 rows of threads
+//            splitting the reduction, combined through shared memory.
 // The numbers of kept and reduced dims are part of the source (they unroll); extents and
 // strides are arguments. Floating sums accumulate in f32 (f64 for f64), integer sums in 64
 // bits, wrapping like the CPU; max / min propagate NaN; reduce_var is two-pass (mean, then
@@ -188,6 +190,57 @@ std::string cols_kernel(const Layout& L, const AccSpec& a, int mode) {
   return s;
 }
 
+// Columns, `vec` at a time: each thread loads `vec` consecutive outputs' elements of a row as
+// one 16-byte word. A block (blockDim.x threads, a power of two from 32 to 256, splitting the
+// reduction) makes one group of `vec` outputs, so a reduction over few columns (a global average
+// pool at batch 1: [1, 784, 72] is 9 groups) still spreads over several blocks, and each thread
+// has up to four words in flight at once: the whole reduction is about one load latency. Warp
+// shuffles, then shared memory across the warps, combine the threads.
+std::string cols_vec_kernel(const Layout& L, const AccSpec& a, int mode, int vec, const std::string& name) {
+  const size_t kr = L.kept_shape.size(), rr = L.red_shape.size();
+  const std::string V = std::to_string(vec);
+  std::string s = "extern \"C\" __global__ void " + name + "(const T_x* __restrict__ x, T_x* __restrict__ y, Side g,"
+                  " long long rows, long long inner, long long count, double correction) {\n";
+  s += "  __shared__ A sm[8][" + V + "];\n  __shared__ A res[" + V + "];\n"
+       "  const int t = threadIdx.x, ways = blockDim.x, lane = t & 31, wid = t >> 5, nw = ways >> 5;\n"
+       "  const long long groups = inner / " + V + ";\n";
+  s += "  for (long long b = blockIdx.x; b < rows * groups; b += gridDim.x) {\n"
+       "    const long long row = b / groups, j = (b % groups) * " + V + ";\n    long long base = j;\n";
+  s += offset_code("base", "row", "k", kr);
+  // One pass over the rows, folding each element e[c] of column c into acc[c].
+  auto pass = [&](const std::string& init, const std::string& fold) {
+    std::string p = "    {\n    A acc[" + V + "];\n#pragma unroll\n    for (int c = 0; c < " + V + "; ++c) acc[c] = " +
+                    init + ";\n";
+    p += "    for (long long r = t; r < count; r += 4 * ways) {\n      uint4 u[4];\n#pragma unroll\n"
+         "      for (int k = 0; k < 4; ++k) {\n        if (r + k * ways < count) {\n          long long off = base;\n";
+    p += replace_all(offset_code("off", "r + k * ways", "r", rr), "    ", "          ");
+    p += "          u[k] = *reinterpret_cast<const uint4*>(x + off);\n        }\n      }\n#pragma unroll\n"
+         "      for (int k = 0; k < 4; ++k) {\n        if (r + k * ways < count) {\n"
+         "          const T_x* e = reinterpret_cast<const T_x*>(&u[k]);\n#pragma unroll\n"
+         "          for (int c = 0; c < " + V + "; ++c) { const A v = kg_ld(e[c]); " + fold + " }\n"
+         "        }\n      }\n    }\n";
+    // res[c] = the combination of every thread's acc[c].
+    p += "#pragma unroll\n    for (int c = 0; c < " + V + "; ++c) {\n      const A w = kg_wred(acc[c]);\n"
+         "      if (lane == 0) sm[wid][c] = w;\n    }\n    __syncthreads();\n"
+         "    if (t < " + V + ") {\n      A w = sm[0][t];\n      for (int i = 1; i < nw; ++i) w = kg_comb(w, sm[i][t]);\n"
+         "      res[t] = w;\n    }\n    __syncthreads();\n    }\n";
+    return p;
+  };
+  s += pass(a.identity, "acc[c] = kg_comb(acc[c], v);");
+  if (mode == 2) {
+    s += "    A mean[" + V + "];\n#pragma unroll\n    for (int c = 0; c < " + V + "; ++c) mean[c] = res[c] / (A)count;\n"
+         "    __syncthreads();\n";
+    s += pass("(A)0", "acc[c] += (v - mean[c]) * (v - mean[c]);");
+    s += "    const A r = t < " + V + " ? (A)((double)res[t] / ((double)count - correction)) : (A)0;\n";
+  } else if (mode == 1) {
+    s += "    const A r = t < " + V + " ? res[t] / (A)count : (A)0;\n";
+  } else {
+    s += "    const A r = t < " + V + " ? res[t] : (A)0;\n";
+  }
+  s += "    if (t < " + V + ") y[row * inner + j + t] = " + a.store + ";\n    __syncthreads();\n  }\n}\n";
+  return s;
+}
+
 std::string argmax_kernels(DType dt) {
   const bool flt = is_floating(dt);
   std::string s = "typedef " + std::string(compute_of(dt)) + " A;\n";
@@ -325,8 +378,24 @@ Generated generate_reduce(const Node& n, const Graph& g) {
     const uint32_t ways = rows * tiles < kLargeGpuSms ? 32 : 8;
     Launch l("kg_reduce_cols", blocks_for(rows * tiles, 1), 32, 1, ways);
     l.in(0).out(0).val(side).i64(rows).i64(L.inner).i64(L.count).f64(correction);
-    gn.plan.launches.push_back(std::move(l));
-    gn.plan.describe = desc + " (columns)";
+    const int esz = int(dtype_size(dt)), vec = 16 / esz;
+    bool ok = esz <= 8 && L.inner % vec == 0;
+    for (int64_t st : L.kept_stride) ok = ok && st % vec == 0;
+    for (int64_t st : L.red_stride) ok = ok && st % vec == 0;
+    if (ok) {  // 16-byte words of `vec` columns, the scalar kernel as the fallback for unaligned x
+      const std::string name = "kg_reduce_cols_v" + std::to_string(vec);
+      gn.source += cols_vec_kernel(L, acc, mode, vec, name);
+      uint32_t threads = 32;  // about four rows per thread
+      while (threads < 256 && int64_t(threads) * 4 < L.count) threads *= 2;
+      Launch v(name, blocks_for(rows * (L.inner / vec), 1), threads);
+      v.in(0).out(0).val(side).i64(rows).i64(L.inner).i64(L.count).f64(correction);
+      with_fallback(v, 16, std::move(l));
+      gn.plan.launches.push_back(std::move(v));
+      gn.plan.describe = desc + " (columns, " + std::to_string(vec) + "-wide loads)";
+    } else {
+      gn.plan.launches.push_back(std::move(l));
+      gn.plan.describe = desc + " (columns)";
+    }
   }
   return gn;
 }
