@@ -187,11 +187,11 @@ bool try_activation(Graph& g, size_t pos) {
   const Node& k = *g.nodes()[pos];
   const std::optional<std::string> act = pw::activation_for_unary(k.op, k.attrs);
   if (!act) return false;
+  Node* p = fusable_producer(g, k.inputs[0]);
+  if (p == nullptr) return false;
   // Left to fuse_pointwise, which recomputes it inside the op it feeds: one launch either way
   // where the producer's library fuses the activation, one fewer where it cannot.
   if (broadcast_into_pointwise(g, k.outputs[0])) return false;
-  Node* p = fusable_producer(g, k.inputs[0]);
-  if (p == nullptr) return false;
   Attrs attrs = p->attrs;
   attrs.set("activation", *act);
   replace_pair(g, position_of(g, p, pos), pos, p->inputs, attrs);

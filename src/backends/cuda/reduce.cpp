@@ -241,6 +241,18 @@ std::string cols_vec_kernel(const Layout& L, const AccSpec& a, int mode, int vec
   return s;
 }
 
+// Elements of `dt` in a 16-byte word when every run of the layout (the innermost one, and each
+// kept and reduced stride) starts on a word, so 16-byte loads serve it; else 1.
+int word_elements(const Layout& L, DType dt) {
+  const size_t esz = dtype_size(dt);
+  if (esz > 8) return 1;
+  const int64_t vec = int64_t(16 / esz);
+  bool ok = L.inner % vec == 0;
+  for (int64_t st : L.kept_stride) ok = ok && st % vec == 0;
+  for (int64_t st : L.red_stride) ok = ok && st % vec == 0;
+  return ok ? int(vec) : 1;
+}
+
 std::string argmax_kernels(DType dt) {
   const bool flt = is_floating(dt);
   std::string s = "typedef " + std::string(compute_of(dt)) + " A;\n";
@@ -351,12 +363,7 @@ Generated generate_reduce(const Node& n, const Graph& g) {
   const AccSpec acc = acc_spec(n.op, dt);
   gn.source = source_head() + kSideDecl + type_defs("x", dt) + acc_helpers(acc);
   if (L.inner_reduced) {
-    const int esz = int(dtype_size(dt));
-    int vec = 16 / esz;
-    bool ok = esz <= 8 && L.inner % vec == 0;
-    for (int64_t s : L.kept_stride) ok = ok && s % vec == 0;
-    for (int64_t s : L.red_stride) ok = ok && s % vec == 0;
-    if (!ok) vec = 1;
+    const int vec = word_elements(L, dt);
     const bool block = L.count > 2048;
     const int64_t nro = L.count / L.inner;
     auto rows = [&](int v) {
@@ -378,11 +385,7 @@ Generated generate_reduce(const Node& n, const Graph& g) {
     const uint32_t ways = rows * tiles < kLargeGpuSms ? 32 : 8;
     Launch l("kg_reduce_cols", blocks_for(rows * tiles, 1), 32, 1, ways);
     l.in(0).out(0).val(side).i64(rows).i64(L.inner).i64(L.count).f64(correction);
-    const int esz = int(dtype_size(dt)), vec = 16 / esz;
-    bool ok = esz <= 8 && L.inner % vec == 0;
-    for (int64_t st : L.kept_stride) ok = ok && st % vec == 0;
-    for (int64_t st : L.red_stride) ok = ok && st % vec == 0;
-    if (ok) {  // 16-byte words of `vec` columns, the scalar kernel as the fallback for unaligned x
+    if (const int vec = word_elements(L, dt); vec > 1) {  // the scalar kernel as the fallback for unaligned x
       const std::string name = "kg_reduce_cols_v" + std::to_string(vec);
       gn.source += cols_vec_kernel(L, acc, mode, vec, name);
       uint32_t threads = 32;  // about four rows per thread
