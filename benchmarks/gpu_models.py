@@ -21,12 +21,15 @@ precision, backend):
   rel_same    the same against eager in the row's own precision (what the backend's arithmetic
               adds; rel_err also holds the model's own sensitivity to FP16 / BF16 rounding)
   compile_s   compile and first call, seconds, from empty caches (Kiln's timing cache, inductor's
-              and Triton's compiled code)
+              and Triton's compiled code), after the backend's one-time setup (see peak_mib)
   warm_s      Kiln only: the same compile again in this process after torch._dynamo.reset(),
               with the timing cache filled by the first
   peak_mib    device memory in use at the peak of this backend's runs, over what was in use
               before it started (the model and its weights already on the device;
-              torch.cuda.mem_get_info, so Kiln's own allocations count)
+              torch.cuda.mem_get_info, so Kiln's own allocations count). Each backend's one-time
+              setup of the process (library handles and their workspaces, compiler start-up) is
+              not in it: before the first row every backend compiles and runs a small conv + linear
+              model, and what that left in use is reported once, above the table
   weights_mib the model's parameters and buffers in the row's precision (Kiln's target: its
               peak at most eager's plus one copy of the weights)
 
@@ -166,6 +169,44 @@ def compile_for(backend: str, model: torch.nn.Module, dtype: torch.dtype,
     raise ValueError(f"unknown backend {backend!r}; valid: eager, inductor, ro, kiln, kiln-aot")
 
 
+@dataclasses.dataclass
+class Setup:
+    backend: str
+    mib: float
+    seconds: float
+
+
+def set_up_backends(backends: list[str], dtype: torch.dtype) -> list[Setup]:
+    """Compiles and runs a small conv + linear model with each backend in turn, in a process
+    that has run nothing on the device yet: what each leaves in use is its one-time setup of the
+    process (eager: PyTorch's cuDNN and cuBLAS handles and workspaces; inductor: its compiler's
+    start-up; Kiln: its cuDNN handle and cuBLASLt). Every row then measures its model alone, as
+    the eager reference forward in front of each row already did for PyTorch's libraries."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 8))
+    model = model.eval().cuda().to(dtype)
+    x = torch.randn(2, 3, 32, 32, device="cuda", dtype=dtype)
+    done = []
+    with torch.no_grad():
+        for backend in backends:
+            torch.cuda.synchronize()
+            before = used_bytes()
+            t0 = time.perf_counter()
+            fn = compile_for(backend, model, dtype, [x])
+            for _ in range(3):
+                fn(x)
+            torch.cuda.synchronize()
+            seconds = time.perf_counter() - t0
+            del fn
+            torch._dynamo.reset()
+            gc.collect()
+            torch.cuda.empty_cache()
+            done.append(Setup(backend, (used_bytes() - before) / 2**20, seconds))
+            log.info("one-time setup: %s %.0f MiB, %.1f s", backend, done[-1].mib, seconds)
+    return done
+
+
 def run_row(name: str, batch: int, dtype_name: str, backend: str, runs: int) -> Row:
     row = Row(name, batch, dtype_name, backend)
     dtype = DTYPES[dtype_name]
@@ -210,8 +251,11 @@ def run_row(name: str, batch: int, dtype_name: str, backend: str, runs: int) -> 
     return row
 
 
-def markdown(rows: list[Row], device: str) -> str:
+def markdown(rows: list[Row], setups: list[Setup], device: str) -> str:
     lines = [f"Device: {device}; torch {torch.__version__}; Kiln {kiln.__version__}.", "",
+             "One-time setup of the process, before the first row (device memory it left in use, "
+             "seconds; not in any row): " + ", ".join(f"{s.backend} {s.mib:.0f} MiB {s.seconds:.1f} s" for s in setups)
+             + ".", "",
              "| model | batch | dtype | backend | ms | host ms | pipelined ms | vs ro | rel err vs FP32 eager | "
              "vs eager, same dtype | compile s | warm s | peak MiB | weights MiB |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -256,6 +300,8 @@ def main() -> None:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(scratch, "inductor"))
     os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(scratch, "triton"))
 
+    backends = args.backends.split(",")
+    setups = set_up_backends(backends, DTYPES[args.dtypes.split(",")[0]])
     rows: list[Row] = []
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -266,7 +312,7 @@ def main() -> None:
                 if dtype_name == "fp32" and name not in fp32_models:
                     continue
                 group: list[Row] = []
-                for backend in args.backends.split(","):
+                for backend in backends:
                     try:
                         row = run_row(name, batch, dtype_name, backend, args.runs)
                     except Exception as err:  # a failing backend is a row with a note, not a lost run
@@ -278,9 +324,11 @@ def main() -> None:
                 for r in group:
                     r.vs_ro = ro / r.ms
                 rows.extend(group)
-                (out / "gpu_models.json").write_text(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
-                (out / "gpu_models.md").write_text(markdown(rows, torch.cuda.get_device_name()))
-    log.info("\n%s", markdown(rows, torch.cuda.get_device_name()))
+                (out / "gpu_models.json").write_text(json.dumps(
+                    {"setup": [dataclasses.asdict(x) for x in setups], "rows": [dataclasses.asdict(r) for r in rows]},
+                    indent=1))
+                (out / "gpu_models.md").write_text(markdown(rows, setups, torch.cuda.get_device_name()))
+    log.info("\n%s", markdown(rows, setups, torch.cuda.get_device_name()))
 
 
 if __name__ == "__main__":

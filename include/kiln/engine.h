@@ -190,13 +190,17 @@ class ExecutionContext {
   bool use_graphs_ = false;
   std::vector<std::shared_ptr<void>> staging_;  // graph replay: one buffer per engine input, then output
   std::unique_ptr<CapturedGraph> graph_;  // on staging_
-  struct DirectGraph {                    // a graph on the caller's buffers `in` and `out`
+  struct Buffers {  // the caller's buffers of one call
     std::vector<const void*> in;
     std::vector<void*> out;
+    bool same(const std::vector<const void*>& i, const std::vector<void*>& o) const { return in == i && out == o; }
+  };
+  struct DirectGraph {  // a graph on the caller's buffers
+    Buffers buffers;
     std::unique_ptr<CapturedGraph> graph;
   };
   std::vector<DirectGraph> direct_;  // the newest last
-  std::vector<std::pair<std::vector<const void*>, std::vector<void*>>> seen_;  // recent buffers without one
+  std::vector<Buffers> seen_;        // recent buffers without a graph of their own
   int direct_captures_ = 0;
   int graph_captures_ = 0;
   uint64_t captured_version_ = 0;  // the engine's weights_version() when the graphs were captured

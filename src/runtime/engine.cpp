@@ -320,13 +320,12 @@ void ExecutionContext::execute(const std::vector<const void*>& inputs, const std
     captured_version_ = e.weights_version_;
   }
   for (const DirectGraph& d : direct_)
-    if (d.in == inputs && d.out == outputs) {
+    if (d.buffers.same(inputs, outputs)) {
       d.graph->replay(stream);
       return;
     }
-  const auto seen = std::find_if(seen_.begin(), seen_.end(), [&](const auto& b) {
-    return b.first == inputs && b.second == outputs;
-  });
+  const auto seen =
+      std::find_if(seen_.begin(), seen_.end(), [&](const Buffers& b) { return b.same(inputs, outputs); });
   const bool first = !graph_ && direct_.empty();  // no graph yet (or none since a refit)
   if ((first || seen != seen_.end()) && direct_captures_ < kMaxDirectCaptures && !overlapping(inputs, outputs)) {
     // A graph on the caller's own buffers, replayed with no copies whenever they come again.
@@ -338,7 +337,7 @@ void ExecutionContext::execute(const std::vector<const void*>& inputs, const std
     if (direct) {
       ++graph_captures_;
       if (direct_.size() == kMaxDirectGraphs) direct_.erase(direct_.begin());
-      direct_.push_back(DirectGraph{inputs, outputs, std::move(direct)});
+      direct_.push_back(DirectGraph{Buffers{inputs, outputs}, std::move(direct)});
       direct_.back().graph->replay(stream);
       return;
     }
@@ -351,7 +350,7 @@ void ExecutionContext::execute(const std::vector<const void*>& inputs, const std
     direct_captures_ = kMaxDirectCaptures;  // refused: stay with the staging graph
   } else if (seen == seen_.end()) {
     if (seen_.size() == kMaxDirectGraphs) seen_.erase(seen_.begin());
-    seen_.emplace_back(inputs, outputs);
+    seen_.push_back(Buffers{inputs, outputs});
   }
   if (!graph_) {
     if (staging_.empty()) {  // made once, by the first call whose buffers have no graph of their own

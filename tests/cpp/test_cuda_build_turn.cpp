@@ -1,7 +1,8 @@
 // The build turn (src/backends/cuda/build_turn.h) and TimingClaim (tactics.h), with which a CUDA
 // build makes several kernels at once: one thread at a time holds the turn; one that gives it up
 // (OffTurn) lets another in and gets it back; a second claim of a timing key waits, off its
-// turn, for the first. No device is needed.
+// turn, for the first. No device is needed, except for the support kernel case (skipped without
+// one): build workers that ask for one kernel at once get it, none left waiting.
 #ifdef KILN_WITH_CUDA
 
 #include <gtest/gtest.h>
@@ -9,12 +10,15 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "kiln/kiln.h"
 #include "src/backends/cuda/build_turn.h"
+#include "src/backends/cuda/nvrtc.h"
 #include "src/backends/cuda/tactics.h"
 #include "src/common/run_parts.h"
 
@@ -129,6 +133,37 @@ TEST(TimingClaim, ClaimsOfOtherKeysDoNotWait) {
   });
   EXPECT_TRUE(wait_for(done));
   other.join();
+}
+
+// Each worker holds the turn when it asks, as a build's workers do when a kernel they time needs
+// the launch fence; compiling gives the turn up, so a lock held across the compile would leave
+// the next worker waiting on it with the turn, and the compiling one waiting for the turn.
+TEST(BuildTurn, WorkersAskingForOneSupportKernelAtOnceAllGetIt) {
+  if (!kiln::backend_available(kiln::DeviceType::kCUDA)) GTEST_SKIP() << "no CUDA device";
+  struct Shared {  // outlives the test if the workers are stuck (the thread is then detached)
+    std::vector<cudaKernel_t> got = std::vector<cudaKernel_t>(6, nullptr);
+    std::atomic<int> done{0};
+    std::atomic<bool> all{false};
+  };
+  auto shared = std::make_shared<Shared>();
+  std::thread watched([shared] {
+    kiln::run_parts(shared->got.size(), [&](size_t i) {
+      const BuildTurn turn;
+      shared->got[i] = Module::support_kernel("extern \"C\" __global__ void kiln_turn_test(int* p) { if (p) *p = 1; }",
+                                              "kiln_turn_test", "the build turn test kernel");
+      ++shared->done;
+    });
+    shared->all = true;
+  });
+  if (!wait_for(shared->all)) {
+    ADD_FAILURE() << shared->done.load() << " of " << shared->got.size()
+                  << " workers got the kernel; the rest are stuck";
+    watched.detach();
+    return;
+  }
+  watched.join();
+  for (cudaKernel_t k : shared->got) EXPECT_EQ(k, shared->got[0]);
+  EXPECT_NE(shared->got[0], nullptr);
 }
 
 }  // namespace

@@ -17,7 +17,8 @@
 //
 // synchronize(nullptr) waits for the whole device (a refit must not write constants that a
 // forward on some other stream is still reading); build_finished() writes the timing cache;
-// warm_up() sets up cuBLASLt for the device on another thread, once per process.
+// warm_up() sets up cuBLASLt and compiles the support kernels for the device on another thread,
+// once per process.
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -115,9 +116,10 @@ class CudaBackend final : public Backend {
           const Stopwatch watch;
           uploader->prepare();
           (void)checksum_kernel();
-          report = detail::concat("upload lanes and checksum kernel ", int(watch.ms() + 0.5), " ms");
+          (void)launch_fence_kernel();
+          report = detail::concat("upload lanes, checksum and fence kernels ", int(watch.ms() + 0.5), " ms");
         } catch (const std::exception& e) {
-          report = detail::concat("upload lanes and checksum kernel failed (", e.what(), ")");
+          report = detail::concat("upload lanes, checksum and fence kernels failed (", e.what(), ")");
         }
         try {
           DeviceGuard guard(index);

@@ -7,8 +7,6 @@
 #include "src/backends/cuda/checksum.h"
 
 #include <algorithm>
-#include <map>
-#include <mutex>
 #include <string>
 
 #include "src/backends/cuda/cuda_util.h"
@@ -52,13 +50,7 @@ extern "C" __global__ void kiln_word_checksum(const unsigned char* p, u64 bytes,
 }  // namespace
 
 cudaKernel_t checksum_kernel() {
-  static std::mutex mu;
-  static std::map<int, std::shared_ptr<const Module>> modules;  // by architecture; never removed
-  const int arch = current_device().arch;
-  std::lock_guard<std::mutex> lock(mu);
-  std::shared_ptr<const Module>& module = modules[arch];
-  if (!module) module = Module::compile_support(checksum_source(), "the word checksum");
-  return module->kernel("kiln_word_checksum");
+  return Module::support_kernel(checksum_source(), "kiln_word_checksum", "the word checksum");
 }
 
 uint64_t word_checksum_on_device(const std::vector<Backend::Span>& buffers, cudaStream_t stream) {

@@ -426,6 +426,21 @@ Desc make_variant_pack(const std::vector<int64_t>& uids, const std::vector<void*
   return vp;
 }
 
+cudaKernel_t launch_fence_kernel() {
+  return Module::support_kernel("extern \"C\" __global__ void kiln_fence() {}", "kiln_fence", "the launch fence");
+}
+
+namespace {
+
+// Enqueues the launch fence on `stream` unless a graph is being recorded on it (PlanRunner).
+void fence_early_launch(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  KILN_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  if (status == cudaStreamCaptureStatusNone) launch(launch_fence_kernel(), dim3(1), dim3(1), nullptr, 0, stream);
+}
+
+}  // namespace
+
 void execute(const Desc& plan, const Desc& vp, cudaStream_t stream) {
   HandleLock h = lock_handle();
   KILN_CUDNN_CHECK(cudnnSetStream(h.handle, stream));
@@ -442,6 +457,7 @@ PlanRunner::~PlanRunner() {
 }
 
 void PlanRunner::run(void* const* ptrs, void* workspace, cudaStream_t stream) const {
+  fence_early_launch(stream);
   void* const ws = ws_ ? workspace : nullptr;
   const size_t n = uids_.size();
   std::lock_guard<std::mutex> g(mu_);

@@ -23,6 +23,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <utility>
 
 #include "kiln/errors.h"
@@ -184,8 +185,22 @@ Bytes compile_to_cubin(const std::string& source, const std::string& what, int a
   return compile_cached(source, what, arch);
 }
 
-std::shared_ptr<const Module> Module::compile_support(const std::string& source, const std::string& what) {
-  return load(compile_cached(source, what, current_device().arch));
+cudaKernel_t Module::support_kernel(const std::string& source, const char* name, const std::string& what) {
+  struct Loaded {
+    std::shared_ptr<const Module> module;
+    cudaKernel_t kernel;
+  };
+  static std::mutex mu;
+  static std::map<std::tuple<int, std::string, std::string>, Loaded> kernels;  // never removed
+  auto key = std::make_tuple(current_device().arch, source, std::string(name));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = kernels.find(key); it != kernels.end()) return it->second.kernel;
+  }
+  std::shared_ptr<const Module> module = load(compile_cached(source, what, std::get<0>(key)));
+  const cudaKernel_t kernel = module->kernel(name);
+  std::lock_guard<std::mutex> lock(mu);
+  return kernels.emplace(std::move(key), Loaded{std::move(module), kernel}).first->second.kernel;
 }
 
 std::shared_ptr<const Module> Module::compile(const std::string& source, const std::string& what) {

@@ -26,9 +26,11 @@ class Module {
   // -O3 / --use_fast_math off / -default-device; throws kInternal with the NVRTC log and
   // `what` (e.g. "fused_pointwise node 'add_3'") when it does not compile.
   static std::shared_ptr<const Module> compile(const std::string& source, const std::string& what);
-  // Compiles one of Kiln's own kernels that no engine holds (the weights' checksum); unlike
-  // compile(), allowed with KILN_CUDA_NO_COMPILE set, which is about loading engines.
-  static std::shared_ptr<const Module> compile_support(const std::string& source, const std::string& what);
+  // The kernel `name` of `source`, one of Kiln's own that no engine holds (the weights'
+  // checksum, the launch fence), compiled once per process and architecture and kept loaded.
+  // Unlike compile(), allowed with KILN_CUDA_NO_COMPILE set, which is about loading engines.
+  // Holds no lock while compiling (build_turn.h), so build workers may ask for it.
+  static cudaKernel_t support_kernel(const std::string& source, const char* name, const std::string& what);
   // Loads a cubin written by cubin() (kCorrupted when the driver rejects it).
   static std::shared_ptr<const Module> load(Bytes cubin);
 
