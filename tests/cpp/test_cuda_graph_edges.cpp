@@ -1,7 +1,8 @@
 // Graph recording (record_graph in src/backends/cuda/cuda_util), which serves an engine's
 // capture and the tactic timer: a kernel launched for programmatic dependent launch gets a full
 // dependency on its predecessor, the graph replays every launch, and a launch that throws ends
-// the recording with the stream usable again. Skipped without a CUDA device.
+// the recording with the stream usable again; starts_early tells a sequence with such a launch
+// from one without. Skipped without a CUDA device.
 #ifdef KILN_WITH_CUDA
 
 #include <gtest/gtest.h>
@@ -89,6 +90,28 @@ TEST(CudaGraphEdges, ALaunchThatThrowsEndsTheRecordingAndLeavesTheStreamUsable) 
   EXPECT_EQ(status, cudaStreamCaptureStatusNone);
   EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
   (void)cudaStreamDestroy(s);
+}
+
+TEST(CudaGraphEdges, StartsEarlyTellsAnEarlyLaunchApart) {
+  if (!backend_available(DeviceType::kCUDA)) GTEST_SKIP() << "no CUDA device";
+  Backend& gpu = get_backend(Device::parse("cuda:0"));
+  const std::shared_ptr<void> buf = gpu.allocate(sizeof(int));
+  int* p = static_cast<int*>(buf.get());
+  const std::shared_ptr<const cuda::Module> module = cuda::Module::compile(kSource, "test kernel");
+  const cudaKernel_t bump = module->kernel("bump");
+  ASSERT_EQ(cudaMemset(p, 0, sizeof(int)), cudaSuccess);
+  EXPECT_FALSE(cuda::starts_early([&](cudaStream_t s) {
+    launch_bump(bump, p, s, false);
+    launch_bump(bump, p, s, false);
+  }));
+  EXPECT_TRUE(cuda::starts_early([&](cudaStream_t s) {
+    launch_bump(bump, p, s, false);
+    launch_bump(bump, p, s, true);
+  }));
+  // Nothing ran: the recordings only looked.
+  int count = -1;
+  ASSERT_EQ(cudaMemcpy(&count, p, sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(count, 0);
 }
 
 }  // namespace

@@ -102,25 +102,38 @@ std::string graph_host_dependencies(cudaGraph_t graph) {
 
 namespace {
 
-// Makes every programmatic edge of `graph` a full one.
-void make_edges_full(cudaGraph_t graph) {
+struct Edges {
+  std::vector<cudaGraphNode_t> from, to;
+  std::vector<cudaGraphEdgeData> data;
+  bool full(size_t i) const { return data[i].type == cudaGraphDependencyTypeDefault && data[i].from_port == 0; }
+};
+
+Edges edges_of(cudaGraph_t graph) {
   size_t ne = 0;
   KILN_CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &ne));
-  if (!ne) return;
-  std::vector<cudaGraphNode_t> from(ne), to(ne);
-  std::vector<cudaGraphEdgeData> data(ne);
-  KILN_CUDA_CHECK(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &ne));
-  for (size_t i = 0; i < ne; ++i) {
-    if (data[i].type == cudaGraphDependencyTypeDefault && data[i].from_port == 0) continue;
-    KILN_CUDA_CHECK(cudaGraphRemoveDependencies(graph, &from[i], &to[i], &data[i], 1));
+  Edges e{std::vector<cudaGraphNode_t>(ne), std::vector<cudaGraphNode_t>(ne), std::vector<cudaGraphEdgeData>(ne)};
+  if (ne) KILN_CUDA_CHECK(cudaGraphGetEdges(graph, e.from.data(), e.to.data(), e.data.data(), &ne));
+  return e;
+}
+
+// Makes every programmatic edge of `graph` a full one.
+void make_edges_full(cudaGraph_t graph) {
+  Edges e = edges_of(graph);
+  for (size_t i = 0; i < e.data.size(); ++i) {
+    if (e.full(i)) continue;
+    KILN_CUDA_CHECK(cudaGraphRemoveDependencies(graph, &e.from[i], &e.to[i], &e.data[i], 1));
     cudaGraphEdgeData plain{};
-    KILN_CUDA_CHECK(cudaGraphAddDependencies(graph, &from[i], &to[i], &plain, 1));
+    KILN_CUDA_CHECK(cudaGraphAddDependencies(graph, &e.from[i], &e.to[i], &plain, 1));
   }
 }
 
 }  // namespace
 
-GraphPtr record_graph(cudaStream_t stream, const std::function<void(cudaStream_t)>& launches) {
+
+namespace {
+
+// What `launches` enqueues on `stream`, recorded as it is (thread-local capture mode).
+GraphPtr record_as_is(cudaStream_t stream, const std::function<void(cudaStream_t)>& launches) {
   KILN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   cudaGraph_t graph = nullptr;
   try {
@@ -131,9 +144,26 @@ GraphPtr record_graph(cudaStream_t stream, const std::function<void(cudaStream_t
     throw;
   }
   KILN_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  GraphPtr owned(graph);
-  make_edges_full(graph);
-  return owned;
+  return GraphPtr(graph);
+}
+
+}  // namespace
+
+GraphPtr record_graph(cudaStream_t stream, const std::function<void(cudaStream_t)>& launches) {
+  GraphPtr graph = record_as_is(stream, launches);
+  make_edges_full(graph.get());
+  return graph;
+}
+
+bool starts_early(const std::function<void(cudaStream_t)>& launches) {
+  cudaStream_t s = nullptr;
+  KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const std::unique_ptr<CUstream_st, cudaError_t (*)(cudaStream_t)> owned(s, cudaStreamDestroy);
+  const GraphPtr graph = record_as_is(s, launches);
+  const Edges e = edges_of(graph.get());
+  for (size_t i = 0; i < e.data.size(); ++i)
+    if (!e.full(i)) return true;
+  return false;
 }
 
 void dump_graph_if_asked(cudaGraph_t graph) {

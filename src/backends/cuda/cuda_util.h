@@ -63,6 +63,11 @@ using GraphPtr = std::unique_ptr<CUgraph_st, GraphDeleter>;
 // measurable: docs/perf-notes.md, item 23.)
 GraphPtr record_graph(cudaStream_t stream, const std::function<void(cudaStream_t)>& launches);
 
+// Whether what `launches` enqueues (recorded on a stream of its own, run nothing) holds a
+// programmatic edge: a kernel that may start before the one in front of it has finished. An
+// exception thrown by `launches`, or a recording the runtime refuses, is rethrown.
+bool starts_early(const std::function<void(cudaStream_t)>& launches);
+
 // With $KILN_CUDA_GRAPH_DUMP set to a folder, writes `graph` there as Graphviz
 // (<folder>/engine-<n>.dot, every node's parameters included); nothing otherwise.
 void dump_graph_if_asked(cudaGraph_t graph);

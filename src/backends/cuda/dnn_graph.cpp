@@ -430,17 +430,6 @@ cudaKernel_t launch_fence_kernel() {
   return Module::support_kernel("extern \"C\" __global__ void kiln_fence() {}", "kiln_fence", "the launch fence");
 }
 
-namespace {
-
-// Enqueues the launch fence on `stream` unless a graph is being recorded on it (PlanRunner).
-void fence_early_launch(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  KILN_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-  if (status == cudaStreamCaptureStatusNone) launch(launch_fence_kernel(), dim3(1), dim3(1), nullptr, 0, stream);
-}
-
-}  // namespace
-
 void execute(const Desc& plan, const Desc& vp, cudaStream_t stream) {
   HandleLock h = lock_handle();
   KILN_CUDNN_CHECK(cudnnSetStream(h.handle, stream));
@@ -457,7 +446,11 @@ PlanRunner::~PlanRunner() {
 }
 
 void PlanRunner::run(void* const* ptrs, void* workspace, cudaStream_t stream) const {
-  fence_early_launch(stream);
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  KILN_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+  // Asked for before the lock: compiling the fence (when the warm-up has not) gives up the
+  // build's turn, which no lock may be held across (build_turn.h).
+  const cudaKernel_t fence = capturing == cudaStreamCaptureStatusNone ? launch_fence_kernel() : nullptr;
   void* const ws = ws_ ? workspace : nullptr;
   const size_t n = uids_.size();
   std::lock_guard<std::mutex> g(mu_);
@@ -471,6 +464,20 @@ void PlanRunner::run(void* const* ptrs, void* workspace, cudaStream_t stream) co
     key.push_back(ws);
     packs_.emplace_back(std::move(key), std::move(pack));
     vp = &packs_.back().second;
+  }
+  if (fence) {
+    if (starts_early_ < 0) {
+      bool early = true;  // a plan that cannot be recorded keeps the fence
+      try {
+        early = starts_early([&](cudaStream_t s) {
+          launch(fence, dim3(1), dim3(1), nullptr, 0, s);
+          execute(plan_, *vp, s);
+        });
+      } catch (const Error&) {
+      }
+      starts_early_ = early ? 1 : 0;
+    }
+    if (starts_early_) launch(fence, dim3(1), dim3(1), nullptr, 0, stream);
   }
   execute(plan_, *vp, stream);
 }

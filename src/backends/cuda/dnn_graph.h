@@ -167,13 +167,15 @@ cudaKernel_t launch_fence_kernel();
 // variant packs of the last few pointer sets are kept, so a steady-state run (and a CUDA graph
 // capture) builds none. Thread-safe.
 //
-// Launched directly (not into a graph being recorded), run() first enqueues an empty kernel:
 // cuDNN launches some of its kernels for programmatic dependent launch, and its runtime-fusion
 // conv + residual kernel reads the residual before waiting for the kernel that writes it
-// (resnet50's layer4.0 in FP32, run without graphs, came out 1e-2 off on some calls). A kernel
-// launched the ordinary way in front of it starts only once everything before it has finished,
-// so the early start gains nothing to read early. A recorded graph needs no fence: record_graph
-// makes those programmatic edges full dependencies.
+// (resnet50's layer4.0 in FP32, run without graphs, came out 1e-2 off on some calls). So a plan
+// launched directly (not into a graph being recorded) whose launches start early gets the launch
+// fence in front of it: an empty kernel launched the ordinary way, which starts only once
+// everything before it has finished, so the early start has nothing left to overtake. Whether a
+// plan starts early is read once, from a recording of the fence and the plan (starts_early in
+// cuda_util.h); the other plans launch without the fence's ~3 us of host time. A recorded graph
+// needs no fence: record_graph makes those programmatic edges full dependencies.
 class PlanRunner {
  public:
   PlanRunner(Desc plan, std::vector<int64_t> uids);
@@ -192,6 +194,7 @@ class PlanRunner {
   size_t ws_ = 0;
   mutable std::mutex mu_;
   mutable std::vector<std::pair<std::vector<void*>, Desc>> packs_;  // key: pointers, then the workspace
+  mutable int starts_early_ = -1;  // whether the plan's launches start early; -1: not read yet (under mu_)
 };
 
 }  // namespace kiln::cuda
