@@ -40,13 +40,19 @@ void launch_bump(cudaKernel_t k, int* p, cudaStream_t s, bool programmatic) {
   ASSERT_EQ(cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(k), args), cudaSuccess);
 }
 
+// One device int and the kernel that bumps it (valid while `module` lives).
+struct Bump {
+  std::shared_ptr<void> buf = get_backend(Device::parse("cuda:0")).allocate(sizeof(int));
+  int* p = static_cast<int*>(buf.get());
+  std::shared_ptr<const cuda::Module> module = cuda::Module::compile(kSource, "test kernel");
+  cudaKernel_t kernel = module->kernel("bump");
+};
+
 TEST(CudaGraphEdges, EarlyLaunchEdgesBecomeFullDependencies) {
   if (!backend_available(DeviceType::kCUDA)) GTEST_SKIP() << "no CUDA device";
-  Backend& gpu = get_backend(Device::parse("cuda:0"));
-  const std::shared_ptr<void> buf = gpu.allocate(sizeof(int));
-  int* p = static_cast<int*>(buf.get());
-  const std::shared_ptr<const cuda::Module> module = cuda::Module::compile(kSource, "test kernel");
-  const cudaKernel_t bump = module->kernel("bump");  // valid while the module lives
+  const Bump b;
+  int* p = b.p;
+  const cudaKernel_t bump = b.kernel;
   cudaStream_t s = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
 
@@ -94,11 +100,9 @@ TEST(CudaGraphEdges, ALaunchThatThrowsEndsTheRecordingAndLeavesTheStreamUsable) 
 
 TEST(CudaGraphEdges, StartsEarlyTellsAnEarlyLaunchApart) {
   if (!backend_available(DeviceType::kCUDA)) GTEST_SKIP() << "no CUDA device";
-  Backend& gpu = get_backend(Device::parse("cuda:0"));
-  const std::shared_ptr<void> buf = gpu.allocate(sizeof(int));
-  int* p = static_cast<int*>(buf.get());
-  const std::shared_ptr<const cuda::Module> module = cuda::Module::compile(kSource, "test kernel");
-  const cudaKernel_t bump = module->kernel("bump");
+  const Bump b;
+  int* p = b.p;
+  const cudaKernel_t bump = b.kernel;
   ASSERT_EQ(cudaMemset(p, 0, sizeof(int)), cudaSuccess);
   EXPECT_FALSE(cuda::starts_early([&](cudaStream_t s) {
     launch_bump(bump, p, s, false);
