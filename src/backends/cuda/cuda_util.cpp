@@ -127,11 +127,6 @@ void make_edges_full(cudaGraph_t graph) {
   }
 }
 
-}  // namespace
-
-
-namespace {
-
 // What `launches` enqueues on `stream`, recorded as it is (thread-local capture mode).
 GraphPtr record_as_is(cudaStream_t stream, const std::function<void(cudaStream_t)>& launches) {
   KILN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
