@@ -294,11 +294,13 @@ def main() -> None:
     torch.backends.cudnn.allow_tf32 = True
     # Cold builds start from empty caches of their own: Kiln's timing cache, and inductor's and
     # Triton's compiled-code caches (a reduce-overhead compile that finds an earlier run's code is
-    # not a cold one).
+    # not a cold one). Set over whatever the environment names, which may hold an earlier run's.
     scratch = tempfile.mkdtemp(prefix="kiln-bench-")
-    os.environ.setdefault("KILN_TIMING_CACHE", os.path.join(scratch, "timing.cache"))
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(scratch, "inductor"))
-    os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(scratch, "triton"))
+    for var, leaf in (("KILN_TIMING_CACHE", "timing.cache"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+                      ("TRITON_CACHE_DIR", "triton")):
+        if os.environ.get(var):
+            log.info("%s=%s ignored: the compile columns need empty caches", var, os.environ[var])
+        os.environ[var] = os.path.join(scratch, leaf)
 
     backends = args.backends.split(",")
     setups = set_up_backends(backends, DTYPES[args.dtypes.split(",")[0]])

@@ -856,5 +856,5 @@ def cuda_available() -> bool:
 
 def warm_up(device: str) -> str:
     """
-    Sets up the libraries of `device`'s backend (CUDA: the upload lanes, the checksum and launch fence kernels, cuBLASLt) once per process and says what it did and how long it took; '' when there was nothing to do or it was done before. Blocks.
+    Sets up the libraries of `device`'s backend (CUDA: the upload lanes, the checksum, launch fence and graph fill kernels, cuBLASLt) once per process and says what it did and how long it took; '' when there was nothing to do or it was done before. Blocks.
     """

@@ -49,12 +49,12 @@ _warming_lock = threading.Lock()
 
 def warm_up(device: str) -> None:
     """Starts setting up ``device``'s libraries (CUDA: cuBLASLt's handle and first algorithm
-    queries, 0.1-0.15 s in a fresh process; the upload lanes, the weights' checksum kernel and
-    the launch fence) on a thread of its own, once per process and device, so that the setup
-    overlaps with tracing and partitioning instead of delaying the first engine build or cache
-    load. Nothing happens for the CPU or when Kiln has no CUDA backend. A plain (non-daemon)
-    thread: the interpreter waits for it at exit rather than tearing the CUDA runtime down under
-    it."""
+    queries, 0.1-0.15 s in a fresh process; the upload lanes and Kiln's support kernels: the
+    weights' checksum, the launch fence and the graph fill) on a thread of its own, once per
+    process and device, so that the setup overlaps with tracing and partitioning instead of
+    delaying the first engine build or cache load. Nothing happens for the CPU or when Kiln has
+    no CUDA backend. A plain (non-daemon) thread: the interpreter waits for it at exit rather
+    than tearing the CUDA runtime down under it."""
     if not device.startswith("cuda") or not _C.cuda_available():
         return
     with _warming_lock:

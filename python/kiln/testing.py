@@ -13,8 +13,10 @@ def randomize_weights(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     """Re-initializes every parameter and batch-norm statistic of ``model`` in place.
 
     Some architectures start with zero-initialized heads or unit norm scales, which hides wrong
-    results; these values keep activations of order one through deep ReLU stacks (He-style
-    scale for weights, norm scales around 1, small biases). Returns ``model``.
+    results. He-style scale for weights, norm scales around 1 and small biases keep activations
+    of order one through plain ReLU stacks; residual networks add them up with depth
+    (MobileNetV3's late blocks reach ~1e3), which makes such a model more sensitive to FP16
+    rounding than a trained one (docs/perf-notes.md, item 94). Returns ``model``.
     """
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():

@@ -185,6 +185,6 @@ NB_MODULE(_C, m) {
           std::future<std::string> done = kiln::get_backend(d).warm_up();
           return done.valid() ? done.get() : std::string();
         }, nanobind::arg("device"),
-        "Sets up the libraries of `device`'s backend (CUDA: the upload lanes, the checksum and launch fence kernels, cuBLASLt) "
+        "Sets up the libraries of `device`'s backend (CUDA: the upload lanes, the checksum, launch fence and graph fill kernels, cuBLASLt) "
         "once per process and says what it did and how long it took; '' when there was nothing to do or it was done before. Blocks.");
 }

@@ -4,8 +4,8 @@
 // (kInvalidArgument: a smaller batch or workspace may fit), anything else is kInternal. The
 // device properties are read once per device index (cudaGetDeviceProperties is slow enough
 // to matter when every make_kernel asks) and kept for the life of the process. Graph recording
-// (record_graph), the one place that sets the dependencies of a recorded graph, serves both an
-// engine's capture and the tactic timer.
+// (record_graph), the one place that sets the dependencies of a recorded graph and turns its
+// small memsets into kernels, serves both an engine's capture and the tactic timer.
 #include "src/backends/cuda/cuda_util.h"
 
 #include <atomic>
@@ -14,6 +14,8 @@
 #include <memory>
 #include <mutex>
 #include <vector>
+
+#include "src/backends/cuda/nvrtc.h"
 
 namespace kiln::cuda {
 
@@ -142,11 +144,69 @@ GraphPtr record_as_is(cudaStream_t stream, const std::function<void(cudaStream_t
   return GraphPtr(graph);
 }
 
+// The nodes next to `node` on one side: cudaGraphNodeGetDependencies (in front of it) or
+// cudaGraphNodeGetDependentNodes (after it). Only for a graph whose edges are all full.
+template <typename Query>
+std::vector<cudaGraphNode_t> neighbours(cudaGraphNode_t node, Query query) {
+  size_t n = 0;
+  KILN_CUDA_CHECK(query(node, nullptr, nullptr, &n));
+  std::vector<cudaGraphNode_t> out(n);
+  if (n) KILN_CUDA_CHECK(query(node, out.data(), nullptr, &n));
+  return out;
+}
+
 }  // namespace
+
+cudaKernel_t fill_kernel() {
+  return Module::support_kernel(R"(
+extern "C" __global__ void kiln_fill(unsigned char* dst, unsigned long long pitch, unsigned value, unsigned elem,
+                                     unsigned long long width, unsigned long long count) {
+  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < count;
+       i += (unsigned long long)gridDim.x * blockDim.x) {
+    unsigned char* p = dst + (i / width) * pitch + (i % width) * elem;
+    if (elem == 4) *reinterpret_cast<unsigned*>(p) = value;
+    else if (elem == 2) *reinterpret_cast<unsigned short*>(p) = (unsigned short)value;
+    else *p = (unsigned char)value;
+  }
+}
+)",
+                                "kiln_fill", "the graph fill kernel");
+}
+
+void small_memsets_as_kernels(cudaGraph_t graph) {
+  size_t n = 0;
+  KILN_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n) KILN_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    KILN_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    if (type != cudaGraphNodeTypeMemset) continue;
+    cudaMemsetParams m{};
+    KILN_CUDA_CHECK(cudaGraphMemsetNodeGetParams(node, &m));
+    unsigned long long width = m.width, count = m.width * m.height, pitch = m.pitch;
+    if (count == 0 || count * m.elementSize > kMaxFillBytes) continue;
+    unsigned char* dst = static_cast<unsigned char*>(m.dst);
+    unsigned value = m.value, elem = m.elementSize;
+    void* args[] = {&dst, &pitch, &value, &elem, &width, &count};
+    cudaKernelNodeParams k{};
+    k.func = reinterpret_cast<void*>(fill_kernel());
+    k.blockDim = dim3(256);
+    k.gridDim = dim3(unsigned((count + 255) / 256));
+    k.kernelParams = args;
+    const std::vector<cudaGraphNode_t> before = neighbours(node, cudaGraphNodeGetDependencies);
+    const std::vector<cudaGraphNode_t> after = neighbours(node, cudaGraphNodeGetDependentNodes);
+    cudaGraphNode_t fill = nullptr;
+    KILN_CUDA_CHECK(cudaGraphAddKernelNode(&fill, graph, before.data(), before.size(), &k));
+    for (cudaGraphNode_t next : after) KILN_CUDA_CHECK(cudaGraphAddDependencies(graph, &fill, &next, nullptr, 1));
+    KILN_CUDA_CHECK(cudaGraphDestroyNode(node));
+  }
+}
 
 GraphPtr record_graph(cudaStream_t stream, const std::function<void(cudaStream_t)>& launches) {
   GraphPtr graph = record_as_is(stream, launches);
   make_edges_full(graph.get());
+  small_memsets_as_kernels(graph.get());
   return graph;
 }
 

@@ -61,7 +61,23 @@ using GraphPtr = std::unique_ptr<CUgraph_st, GraphDeleter>;
 // produces its residual, read that residual early: ResNet-50 layer4.0 at batch 32 replayed
 // values 1e-2 to 7e-2 off, different on every replay. Keeping the other edges gained nothing
 // measurable: docs/perf-notes.md, item 23.)
+//
+// A memset node of at most kMaxFillBytes becomes a kernel node (small_memsets_as_kernels).
 GraphPtr record_graph(cudaStream_t stream, const std::function<void(cudaStream_t)>& launches);
+
+// Replaces every memset node of `graph` that sets at most kMaxFillBytes with a launch of
+// fill_kernel() in the same place (same dependencies, same bytes written); larger memsets stay.
+// A replay pays ~1.4 us of host time per memset node, against none for a chain of kernels (H100:
+// 93 kernels 4.7 us, with 12 memsets among them 21.2 us, with 12 fill kernels 3.4 us), and
+// cuDNN's flash attention for sm90 sets a 4-byte counter before every run (docs/perf-notes.md,
+// item 91). Needs a graph whose edges are all full.
+inline constexpr size_t kMaxFillBytes = 64 << 10;
+void small_memsets_as_kernels(cudaGraph_t graph);
+
+// The kernel that does a memset node's work in a graph: kiln_fill(dst, pitch, value,
+// element_size, width, width * height), element sizes 1, 2 and 4, one thread per element.
+// Compiled once per process (the warm-up does it ahead of the first capture).
+cudaKernel_t fill_kernel();
 
 // Whether what `launches` enqueues (recorded on a stream of its own, run nothing) holds a
 // programmatic edge: a kernel that may start before the one in front of it has finished. An
