@@ -448,9 +448,11 @@ PlanRunner::~PlanRunner() {
 void PlanRunner::run(void* const* ptrs, void* workspace, cudaStream_t stream) const {
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   KILN_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+  const bool direct = capturing == cudaStreamCaptureStatusNone;
   // Asked for before the lock: compiling the fence (when the warm-up has not) gives up the
-  // build's turn, which no lock may be held across (build_turn.h).
-  const cudaKernel_t fence = capturing == cudaStreamCaptureStatusNone ? launch_fence_kernel() : nullptr;
+  // build's turn, which no lock may be held across (build_turn.h). Not once the plan is known
+  // not to start early (starts_early_ only ever moves from -1).
+  const cudaKernel_t fence = direct && starts_early_.load() != 0 ? launch_fence_kernel() : nullptr;
   void* const ws = ws_ ? workspace : nullptr;
   const size_t n = uids_.size();
   std::lock_guard<std::mutex> g(mu_);
@@ -465,8 +467,8 @@ void PlanRunner::run(void* const* ptrs, void* workspace, cudaStream_t stream) co
     packs_.emplace_back(std::move(key), std::move(pack));
     vp = &packs_.back().second;
   }
-  if (fence) {
-    if (starts_early_ < 0) {
+  if (direct) {
+    if (starts_early_.load() < 0) {
       bool early = true;  // a plan that cannot be recorded keeps the fence
       try {
         early = starts_early([&](cudaStream_t s) {
@@ -475,9 +477,9 @@ void PlanRunner::run(void* const* ptrs, void* workspace, cudaStream_t stream) co
         });
       } catch (const Error&) {
       }
-      starts_early_ = early ? 1 : 0;
+      starts_early_.store(early ? 1 : 0);
     }
-    if (starts_early_) launch(fence, dim3(1), dim3(1), nullptr, 0, stream);
+    if (starts_early_.load() > 0) launch(fence, dim3(1), dim3(1), nullptr, 0, stream);
   }
   execute(plan_, *vp, stream);
 }

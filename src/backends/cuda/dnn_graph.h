@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <mutex>
@@ -194,7 +195,9 @@ class PlanRunner {
   size_t ws_ = 0;
   mutable std::mutex mu_;
   mutable std::vector<std::pair<std::vector<void*>, Desc>> packs_;  // key: pointers, then the workspace
-  mutable int starts_early_ = -1;  // whether the plan's launches start early; -1: not read yet (under mu_)
+  // Whether the plan's launches start early; -1: not read yet. Set once, under mu_; read before
+  // it, so that a direct run of a plan that does not start early skips the fence kernel's lookup.
+  mutable std::atomic<int> starts_early_{-1};
 };
 
 }  // namespace kiln::cuda
