@@ -128,24 +128,22 @@ void replay(cudaGraph_t graph, cudaStream_t s) {
 TEST(CudaGraphEdges, SmallMemsetsBecomeFillKernelsInTheirPlaceOfTheChain) {
   if (!backend_available(DeviceType::kCUDA)) GTEST_SKIP() << "no CUDA device";
   const Bump b;
-  int* p = b.p;
-  const cudaKernel_t bump = b.kernel;
   constexpr size_t kSmall = 1024, kLarge = cuda::kMaxFillBytes + 4096;
   Backend& be = get_backend(Device::parse("cuda:0"));
   std::shared_ptr<void> small = be.allocate(kSmall), large = be.allocate(kLarge);
   auto* sp = static_cast<uint8_t*>(small.get());
   ASSERT_EQ(cudaMemset(sp, 0xEE, kSmall), cudaSuccess);
   ASSERT_EQ(cudaMemset(large.get(), 0xEE, kLarge), cudaSuccess);
-  ASSERT_EQ(cudaMemset(p, 0, sizeof(int)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(b.p, 0, sizeof(int)), cudaSuccess);
   cudaStream_t s = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
 
   const cuda::GraphPtr graph = cuda::record_graph(s, [&](cudaStream_t rs) {
-    launch_bump(bump, p, rs, false);
+    launch_bump(b.kernel, b.p, rs, false);
     ASSERT_EQ(cudaMemsetAsync(sp + 3, 0x5A, 10, rs), cudaSuccess);
     ASSERT_EQ(cudaMemset2DAsync(sp + 64, 32, 0x11, 5, 3, rs), cudaSuccess);
     ASSERT_EQ(cudaMemsetAsync(large.get(), 0x22, kLarge, rs), cudaSuccess);  // over the limit: stays
-    launch_bump(bump, p, rs, false);
+    launch_bump(b.kernel, b.p, rs, false);
   });
   EXPECT_EQ(count_nodes(graph.get(), cudaGraphNodeTypeMemset), 1u);
   EXPECT_EQ(count_nodes(graph.get(), cudaGraphNodeTypeKernel), 4u);
@@ -175,7 +173,7 @@ TEST(CudaGraphEdges, SmallMemsetsBecomeFillKernelsInTheirPlaceOfTheChain) {
   ASSERT_EQ(cudaMemcpy(big.data(), large.get(), kLarge, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(big, std::vector<uint8_t>(kLarge, 0x22));
   int count = 0;
-  ASSERT_EQ(cudaMemcpy(&count, p, sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(&count, b.p, sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(count, 2);
   (void)cudaStreamDestroy(s);
 }
