@@ -13,6 +13,7 @@
 #include <map>
 
 #include "kiln/passes.h"
+#include "src/ops/shape_rules.h"
 #include "src/passes/pass_util.h"
 
 namespace kiln {
@@ -24,16 +25,6 @@ bool all_true(const Graph& g, ValueId v) {
   if (!val.is_constant() || val.type.dtype != DType::kBool || !val.data) return false;
   for (uint8_t b : *val.data)
     if (b == 0) return false;
-  return true;
-}
-
-// Whether a tensor of shape `m` broadcasts to `scores` (right-aligned, dims 1 or equal).
-bool broadcasts_to(const std::vector<int64_t>& m, const std::vector<int64_t>& scores) {
-  if (m.size() > scores.size()) return false;
-  for (size_t i = 0; i < m.size(); ++i) {
-    const int64_t a = m[m.size() - 1 - i], b = scores[scores.size() - 1 - i];
-    if (a != 1 && a != b) return false;
-  }
   return true;
 }
 
