@@ -2,6 +2,7 @@
 
     python3 benchmarks/gpu_models.py [--models resnet50,bert] [--batches 1,32] [--dtypes fp16,fp32]
                                      [--backends eager,inductor,ro,kiln,kiln-aot] [--runs 100] [--out DIR]
+    python3 benchmarks/gpu_models.py --merge RUN1/gpu_models.json RUN2/gpu_models.json ... [--out DIR]
 
 Models are built from configs with random weights (nothing is downloaded) and every parameter
 is re-randomized first (some heads start at zero, which would make any comparison pass):
@@ -17,9 +18,12 @@ precision, backend):
   pipe_ms     time per call when --runs calls are issued back to back (the larger of the host's
               and the device's time per call)
   vs_ro       inductor reduce-overhead's ms / this backend's ms (> 1: faster than ro)
-  rel_err     ||out - ref|| / ||ref|| against eager FP32 on the same inputs
-  rel_same    the same against eager in the row's own precision (what the backend's arithmetic
-              adds; rel_err also holds the model's own sensitivity to FP16 / BF16 rounding)
+  rel_err     ||out - ref|| / ||ref|| against eager FP32 on the same inputs, computed with TF32
+              off (TF32 keeps FP16's 10-bit mantissa: a TF32 reference is itself as far from FP32
+              as an FP16 row can be, 4e-2 for MobileNetV3)
+  rel_same    the same against eager in the row's own precision, as the row runs (FP32 rows:
+              TF32 allowed); what the backend's arithmetic adds, where rel_err also holds the
+              model's own sensitivity to FP16 / BF16 / TF32 rounding
   compile_s   compile and first call, seconds, from empty caches (Kiln's timing cache, inductor's
               and Triton's compiled code), after the backend's one-time setup (see peak_mib)
   warm_s      Kiln only: the same compile again in this process after torch._dynamo.reset(),
@@ -33,13 +37,21 @@ precision, backend):
   weights_mib the model's parameters and buffers in the row's precision (Kiln's target: its
               peak at most eager's plus one copy of the weights)
 
-FP32 rows allow TF32 (torch.backends.cuda.matmul.allow_tf32 and cuDNN's), as Kiln does.
+FP32 rows allow TF32 (torch.backends.cuda.matmul.allow_tf32 and cuDNN's), as Kiln does; the
+FP32 reference of rel_err does not.
 Results go to DIR/gpu_models.json and DIR/gpu_models.md (a Markdown table).
+
+--merge (no device needed) writes the table of several runs' JSON files, one process each: per
+row, the median of each column over the runs, and vs_ro from the median ms. A `kiln` or `ro` row
+is the host time in front of the device work plus the device time, and the host part of a whole
+row can double when the machine's host is slow for a few seconds; the median of three or more
+processes is not decided by one such row.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import json
@@ -49,7 +61,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +114,17 @@ def model_on_gpu(name: str, batch: int, dtype: torch.dtype) -> tuple[torch.nn.Mo
     randomize_weights(model.eval())
     model = model.cuda().to(dtype)
     return model, [x.cuda().to(dtype) if x.is_floating_point() else x.cuda() for x in inputs]
+
+
+@contextlib.contextmanager
+def tf32_allowed(allowed: bool) -> Iterator[None]:
+    """TF32 in cuBLAS and cuDNN on or off for the block, restored after it."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = allowed
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def used_bytes() -> int:
@@ -214,7 +237,8 @@ def run_row(name: str, batch: int, dtype_name: str, backend: str, runs: int) -> 
     randomize_weights(model.eval())
     inputs = [x.cuda() for x in inputs]
     with torch.no_grad():
-        ref = first_output(model.cuda()(*inputs)).float()
+        with tf32_allowed(False):
+            ref = first_output(model.cuda()(*inputs)).float()
         model = model.to(dtype)
         row.weights_mib = sum(t.numel() * t.element_size()
                               for t in list(model.parameters()) + list(model.buffers())) / 2**20
@@ -251,12 +275,12 @@ def run_row(name: str, batch: int, dtype_name: str, backend: str, runs: int) -> 
     return row
 
 
-def markdown(rows: list[Row], setups: list[Setup], device: str) -> str:
-    lines = [f"Device: {device}; torch {torch.__version__}; Kiln {kiln.__version__}.", "",
+def markdown(rows: list[Row], setups: list[Setup], header: str) -> str:
+    lines = [header, "",
              "One-time setup of the process, before the first row (device memory it left in use, "
              "seconds; not in any row): " + ", ".join(f"{s.backend} {s.mib:.0f} MiB {s.seconds:.1f} s" for s in setups)
              + ".", "",
-             "| model | batch | dtype | backend | ms | host ms | pipelined ms | vs ro | rel err vs FP32 eager | "
+             "| model | batch | dtype | backend | ms | host ms | pipelined ms | vs ro | rel err vs FP32 eager (TF32 off) | "
              "vs eager, same dtype | compile s | warm s | peak MiB | weights MiB |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -277,6 +301,52 @@ def markdown(rows: list[Row], setups: list[Setup], device: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def set_vs_ro(rows: list[Row]) -> None:
+    """Each row's vs_ro: reduce-overhead's ms for the same model, batch and dtype over its own."""
+    ro = {(r.model, r.batch, r.dtype): r.ms for r in rows if r.backend == "ro"}
+    for r in rows:
+        r.vs_ro = ro.get((r.model, r.batch, r.dtype), float("nan")) / r.ms
+
+
+def write_tables(out: Path, rows: list[Row], setups: list[Setup], header: str) -> str:
+    (out / "gpu_models.json").write_text(json.dumps(
+        {"header": header, "setup": [dataclasses.asdict(x) for x in setups],
+         "rows": [dataclasses.asdict(r) for r in rows]}, indent=1))
+    table = markdown(rows, setups, header)
+    (out / "gpu_models.md").write_text(table)
+    return table
+
+
+def merge(paths: list[str]) -> tuple[list[Row], list[Setup], str]:
+    """Rows and setups that are, field by field, the median over several runs' JSON files."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+
+    def median(values: list[float]) -> float:
+        known = [v for v in values if v == v]
+        return statistics.median(known) if known else float("nan")
+
+    measured = [f.name for f in dataclasses.fields(Row) if isinstance(f.default, float) and f.name != "vs_ro"]
+    grouped: dict[tuple[str, int, str, str], list[dict[str, Any]]] = {}
+    for run in runs:
+        for r in run["rows"]:
+            grouped.setdefault((r["model"], r["batch"], r["dtype"], r["backend"]), []).append(r)
+    rows = []
+    for (model, batch, dtype, backend), found in grouped.items():
+        notes = sorted({r["note"] for r in found if r["note"]})
+        row = Row(model, batch, dtype, backend, note="; ".join(notes))
+        for name in measured:
+            setattr(row, name, median([r[name] for r in found]))
+        rows.append(row)
+    set_vs_ro(rows)
+    by_backend: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        for x in run["setup"]:
+            by_backend.setdefault(x["backend"], []).append(x)
+    setups = [Setup(b, median([x["mib"] for x in xs]), median([x["seconds"] for x in xs])) for b, xs in by_backend.items()]
+    headers = sorted({run.get("header", "(a run without a header line)") for run in runs})
+    return rows, setups, " / ".join(headers) + f" Per row, the median of {len(runs)} runs, a process each."
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="resnet50,mobilenet_v3_large,vit_b_16,bert")
@@ -286,8 +356,14 @@ def main() -> None:
     parser.add_argument("--backends", default="eager,inductor,ro,kiln")
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--out", default=".")
+    parser.add_argument("--merge", nargs="+", metavar="JSON", help="write the per-row median of these runs' tables")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        log.info("\n%s", write_tables(out, *merge(args.merge)))
+        return
     if not torch.cuda.is_available():
         raise SystemExit("gpu_models.py needs a CUDA device")
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -305,8 +381,8 @@ def main() -> None:
     backends = args.backends.split(",")
     setups = set_up_backends(backends, DTYPES[args.dtypes.split(",")[0]])
     rows: list[Row] = []
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    table = ""
+    header = f"Device: {torch.cuda.get_device_name()}; torch {torch.__version__}; Kiln {kiln.__version__}."
     fp32_models = set(args.fp32_models.split(","))
     for name in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
@@ -322,15 +398,10 @@ def main() -> None:
                         row = Row(name, batch, dtype_name, backend, note=f"failed: {type(err).__name__}")
                     group.append(row)
                     log.info("%s", row)
-                ro = next((r.ms for r in group if r.backend == "ro"), float("nan"))
-                for r in group:
-                    r.vs_ro = ro / r.ms
                 rows.extend(group)
-                (out / "gpu_models.json").write_text(json.dumps(
-                    {"setup": [dataclasses.asdict(x) for x in setups], "rows": [dataclasses.asdict(r) for r in rows]},
-                    indent=1))
-                (out / "gpu_models.md").write_text(markdown(rows, setups, torch.cuda.get_device_name()))
-    log.info("\n%s", markdown(rows, setups, torch.cuda.get_device_name()))
+                set_vs_ro(rows)
+                table = write_tables(out, rows, setups, header)
+    log.info("\n%s", table)
 
 
 if __name__ == "__main__":

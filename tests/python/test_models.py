@@ -11,6 +11,7 @@ import torch
 import torchvision
 
 from harness import compile_and_compare, randomize
+from kiln.testing import relative_error
 
 
 def resnet18() -> tuple[torch.nn.Module, list[Any]]:
@@ -50,8 +51,10 @@ def test_model_matches_eager_fully_in_engines(name: str) -> None:
     model, inputs = MODELS[name]()
     model = randomize(model.eval())
     result = compile_and_compare(model, inputs, atol=1e-4, rtol=1e-4)
-    # The comparison means something only if the outputs are not vanishingly small.
-    assert all(t.float().std() > 0.05 for t in result.expected if t.numel() > 1), \
-        [float(t.float().std()) for t in result.expected]
+    # assert_close's atol is absolute; the relative error holds at any output scale (a head
+    # re-drawn around zero gives logits of ~1e-2); an output of one repeated value would match trivially.
+    for got, want in zip(result.outputs, result.expected):
+        assert want.numel() == 1 or want.float().std() > 0, "constant output"
+        assert relative_error(got, want) <= 1e-4, relative_error(got, want)
     assert not result.ops_in_pytorch, f"{name}: ops left in PyTorch: {dict(result.ops_in_pytorch)}"
     assert result.coverage == 100.0 and result.engines >= 1
