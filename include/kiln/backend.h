@@ -56,6 +56,14 @@ class Kernel {
   // generated code), so that a refit that rewrites one must make the kernel again. Kernels that
   // only take constants by pointer say false; refit then leaves them as they are.
   virtual bool bakes_constants() const { return true; }
+  // Whether output 0 may be written over the bytes of inputs[input] (the memory planner then
+  // places it there when nothing reads that input later): true only where the kernel's result is
+  // the same either way, e.g. one that reads each element of that input before it writes the
+  // output element at the same position and no other. Asked once per node when an engine is made.
+  virtual bool writes_over_input(size_t input) const {
+    (void)input;
+    return false;
+  }
 };
 
 // A recorded sequence of kernel launches that replays as one unit (a CUDA graph).

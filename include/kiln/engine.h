@@ -27,6 +27,7 @@
 // execute() captures again, since a refit may remake kernels.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -122,6 +123,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   static std::shared_ptr<Engine> from_file_bytes(const uint8_t* data, size_t size, const Device& device,
                                                  std::shared_ptr<void> owner);
   void own_refittable_constants();
+  // The arena and workspace room in constant_memory_ for one context at a time (null when taken
+  // or absent); giving the pointer back frees the room for the next context.
+  std::shared_ptr<void> take_context_memory() const;
   // Makes constant `c` the engine's own again if it is borrowed (before a refit writes it).
   void stop_borrowing(ValueId c);
 
@@ -134,7 +138,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   Backend* backend_ = nullptr;
   std::vector<std::unique_ptr<Kernel>> kernels_;       // one per plan node
   std::vector<Bytes> kernel_states_;                   // Kernel::state() per node (engine files)
-  std::shared_ptr<void> constant_memory_;               // device copies of the constants, one block
+  std::shared_ptr<void> constant_memory_;               // device copies of the constants, one block,
+  void* context_memory_ = nullptr;                      // then one context's arena and workspace
+  mutable std::atomic<bool> context_memory_taken_{false};
   std::vector<const void*> constant_ptr_;               // per ValueId, null unless constant
   std::vector<std::shared_ptr<const void>> borrowed_;  // per ValueId: the owner of a borrowed weight
   std::vector<std::shared_ptr<void>> own_copies_;      // device copies of weights borrowed before a refit

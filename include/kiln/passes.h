@@ -92,9 +92,13 @@ struct MemoryPlan {
   size_t arena_bytes = 0;        // what the plan needs
   size_t naive_bytes = 0;        // sum of every intermediate's size, aliases included (no reuse)
   size_t aliased_values = 0;     // intermediates placed on their input's bytes by the alias rule
+  size_t in_place_values = 0;    // node outputs written over an input's bytes (the in-place rule)
   size_t alignment = 64;
 };
-MemoryPlan plan_memory(const Graph& g, size_t alignment = 64, bool alias_views = true);
+// in_place: empty, or per node the index of the input whose bytes its output 0 may take (the
+// kernel's Kernel::writes_over_input), -1 for none.
+MemoryPlan plan_memory(const Graph& g, size_t alignment = 64, bool alias_views = true,
+                       const std::vector<int>& in_place = {});
 // Whether node n's single output holds exactly its single input's bytes (a reshape, a copy, or
 // a permute / expand / slice that reads its input in order: same dtype and byte count, tensors
 // being dense and row-major), so the two may share storage.

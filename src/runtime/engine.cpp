@@ -2,17 +2,25 @@
 #include "kiln/engine.h"
 
 #include <algorithm>
-#include <future>
 #include <iomanip>
 #include <numeric>
 #include <sstream>
-#include <system_error>
 #include <unordered_map>
 
 #include "kiln/errors.h"
 #include "src/common/stopwatch.h"
 
 namespace kiln {
+
+namespace {
+
+// Offsets within an engine's device block: multiples of the backend's alignment and of 256 bytes.
+size_t block_rounded(const Backend& be, size_t bytes) {
+  const size_t align = std::max<size_t>(be.alignment(), 256);
+  return (bytes + align - 1) / align * align;
+}
+
+}  // namespace
 
 std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const KernelOptions& options,
                                        std::string build_log, const std::vector<Bytes>& kernel_states,
@@ -36,9 +44,7 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
 
   for (ValueId in : g.inputs()) e->inputs_.push_back({g.value(in).name, g.type(in)});
   for (ValueId out : g.outputs()) e->outputs_.push_back({g.value(out).name, g.type(out)});
-  e->memory_ = plan_memory(g, be.alignment());
 
-  const Stopwatch constants_watch;
   e->constant_ptr_.assign(size_t(g.num_values()), nullptr);
   e->borrowed_.assign(size_t(g.num_values()), nullptr);
   // A plan weight holds the bytes of the weight of its name: a borrowed one that fits is read in place.
@@ -54,47 +60,11 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
       own.push_back(c);
     }
   }
-  std::vector<Backend::HostCopy> copies;
-  if (device.type == DeviceType::kCPU) {
+  if (device.type == DeviceType::kCPU)
     for (ValueId c : own)
       e->constant_ptr_[c] = g.value(c).data->data();  // the plan owns the bytes for the engine's lifetime
-  } else {
-    // One device block for the constants: an allocation per constant is rounded up by the
-    // driver (up to 2 MiB for large ones), which cost transformer engines ~55 MiB.
-    const size_t align = std::max<size_t>(be.alignment(), 256);
-    std::vector<size_t> offset;
-    size_t total = 0;
-    for (ValueId c : own) {
-      offset.push_back(total);
-      total += (g.value(c).data->size() + align - 1) / align * align;
-    }
-    if (total) e->constant_memory_ = be.allocate(total);
-    size_t i = 0;
-    for (ValueId c : own) {
-      const Value& v = g.value(c);
-      void* p = static_cast<uint8_t*>(e->constant_memory_.get()) + offset[i++];
-      copies.push_back({p, v.data->data(), v.data->size()});
-      e->constant_ptr_[c] = p;
-    }
-  }
   KILN_CHECK(kernel_states.empty() || kernel_states.size() == g.nodes().size(), kCorrupted,
              kernel_states.size(), " kernel states for a plan of ", g.nodes().size(), " nodes");
-  // Kernels take constants by address when they run, so a load uploads them while it remakes
-  // the kernels. A build uploads first: its kernels time their tactics, which concurrent copies
-  // would slow down.
-  double constants_ms = 0;
-  auto upload = [&] {
-    be.upload(copies);
-    constants_ms = constants_watch.ms();
-  };
-  std::future<void> uploading;
-  if (!copies.empty() && !kernel_states.empty()) {
-    try {
-      uploading = std::async(std::launch::async, upload);
-    } catch (const std::system_error&) {  // no thread to spare
-    }
-  }
-  if (!uploading.valid() && !copies.empty()) upload();
   std::ostringstream log;
   log << build_log;
   // Where the kernels' time goes: the slowest to make (cuDNN plans to finalize, tactics to time),
@@ -115,7 +85,41 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
     e->kernel_states_.push_back(kernels[i]->state());
     e->kernels_.push_back(std::move(kernels[i]));
   }
-  if (uploading.valid()) uploading.get();
+  // The memory plan follows the kernels: a kernel that may write its output over an input's
+  // bytes lets the planner put them there (Kernel::writes_over_input).
+  std::vector<int> in_place(g.nodes().size(), -1);
+  for (size_t i = 0; i < g.nodes().size(); ++i)
+    for (size_t k = 0; k < g.nodes()[i]->inputs.size() && in_place[i] < 0; ++k)
+      if (g.nodes()[i]->inputs[k] != kNoValue && e->kernels_[i]->writes_over_input(k)) in_place[i] = int(k);
+  e->memory_ = plan_memory(g, be.alignment(), true, in_place);
+  // Kernels take constants by address when they run, so the device copies follow the kernels.
+  // One device block holds the constants, and one context's arena and workspace when they are
+  // 2 MiB or more (the first context's; later ones allocate their own): the driver rounds such
+  // an allocation up to whole 2 MiB pages (an allocation per constant cost transformer engines
+  // ~55 MiB), while a smaller one shares a page the driver already holds.
+  constexpr size_t kOwnPages = size_t(2) << 20;
+  double constants_ms = 0;
+  if (device.type != DeviceType::kCPU) {
+    std::vector<size_t> offset;
+    size_t total = 0;
+    for (ValueId c : own) {
+      offset.push_back(total);
+      total += block_rounded(be, g.value(c).data->size());
+    }
+    size_t context_bytes = block_rounded(be, e->memory_.arena_bytes) + e->workspace_;
+    if (context_bytes < kOwnPages) context_bytes = 0;
+    if (total + context_bytes) e->constant_memory_ = be.allocate(total + context_bytes);
+    if (context_bytes) e->context_memory_ = static_cast<uint8_t*>(e->constant_memory_.get()) + total;
+    std::vector<Backend::HostCopy> copies;
+    for (size_t i = 0; i < own.size(); ++i) {
+      void* p = static_cast<uint8_t*>(e->constant_memory_.get()) + offset[i];
+      copies.push_back({p, g.value(own[i]).data->data(), g.value(own[i]).data->size()});
+      e->constant_ptr_[own[i]] = p;
+    }
+    const Stopwatch upload_watch;
+    if (!copies.empty()) be.upload(copies);
+    constants_ms = upload_watch.ms();
+  }
   KILN_CHECK(e->workspace_ <= options.workspace_limit, kInvalidArgument, "the plan needs ", e->workspace_,
              " bytes of workspace, over the workspace limit of ", options.workspace_limit);
   std::vector<size_t> slowest(g.nodes().size());
@@ -135,6 +139,7 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
   log << (top ? ")\n" : "\n");
   if (kernel_states.empty()) {
     log << "memory: arena " << e->memory_.arena_bytes << " bytes (naive " << e->memory_.naive_bytes << ")";
+    if (e->memory_.in_place_values) log << ", " << e->memory_.in_place_values << " outputs written in place";
     if (size_t b = e->borrowed_bytes()) log << ", weights read in place " << b << " bytes";
     log << "\n";
   }
@@ -194,6 +199,12 @@ void Engine::own_refittable_constants() {
   }
 }
 
+std::shared_ptr<void> Engine::take_context_memory() const {
+  if (!context_memory_ || context_memory_taken_.exchange(true)) return nullptr;
+  std::shared_ptr<const Engine> self = shared_from_this();  // the block lives as long as the engine
+  return std::shared_ptr<void>(context_memory_, [self](void*) { self->context_memory_taken_ = false; });
+}
+
 size_t Engine::borrowed_bytes() const {
   size_t n = 0;
   for (ValueId c : plan_.constants())
@@ -232,8 +243,14 @@ ExecutionContext::ExecutionContext(std::shared_ptr<const Engine> engine, bool us
   const Engine& e = *engine_;
   const Graph& g = e.plan_;
   Backend& be = *e.backend_;
-  if (e.memory_.arena_bytes) arena_ = be.allocate(e.memory_.arena_bytes);
-  if (e.workspace_) workspace_ = be.allocate(e.workspace_);
+  if (std::shared_ptr<void> block = e.take_context_memory()) {  // the engine's block has room for one context
+    uint8_t* base = static_cast<uint8_t*>(block.get());
+    if (e.memory_.arena_bytes) arena_ = std::shared_ptr<void>(block, base);
+    if (e.workspace_) workspace_ = std::shared_ptr<void>(block, base + block_rounded(be, e.memory_.arena_bytes));
+  } else {
+    if (e.memory_.arena_bytes) arena_ = be.allocate(e.memory_.arena_bytes);
+    if (e.workspace_) workspace_ = be.allocate(e.workspace_);
+  }
   slot_.assign(size_t(g.num_values()), nullptr);
   for (ValueId v = 0; v < g.num_values(); ++v)
     if (e.memory_.offsets[v] >= 0) slot_[v] = static_cast<uint8_t*>(arena_.get()) + e.memory_.offsets[v];

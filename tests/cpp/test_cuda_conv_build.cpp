@@ -245,8 +245,10 @@ std::vector<float> random_values(size_t n, std::mt19937& rng) {
   return v;
 }
 
-// Runs `k` on `backend` with f32 inputs; returns the f32 output.
-std::vector<float> run_kernel(Backend& be, const Kernel& k, const std::vector<std::vector<float>>& ins, size_t out_n) {
+// Runs `k` on `backend` with f32 inputs; returns the f32 output. With `over_input` >= 0 the
+// output is written over that input's buffer.
+std::vector<float> run_kernel(Backend& be, const Kernel& k, const std::vector<std::vector<float>>& ins, size_t out_n,
+                              int over_input = -1) {
   std::vector<std::shared_ptr<void>> bufs;
   std::vector<const void*> in_ptrs;
   for (const auto& v : ins) {
@@ -254,7 +256,7 @@ std::vector<float> run_kernel(Backend& be, const Kernel& k, const std::vector<st
     be.copy_from_host(bufs.back().get(), v.data(), v.size() * 4, nullptr);
     in_ptrs.push_back(bufs.back().get());
   }
-  auto out = be.allocate(out_n * 4);
+  auto out = over_input >= 0 ? bufs[size_t(over_input)] : be.allocate(out_n * 4);
   auto ws = be.allocate(std::max<size_t>(k.workspace_size(), 1));
   void* outs[] = {out.get()};
   RunContext rc;
@@ -293,6 +295,43 @@ TEST(CudaConvDevice, FusedEpilogueMatchesCpuAndStateRemakesTheSamePlan) {
   auto again = gpu.make_kernel(*c.node, c.g, opt, &state);
   EXPECT_EQ(again->state(), state);
   EXPECT_EQ(run_kernel(gpu, *again, ins, out_n), y);
+}
+
+TEST(CudaConvDevice, WritesOverItsResidualWhereThePlanGivesTheSameBytes) {
+  if (!backend_available(DeviceType::kCUDA)) GTEST_SKIP() << "no CUDA device";
+  setenv("KILN_DISABLE_TF32", "1", 1);
+  Attrs silu = attrs_2d(1, 1, 1, 1);
+  silu.set("activation", std::string("silu"));
+  Attrs relu = attrs_2d(1, 0, 1, 1);
+  relu.set("activation", std::string("relu"));
+  relu.set("layout", std::string("nhwc"));
+  Attrs plain = attrs_2d(1, 1, 1, 1);
+  std::vector<ConvGraph> convs;
+  convs.push_back(conv_graph(OpKind::kConv, DType::kF32, {2, 8, 9, 9}, {16, 8, 3, 3}, true, silu, true));
+  convs.push_back(conv_graph(OpKind::kConv, DType::kF32, {2, 14, 14, 64}, {256, 1, 1, 64}, true, relu, true));
+  convs.push_back(conv_graph(OpKind::kConv, DType::kF32, {2, 8, 9, 9}, {16, 8, 3, 3}, false, plain, false));
+  Backend& gpu = get_backend(Device::parse("cuda:0"));
+  // A ResNet bottleneck's last conv in FP16, channels-last: cuDNN fuses its residual, and the
+  // fused plan runs in place (runs_in_place checked it on random data).
+  const ConvGraph half = conv_graph(OpKind::kConv, DType::kF16, {2, 14, 14, 64}, {256, 1, 1, 64}, true, relu, true);
+  auto hk = gpu.make_kernel(*half.node, half.g, KernelOptions{});
+  EXPECT_TRUE(hk->writes_over_input(3)) << hk->describe();
+  EXPECT_FALSE(hk->writes_over_input(0));
+  std::mt19937 rng(5);
+  for (const ConvGraph& c : convs) {
+    auto k = gpu.make_kernel(*c.node, c.g, KernelOptions{});
+    SCOPED_TRACE(k->describe());
+    for (size_t i = 0; i < 3; ++i) EXPECT_FALSE(k->writes_over_input(i));
+    if (c.node->inputs.size() < 4) {
+      EXPECT_FALSE(k->writes_over_input(3));  // no residual: nothing to write over
+      continue;
+    }
+    if (!k->writes_over_input(3)) continue;  // e.g. a plan of the conv alone + a separate epilogue
+    std::vector<std::vector<float>> ins;
+    for (ValueId v : c.node->inputs) ins.push_back(random_values(size_t(c.g.type(v).numel()), rng));
+    const size_t out_n = size_t(c.g.type(c.node->outputs[0]).numel());
+    EXPECT_EQ(run_kernel(gpu, *k, ins, out_n, 3), run_kernel(gpu, *k, ins, out_n));
+  }
 }
 
 }  // namespace

@@ -86,6 +86,26 @@ class ConvKernel final : public Kernel {
 
   size_t workspace_size() const override { return runner_.workspace_size(); }
   bool bakes_constants() const override { return false; }  // weights and bias by pointer
+  // The residual (input 3) may share the output's bytes when the fused plan gives the same
+  // result in place; a separate epilogue reads the residual after the conv has written the
+  // output, so it may not. Checked once per kernel, on the device it was made for; a check that
+  // cannot run (no memory for its scratch buffers) answers no.
+  bool writes_over_input(size_t input) const override {
+    if (input != 3 || !q_.residual || epi_.fn) return false;
+    std::call_once(in_place_checked_, [this] {
+      int previous = 0;
+      if (cudaGetDevice(&previous) != cudaSuccess || (previous != device_ && cudaSetDevice(device_) != cudaSuccess))
+        return;
+      try {
+        in_place_ = runs_in_place(q_, *this);
+      } catch (const Error&) {
+        in_place_ = false;
+        (void)cudaGetLastError();  // an allocation failure is not sticky: clear it for the next call
+      }
+      if (previous != device_) (void)cudaSetDevice(previous);
+    });
+    return in_place_;
+  }
   std::string describe() const override { return desc_; }
   void add_note(const std::string& note) { desc_ += "; " + note; }
   Bytes state() const override {
@@ -94,6 +114,9 @@ class ConvKernel final : public Kernel {
 
  private:
   static constexpr size_t kMaxPtrs = 7;  // x, w, bias, residual, two scalars, y
+  int device_ = current_device().index;  // the device the kernel was made for
+  mutable std::once_flag in_place_checked_;
+  mutable bool in_place_ = false;
   ConvGeom q_;
   ConvOpGraph og_;  // the plan was made from these descriptors: they live as long as it does
   PlanRunner runner_;

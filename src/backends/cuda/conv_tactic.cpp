@@ -271,4 +271,30 @@ ConvPlan search_conv_plan(const ConvGeom& q, const KernelOptions& options, const
   KILN_FAIL(kUnsupported, what, ": cuDNN has no engine for it: ", log);
 }
 
+bool runs_in_place(const ConvGeom& q, const Kernel& k) {
+  const DType dt = q.dtype;
+  const size_t es = dtype_size(dt), nx = size_t(q.N * q.C * q.H * q.W), nw = size_t(q.W0 * q.W1 * q.KH * q.KW),
+               ny = size_t(q.y_numel());
+  ScratchBuffer x(nx * es), w(nw * es), bias(size_t(q.O) * es), res(ny * es), y(ny * es), over(ny * es),
+      ws(k.workspace_size());
+  fill_random(x.get(), nx, dt, 1);
+  fill_random(w.get(), nw, dt, 2);
+  if (q.bias) fill_random(bias.get(), size_t(q.O), dt, 3);
+  fill_random(res.get(), ny, dt, 4);
+  KILN_CUDA_CHECK(cudaMemcpy(over.get(), res.get(), ny * es, cudaMemcpyDeviceToDevice));
+  const void* ins[4] = {x.get(), w.get(), q.bias ? bias.get() : nullptr, res.get()};
+  void* outs[1] = {y.get()};
+  RunContext rc;
+  rc.workspace = ws.get();
+  rc.workspace_size = k.workspace_size();
+  k.run(ins, outs, rc);
+  ins[3] = outs[0] = over.get();
+  k.run(ins, outs, rc);
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> a = read_back(y.get(), ny, dt), b = read_back(over.get(), ny, dt);
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!(a[i] == b[i]) && !(std::isnan(a[i]) && std::isnan(b[i]))) return false;
+  return true;
+}
+
 }  // namespace kiln::cuda

@@ -34,6 +34,11 @@ bool strict_f32(DType dt);
 // kernel). Throws kUnsupported (with cuDNN's reasons) when no engine runs the conv.
 ConvPlan search_conv_plan(const ConvGeom& q, const KernelOptions& options, const std::string& what, uint64_t sig,
                           bool conv_only = false);
+// Whether `k` (a conv kernel of `q`, with a residual) gives the same output when its output is
+// written over its residual input: one run with separate buffers and one in place, on random
+// inputs, compared element for element (up to a million elements spread over the output). cuDNN
+// does not document in-place runs, so each plan is checked where its engine is made.
+bool runs_in_place(const ConvGeom& q, const Kernel& k);
 // False (and *why) when cuDNN refuses the saved choice `c`.
 bool rebuild_conv_plan(const ConvGeom& q, cudnnHandle_t h, const ConvChoice& c, const std::string& what, ConvPlan& out,
                        std::string* why);

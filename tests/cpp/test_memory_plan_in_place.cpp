@@ -1,0 +1,191 @@
+// The memory planner's in-place rule (src/passes/memory_plan.cpp): a node whose kernel may write
+// its output over one of its inputs (Kernel::writes_over_input) gets that input's bytes when the
+// input is an arena value read by nothing later and by no other input of the node. Checked here
+// on hand-built plans (taken, and refused for a later reader, a second input in the same block,
+// a graph input, another size, bad entries), and on a GPU (skipped without one): a conv with a
+// residual writes over it only where the plan gives the same bytes, a residual-block engine
+// matches the CPU one with its output written in place, and the engine's first context takes
+// its arena from the engine's own device block while later contexts allocate their own.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+
+#include "kiln/kiln.h"
+#include "tests/cpp/error_test_util.h"
+#include "tests/cpp/pass_test_util.h"
+
+namespace {
+
+using namespace kiln;
+using kiln::test::code_of;
+using Shape = std::vector<int64_t>;
+
+struct Chain {
+  Graph g;
+  ValueId a = kNoValue, b = kNoValue, c = kNoValue;
+};
+
+// a = relu(x); b = neg(a); c = add(b, a) (node 2, which may write over its input 1, a); then
+// y = relu(c), or with `reads_a_later` y = add(c, a).
+Chain chain(bool reads_a_later, const Shape& shape = {4, 32}) {
+  Chain ch;
+  Graph& g = ch.g;
+  const ValueId x = g.add_input("x", TensorType(DType::kF32, shape));
+  ch.a = g.add_node1(OpKind::kRelu, {x}, {});
+  ch.b = g.add_node1(OpKind::kNeg, {ch.a}, {});
+  ch.c = g.add_node1(OpKind::kAdd, {ch.b, ch.a}, {});
+  const ValueId y = reads_a_later ? g.add_node1(OpKind::kAdd, {ch.c, ch.a}, {}) : g.add_node1(OpKind::kRelu, {ch.c}, {});
+  g.mark_output(y, "y");
+  return ch;
+}
+
+std::vector<int> only(size_t node, int input, size_t nodes) {
+  std::vector<int> v(nodes, -1);
+  v[node] = input;
+  return v;
+}
+
+TEST(MemoryPlanInPlace, OutputTakesTheInputsBytesAtItsLastUse) {
+  const Chain ch = chain(false);
+  const MemoryPlan plain = plan_memory(ch.g, 64);
+  const MemoryPlan p = plan_memory(ch.g, 64, true, only(2, 1, 4));
+  EXPECT_EQ(plain.in_place_values, 0u);
+  EXPECT_NE(plain.offsets[size_t(ch.c)], plain.offsets[size_t(ch.a)]);
+  EXPECT_EQ(p.in_place_values, 1u);
+  EXPECT_EQ(p.offsets[size_t(ch.c)], p.offsets[size_t(ch.a)]);
+  // b is live with a (and c) and keeps bytes of its own.
+  const int64_t bytes = int64_t(ch.g.type(ch.a).nbytes());
+  const int64_t a0 = p.offsets[size_t(ch.a)], b0 = p.offsets[size_t(ch.b)];
+  EXPECT_TRUE(a0 + bytes <= b0 || b0 + bytes <= a0);
+  EXPECT_EQ(p.arena_bytes, 2 * size_t(bytes));
+  EXPECT_LT(p.arena_bytes, plain.arena_bytes);
+}
+
+TEST(MemoryPlanInPlace, NotWhenALaterNodeReadsTheInput) {
+  const Chain ch = chain(true);
+  const MemoryPlan p = plan_memory(ch.g, 64, true, only(2, 1, 4));
+  EXPECT_EQ(p.in_place_values, 0u);
+  EXPECT_NE(p.offsets[size_t(ch.c)], p.offsets[size_t(ch.a)]);
+  EXPECT_EQ(p.offsets, plan_memory(ch.g, 64).offsets);
+}
+
+TEST(MemoryPlanInPlace, NotWhenAnotherInputOfTheNodeSharesTheBlock) {
+  Graph g;
+  const ValueId x = g.add_input("x", TensorType(DType::kF32, {4, 32}));
+  const ValueId a = g.add_node1(OpKind::kRelu, {x}, {});
+  Attrs shape;
+  shape.set("shape", Shape{128});
+  const ValueId flat = g.add_node1(OpKind::kReshape, {a}, shape);  // an alias of a: the same block
+  Attrs back;
+  back.set("shape", Shape{4, 32});
+  const ValueId again = g.add_node1(OpKind::kReshape, {flat}, back);
+  const ValueId c = g.add_node1(OpKind::kAdd, {a, again}, {});  // may write over input 1
+  g.mark_output(g.add_node1(OpKind::kRelu, {c}, {}), "y");
+  const MemoryPlan p = plan_memory(g, 64, true, only(3, 1, 5));
+  EXPECT_EQ(p.aliased_values, 2u);
+  EXPECT_EQ(p.in_place_values, 0u);
+  EXPECT_NE(p.offsets[size_t(c)], p.offsets[size_t(a)]);
+}
+
+TEST(MemoryPlanInPlace, NotOverAGraphInputOrAValueOfAnotherSize) {
+  Graph g;
+  const ValueId x = g.add_input("x", TensorType(DType::kF32, {4, 32}));
+  const ValueId a = g.add_node1(OpKind::kAdd, {x, x}, {});  // may write over input 0, a graph input
+  Attrs sum;
+  sum.set("axes", Shape{1});
+  sum.set("keepdim", true);
+  const ValueId s = g.add_node1(OpKind::kReduceSum, {a}, sum);  // may write over a: another size
+  g.mark_output(g.add_node1(OpKind::kRelu, {s}, {}), "y");
+  std::vector<int> in_place = {0, 0, -1};
+  const MemoryPlan p = plan_memory(g, 64, true, in_place);
+  EXPECT_EQ(p.in_place_values, 0u);
+  EXPECT_EQ(p.offsets, plan_memory(g, 64).offsets);
+}
+
+TEST(MemoryPlanInPlace, RefusesEntriesThatDoNotFitTheGraph) {
+  const Chain ch = chain(false);
+  EXPECT_EQ(code_of([&] { plan_memory(ch.g, 64, true, {-1, -1}); }), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(code_of([&] { plan_memory(ch.g, 64, true, only(2, 2, 4)); }), ErrorCode::kInvalidArgument);
+}
+
+TEST(MemoryPlanInPlace, CpuKernelsNeverWriteOverAnInput) {
+  const Chain ch = chain(false);
+  auto e = Engine::create(ch.g, Device{}, KernelOptions{});
+  EXPECT_EQ(e->memory_plan().in_place_values, 0u);
+  EXPECT_EQ(e->memory_plan().offsets, plan_memory(ch.g, get_backend(Device{}).alignment()).offsets);
+}
+
+#ifdef KILN_WITH_CUDA
+// x -> conv 3x3 + relu = a -> conv 1x1 + relu = b -> conv 1x1 + residual a + relu = y2 -> neg: the
+// last conv is a's last reader and takes b, not a, as its x, so it may write over a.
+Graph residual_block() {
+  Graph g;
+  const ValueId x = g.add_input("x", TensorType(DType::kF32, {4, 32, 64, 64}));  // 2 MiB a tensor
+  auto conv = [&](std::vector<ValueId> in, int64_t k, uint32_t seed) {
+    in.insert(in.begin() + 1, test::f32_weight(g, "w" + std::to_string(seed), {32, 32, k, k}, seed, -0.1f, 0.1f));
+    in.insert(in.begin() + 2, test::f32_weight(g, "b" + std::to_string(seed), {32}, seed + 100, -0.1f, 0.1f));
+    Attrs a = test::conv2d_attrs(1, k / 2, 1);
+    a.set("activation", std::string("relu"));
+    return g.add_node1(OpKind::kConv, in, a);
+  };
+  const ValueId a = conv({x}, 3, 1);
+  const ValueId b = conv({a}, 1, 2);
+  const ValueId y2 = conv({b, a}, 1, 3);
+  g.mark_output(g.add_node1(OpKind::kNeg, {y2}, {}), "y");
+  return g;
+}
+
+std::vector<float> run_on(const Engine& e, ExecutionContext& ctx, const std::vector<float>& x) {
+  Backend& gpu = get_backend(e.device());
+  const size_t out_n = size_t(e.outputs()[0].type.numel());
+  auto din = gpu.allocate(x.size() * 4), dout = gpu.allocate(out_n * 4);
+  gpu.copy_from_host(din.get(), x.data(), x.size() * 4, nullptr);
+  ctx.execute({din.get()}, {dout.get()}, nullptr);
+  std::vector<float> y(out_n);
+  gpu.copy_to_host(y.data(), dout.get(), out_n * 4, nullptr);
+  gpu.synchronize(nullptr);
+  return y;
+}
+
+TEST(MemoryPlanInPlaceCuda, ResidualBlockWritesOverItsResidualAndMatchesTheCpuInEveryContext) {
+  if (!backend_available(DeviceType::kCUDA)) GTEST_SKIP() << "no CUDA device";
+  setenv("KILN_DISABLE_TF32", "1", 1);
+  const Graph g = residual_block();
+  auto cpu = Engine::create(g, Device{}, KernelOptions{});
+  auto gpu = Engine::create(g, Device::parse("cuda:0"), KernelOptions{});
+  EXPECT_EQ(cpu->memory_plan().in_place_values, 0u);
+  // In strict FP32 cuDNN may run the last conv as the conv alone plus a separate epilogue, which
+  // may not write over its residual; either way the answers must match.
+  EXPECT_LE(gpu->memory_plan().in_place_values, 1u) << gpu->build_log();
+  const std::vector<float> x = test::random_floats(size_t(g.type(g.inputs()[0]).numel()), 5);
+  std::vector<float> want(size_t(cpu->outputs()[0].type.numel()));
+  auto cctx = cpu->create_execution_context();
+  cctx->execute({x.data()}, {want.data()});
+  auto expect_close = [&](const std::vector<float>& got, const char* what) {
+    ASSERT_EQ(got.size(), want.size());
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < got.size(); ++i) err += (got[i] - want[i]) * double(got[i] - want[i]), norm += double(want[i]) * want[i];
+    EXPECT_GT(norm, 1.0) << what;
+    EXPECT_LT(std::sqrt(err / norm), 1e-5) << what;
+  };
+  // The arena (4 MiB) shares the engine's device block: the first context takes that room, the
+  // second, alive with it, allocates its own; once the first is gone, a third takes the room
+  // again. Each runs twice over its used arena.
+  EXPECT_GE(gpu->memory_plan().arena_bytes, size_t(2) << 20);
+  auto first = gpu->create_execution_context(false);
+  auto second = gpu->create_execution_context(true);
+  for (int rep = 0; rep < 2; ++rep) {
+    expect_close(run_on(*gpu, *first, x), "first context (direct)");
+    expect_close(run_on(*gpu, *second, x), "second context (CUDA graph)");
+  }
+  first.reset();
+  auto third = gpu->create_execution_context(true);
+  for (int rep = 0; rep < 2; ++rep) {
+    expect_close(run_on(*gpu, *third, x), "third context (CUDA graph)");
+    expect_close(run_on(*gpu, *second, x), "second context again");
+  }
+}
+#endif
+
+}  // namespace
