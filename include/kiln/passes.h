@@ -95,10 +95,10 @@ struct MemoryPlan {
   size_t in_place_values = 0;    // node outputs written over an input's bytes (the in-place rule)
   size_t alignment = 64;
 };
-// in_place: empty, or per node the index of the input whose bytes its output 0 may take (the
-// kernel's Kernel::writes_over_input), -1 for none.
-MemoryPlan plan_memory(const Graph& g, size_t alignment = 64, bool alias_views = true,
-                       const std::vector<int>& in_place = {});
+// in_place(node, input): whether node's output 0 may take that input's bytes (the kernel's
+// Kernel::writes_over_input); empty: no node may.
+using InPlace = std::function<bool(size_t node, size_t input)>;
+MemoryPlan plan_memory(const Graph& g, size_t alignment = 64, bool alias_views = true, const InPlace& in_place = {});
 // Whether node n's single output holds exactly its single input's bytes (a reshape, a copy, or
 // a permute / expand / slice that reads its input in order: same dtype and byte count, tensors
 // being dense and row-major), so the two may share storage.

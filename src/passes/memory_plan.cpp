@@ -23,10 +23,11 @@
 // cuda/shape.cpp). A reshape or copy from a graph input or constant, or into a graph output,
 // still copies: those are not in the arena.
 //
-// In-place rule (for the nodes `in_place` names, whose kernels give the same result when their
-// output 0 is written over the bytes of the input it names): the output joins that input's block
-// when the input is an arena value of the same dtype and byte count, the block's lifetime (every
-// member's last use) ends at this node, and no other input of the node lies in the block. So
+// In-place rule (for the (node, input) pairs `in_place` accepts, whose kernels give the same
+// result when their output 0 is written over that input's bytes): the output joins the block of
+// the node's first such input that is an arena value of the output's dtype and byte count, whose
+// block's lifetime (every member's last use) ends at this node, and beside which no other input
+// of the node lies in the block. So
 // the bytes are overwritten only by the node that reads them last, and only where its kernel
 // promised the result does not change (a residual conv reading each residual element before it
 // writes the output element at the same position).
@@ -64,10 +65,8 @@ bool output_reinterprets_input(const Node& n, const Graph& g) {
   return x.dtype == y.dtype && x.nbytes() == y.nbytes() && reads_input_in_order(n, g);
 }
 
-MemoryPlan plan_memory(const Graph& g, size_t alignment, bool alias_views, const std::vector<int>& in_place) {
+MemoryPlan plan_memory(const Graph& g, size_t alignment, bool alias_views, const InPlace& in_place) {
   KILN_CHECK(alignment > 0, kInvalidArgument, "plan_memory: alignment must be positive, got 0");
-  KILN_CHECK(in_place.empty() || in_place.size() == g.nodes().size(), kInvalidArgument, "plan_memory: ",
-             in_place.size(), " in-place entries for ", g.nodes().size(), " nodes");
   MemoryPlan plan;
   plan.alignment = alignment;
   plan.offsets.assign(size_t(g.num_values()), -1);
@@ -81,19 +80,22 @@ MemoryPlan plan_memory(const Graph& g, size_t alignment, bool alias_views, const
 
   std::vector<Block> blocks;
   std::vector<int> block_of(size_t(g.num_values()), -1);  // index into blocks, -1: not in a block
-  // The block node i's output v (0) may take by the in-place rule, or -1.
+  // The block node i's output v (0) may take by the in-place rule (its first input that
+  // qualifies), or -1.
   auto in_place_block = [&](const Node& n, size_t i, ValueId v, size_t rounded) {
-    if (in_place.empty() || in_place[i] < 0 || n.outputs.empty() || v != n.outputs[0]) return -1;
-    KILN_CHECK(size_t(in_place[i]) < n.inputs.size(), kInvalidArgument, "plan_memory: node ", i, " has ",
-               n.inputs.size(), " inputs, in-place names input ", in_place[i]);
-    const ValueId in = n.inputs[size_t(in_place[i])];
-    const int b = in == kNoValue ? -1 : block_of[size_t(in)];
-    if (b < 0 || blocks[size_t(b)].last != int(i) || blocks[size_t(b)].size != rounded ||
-        g.type(in).dtype != g.type(v).dtype || g.type(in).nbytes() != g.type(v).nbytes())
-      return -1;
-    for (size_t k = 0; k < n.inputs.size(); ++k)
-      if (int(k) != in_place[i] && n.inputs[k] != kNoValue && block_of[size_t(n.inputs[k])] == b) return -1;
-    return b;
+    if (!in_place || n.outputs.empty() || v != n.outputs[0]) return -1;
+    for (size_t k = 0; k < n.inputs.size(); ++k) {
+      const ValueId in = n.inputs[k];
+      const int b = in == kNoValue ? -1 : block_of[size_t(in)];
+      if (b < 0 || blocks[size_t(b)].last != int(i) || blocks[size_t(b)].size != rounded ||
+          g.type(in).dtype != g.type(v).dtype || g.type(in).nbytes() != g.type(v).nbytes())
+        continue;
+      bool alone = true;  // no other input of the node in the block
+      for (size_t j = 0; j < n.inputs.size() && alone; ++j)
+        alone = j == k || n.inputs[j] == kNoValue || block_of[size_t(n.inputs[j])] != b;
+      if (alone && in_place(i, k)) return b;
+    }
+    return -1;
   };
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     const Node& n = *g.nodes()[i];

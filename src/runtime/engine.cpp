@@ -87,11 +87,8 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
   }
   // The memory plan follows the kernels: a kernel that may write its output over an input's
   // bytes lets the planner put them there (Kernel::writes_over_input).
-  std::vector<int> in_place(g.nodes().size(), -1);
-  for (size_t i = 0; i < g.nodes().size(); ++i)
-    for (size_t k = 0; k < g.nodes()[i]->inputs.size() && in_place[i] < 0; ++k)
-      if (g.nodes()[i]->inputs[k] != kNoValue && e->kernels_[i]->writes_over_input(k)) in_place[i] = int(k);
-  e->memory_ = plan_memory(g, be.alignment(), true, in_place);
+  e->memory_ = plan_memory(g, be.alignment(), true,
+                           [&e](size_t node, size_t input) { return e->kernels_[node]->writes_over_input(input); });
   // Kernels take constants by address when they run, so the device copies follow the kernels.
   // One device block holds the constants, and one context's arena and workspace when they are
   // 2 MiB or more (the first context's; later ones allocate their own): the driver rounds such

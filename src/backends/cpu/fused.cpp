@@ -18,6 +18,8 @@
 // results wrap to their dtype, clamp bounds round inward. Casts round as cast does (to f16,
 // bf16, f32, integers, bool); other intermediates are not rounded to a 16-bit dtype, as in
 // other fusing compilers. Blocks split over threads, each part with its own scratch slots.
+// A single-output kernel may have its output written over an input of the same type (the
+// memory planner's in-place rule): a block stores only after every read of its elements.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -264,7 +266,13 @@ std::unique_ptr<Kernel> make(const Node& n, const Graph& g) {
   };
   std::string desc = "cpu fused_pointwise " + std::to_string(prog->steps.size()) + " ops in " +
                      dtype_name(compute_dtype<T>()) + ", blocks of " + std::to_string(kBlock);
-  return make_fn_kernel(fn, desc, ws);
+  // A block reads an input of the output's own type only at the block's elements, and stores
+  // the (single) output after every read of the block: the output may take that input's bytes.
+  std::vector<bool> over(n.inputs.size(), false);
+  if (n.outputs.size() == 1)
+    for (size_t k = 0; k < n.inputs.size(); ++k)
+      over[k] = n.inputs[k] != kNoValue && g.type(n.inputs[k]) == g.type(n.outputs[0]);
+  return make_fn_kernel(fn, desc, ws, std::move(over));
 }
 
 }  // namespace

@@ -101,24 +101,28 @@ void from_f32(const float* src, DType t, void* dst, int64_t n);
 // ---- kernels from functions -------------------------------------------------------------
 using KernelFn = std::function<void(const void* const* inputs, void* const* outputs, const RunContext& ctx)>;
 
+// `over_inputs[i]`: output 0 may be written over input i (Kernel::writes_over_input).
 class FnKernel final : public Kernel {
  public:
-  FnKernel(KernelFn fn, std::string desc, size_t workspace = 0)
-      : fn_(std::move(fn)), desc_(std::move(desc)), workspace_(workspace) {}
+  FnKernel(KernelFn fn, std::string desc, size_t workspace = 0, std::vector<bool> over_inputs = {})
+      : fn_(std::move(fn)), desc_(std::move(desc)), workspace_(workspace), over_(std::move(over_inputs)) {}
   void run(const void* const* inputs, void* const* outputs, const RunContext& ctx) const override {
     fn_(inputs, outputs, ctx);
   }
   size_t workspace_size() const override { return workspace_; }
   std::string describe() const override { return desc_; }
+  bool writes_over_input(size_t input) const override { return input < over_.size() && over_[input]; }
 
  private:
   KernelFn fn_;
   std::string desc_;
   size_t workspace_;
+  std::vector<bool> over_;
 };
 
-inline std::unique_ptr<Kernel> make_fn_kernel(KernelFn fn, std::string desc, size_t workspace = 0) {
-  return std::make_unique<FnKernel>(std::move(fn), std::move(desc), workspace);
+inline std::unique_ptr<Kernel> make_fn_kernel(KernelFn fn, std::string desc, size_t workspace = 0,
+                                              std::vector<bool> over_inputs = {}) {
+  return std::make_unique<FnKernel>(std::move(fn), std::move(desc), workspace, std::move(over_inputs));
 }
 
 // ---- threads ----------------------------------------------------------------------------
