@@ -59,7 +59,8 @@ class Kernel {
   // Whether output 0 may be written over the bytes of inputs[input] (the memory planner then
   // places it there when nothing reads that input later): true only where the kernel's result is
   // the same either way, e.g. one that reads each element of that input before it writes the
-  // output element at the same position and no other. Asked once per node when an engine is made.
+  // output element at the same position and no other. Asked when an engine is made, and only for
+  // an input the planner could place the output on (memory_plan.cpp's in-place rule).
   virtual bool writes_over_input(size_t input) const {
     (void)input;
     return false;

@@ -27,10 +27,9 @@
 // result when their output 0 is written over that input's bytes): the output joins the block of
 // the node's first such input that is an arena value of the output's dtype and byte count, whose
 // block's lifetime (every member's last use) ends at this node, and beside which no other input
-// of the node lies in the block. So
-// the bytes are overwritten only by the node that reads them last, and only where its kernel
-// promised the result does not change (a residual conv reading each residual element before it
-// writes the output element at the same position).
+// of the node lies in the block. So the bytes are overwritten only by the node that reads them
+// last, and only where its kernel promised the result does not change (a residual conv reading
+// each residual element before it writes the output element at the same position).
 //
 // Does: sizes rounded up to `alignment`, offsets multiples of it; zero-byte values get offset 0
 // and take no space; naive_bytes is the sum of every intermediate's rounded size, aliases
