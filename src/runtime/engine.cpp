@@ -9,6 +9,7 @@
 
 #include "kiln/errors.h"
 #include "src/common/stopwatch.h"
+#include "src/runtime/device_block.h"
 
 namespace kiln {
 
@@ -90,11 +91,9 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
   e->memory_ = plan_memory(g, be.alignment(), true,
                            [&e](size_t node, size_t input) { return e->kernels_[node]->writes_over_input(input); });
   // Kernels take constants by address when they run, so the device copies follow the kernels.
-  // One device block holds the constants, and one context's arena and workspace when they are
-  // 2 MiB or more (the first context's; later ones allocate their own): the driver rounds such
-  // an allocation up to whole 2 MiB pages (an allocation per constant cost transformer engines
-  // ~55 MiB), while a smaller one shares a page the driver already holds.
-  constexpr size_t kOwnPages = size_t(2) << 20;
+  // One device block holds the constants (an allocation per constant cost transformer engines
+  // ~55 MiB in whole pages) and, where context_joins_block says so, one context's arena and
+  // workspace: the first context's; later ones allocate their own.
   double constants_ms = 0;
   if (device.type != DeviceType::kCPU) {
     std::vector<size_t> offset;
@@ -104,8 +103,9 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
       total += block_rounded(be, g.value(c).data->size());
     }
     size_t context_bytes = block_rounded(be, e->memory_.arena_bytes) + e->workspace_;
-    if (context_bytes < kOwnPages) context_bytes = 0;
-    if (total + context_bytes) e->constant_memory_ = be.allocate(total + context_bytes);
+    if (!context_joins_block(total, context_bytes)) context_bytes = 0;
+    e->block_bytes_ = total + context_bytes;
+    if (e->block_bytes_) e->constant_memory_ = be.allocate(e->block_bytes_);
     if (context_bytes) e->context_memory_ = static_cast<uint8_t*>(e->constant_memory_.get()) + total;
     std::vector<Backend::HostCopy> copies;
     for (size_t i = 0; i < own.size(); ++i) {
@@ -138,6 +138,8 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
     log << "memory: arena " << e->memory_.arena_bytes << " bytes (naive " << e->memory_.naive_bytes << ")";
     if (e->memory_.in_place_values) log << ", " << e->memory_.in_place_values << " outputs written in place";
     if (size_t b = e->borrowed_bytes()) log << ", weights read in place " << b << " bytes";
+    if (e->constant_memory_)
+      log << ", device block " << e->block_bytes_ << " bytes" << (e->context_memory_ ? " (with one context)" : "");
     log << "\n";
   }
   e->log_ = log.str();

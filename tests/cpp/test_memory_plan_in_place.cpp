@@ -7,13 +7,14 @@
 // without one): a conv with a residual writes over it only where the plan gives the same bytes, a
 // residual-block engine matches the CPU one with its output written in place, and the engine's
 // first context takes its arena from the engine's own device block while later contexts allocate
-// their own.
+// their own. Which contexts join that block (context_joins_block) is checked on its own.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdlib>
 
 #include "kiln/kiln.h"
+#include "src/runtime/device_block.h"
 #include "tests/cpp/error_test_util.h"
 #include "tests/cpp/pass_test_util.h"
 
@@ -127,6 +128,21 @@ TEST(MemoryPlanInPlace, UnfusedCpuKernelsWriteOverNoInput) {
   EXPECT_EQ(e->memory_plan().offsets, plan_memory(ch.g, get_backend(Device{}).alignment()).offsets);
 }
 
+TEST(DeviceBlock, AContextJoinsTheEnginesBlockOnlyWhereThatTakesNoExtraPage) {
+  constexpr size_t MiB = size_t(1) << 20;
+  // A page or more: always, whatever the constants leave in their last page.
+  EXPECT_TRUE(context_joins_block(0, 2 * MiB));
+  EXPECT_TRUE(context_joins_block(4 * MiB, 2 * MiB + 1));
+  EXPECT_TRUE(context_joins_block(47 * MiB, 3 * MiB));
+  // Smaller: only into the room the constants leave in their last page (MobileNetV3 b1's block of
+  // 5.64 MiB leaves 0.36 MiB: its 1.91 MiB context stays out, a 0.3 MiB one would join).
+  EXPECT_TRUE(context_joins_block(5918976, 300000));
+  EXPECT_FALSE(context_joins_block(5918976, 2007040));
+  EXPECT_TRUE(context_joins_block(3 * MiB, MiB));
+  EXPECT_FALSE(context_joins_block(4 * MiB, 1));  // the constants fill their pages
+  EXPECT_FALSE(context_joins_block(0, MiB));      // no constants: the context allocates its own
+}
+
 // x -> linear = m; a = exp(x); relu(sin(m) + a) -> linear -> y. After fusion the pointwise ops are
 // one fused_pointwise node (no linear epilogue takes a sin), the last reader of m, which has its
 // output's type: its output takes m's bytes, and the engine still computes what the graph does.
@@ -206,6 +222,7 @@ TEST(MemoryPlanInPlaceCuda, ResidualBlockWritesOverItsResidualAndMatchesTheCpuIn
   // second, alive with it, allocates its own; once the first is gone, a third takes the room
   // again. Each runs twice over its used arena.
   EXPECT_GE(gpu->memory_plan().arena_bytes, size_t(2) << 20);
+  EXPECT_NE(gpu->build_log().find("(with one context)"), std::string::npos) << gpu->build_log();
   auto first = gpu->create_execution_context(false);
   auto second = gpu->create_execution_context(true);
   for (int rep = 0; rep < 2; ++rep) {

@@ -61,24 +61,6 @@ size_t build_workers() {
   return std::clamp<size_t>(std::thread::hardware_concurrency() / 2, 1, kPlanLanes);
 }
 
-// Makes `device` current for its lifetime and restores the previous one.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    KILN_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) KILN_CUDA_CHECK(cudaSetDevice(device));
-    device_ = device;
-  }
-  ~DeviceGuard() {
-    if (previous_ != device_) (void)cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0, device_ = 0;
-};
-
 class GraphExec final : public CapturedGraph {
  public:
   explicit GraphExec(cudaGraphExec_t exec) : exec_(exec) {}

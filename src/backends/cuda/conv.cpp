@@ -93,16 +93,13 @@ class ConvKernel final : public Kernel {
   bool writes_over_input(size_t input) const override {
     if (input != 3 || !q_.residual || epi_.fn) return false;
     std::call_once(in_place_checked_, [this] {
-      int previous = 0;
-      if (cudaGetDevice(&previous) != cudaSuccess || (previous != device_ && cudaSetDevice(device_) != cudaSuccess))
-        return;
       try {
+        DeviceGuard guard(device_);
         in_place_ = runs_in_place(q_, *this);
       } catch (const Error&) {
         in_place_ = false;
         (void)cudaGetLastError();  // an allocation failure is not sticky: clear it for the next call
       }
-      if (previous != device_) (void)cudaSetDevice(previous);
     });
     return in_place_;
   }

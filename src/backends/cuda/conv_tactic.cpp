@@ -3,7 +3,6 @@
 #include "src/backends/cuda/conv_tactic.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 
 #include "src/backends/cpu/kernels.h"
@@ -92,28 +91,42 @@ bool close(const std::vector<float>& a, const std::vector<float>& b, double tol,
   return std::isfinite(*diff) && *diff <= tol;
 }
 
+// Scratch device buffers for a conv's operands, sized from its geometry.
+struct ConvBuffers {
+  explicit ConvBuffers(const ConvGeom& q)
+      : nx(size_t(q.N * q.C * q.H * q.W)), nw(size_t(q.W0 * q.W1 * q.KH * q.KW)), ny(size_t(q.y_numel())),
+        x(nx * dtype_size(q.dtype)), w(nw * dtype_size(q.dtype)), bias(size_t(q.O) * dtype_size(q.dtype)),
+        res(ny * dtype_size(q.dtype)), y(ny * dtype_size(q.dtype)) {}
+  // Random values in x, w, and the bias and residual where the conv has them.
+  void fill_inputs(const ConvGeom& q) {
+    fill_random(x.get(), nx, q.dtype, 1);
+    fill_random(w.get(), nw, q.dtype, 2);
+    if (q.bias) fill_random(bias.get(), size_t(q.O), q.dtype, 3);
+    if (q.residual) fill_random(res.get(), ny, q.dtype, 4);
+  }
+  const size_t nx, nw, ny;  // elements of x, w, and y (and the residual)
+  ScratchBuffer x, w, bias, res, y;
+};
+
 // Two engines' outputs: within what TF32 / f16 / bf16 rounding in another order allows.
 double engines_tolerance(DType dt, bool strict) { return dt == DType::kF32 ? (strict ? 1e-4 : 1e-2) : 2e-2; }
 // The timed winner is kept only when its output, on random inputs, agrees with another
 // candidate's: a cuDNN plan that is wrong for one shape then loses to one that passes. Candidates
 // are tried in the order winner, then cuDNN's heuristic order (up to three). The scratch
 // buffers hold constants while timing, which hides such errors; here they hold random values.
-size_t verified_choice(const ConvGeom& q, size_t best, const std::vector<Candidate>& fns,
-                       const std::array<void*, 4>& ins, void* y, std::string* note) {
+size_t verified_choice(const ConvGeom& q, size_t best, const std::vector<Candidate>& fns, ConvBuffers& buf,
+                       std::string* note) {
   const DType dt = q.dtype;
-  const size_t counts[4] = {size_t(q.N * q.C * q.H * q.W), size_t(q.W0 * q.W1 * q.KH * q.KW), size_t(q.O),
-                            size_t(q.y_numel())};
-  for (size_t i = 0; i < 4; ++i)
-    if (i < 2 || (i == 2 && q.bias) || (i == 3 && q.residual)) fill_random(ins[i], counts[i], dt, uint32_t(i + 1));
+  buf.fill_inputs(q);
   std::vector<size_t> order = {best};
   for (size_t i = 0; i < fns.size() && order.size() < 3; ++i)
     if (i != best) order.push_back(i);
   std::vector<std::vector<float>> outs;
   for (size_t c : order) {
-    KILN_CUDA_CHECK(cudaMemset(y, 0xFF, counts[3] * dtype_size(dt)));  // NaN: an unwritten output fails
+    KILN_CUDA_CHECK(cudaMemset(buf.y.get(), 0xFF, buf.ny * dtype_size(dt)));  // NaN: an unwritten output fails
     fns[c](nullptr);
     KILN_CUDA_CHECK(cudaDeviceSynchronize());
-    outs.push_back(read_back(y, counts[3], dt));
+    outs.push_back(read_back(buf.y.get(), buf.ny, dt));
   }
   const bool strict = strict_f32(dt);
   std::string why;
@@ -240,14 +253,14 @@ ConvPlan search_conv_plan(const ConvGeom& q, const KernelOptions& options, const
     size_t best = 0;
     std::string report, verify;
     if (cands.size() > 1 && options.optimization_level > 0) {
-      const size_t es = dtype_size(q.dtype);
       size_t ws = 0;
       for (const auto& c : cands) ws = std::max(ws, c.ws);
-      ScratchBuffer x(size_t(q.N * q.C * q.H * q.W) * es), w(size_t(q.W0 * q.W1 * q.KH * q.KW) * es),
-          bias(size_t(q.O) * es), res(size_t(q.y_numel()) * es), y(size_t(q.y_numel()) * es), wsb(ws);
+      ConvBuffers buf(q);
+      ScratchBuffer wsb(ws);
       KILN_CUDA_CHECK(cudaDeviceSynchronize());
       std::vector<void*> ptrs;
-      for (int64_t uid : b.og.uids) ptrs.push_back(conv_data_ptr(uid, x.get(), w.get(), bias.get(), res.get(), y.get()));
+      for (int64_t uid : b.og.uids)
+        ptrs.push_back(conv_data_ptr(uid, buf.x.get(), buf.w.get(), buf.bias.get(), buf.res.get(), buf.y.get()));
       std::vector<Desc> packs;
       std::vector<Candidate> fns;
       for (size_t i = 0; i < cands.size(); ++i) packs.push_back(make_variant_pack(b.og.uids, ptrs, wsb.get()));
@@ -255,7 +268,7 @@ ConvPlan search_conv_plan(const ConvGeom& q, const KernelOptions& options, const
         fns.push_back([&, i](cudaStream_t s) { execute(cands[i].plan, packs[i], s); });
       best = time_candidates(fns, options.optimization_level, &report);
       KILN_CUDA_CHECK(cudaDeviceSynchronize());
-      best = verified_choice(q, best, fns, {x.get(), w.get(), bias.get(), res.get()}, y.get(), &verify);
+      best = verified_choice(q, best, fns, buf, &verify);
     }
     b.plan = std::move(cands[best].plan);
     b.choice.fused = fused;
@@ -273,17 +286,12 @@ ConvPlan search_conv_plan(const ConvGeom& q, const KernelOptions& options, const
 
 bool runs_in_place(const ConvGeom& q, const Kernel& k) {
   const DType dt = q.dtype;
-  const size_t es = dtype_size(dt), nx = size_t(q.N * q.C * q.H * q.W), nw = size_t(q.W0 * q.W1 * q.KH * q.KW),
-               ny = size_t(q.y_numel());
-  ScratchBuffer x(nx * es), w(nw * es), bias(size_t(q.O) * es), res(ny * es), y(ny * es), over(ny * es),
-      ws(k.workspace_size());
-  fill_random(x.get(), nx, dt, 1);
-  fill_random(w.get(), nw, dt, 2);
-  if (q.bias) fill_random(bias.get(), size_t(q.O), dt, 3);
-  fill_random(res.get(), ny, dt, 4);
-  KILN_CUDA_CHECK(cudaMemcpy(over.get(), res.get(), ny * es, cudaMemcpyDeviceToDevice));
-  const void* ins[4] = {x.get(), w.get(), q.bias ? bias.get() : nullptr, res.get()};
-  void* outs[1] = {y.get()};
+  ConvBuffers buf(q);
+  ScratchBuffer over(buf.ny * dtype_size(dt)), ws(k.workspace_size());
+  buf.fill_inputs(q);
+  KILN_CUDA_CHECK(cudaMemcpy(over.get(), buf.res.get(), buf.ny * dtype_size(dt), cudaMemcpyDeviceToDevice));
+  const void* ins[4] = {buf.x.get(), buf.w.get(), q.bias ? buf.bias.get() : nullptr, buf.res.get()};
+  void* outs[1] = {buf.y.get()};
   RunContext rc;
   rc.workspace = ws.get();
   rc.workspace_size = k.workspace_size();
@@ -291,7 +299,7 @@ bool runs_in_place(const ConvGeom& q, const Kernel& k) {
   ins[3] = outs[0] = over.get();
   k.run(ins, outs, rc);
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
-  const std::vector<float> a = read_back(y.get(), ny, dt), b = read_back(over.get(), ny, dt);
+  const std::vector<float> a = read_back(buf.y.get(), buf.ny, dt), b = read_back(over.get(), buf.ny, dt);
   for (size_t i = 0; i < a.size(); ++i)
     if (!(a[i] == b[i]) && !(std::isnan(a[i]) && std::isnan(b[i]))) return false;
   return true;

@@ -37,6 +37,24 @@ struct DeviceInfo {
   std::string name;                   // e.g. "NVIDIA H100 80GB HBM3"
 };
 
+// Makes `device` current for its lifetime and restores the previous one (a failure to set it
+// throws; restoring does not).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) : device_(device) {
+    KILN_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) KILN_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~DeviceGuard() {
+    if (previous_ != device_) (void)cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0, device_ = 0;
+};
+
 // The properties of the device that is current on this thread (read once per device).
 const DeviceInfo& current_device();
 
