@@ -140,7 +140,6 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<Bytes> kernel_states_;                   // Kernel::state() per node (engine files)
   std::shared_ptr<void> constant_memory_;               // device copies of the constants, one block,
   void* context_memory_ = nullptr;                      // then one context's arena and workspace
-  size_t block_bytes_ = 0;                              // the block's size
   mutable std::atomic<bool> context_memory_taken_{false};
   std::vector<const void*> constant_ptr_;               // per ValueId, null unless constant
   std::vector<std::shared_ptr<const void>> borrowed_;  // per ValueId: the owner of a borrowed weight

@@ -95,6 +95,7 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
   // ~55 MiB in whole pages) and, where context_joins_block says so, one context's arena and
   // workspace: the first context's; later ones allocate their own.
   double constants_ms = 0;
+  size_t block_bytes = 0;
   if (device.type != DeviceType::kCPU) {
     std::vector<size_t> offset;
     size_t total = 0;
@@ -104,8 +105,8 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
     }
     size_t context_bytes = block_rounded(be, e->memory_.arena_bytes) + e->workspace_;
     if (!context_joins_block(total, context_bytes)) context_bytes = 0;
-    e->block_bytes_ = total + context_bytes;
-    if (e->block_bytes_) e->constant_memory_ = be.allocate(e->block_bytes_);
+    block_bytes = total + context_bytes;
+    if (block_bytes) e->constant_memory_ = be.allocate(block_bytes);
     if (context_bytes) e->context_memory_ = static_cast<uint8_t*>(e->constant_memory_.get()) + total;
     std::vector<Backend::HostCopy> copies;
     for (size_t i = 0; i < own.size(); ++i) {
@@ -139,7 +140,7 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
     if (e->memory_.in_place_values) log << ", " << e->memory_.in_place_values << " outputs written in place";
     if (size_t b = e->borrowed_bytes()) log << ", weights read in place " << b << " bytes";
     if (e->constant_memory_)
-      log << ", device block " << e->block_bytes_ << " bytes" << (e->context_memory_ ? " (with one context)" : "");
+      log << ", device block " << block_bytes << " bytes" << (e->context_memory_ ? " (with one context)" : "");
     log << "\n";
   }
   e->log_ = log.str();
