@@ -1,6 +1,6 @@
 """Kiln on CPU vs eager PyTorch on CPU for the four reference architectures.
 
-    PYTHONPATH=python python3 benchmarks/cpu_models.py [--runs 20] [--models resnet18,vit]
+    python3 benchmarks/cpu_models.py [--runs 20] [--models resnet18,vit]
 
 Each model is built from a config with random weights (nothing is downloaded) and run at
 batch 1 on small inputs (the sizes the end-to-end tests use; --image-size changes the CNNs').

@@ -1,6 +1,6 @@
 """Per-call host overhead of a Kiln engine call from PyTorch (CPU, a tiny engine).
 
-    PYTHONPATH=python python3 benchmarks/overhead.py [--iters 20000] [--repeats 7]
+    python3 benchmarks/overhead.py [--iters 20000] [--repeats 7]
 
 For an engine whose kernels take next to no time (a few pointwise ops on 16 floats), the time
 of one call is almost all host overhead. The script reports, per call (median over repeats

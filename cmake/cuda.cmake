@@ -3,38 +3,73 @@
 # generated at build time and compiled by NVRTC, so no .cu file and no CUDA language mode) and
 # defines KILN_WITH_CUDA.
 #
-# Needed: the CUDA runtime, cuBLASLt, NVRTC and cuDNN 9, headers and libraries. They are
-# searched in the CUDA toolkit and in the NVIDIA wheels PyTorch installs
-# (site-packages/nvidia/{cu13,cu12,cudnn}/), which is where cuDNN usually is.
+# Needed: the CUDA runtime, cuBLASLt, NVRTC and cuDNN 9, headers and libraries. Each library's
+# header and binary are taken from one place, so that the version the headers declare is the
+# version linked: first the NVIDIA wheels PyTorch installs (site-packages/nvidia/{cu13,cu12,
+# cudnn,...}), whose copies are the ones a PyTorch process loads (one copy per soname), then
+# the CUDA toolkit. kiln._C reports both versions and kiln checks them at import.
 set(KILN_HAVE_CUDA OFF)
 if(NOT KILN_CUDA STREQUAL "OFF")
   find_package(CUDAToolkit QUIET)
-  set(_kiln_cuda_hints)
-  if(CUDAToolkit_FOUND)
-    list(APPEND _kiln_cuda_hints ${CUDAToolkit_INCLUDE_DIRS} ${CUDAToolkit_LIBRARY_DIR})
-  endif()
+  set(_kiln_cuda_roots)  # include;lib pairs, flattened
   find_package(Python 3.9 COMPONENTS Interpreter QUIET)
   if(Python_Interpreter_FOUND)
     execute_process(
       COMMAND "${Python_EXECUTABLE}" -c "import nvidia, os; print(';'.join(os.path.join(p, s) for p in nvidia.__path__ for s in ('cu13', 'cu12', 'cudnn', 'cublas', 'cuda_nvrtc', 'cuda_runtime')))"
       OUTPUT_VARIABLE _kiln_wheel_dirs OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
     foreach(d ${_kiln_wheel_dirs})
-      list(APPEND _kiln_cuda_hints ${d}/include ${d}/lib)
+      list(APPEND _kiln_cuda_roots ${d}/include ${d}/lib)
     endforeach()
   endif()
-  list(APPEND _kiln_cuda_hints /usr/local/cuda/include /usr/local/cuda/lib64)
+  if(CUDAToolkit_FOUND)
+    foreach(inc ${CUDAToolkit_INCLUDE_DIRS})
+      list(APPEND _kiln_cuda_roots ${inc} ${CUDAToolkit_LIBRARY_DIR})
+    endforeach()
+  endif()
+  list(APPEND _kiln_cuda_roots /usr/local/cuda/include /usr/local/cuda/lib64)
+  list(LENGTH _kiln_cuda_roots _kiln_last_root)
+  math(EXPR _kiln_last_root "${_kiln_last_root} - 1")
 
-  find_path(KILN_CUDART_INCLUDE cuda_runtime.h HINTS ${_kiln_cuda_hints})
-  find_path(KILN_CUBLASLT_INCLUDE cublasLt.h HINTS ${_kiln_cuda_hints})
-  find_path(KILN_NVRTC_INCLUDE nvrtc.h HINTS ${_kiln_cuda_hints})
-  find_path(KILN_CUDNN_INCLUDE cudnn.h HINTS ${_kiln_cuda_hints})
-  # The wheels ship only versioned sonames (libcublasLt.so.13), so those names are searched too.
-  find_library(KILN_CUDART_LIB NAMES cudart libcudart.so.13 libcudart.so.12 HINTS ${_kiln_cuda_hints})
-  find_library(KILN_CUBLASLT_LIB NAMES cublasLt libcublasLt.so.13 libcublasLt.so.12 HINTS ${_kiln_cuda_hints})
-  find_library(KILN_NVRTC_LIB NAMES nvrtc libnvrtc.so.13 libnvrtc.so.12 HINTS ${_kiln_cuda_hints})
-  find_library(KILN_CUDNN_LIB NAMES cudnn libcudnn.so.9 HINTS ${_kiln_cuda_hints})
+  # kiln_find_cuda_part(PREFIX "HEADERS" NAMES...): the first root with all the headers and one of
+  # the library names sets KILN_<PREFIX>_INCLUDE and KILN_<PREFIX>_LIB. The wheels ship only
+  # versioned sonames (libcublasLt.so.13), so those names are searched too.
+  function(kiln_find_cuda_part prefix headers)
+    list(GET headers 0 header)
+    foreach(i RANGE 0 ${_kiln_last_root} 2)
+      math(EXPR j "${i} + 1")
+      list(GET _kiln_cuda_roots ${i} inc)
+      list(GET _kiln_cuda_roots ${j} lib)
+      set(complete TRUE)
+      foreach(h ${headers})
+        if(NOT EXISTS "${inc}/${h}")
+          set(complete FALSE)
+        endif()
+      endforeach()
+      if(complete)
+        unset(_lib CACHE)
+        find_library(_lib NAMES ${ARGN} PATHS "${lib}" NO_DEFAULT_PATH NO_CACHE)
+        if(_lib)
+          set(KILN_${prefix}_INCLUDE "${inc}" CACHE PATH "${header}'s folder" FORCE)
+          set(KILN_${prefix}_LIB "${_lib}" CACHE FILEPATH "the library that goes with ${header}" FORCE)
+          return()
+        endif()
+      endif()
+    endforeach()
+  endfunction()
+  kiln_find_cuda_part(CUDART cuda_runtime.h cudart libcudart.so.13 libcudart.so.12)
+  kiln_find_cuda_part(CUBLASLT cublasLt.h cublasLt libcublasLt.so.13 libcublasLt.so.12)
+  kiln_find_cuda_part(NVRTC nvrtc.h nvrtc libnvrtc.so.13 libnvrtc.so.12)
+  kiln_find_cuda_part(CUDNN cudnn.h cudnn libcudnn.so.9)
+  # The runtime wheel's cuda_runtime.h comes without the compiler's headers it includes (crt/):
+  # those come from wherever they are, after every library's own folder on the include path.
+  set(_kiln_include_roots)
+  foreach(i RANGE 0 ${_kiln_last_root} 2)
+    list(GET _kiln_cuda_roots ${i} inc)
+    list(APPEND _kiln_include_roots ${inc})
+  endforeach()
+  find_path(KILN_CUDA_CRT_INCLUDE crt/host_config.h PATHS ${_kiln_include_roots} NO_DEFAULT_PATH)
 
-  set(_kiln_cuda_parts KILN_CUDART_INCLUDE KILN_CUBLASLT_INCLUDE KILN_NVRTC_INCLUDE KILN_CUDNN_INCLUDE
+  set(_kiln_cuda_parts KILN_CUDART_INCLUDE KILN_CUBLASLT_INCLUDE KILN_NVRTC_INCLUDE KILN_CUDNN_INCLUDE KILN_CUDA_CRT_INCLUDE
                        KILN_CUDART_LIB KILN_CUBLASLT_LIB KILN_NVRTC_LIB KILN_CUDNN_LIB)
   set(_kiln_cuda_missing)
   foreach(v ${_kiln_cuda_parts})
@@ -58,12 +93,19 @@ if(KILN_HAVE_CUDA AND KILN_CUDA_SOURCES)
   target_compile_definitions(kiln PUBLIC KILN_WITH_CUDA=1)
   # PUBLIC: the tests of the CUDA backend include its headers (src/backends/cuda/*.h).
   target_include_directories(kiln SYSTEM PUBLIC ${KILN_CUDART_INCLUDE} ${KILN_CUBLASLT_INCLUDE}
-                             ${KILN_NVRTC_INCLUDE} ${KILN_CUDNN_INCLUDE})
+                             ${KILN_NVRTC_INCLUDE} ${KILN_CUDNN_INCLUDE} ${KILN_CUDA_CRT_INCLUDE})
   target_link_libraries(kiln PUBLIC ${KILN_CUDART_LIB} ${KILN_CUBLASLT_LIB} ${KILN_NVRTC_LIB} ${KILN_CUDNN_LIB})
-  # Installed binaries (kiln._C, kiln-run) find the libraries where the build found them.
+  # Installed binaries (kiln._C, kiln-run) find the libraries where the build found them; a
+  # library in the interpreter's site-packages (a wheel's) also relative to kiln/, so that a
+  # wheel built here works in another environment with the same wheels.
   set(_kiln_rpath)
   foreach(lib ${KILN_CUDART_LIB} ${KILN_CUBLASLT_LIB} ${KILN_NVRTC_LIB} ${KILN_CUDNN_LIB})
     get_filename_component(dir ${lib} DIRECTORY)
+    string(FIND "${dir}" "${Python_SITEARCH}/" at)
+    if(Python_SITEARCH AND at EQUAL 0)
+      file(RELATIVE_PATH rel "${Python_SITEARCH}/kiln" "${dir}")
+      list(APPEND _kiln_rpath "$ORIGIN/${rel}")
+    endif()
     list(APPEND _kiln_rpath ${dir})
   endforeach()
   list(REMOVE_DUPLICATES _kiln_rpath)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs everything Kiln needs on a fresh Debian/Ubuntu machine with Python 3.9+, then
+# Installs everything Kiln needs on a fresh Debian/Ubuntu machine with Python 3.10+, then
 # builds and installs the `kiln` package (C++ core + kiln._C + kiln-run) into the current
 # Python environment. Safe to run again: finished steps are quick no-ops.
 set -euo pipefail
@@ -24,6 +24,7 @@ fi
 # PyTorch is pinned to the release this machine image carries (nothing large is downloaded).
 "$PY" -m pip install -q --disable-pip-version-check \
   "torch==2.14.1" "torchvision==0.29.1" "transformers==5.23.0" \
-  "nanobind==3.1.0" "scikit-build-core==1.1.2" numpy pytest
+  "nanobind==3.1.0" "scikit-build-core==1.1.2" numpy pytest \
+  "ruff==0.17.5" "mypy==2.4.1" "clang-format==23.1.5"
 "$PY" -m pip install -q --disable-pip-version-check --no-build-isolation .
 echo "kiln install: done ($("$PY" -c 'import kiln, torch; print("kiln", kiln.__version__, "torch", torch.__version__)'))"

@@ -10,21 +10,21 @@
 // Exit status: 0 success, 1 runtime error ("kiln-run: error: ..."), 2 usage error.
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "src/serialize/engine_file.h"
-#include "src/serialize/npy.h"
 #include "kiln/kiln.h"
+#include "src/serialize/engine_file.h"
+#include "src/serialize/input_file.h"
+#include "src/serialize/npy.h"
+#include "tools/random_tensors.h"
 
 namespace {
 
@@ -108,38 +108,8 @@ Options parse_args(int argc, char** argv) {
   return o;
 }
 
-// splitmix64: small, fast and the same everywhere.
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  float uniform() { return float(next() >> 40) / float(1 << 24) * 2.0f - 1.0f; }  // [-1, 1)
-};
-
-kiln::Bytes random_tensor(const kiln::TensorType& t, Rng& rng) {
-  using kiln::DType;
-  kiln::Bytes b(t.nbytes());
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    uint8_t* p = b.data() + size_t(i) * kiln::dtype_size(t.dtype);
-    float f = rng.uniform();
-    int64_t k = int64_t(rng.next() % 4);
-    switch (t.dtype) {
-      case DType::kF32: std::memcpy(p, &f, 4); break;
-      case DType::kF64: { double d = f; std::memcpy(p, &d, 8); break; }
-      case DType::kF16: { uint16_t h = kiln::float_to_half(f); std::memcpy(p, &h, 2); break; }
-      case DType::kBF16: { uint16_t h = kiln::float_to_bf16(f); std::memcpy(p, &h, 2); break; }
-      case DType::kI64: std::memcpy(p, &k, 8); break;
-      case DType::kI32: { int32_t v = int32_t(k); std::memcpy(p, &v, 4); break; }
-      case DType::kI8: case DType::kU8: *p = uint8_t(k); break;
-      case DType::kBool: *p = uint8_t(k & 1); break;
-    }
-  }
-  return b;
-}
+using kiln::tools::random_tensor;
+using kiln::tools::Rng;
 
 std::string file_safe(const std::string& name) {
   std::string s = name.empty() ? "output" : name;
@@ -152,15 +122,21 @@ std::string describe(const kiln::IOTensor& t) { return t.name + ": " + t.type.to
 
 int run(const Options& o) {
   if (o.threads > 0) setenv("KILN_NUM_THREADS", std::to_string(o.threads).c_str(), 1);
-  std::ifstream in(o.engine, std::ios::binary);
-  if (std::filesystem::is_directory(o.engine)) KILN_FAIL(kIo, "engine file '", o.engine, "' is a directory");
-  if (!in) KILN_FAIL(kIo, "cannot open engine file '", o.engine, "': ", std::strerror(errno));
-  kiln::Bytes file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto header = kiln::serialize::read_engine_header(file.data(), file.size());
-  kiln::Device device = !o.device.empty() ? kiln::Device::parse(o.device)
-                                          : header.backend == "cuda" ? kiln::Device{kiln::DeviceType::kCUDA, 0}
-                                                                     : kiln::Device{};
-  auto engine = kiln::Engine::deserialize(file.data(), file.size(), device);
+  const kiln::serialize::InputFile file(o.engine, "engine file");
+  const std::unique_ptr<uint8_t[]> bytes = file.read_all();
+  std::shared_ptr<kiln::Engine> engine;
+  kiln::serialize::EngineFileHeader header;
+  kiln::Device device;
+  try {
+    header = kiln::serialize::read_engine_header(bytes.get(), file.size());
+    device = !o.device.empty()          ? kiln::Device::parse(o.device)
+             : header.backend == "cuda" ? kiln::Device{kiln::DeviceType::kCUDA, 0}
+                                        : kiln::Device{};
+    engine = kiln::Engine::deserialize(bytes.get(), file.size(), device);
+  } catch (const kiln::Error& e) {
+    const std::string what = e.what();  // "[code] cause": keep the cause, name the file
+    throw kiln::Error(e.code(), what.substr(what.find("] ") + 2) + " (engine file '" + o.engine + "')");
+  }
   const kiln::Graph& g = engine->graph();
 
   std::printf("engine: %s (%zu bytes, Kiln %s, %s device '%s')\n", o.engine.c_str(), file.size(),

@@ -134,7 +134,7 @@ class Backend {
   }
   virtual size_t alignment() const { return 64; }
   // Starts the one-time setup of the libraries this backend's kernels call (CUDA: cuBLASLt's
-  // handle and first algorithm queries, 85-130 ms in a process's first load of a GEMM engine;
+  // handle and first algorithm queries, which would otherwise fall on a process's first GEMM;
   // also the upload lanes and the checksum kernel) on a thread of its own, so that it overlaps
   // with what the caller does next (reading an engine file, the build passes). The future says
   // what was set up and how long it took (for the load log); its destructor waits for the
@@ -163,5 +163,16 @@ void set_timing_cache_path(const std::string& path);
 // device is present.
 Backend& get_backend(const Device& device);
 bool backend_available(DeviceType type);
+
+// A shared library a backend was built against: the version its headers declared, the version
+// of the copy loaded in this process, and that copy's file.
+struct LibraryVersion {
+  std::string name;
+  int built = 0;
+  int loaded = 0;
+  std::string file;
+};
+// The libraries of every backend in this build (none for the CPU backend). Loads nothing new.
+std::vector<LibraryVersion> backend_library_versions();
 
 }  // namespace kiln

@@ -60,9 +60,9 @@ class Refitter {
   // Applies the weights given since the last refit (kInvalidArgument naming the missing ones,
   // changing nothing, when missing_weights() is not empty).
   void refit();
-  // What the last refit() did and how long each part took, e.g. "refit: 12 weights, program
-  // 40.1 ms (8 outputs), host writes 3.2 ms, device copies 20.5 ms, 2 kernels remade in
-  // 4.0 ms"; empty before the first.
+  // What the last refit() did and how long each part took, in the form "refit: N weights,
+  // program T ms (N outputs), host writes T ms, device copies T ms, N kernels remade in T ms";
+  // empty before the first.
   const std::string& report() const { return report_; }
 
   const std::shared_ptr<Engine>& engine() const { return engine_; }

@@ -8,7 +8,7 @@ tests/python/test_core_bindings.py checks that every public name of the module i
 from collections.abc import Mapping, Sequence
 import enum
 import os
-from typing import Annotated, overload
+from typing import Annotated, Any, overload
 
 import numpy
 import numpy.typing
@@ -83,6 +83,21 @@ class DType(enum.Enum):
     u8 = 7
 
     bool = 8
+
+def build_info() -> dict[str, Any]:
+    """
+    How this extension was built: the compiler, the C++ runtime it uses and the process's, and per backend library (CUDA: cudart, cublasLt, nvrtc, cudnn) the version built against, the version loaded and its file.
+    """
+
+def cxx_runtime_of(library: str) -> str:
+    """
+    The file a shared library resolves the C++ runtime from: itself when it carries a static copy, '' when it uses none.
+    """
+
+def check_cxx_runtime(library: str) -> None:
+    """
+    Raises RuntimeError when a shared library carries its own C++ runtime or uses another one than this process has loaded; the import of kiln._C runs it on itself.
+    """
 
 def dtype_size(dtype: DType) -> int:
     """Bytes per element."""

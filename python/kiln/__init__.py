@@ -21,6 +21,8 @@ An exception's ``code`` attribute is its ``ErrorCode``; its message is the C++ m
 
 from __future__ import annotations
 
+from ._build import check_build as _check_build
+from ._build import library_version_problems
 from ._C import (
     Builder,
     BuilderConfig,
@@ -53,6 +55,8 @@ from ._C import (
     UnsupportedError,
     Value,
     VersionMismatchError,
+    __version__,
+    build_info,
     can_import,
     cuda_available,
     dtype_from_name,
@@ -66,7 +70,8 @@ from ._C import (
     op_names,
     supported_aten_targets,
 )
-from ._C import __version__
+
+_check_build(build_info())
 
 __all__ = [
     "Builder",
@@ -101,6 +106,7 @@ __all__ = [
     "Value",
     "VersionMismatchError",
     "__version__",
+    "build_info",
     "can_import",
     "cuda_available",
     "dtype_from_name",
@@ -110,6 +116,7 @@ __all__ = [
     "import_aten",
     "is_floating",
     "is_integral",
+    "library_version_problems",
     "op_family",
     "op_names",
     "supported_aten_targets",
@@ -123,6 +130,7 @@ except ImportError:  # pragma: no cover - core-only installs
     pass
 else:
     from .aot import compile, extract_engines, load, save
+    from .archive import UnsafeFileError
     from .cache import DiskEngineCache, EngineCache
     from .dynamo import kiln_backend
     from .mutable import MutableModule
@@ -140,5 +148,5 @@ else:
             register_backend(compiler_fn=kiln_backend, name="kiln")
 
     _register_backend()
-    __all__ += ["CompilationSettings", "DiskEngineCache", "EngineCache", "MutableModule", "compile",
+    __all__ += ["CompilationSettings", "DiskEngineCache", "EngineCache", "MutableModule", "UnsafeFileError", "compile",
                 "extract_engines", "kiln_backend", "load", "refit", "save"]

@@ -5,6 +5,9 @@
     program = kiln.load("model.ep")                      # in any process; program.module()(x)
     kiln.extract_engines("model.ep", "engines/")         # engine_0.kiln ... for kiln-run
 
+kiln.load runs no code from the file unless told the file is trusted, and checks every engine
+in it (kiln/archive.py).
+
 :func:`compile_lowered` is the pipeline after lowering: ask the importers, partition, report
 (dry run) or describe + build each block, and swap each built block for a KilnEngineModule.
 With ``reuse_cached_engines`` / ``cache_built_engines`` a block's engine comes from / goes to
@@ -33,10 +36,13 @@ import torch.utils._pytree as pytree
 
 from kiln import _C
 from kiln._logging import debug_logging, get_logger
+from kiln.archive import check_archive, engine_blobs
+from kiln.archive import check_engines as check_engines_of
 from kiln.cached_build import CachedBuild, count
 from kiln.dryrun import emit_report, format_report
 from kiln.lowering import LoweredGraph, lower_exported_program, lower_module
 from kiln.partition import Block, is_op, op_name, partition, replace_block
+from kiln.refit import WeightWatch, follow_weights
 from kiln.runtime import KilnEngineModule, borrowable_weights, build_engine, warm_up
 from kiln.settings import CompilationSettings, settings_from_options
 from kiln.translate import Capability, EncodeError, describe_block_parts, kiln_dtype
@@ -79,19 +85,30 @@ def _check_engine(engine: Any, block: Block, settings: CompilationSettings) -> N
                                        f"computes {want[0]} {want[1]} for {node.name}")
 
 
+def _truncated(constants: Sequence[Any]) -> frozenset[str]:
+    """The weights the model holds in float64 and the description in float32 (truncate_double)."""
+    return frozenset(c.name for c in constants
+                     if c.weight and c.source.dtype == torch.float64 and c.dtype == torch.float32)
+
+
 def _build_block(gm: fx.GraphModule, block: Block, settings: CompilationSettings, device: str,
                  name: str) -> KilnEngineModule | None:
     """The engine module of one block: from the engine cache (refitted) or freshly built."""
+    truncated: frozenset[str] = frozenset()
+
     def make_module(engine: Any) -> KilnEngineModule:
-        return KilnEngineModule(engine, device, [n.meta["val"].dtype for n in block.inputs],
-                                [n.meta["val"].dtype for n in block.outputs], name=name,
-                                use_cuda_graphs=settings.use_cuda_graphs)
+        module = KilnEngineModule(engine, device, [n.meta["val"].dtype for n in block.inputs],
+                                  [n.meta["val"].dtype for n in block.outputs], name=name,
+                                  use_cuda_graphs=settings.use_cuda_graphs)
+        module.truncated_weights = truncated
+        return module
     try:
         cached = None
         if settings.reuse_cached_engines or settings.cache_built_engines:
             # The key needs no weight bytes, and a hit takes the weights from the model: copy them
             # into the description only when the block is built.
             lite = describe_block_parts(gm, block, settings, weight_bytes=not settings.reuse_cached_engines)
+            truncated = _truncated(lite.constants)
             cached = CachedBuild.create(lite, settings, device, name)
             if cached is not None and settings.reuse_cached_engines:
                 module = cached.load(make_module, lambda e: _check_engine(e, block, settings))
@@ -100,6 +117,7 @@ def _build_block(gm: fx.GraphModule, block: Block, settings: CompilationSettings
             parts = lite if lite.weight_bytes else describe_block_parts(gm, block, settings)
         else:
             parts = describe_block_parts(gm, block, settings)
+        truncated = _truncated(parts.constants)
         shared = borrowable_weights(parts.constants, device) if settings.share_weights else None
         engine = build_engine(parts.graph, settings, device, shared)
         count("builds")
@@ -142,11 +160,15 @@ def compile_lowered(lowered: LoweredGraph, settings: CompilationSettings, device
         replace_block(gm, block, f"_kiln_engine_{i}", module, remap)
     gm.graph.eliminate_dead_code()
     used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
-    for attr, _ in list(gm.named_buffers(recurse=False)):
+    for attr, buffer in list(gm.named_buffers(recurse=False)):
         if attr not in used:
             delattr(gm, attr)
+        elif not settings.share_weights:
+            gm.register_buffer(attr, buffer.clone())  # a snapshot: the PyTorch parts too
+    if not settings.share_weights:
+        gm.meta.pop("kiln_weight_sources", None)  # nothing to follow
     gm.recompile()
-    in_engines = collections.Counter()
+    in_engines: collections.Counter[str] = collections.Counter()
     for block, _ in built:
         in_engines.update(block.histogram())
     in_pytorch = collections.Counter(op_name(n) for n in gm.graph.nodes if is_op(n))
@@ -198,13 +220,23 @@ def graph_runner(gm: fx.GraphModule) -> Callable[..., Sequence[Any]]:
 
 
 class KilnModule(torch.nn.Module):
-    """A compiled program: flattens (args, kwargs) like the exported program, runs the graph."""
+    """A compiled program: flattens (args, kwargs) like the exported program, runs the graph.
 
-    def __init__(self, gm: fx.GraphModule, in_spec: pytree.TreeSpec | None, out_spec: pytree.TreeSpec | None) -> None:
+    It follows the model's weights: a weight changed in place since the engines took it (see
+    kiln.refit.WeightWatch) is refitted into them at the next call, or, for engines built with
+    ``immutable_weights=True``, the call raises ``kiln.UnsupportedError``. Compiled with
+    ``share_weights=False`` it is a snapshot of the model and checks nothing.
+    """
+
+    def __init__(self, gm: fx.GraphModule, in_spec: pytree.TreeSpec | None, out_spec: pytree.TreeSpec | None,
+                 immutable_weights: bool = False) -> None:
         super().__init__()
         self.gm = gm
         self._in_spec = in_spec
         self._out_spec = out_spec
+        self.immutable_weights = immutable_weights
+        sources = gm.meta.pop("kiln_weight_sources", None) or {}  # not kept in meta, which pickles
+        self.weight_watch: WeightWatch | None = WeightWatch(sources) if sources else None
         # Called with positional leaves only (the common case), flattening is the identity.
         self._positional = in_spec is not None and in_spec == pytree.tree_flatten(
             (tuple(range(in_spec.num_leaves)), {}))[1]
@@ -212,7 +244,10 @@ class KilnModule(torch.nn.Module):
         self._run = graph_runner(gm)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self._positional and not kwargs and len(args) == self._in_spec.num_leaves \
+        watch = self.weight_watch
+        if watch is not None and watch.changed():
+            self.follow_weights()
+        if self._positional and self._in_spec is not None and not kwargs and len(args) == self._in_spec.num_leaves \
                 and all(isinstance(a, torch.Tensor) for a in args):
             flat: Sequence[Any] = args
         else:
@@ -222,15 +257,27 @@ class KilnModule(torch.nn.Module):
                                  f"compiled for {self._in_spec}")
         return self._unflatten(self._run(*flat))
 
+    def follow_weights(self) -> None:
+        """Refits the engines now with the model's weights that changed in place (nothing when
+        none did). Calls do this by themselves; see the class docstring."""
+        if self.weight_watch is not None and self.weight_watch.changed():
+            follow_weights(self.weight_watch, self.gm, self.immutable_weights, f"Kiln {self.summary.graph_name}")
+
     def __setstate__(self, state: dict[str, Any]) -> None:
+        state.setdefault("immutable_weights", False)
+        state.setdefault("weight_watch", None)
         super().__setstate__(state)
         self._unflatten = unflattener(self._out_spec)
         self._run = graph_runner(self.gm)
 
     def __getstate__(self) -> dict[str, Any]:
+        # A copy is a snapshot: it holds the engines with the weights they have now (the model's
+        # current ones, followed first) and follows no model.
+        self.follow_weights()
         state = dict(self.__dict__)
         state.pop("_unflatten", None)
         state.pop("_run", None)
+        state["weight_watch"] = None
         return state
 
     def engines(self) -> list[KilnEngineModule]:
@@ -255,11 +302,33 @@ def _device_of(settings: CompilationSettings, tensors: Sequence[Any]) -> str:
     return "cpu" if dev.type == "cpu" else f"cuda:{dev.index or 0}"
 
 
+def _check_examples(arg_inputs: Any, kwarg_inputs: Any) -> None:
+    """Example inputs are a list or tuple (and a dict) of tensors, Python scalars, None, or pytree
+    containers of them: a lone tensor or a numpy array is a clear error here, not a puzzle later."""
+    if arg_inputs is not None and not isinstance(arg_inputs, (list, tuple)):
+        hint = " (pass [x])" if isinstance(arg_inputs, torch.Tensor) else ""
+        raise TypeError(f"kiln.compile: arg_inputs must be a list or tuple of example inputs, got a "
+                        f"{type(arg_inputs).__name__}" + hint)
+    if kwarg_inputs is not None and not isinstance(kwarg_inputs, dict):
+        raise TypeError(f"kiln.compile: kwarg_inputs must be a dict, got a {type(kwarg_inputs).__name__}")
+    leaves, _ = pytree.tree_flatten((list(arg_inputs or ()), dict(kwarg_inputs or {})))
+    for leaf in leaves:
+        if not isinstance(leaf, (torch.Tensor, int, float, bool, str, type(None), torch.dtype, torch.device)):
+            module = type(leaf).__module__
+            hint = " (convert it with torch.from_numpy)" if module == "numpy" else ""
+            raise TypeError(f"kiln.compile: an example input is a {module}.{type(leaf).__qualname__}, not a "
+                            f"torch.Tensor{hint}")
+
+
 def compile(module: torch.nn.Module | torch.export.ExportedProgram, arg_inputs: Sequence[Any] | None = None,
             kwarg_inputs: dict[str, Any] | None = None, *, settings: CompilationSettings | None = None,
             **options: Any) -> KilnModule:
     """Compiles a module (exported with torch.export on ``arg_inputs``) or an ExportedProgram."""
     settings = settings_from_options(settings, **options)
+    if not isinstance(module, (torch.nn.Module, torch.export.ExportedProgram)):
+        raise TypeError(f"kiln.compile compiles a torch.nn.Module or a torch.export.ExportedProgram, "
+                        f"got a {type(module).__name__}")
+    _check_examples(arg_inputs, kwarg_inputs)
     with debug_logging(settings.debug), torch.no_grad():
         keep = supported_targets()
         if not settings.builds_nothing and arg_inputs is not None:
@@ -277,7 +346,7 @@ def compile(module: torch.nn.Module | torch.export.ExportedProgram, arg_inputs: 
         examples = [n.meta.get("val") for n in lowered.gm.graph.nodes if n.op == "placeholder"]
         device = _device_of(settings, examples)
         gm = compile_lowered(lowered, settings, device, graph_name=type(module).__name__)
-    return KilnModule(gm, lowered.in_spec, lowered.out_spec)
+    return KilnModule(gm, lowered.in_spec, lowered.out_spec, settings.immutable_weights)
 
 
 def _engine_modules(module: torch.nn.Module) -> list[KilnEngineModule]:
@@ -287,6 +356,9 @@ def _engine_modules(module: torch.nn.Module) -> list[KilnEngineModule]:
 def save(module: torch.nn.Module, path: str | os.PathLike[str], arg_inputs: Sequence[Any],
          kwarg_inputs: dict[str, Any] | None = None) -> torch.export.ExportedProgram:
     """Exports a compiled module (engines as kiln::execute_engine calls) and saves it."""
+    for m in module.modules():
+        if isinstance(m, KilnModule):
+            m.follow_weights()  # the engines saved hold the model's current weights
     engines = _engine_modules(module)
     if not engines:
         log.warning("kiln.save: the module contains no Kiln engine; saving a plain exported program")
@@ -298,31 +370,52 @@ def save(module: torch.nn.Module, path: str | os.PathLike[str], arg_inputs: Sequ
     finally:
         for e in engines:
             e.set_exporting(False)
-    torch.export.save(ep, os.fspath(path))
+    with open(os.fspath(path), "wb") as f:  # a file object: torch warns about a path not ending in .pt2
+        torch.export.save(ep, f)
     return ep
 
 
-def load(path: str | os.PathLike[str]) -> torch.export.ExportedProgram:
-    """Loads a program saved by kiln.save (call ``.module()`` on it to run it)."""
-    return torch.export.load(os.fspath(path))
+def load(path: str | os.PathLike[str], *, trusted: bool = False) -> torch.export.ExportedProgram:
+    """Loads a program saved by kiln.save (call ``.module()`` on it to run it).
+
+    Nothing in the file runs: parts that torch.export would unpickle unsafely or evaluate raise
+    ``UnsafeFileError`` naming them (kiln/archive.py), unless ``trusted=True`` (files you made
+    or trust: their pickles are loaded as torch.export does). Every embedded engine is
+    deserialized and checked here, so a damaged one raises its ``kiln.EngineFileError`` (one that
+    cannot be read at all, ``kiln.CorruptedError``) from this call, not from the first run."""
+    return _load(os.fspath(path), trusted, check_engines=True)
+
+
+def _load(path: str, trusted: bool, check_engines: bool) -> torch.export.ExportedProgram:
+    if not isinstance(trusted, bool):
+        raise TypeError(f"kiln.load: trusted must be a bool, got {trusted!r}")
+    try:
+        with open(path, "rb") as f:  # one open file for the check and the load: the bytes checked are those read
+            if not trusted:
+                check_archive(f, path)
+                f.seek(0)
+            try:
+                ep = torch.export.load(f)
+            except Exception as err:  # noqa: BLE001 - any failure of torch's reader is a file it cannot read
+                raise _C.CorruptedError(f"kiln.load: {path} is damaged or not a program saved by kiln.save: "
+                                        f"torch.export could not read it ({type(err).__name__}: {err})") from err
+    except IsADirectoryError:
+        raise _C.IoError(f"kiln.load: {path} is a directory, not a saved program") from None
+    engines = check_engines_of(ep, path) if check_engines else 0
+    log.info("kiln.load: %s: %d engine(s)%s", path, engines, " (trusted)" if trusted else "")
+    return ep
 
 
 def extract_engines(program: str | os.PathLike[str] | torch.export.ExportedProgram,
-                    out_dir: str | os.PathLike[str]) -> list[Path]:
+                    out_dir: str | os.PathLike[str], *, trusted: bool = False) -> list[Path]:
     """Writes every engine of a saved program as ``engine_<i>.kiln`` (runnable by kiln-run)."""
-    ep = program if isinstance(program, torch.export.ExportedProgram) else load(program)
-    sig = ep.graph_signature
-    lookup = {**sig.inputs_to_buffers, **sig.inputs_to_parameters,
-              **getattr(sig, "inputs_to_lifted_tensor_constants", {})}
+    ep = program if isinstance(program, torch.export.ExportedProgram) else \
+        _load(os.fspath(program), trusted, check_engines=False)  # kiln-run checks the engines it loads
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []
-    for node in ep.graph.nodes:
-        if node.op == "call_function" and node.target == torch.ops.kiln.execute_engine.default:
-            blob_node = node.args[1]
-            target = lookup[blob_node.name]
-            blob = ep.state_dict[target] if target in ep.state_dict else ep.constants[target]
-            path = out / f"engine_{len(paths)}.kiln"
-            path.write_bytes(blob.detach().cpu().contiguous().numpy().tobytes())
-            paths.append(path)
+    for _, blob in engine_blobs(ep):
+        path = out / f"engine_{len(paths)}.kiln"
+        path.write_bytes(blob.detach().cpu().contiguous().numpy().tobytes())
+        paths.append(path)
     return paths

@@ -14,15 +14,17 @@ With ``reuse_cached_engines`` a block's engine is first looked up by its key; wi
 * the Kiln version, the key format and the device: its kind and name (on CUDA the GPU's name and
   compute capability, not its index, so one GPU's engines serve every GPU of the same model).
 
-A hit deserializes the engine, checks its I/O against the block and refits the block's current
-weights into it, so the same architecture with other weights reuses it. A stored engine carries a
-fingerprint of the weights it was built from (``Engine.source_weights_id``: per weight its name,
-dtype and shape, and checksums of the bytes, computed where the weights live); when the block's
-weights have the same fingerprint (the same model in a new process) the refit would change
-nothing and is skipped. The fingerprint is computed on a worker thread while the engine is
-deserialized (which releases the GIL): on a GPU both are a large part of a hit. A damaged or
-foreign entry (unreadable, wrong I/O) is removed and counts as a miss; the compilation then
-builds.
+A hit reads the entry once into memory (the default store verifies its tag there: see
+kiln/cache_auth.py), deserializes the engine from those bytes, checks its I/O against the block and
+refits the block's current weights into it, so the same architecture with other weights reuses it.
+A stored engine carries a fingerprint of the weights it was built from (``Engine.source_weights_id``:
+per weight its name, dtype and shape, and checksums of the bytes, computed where the weights
+live); when the entry is authenticated and the block's weights have the same fingerprint (the
+same model in a new process) the refit would change nothing and is skipped. An unauthenticated
+entry (a custom store's) is always refitted: its label could be forged. The fingerprint is
+computed on a worker thread while the engine is deserialized (which releases the GIL). An entry
+that cannot be read, verified, deserialized, checked or refitted is removed and counts as a
+miss; the compilation then builds.
 Nothing here raises into a compilation because of the cache: failures are logged.
 """
 
@@ -37,13 +39,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from kiln import _C
-from kiln.cache import EngineCache, engine_cache_for, log
+from kiln.cache import EngineCache, UnusableEntry, engine_cache_for, log
 from kiln.settings import CompilationSettings
 from kiln.translate import BlockDescription, canonical_description
 
@@ -55,7 +56,7 @@ _KEY_FORMAT = "kiln-engine-cache-1"
 _NOT_BUILD_SETTINGS = frozenset({
     "min_block_size", "torch_executed_ops", "require_full_compilation", "pass_through_build_failures",
     "debug", "dryrun", "cache_built_engines", "reuse_cached_engines", "engine_cache_dir",
-    "engine_cache_size", "custom_engine_cache", "use_cuda_graphs", "share_weights",
+    "engine_cache_size", "engine_cache_key_file", "custom_engine_cache", "use_cuda_graphs", "share_weights",
     "device",  # the key has the device's kind and name instead: cuda:1 reuses cuda:0's engines
 })
 
@@ -221,58 +222,58 @@ class CachedBuild:
             return None
 
     def load(self, make_module: Callable[[Any], Any], check: Callable[[Any], None]) -> Any | None:
-        """The engine module of a hit, refitted with the current weights; None on a miss."""
+        """The engine module of a hit, refitted with the current weights; None on a miss. The
+        entry is read once into memory of this process's (the engine owns its bytes: whatever
+        happens to the file later changes nothing here); any failure to read, verify,
+        deserialize or refit it is a logged miss."""
         start = time.perf_counter()
-        path: Path | None = None
-        data: bytes | bytearray | memoryview | None = None
         try:
-            # A store with local files: the engine maps the entry (its weights are views of the
-            # file's pages, not copies); any other store hands over the bytes.
-            path = self.store_.path(self.key)
-            if path is None:
-                data = self.store_.get(self.key)
+            entry = self.store_.read_entry(self.key)
+        except UnusableEntry as err:
+            self._reject(str(err))
+            entry = None
         except Exception as err:  # noqa: BLE001 - a user store must not break compilation
-            log.warning("engine cache: %r failed to read %s: %s", self.store_, self.key, err)
-        if path is None and data is None:
+            log.warning("engine cache: %r failed to read %s: %s: %s", self.store_, self.key, type(err).__name__, err)
+            entry = None
+        if entry is None:
             count("misses")
             log.info("engine cache miss for %s (key %s)", self.name, self.key[:16])
             return None
         read = time.perf_counter()
         self._start_fingerprint()
         try:
-            if path is not None:
-                engine = _C.Engine.load_mapped(path, self.device)
-            else:
-                engine = _C.Engine.deserialize(data, self.device)
+            engine = _C.Engine.deserialize(entry.data, self.device)
             check(engine)
-        except (_C.KilnError, TypeError, ValueError) as err:  # damaged, foreign, or not bytes
-            self._reject(f"cannot be used ({err})")
+            module = make_module(engine)
+            loaded = time.perf_counter()
+            refitted = self._refit(module, entry.authenticated)
+        except Exception as err:  # noqa: BLE001 - damaged, foreign, or unreadable: never a failed compile
+            self._reject(f"{entry.source} cannot be used ({type(err).__name__}: {err})")
             count("misses")
             return None
-        finally:
-            if isinstance(data, memoryview):
-                data.release()  # the engine holds copies of what it needs; unmaps a mapped entry
-        module = make_module(engine)
-        loaded = time.perf_counter()
-        if not self._refit(module):
+        if not refitted:
             count("misses")
             return None
         count("hits")
-        log.info("engine cache hit for %s (key %s, %s): read %.3f s, load %.3f s, refit %.3f s",
-                 self.name, self.key[:16], f"mapped {path}" if path is not None else f"{len(data)} bytes",
+        log.info("engine cache hit for %s (key %s, %d bytes%s): read %.3f s, load %.3f s, refit %.3f s",
+                 self.name, self.key[:16], len(entry.data), ", authenticated" if entry.authenticated else "",
                  read - start, loaded - read, time.perf_counter() - loaded)
         return module
 
-    def _refit(self, module: Any) -> bool:
+    def _refit(self, module: Any, authenticated: bool) -> bool:
+        """Refits the block's weights into a loaded engine. The refit is skipped only when the
+        store proved the entry its own and the engine's label of its weights matches the
+        block's: an unauthenticated entry's label could be forged. Raises when the refit fails."""
         weights = self.weights()
         if not weights:
             return True  # nothing to refit: the engine is the block's as it is
-        stored = module.engine.source_weights_id
-        try:
-            same = bool(stored) and stored == self.fingerprint()
-        except (RuntimeError, TypeError, ValueError) as err:  # weights torch cannot view as bytes
-            log.info("engine cache: no fingerprint of %s's weights (%s); refitting", self.name, err)
-            same = False
+        same = False
+        if authenticated:
+            stored = module.engine.source_weights_id
+            try:
+                same = bool(stored) and stored == self.fingerprint()
+            except (RuntimeError, TypeError, ValueError) as err:  # weights torch cannot view as bytes
+                log.info("engine cache: no fingerprint of %s's weights (%s); refitting", self.name, err)
         if same:
             count("refits_skipped")  # built from these very weights: a refit would change nothing
             return True
@@ -281,18 +282,14 @@ class CachedBuild:
         except ImportError as err:
             log.warning("engine cache: cannot refit the cached engine of %s (%s); building it", self.name, err)
             return False
-        try:
-            # Only the weights the engine takes (a block weight it folded away is not one).
-            refit_engine_module(module, engine_weights_from(weights, module))
-        except (RuntimeError, ValueError, TypeError, KeyError) as err:  # KilnError is a RuntimeError
-            self._reject(f"cannot be refitted ({err})")
-            return False
+        # Only the weights the engine takes (a block weight it folded away is not one).
+        refit_engine_module(module, engine_weights_from(weights, module))
         count("refits")
         return True
 
     def _reject(self, why: str) -> None:
         count("rejected")
-        log.warning("engine cache: entry %s for %s %s; removing it", self.key[:16], self.name, why)
+        log.warning("engine cache: entry %s for %s: %s; removing it", self.key[:16], self.name, why)
         try:
             self.store_.remove(self.key)
         except Exception as err:  # noqa: BLE001

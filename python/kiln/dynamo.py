@@ -15,6 +15,11 @@ symbolic sizes (its automatic dynamic shapes after a recompile; ``dynamic=False`
 that), Kiln specializes it: it builds one engine set per concrete input signature on first
 sight and reuses it afterwards.
 
+The compiled graph follows the model's weights: a weight changed in place since the engines
+took it (``load_state_dict``, ``copy_``) is refitted into them at the next call
+(kiln.refit.WeightWatch), or, with ``immutable_weights=True``, the call raises; with
+``share_weights=False`` it is a snapshot and checks nothing.
+
 Kiln compiles for inference. With gradients required (grad mode on and an input or parameter
 requiring grad) the graph runs in eager PyTorch with a warning, or raises under
 ``require_full_compilation``.
@@ -37,6 +42,7 @@ import torch.fx as fx
 from kiln._logging import debug_logging, get_logger
 from kiln.aot import _device_of, compile_lowered, graph_runner, supported_targets, unflattener
 from kiln.lowering import lower_module
+from kiln.refit import WeightWatch, follow_weights
 from kiln.settings import CompilationSettings, settings_from_options
 
 log = get_logger("dynamo")
@@ -50,17 +56,39 @@ _LIVE_GRAPHS: weakref.WeakSet[KilnDynamoGraph] = weakref.WeakSet()
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
-def _pretty_source(placeholder: fx.Node) -> str:
-    """L['self']._modules['layer1']._modules['0']._parameters['weight'] -> layer1.0.weight."""
+_ROOT = re.compile(r"^[LG]\['([^']*)'\]")
+
+
+def _source_path(placeholder: fx.Node) -> str | None:
+    """L['self']._modules['layer1']._modules['0']._parameters['weight'] -> L['self'].layer1.0.weight."""
     grapharg = placeholder.meta.get("grapharg")
-    source = getattr(grapharg, "source", None)
+    source: Any = getattr(grapharg, "source", None)
     text = source.name() if callable(getattr(source, "name", None)) else getattr(source, "name", None)
     if not isinstance(text, str):
-        return placeholder.name
-    text = re.sub(r"^L\['(self|fn)'\]", "", text)
+        return None
     text = re.sub(r"\._(modules|parameters|buffers)\['([^']*)'\]", r".\2", text)
-    text = re.sub(r"\[(\d+)\]", r".\1", text)
-    return text.strip(".") or placeholder.name
+    return re.sub(r"\[(\d+)\]", r".\1", text)
+
+
+def _weight_names(placeholders: dict[int, fx.Node]) -> dict[int, str]:
+    """Per constant argument its name in the engines: the module's own state_dict key. Dynamo
+    names a constant after where the frame found it (``L['self']`` for a compiled module,
+    ``L['s']`` for a module passed to a compiled function, ``G['m']`` for a global); that root
+    is dropped when all constants share it, else kept as a prefix (``s.b.weight``)."""
+    paths = {i: _source_path(p) for i, p in placeholders.items()}
+    roots = {m.group(1) if m else None for m in (_ROOT.match(p or "") for p in paths.values())}
+    names: dict[int, str] = {}
+    for i, path in paths.items():
+        if path is None:
+            names[i] = placeholders[i].name
+            continue
+        root = _ROOT.match(path)
+        drop = root is not None and (len(roots) == 1 or root.group(1) in ("self", "fn"))
+        name = (path[root.end():] if drop and root is not None else _ROOT.sub(r"\1", path)).strip(".")
+        names[i] = name or placeholders[i].name
+    if len(set(names.values())) != len(names):  # two roots with the same paths: keep them apart
+        names = {i: (_ROOT.sub(r"\1", p).strip(".") if p else placeholders[i].name) for i, p in paths.items()}
+    return names
 
 
 def _tuple_getter(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
@@ -93,12 +121,14 @@ class _GraphAsModule(torch.nn.Module):
 
 class _Built(NamedTuple):
     """One specialization: the constant tensors its engines were built from (held, so that their
-    ids, which key it, stay theirs), the compiled graph module (None when nothing was built) and
-    the function that runs it."""
+    ids, which key it, stay theirs), the compiled graph module (None when nothing was built),
+    the function that runs it and the watch on the weights it follows (None when nothing was
+    built)."""
 
     constants: tuple[torch.Tensor, ...]
     graph_module: fx.GraphModule | None
     run: Callable[..., Any]
+    watch: WeightWatch | None = None
 
 
 class KilnDynamoGraph:
@@ -121,8 +151,8 @@ class KilnDynamoGraph:
                       for e in examples]
         # Per constant argument: its name in the engines (from Dynamo's source: stable across
         # instances and processes).
-        self.constant_names = {i: _pretty_source(p) for i, (p, k) in enumerate(zip(placeholders, self.kinds))
-                               if k == "constant"}
+        self.constant_names = _weight_names({i: p for i, (p, k) in enumerate(zip(placeholders, self.kinds))
+                                             if k == "constant"})
         self.constant_idx = sorted(self.constant_names)
         self._constants_of = _tuple_getter(self.constant_idx)
         self.input_idx = [i for i, k in enumerate(self.kinds) if k == "input"]
@@ -135,15 +165,16 @@ class KilnDynamoGraph:
         if not self.dynamic:
             self._last = self._lookup(examples)
 
-    def built(self) -> list[tuple[list[tuple[torch.Tensor, str]], fx.GraphModule]]:
-        """Per live specialization: its (constant tensor, engine name) pairs and graph module."""
-        return [([(t, self.constant_names[i]) for i, t in zip(self.constant_idx, b.constants)], b.graph_module)
-                for b in self.compiled.values() if b.graph_module is not None]
+    def built(self) -> list[tuple[list[tuple[torch.Tensor, str]], fx.GraphModule, WeightWatch | None]]:
+        """Per live specialization: its (constant tensor, engine name) pairs, graph module and
+        weight watch."""
+        return [([(t, self.constant_names[i]) for i, t in zip(self.constant_idx, b.constants)], b.graph_module,
+                 b.watch) for b in self.compiled.values() if b.graph_module is not None]
 
     @property
     def graph_modules(self) -> list[fx.GraphModule]:
         """The compiled graph modules of the live specializations, oldest first."""
-        return [gm for _, gm in self.built()]
+        return [gm for _, gm, _ in self.built()]
 
     def _key(self, args: Sequence[Any], constants: tuple[torch.Tensor, ...]) -> Any:
         shapes = None if not self.dynamic else tuple(
@@ -203,19 +234,34 @@ class KilnDynamoGraph:
         if self.settings.builds_nothing:
             return _Built(constants, None, self.gm.forward)
         unflatten, graph, pick = unflattener(lowered.out_spec), graph_runner(compiled), self.input_idx
+        # The weights to follow: the model's own tensors as the frame passes them (the wrapper's
+        # buffers are detached views: they share the version counter, not a `.data` swap), then
+        # any weight the graph held itself.
+        sources = {self.constant_names[i]: t for i, t in by_index.items()} if self.settings.share_weights else {}
+        for name, t in (compiled.meta.pop("kiln_weight_sources", None) or {}).items():
+            sources.setdefault(name, t)  # (none with share_weights=False: a snapshot follows nothing)
 
         def run(*args: Any) -> Any:
             return unflatten(graph(*[args[i] for i in pick]))
-        return _Built(constants, compiled, run)
+        return _Built(constants, compiled, run, WeightWatch(sources) if sources else None)
+
+    def _follow(self, built: _Built) -> None:
+        assert built.watch is not None and built.graph_module is not None
+        follow_weights(built.watch, built.graph_module, self.settings.immutable_weights, f"Kiln {self.name}")
 
     def __call__(self, *args: Any) -> Any:
         last = self._last
         # Static shapes: Dynamo's guards fixed them, so the constants' identity decides.
         if last is not None and all(map(operator.is_, self._constants_of(args), last.constants)):
+            watch = last.watch
+            if watch is not None and watch.changed():
+                self._follow(last)
             return last.run(*args)
         built = self._lookup(args)
         if not self.dynamic:
             self._last = built
+        if built.watch is not None and built.watch.changed():
+            self._follow(built)
         return built.run(*args)
 
 

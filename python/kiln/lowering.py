@@ -8,6 +8,9 @@ Every entry point ends in the same form, a :class:`LoweredGraph`:
   the model's state_dict key, which is the name the engines give the weight and the name
   ``kiln.refit`` finds new values by) and ``meta["kiln_weight"]`` (True for an untransformed
   model weight);
+* ``gm.meta["kiln_weight_sources"]`` maps each used weight's name to the tensor the program
+  holds (for a module, the module's own parameter or buffer): what a compiled model watches
+  to follow weights changed in place (kiln.refit.WeightWatch);
 * every other node calls an ATen overload (or ``operator.getitem``) and carries
   ``meta["val"]``, a FakeTensor (or a tuple of them) with the exact dtype and static shape.
 
@@ -203,6 +206,7 @@ def _constants_to_attrs(ep: torch.export.ExportedProgram, names: dict[str, str])
     assert len(specs) == len(placeholders), "export signature and graph disagree"
     gm = fx.GraphModule(torch.nn.Module(), graph, class_name="KilnLoweredGraph")
     taken: set[str] = set()
+    sources: dict[str, torch.Tensor] = {}
     for spec, node in zip(specs, placeholders):
         if spec.kind == InputKind.USER_INPUT:
             continue
@@ -217,8 +221,11 @@ def _constants_to_attrs(ep: torch.export.ExportedProgram, names: dict[str, str])
         new.meta.update(node.meta)
         new.meta["kiln_name"] = names.get(target, target)
         new.meta["kiln_weight"] = spec.kind != InputKind.CONSTANT_TENSOR
+        if new.meta["kiln_weight"] and node.users:
+            sources[new.meta["kiln_name"]] = tensor
         node.replace_all_uses_with(new)
         graph.erase_node(node)
+    gm.meta["kiln_weight_sources"] = sources
     gm.recompile()
     return gm
 

@@ -35,7 +35,8 @@ from kiln.translate import kiln_dtype, torch_dtype
 
 log = get_logger("runtime")
 
-__all__ = ["KilnEngineModule", "build_engine", "builder_config", "execute_engine", "warm_up"]
+__all__ = ["KilnEngineModule", "adopt_engine", "build_engine", "builder_config", "execute_engine", "spec_error",
+           "warm_up"]
 
 _DTYPE_NAMES = {dt: str(dt).removeprefix("torch.") for dt in
                 (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
@@ -119,6 +120,9 @@ class KilnEngineModule(torch.nn.Module):
         super().__init__()
         self.name = name
         self.use_cuda_graphs = use_cuda_graphs
+        # Weights the model holds in float64 that the engine takes as float32 (truncate_double):
+        # the only ones a refit converts.
+        self.truncated_weights: frozenset[str] = frozenset()
         self._set_engine(engine, device, input_dtypes, output_dtypes)
         self._exporting = False
 
@@ -144,14 +148,20 @@ class KilnEngineModule(torch.nn.Module):
             return tuple(torch.ops.kiln.execute_engine(list(inputs), self.engine_blob, self.spec))
         if len(inputs) != len(self._in):
             raise ValueError(f"Kiln {self.name} takes {len(self._in)} inputs, got {len(inputs)}")
-        if self._casts:
-            inputs = tuple(x.to(dt) for x, (_, dt) in zip(inputs, self._in))
         device = self._device
-        held = []
-        for x, (shape, dtype) in zip(inputs, self._in):
-            if x.dtype != dtype or x.shape != shape or x.device != device:
-                self._bad_input(x, len(held))
-            held.append(x if x.is_contiguous() else x.contiguous())
+        held: list[Any] = []
+        try:
+            if self._casts:
+                inputs = tuple(x.to(dt) for x, (_, dt) in zip(inputs, self._in))
+            for x, (shape, dtype) in zip(inputs, self._in):
+                if x.dtype != dtype or x.shape != shape or x.device != device:
+                    self._bad_input(x, len(held))
+                held.append(x if x.is_contiguous() else x.contiguous())
+        except AttributeError:  # None, a Python number, ...: not a tensor at all
+            for i, x in enumerate(inputs):
+                if not isinstance(x, torch.Tensor):
+                    self._bad_input(x, i)
+            raise
         outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self._out]
         stream = torch._C._cuda_getCurrentRawStream(device.index) if self._cuda else 0
         with self._lock:
@@ -164,11 +174,16 @@ class KilnEngineModule(torch.nn.Module):
             return tuple(o.to(dt) for o, dt in zip(outs, self._out_cast))
         return tuple(outs)
 
-    def _bad_input(self, x: torch.Tensor, i: int) -> None:
+    def _bad_input(self, x: Any, i: int) -> None:
         shape, dtype = self._in[i]
+        want = f"Kiln {self.name} input {i} ('{self.input_names[i]}') must be {dtype} {list(shape)} on {self._device}"
+        if not isinstance(x, torch.Tensor):
+            module = type(x).__module__
+            kind = type(x).__qualname__ if module == "builtins" else f"{module}.{type(x).__qualname__}"
+            hint = " (convert it with torch.from_numpy)" if module == "numpy" else ""
+            raise TypeError(f"{want}, got a {kind}, not a torch.Tensor{hint}")
         raise _C.ShapeMismatchError(
-            f"Kiln {self.name} input {i} ('{self.input_names[i]}') must be {dtype} {list(shape)} on "
-            f"{self._device}, got {x.dtype} {list(x.shape)} on {x.device} (engines are built for static shapes)")
+            f"{want}, got {x.dtype} {list(x.shape)} on {x.device} (engines are built for static shapes)")
 
     # -- description and serialization --
     @property
@@ -230,6 +245,45 @@ def _runner(engine: torch.Tensor, spec: str) -> KilnEngineModule:
         _RUNNERS[key] = (weakref.ref(engine, lambda _: _RUNNERS.pop(key, None)), module)
         log.debug("deserialized an engine of %d bytes for kiln::execute_engine", engine.numel())
         return module
+
+
+def spec_error(meta: Any) -> str:
+    """What is wrong with a decoded ``kiln::execute_engine`` spec ('' when nothing is)."""
+    if not isinstance(meta, dict) or not isinstance(meta.get("device"), str):
+        return "its spec names no device"
+    for kind in ("inputs", "outputs"):
+        items = meta.get(kind)
+        if not isinstance(items, list):
+            return f"its spec has no {kind} list"
+        for item in items:
+            ok = (isinstance(item, list) and len(item) == 2 and item[0] in _NAME_DTYPES and isinstance(item[1], list)
+                  and all(type(d) is int and d >= 0 for d in item[1]))
+            if not ok:
+                return f"its spec has a malformed {kind[:-1]} {str(item)[:60]}"
+    return ""
+
+
+def adopt_engine(engine: torch.Tensor, spec: str, built: Any) -> str:
+    """Checks that ``built`` (deserialized from the bytes ``engine``) has the I/O that ``spec``
+    says (the module casts float64 to float32 and back, with truncate_double) and keeps it as the
+    runner of that buffer. Returns what does not match ('' when all does)."""
+    meta = json.loads(spec)
+    for kind, ios in (("inputs", built.inputs), ("outputs", built.outputs)):
+        want = meta[kind]
+        if len(want) != len(ios):
+            return f"the engine has {len(ios)} {kind}, its spec {len(want)}"
+        for io, (dtype, shape) in zip(ios, want):
+            inside = torch_dtype(io.dtype)
+            if list(io.shape) != shape or not (inside == _NAME_DTYPES[dtype] or
+                                              (inside == torch.float32 and dtype == "float64")):
+                return (f"engine {kind[:-1]} '{io.name}' is {_DTYPE_NAMES[inside]} {list(io.shape)}, its spec "
+                        f"says {dtype} {shape}")
+    module = KilnEngineModule(built, meta["device"], [_NAME_DTYPES[d] for d, _ in meta["inputs"]],
+                              [_NAME_DTYPES[d] for d, _ in meta["outputs"]], name="execute_engine")
+    key = id(engine)
+    with _RUNNERS_LOCK:
+        _RUNNERS[key] = (weakref.ref(engine, lambda _: _RUNNERS.pop(key, None)), module)
+    return ""
 
 
 @torch.library.custom_op("kiln::execute_engine", mutates_args=())

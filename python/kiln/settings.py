@@ -69,21 +69,28 @@ class CompilationSettings:
     engine_cache_dir / engine_cache_size: the directory (default ``$XDG_CACHE_HOME/kiln/engines``,
         else ``~/.cache/kiln/engines``) and byte budget (least recently used entries are evicted)
         of the default on-disk store.
+    engine_cache_key_file: the key that authenticates the on-disk store's entries; None (the
+        default) uses the user's own key beside the cache. Name a key file to share a cache
+        between users on purpose: whoever can read it may write entries (docs/safety.md).
     custom_engine_cache: a ``kiln.EngineCache`` to use instead of the on-disk store (e.g. one on
         shared storage); None uses the store set with ``kiln.cache.set_engine_cache``, else the
         on-disk one.
     immutable_weights: False (the default) builds refittable engines: each keeps the recipe that
         derives its folded constants from the model's weights, so ``kiln.refit`` can swap the
         weights without a rebuild (it costs no speed on the CPU backend). True builds engines
-        whose weights cannot change (no refit program; ``kiln.refit`` raises on them), and is
-        refused together with the engine cache, which reuses engines by refitting them.
+        whose weights cannot change (no refit program; ``kiln.refit`` raises on them, and so
+        does a call after the model's weights changed in place), and is refused together with
+        the engine cache, which reuses engines by refitting them.
     use_cuda_graphs: on a CUDA device, each engine call replays one captured CUDA graph (the
         engine is captured on its first call); False launches kernel by kernel. No effect on CPU.
     share_weights: True (the default): an engine reads the model's weights that it uses
         unchanged (dense, on its device, in its dtype) where the model keeps them, instead of
-        holding a second copy; the weights it folds or converts are its own. Change weights
-        through ``kiln.refit`` then: a change made in place to the model reaches the shared weights
-        only. False copies every weight into the engine, so that it is a snapshot of the model.
+        holding a second copy; the weights it folds or converts are its own. The compiled model
+        follows the model's weights: one changed in place (``load_state_dict``, ``copy_``) is
+        refitted into the engines at the next call, and with
+        ``immutable_weights=True`` that call raises instead (docs/safety.md). False copies every
+        weight, the engines' and those the PyTorch parts read, so that the compiled model is a
+        snapshot of the model when it was compiled (calls check no weights).
     """
 
     enabled_precisions: frozenset[torch.dtype] = frozenset({torch.float32})
@@ -102,6 +109,7 @@ class CompilationSettings:
     immutable_weights: bool = False
     engine_cache_dir: str = dataclasses.field(default_factory=_default_cache_dir)
     engine_cache_size: int = 5 << 30
+    engine_cache_key_file: str | None = None
     custom_engine_cache: EngineCache | None = None
     use_cuda_graphs: bool = True
     share_weights: bool = True
@@ -265,6 +273,8 @@ def _device(key: str, value: Any) -> str | None:
     if dev is None or dev.type not in ("cpu", "cuda"):
         raise ValueError(f"Kiln option {key!r} must be 'cpu', 'cuda' or 'cuda:N', got {value!r}")
     if dev.type == "cpu":
+        if dev.index not in (None, 0):
+            raise ValueError(f"Kiln option {key!r} is {value!r}, but the CPU is one device: use 'cpu'")
         return "cpu"
     return f"cuda:{dev.index if dev.index is not None else 0}"
 
@@ -292,6 +302,14 @@ def _path(key: str, value: Any) -> str:
     return os.fspath(value)
 
 
+def _optional_file(key: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        raise _type_error(key, "a file path or None", value)
+    return os.fspath(value)
+
+
 _NORMALIZERS: dict[str, Any] = {
     "enabled_precisions": _precisions,
     "min_block_size": _min_block_size,
@@ -309,6 +327,7 @@ _NORMALIZERS: dict[str, Any] = {
     "immutable_weights": _bool,
     "engine_cache_dir": _path,
     "engine_cache_size": _int_in(0, None),
+    "engine_cache_key_file": _optional_file,
     "custom_engine_cache": _engine_cache,
     "use_cuda_graphs": _bool,
     "share_weights": _bool,

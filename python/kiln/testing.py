@@ -21,7 +21,7 @@ def randomize_weights(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     of a tenth of its size (0.02 around zero). Batch-norm running means are drawn around 0 (0.1
     spread) and variances in [0.5, 1.5], so folding them is exercised. A scheme that gave every
     weight one He-style scale made MobileNetV3's activations reach ~1e3 and its FP16 rounding
-    error 100-600 times larger (docs/perf-notes.md, items 94 and 97). Returns ``model``.
+    error 100-600 times larger (docs/history/perf-notes.md, items 94 and 97). Returns ``model``.
     """
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():

@@ -15,9 +15,18 @@ Backend& cpu_backend();
 Backend& cuda_backend(int index);
 bool cuda_device_present();
 namespace cuda {
+std::vector<LibraryVersion> library_versions();  // library_versions.cpp
 void set_timing_cache_path(const std::string& path);  // timing_cache.h
 }
 #endif
+
+std::vector<LibraryVersion> backend_library_versions() {
+#ifdef KILN_WITH_CUDA
+  return cuda::library_versions();
+#else
+  return {};
+#endif
+}
 
 void set_timing_cache_path(const std::string& path) {
 #ifdef KILN_WITH_CUDA

@@ -1,9 +1,9 @@
 // Shared access geometry of reductions, pooling and strided views (see access.h).
-#include "src/ops/access.h"
-#include "src/ops/shape_rules.h"
-
 #include "kiln/errors.h"
 #include "kiln/ops.h"
+#include "src/ops/access.h"
+#include "src/ops/checked.h"
+#include "src/ops/shape_rules.h"
 
 namespace kiln {
 
@@ -84,8 +84,11 @@ StridedView strided_view(const Node& n, const Graph& g) {
     KILN_CHECK(n.op == OpKind::kSlice, kInternal, "strided_view of ", op_name(n.op));
     const auto axis = size_t(n.attrs.get_int("axis"));
     v.strides = xs;
-    v.strides[axis] *= n.attrs.get_int("step");
-    v.offset = n.attrs.get_int("start") * xs[axis];
+    // A step only matters where the slice keeps several elements; then it is below the extent.
+    const int64_t step = y[axis] > 1 ? n.attrs.get_int("step") : 1;
+    const Checked ck(n.op, "the strided view's stride or offset");
+    v.strides[axis] = ck.mul(v.strides[axis], step);
+    v.offset = ck.mul(n.attrs.get_int("start"), xs[axis]);
   }
   return v;
 }

@@ -19,6 +19,7 @@
 #include <string>
 #include <variant>
 
+#include "src/ops/checked.h"
 #include "src/ops/epilogue.h"
 #include "src/ops/shape_rules.h"
 
@@ -102,13 +103,14 @@ std::vector<TensorType> infer_conv_channels_first(OpKind op, const TypeList& in,
     out_c_dim = w.dims[0];
     KILN_CHECK(out_channels % groups == 0, kShapeMismatch, name, ": output channels ", out_channels, " of weight ",
                w.to_string(), " are not divisible by groups ", groups);
-    KILN_CHECK(w.dims[1].extent * groups == c, kShapeMismatch, name, ": weight ", w.to_string(), " expects ",
-               w.dims[1].extent * groups, " input channels (", w.dims[1].extent, " per group x ", groups,
-               " groups), x ", x.to_string(), " has ", c);
+    const int64_t expects = Checked(op, "the weight's input channels times groups").mul(w.dims[1].extent, groups);
+    KILN_CHECK(expects == c, kShapeMismatch, name, ": weight ", w.to_string(), " expects ", expects,
+               " input channels (", w.dims[1].extent, " per group x ", groups, " groups), x ", x.to_string(), " has ",
+               c);
   } else {
     KILN_CHECK(w.dims[0].extent == c, kShapeMismatch, name, ": weight ", w.to_string(),
                " must be [C_in, C_out/groups, *kernel] with C_in = ", c, " from x ", x.to_string());
-    out_channels = w.dims[1].extent * groups;
+    out_channels = Checked(op, "the output channels (weight dim 1 times groups)").mul(w.dims[1].extent, groups);
     out_c_dim.extent = out_channels;
   }
   KILN_CHECK(out_channels >= 1, kShapeMismatch, name, ": weight ", w.to_string(), " gives no output channels");
@@ -126,18 +128,19 @@ std::vector<TensorType> infer_conv_channels_first(OpKind op, const TypeList& in,
   for (size_t i = 0; i < nsp; ++i) {
     const int64_t in_size = x.dims[2 + i].extent, k = w.dims[2 + i].extent;
     KILN_CHECK(k >= 1, kShapeMismatch, name, ": weight ", w.to_string(), " has an empty kernel");
-    const int64_t eff = dilation[i] * (k - 1) + 1;  // the kernel's extent with dilation
+    const Checked ck(op, "the output size from stride, padding and dilation");
+    const int64_t eff = ck.add(ck.mul(dilation[i], k - 1), 1);  // the kernel's extent with dilation
     int64_t o;
     if (!transpose) {
-      KILN_CHECK(in_size + 2 * padding[i] >= eff, kShapeMismatch, name, ": spatial dim ", i, " of x ",
-                 x.to_string(), " is ", in_size, " (", in_size + 2 * padding[i], " padded), smaller than the kernel's ",
-                 eff, " (dilated)");
-      o = (in_size + 2 * padding[i] - eff) / stride[i] + 1;
+      const int64_t padded = ck.add(in_size, ck.mul(2, padding[i]));
+      KILN_CHECK(padded >= eff, kShapeMismatch, name, ": spatial dim ", i, " of x ", x.to_string(), " is ", in_size,
+                 " (", padded, " padded), smaller than the kernel's ", eff, " (dilated)");
+      o = (padded - eff) / stride[i] + 1;
     } else {
       KILN_CHECK(out_pad[i] < stride[i] || out_pad[i] < dilation[i], kInvalidArgument, name, ": output_padding ",
                  list_str(out_pad), " must be smaller than stride ", list_str(stride), " or dilation ",
                  list_str(dilation));
-      o = (in_size - 1) * stride[i] - 2 * padding[i] + eff + out_pad[i];
+      o = ck.add(ck.add(ck.sub(ck.mul(in_size - 1, stride[i]), ck.mul(2, padding[i])), eff), out_pad[i]);
       KILN_CHECK(in_size >= 1 && o >= 1, kShapeMismatch, name, ": spatial dim ", i, " of x ", x.to_string(),
                  " gives output size ", o, " (stride ", stride[i], ", padding ", padding[i], ")");
     }

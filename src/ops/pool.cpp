@@ -11,6 +11,7 @@
 #include <string>
 #include <variant>
 
+#include "src/ops/checked.h"
 #include "src/ops/shape_rules.h"
 
 namespace kiln {
@@ -32,10 +33,13 @@ bool bool_attr(OpKind op, const Attrs& a, const char* key, bool fallback) {
   return std::get<bool>(v);
 }
 
-int64_t pooled_size(int64_t in, int64_t k, int64_t pad, int64_t stride, int64_t dilation, bool ceil_mode) {
-  int64_t num = in + 2 * pad - dilation * (k - 1) - 1 + (ceil_mode ? stride - 1 : 0);
-  int64_t out = (num >= 0 ? num / stride : -((-num + stride - 1) / stride)) + 1;  // floor division
-  if (ceil_mode && (out - 1) * stride >= in + pad) --out;
+int64_t pooled_size(OpKind op, int64_t in, int64_t k, int64_t pad, int64_t stride, int64_t dilation, bool ceil_mode) {
+  const Checked ck(op, "the output size from kernel, stride, padding and dilation");
+  const int64_t reach = ck.add(ck.mul(dilation, k - 1), 1);  // the dilated kernel's extent
+  const int64_t num = ck.add(ck.sub(ck.add(in, ck.mul(2, pad)), reach), ceil_mode ? stride - 1 : 0);
+  // Floor division; num > INT64_MIN since in and pad are >= 0, so -num is defined.
+  int64_t out = (num >= 0 ? num / stride : -(ck.add(-num, stride - 1) / stride)) + 1;
+  if (ceil_mode && ck.mul(out - 1, stride) >= ck.add(in, pad)) --out;
   return out;
 }
 
@@ -100,7 +104,7 @@ std::vector<TensorType> infer_pool_channels_first(OpKind op, const TensorType& x
   for (size_t i = 0; i < nsp; ++i) {
     KILN_CHECK(padding[i] <= kernel[i] / 2, kInvalidArgument, name, ": padding ", list_str(padding),
                " must be at most half of the kernel ", list_str(kernel));
-    int64_t o = pooled_size(x.dims[2 + i].extent, kernel[i], padding[i], stride[i], dilation[i], ceil_mode);
+    int64_t o = pooled_size(op, x.dims[2 + i].extent, kernel[i], padding[i], stride[i], dilation[i], ceil_mode);
     KILN_CHECK(o >= 1, kShapeMismatch, name, ": x ", x.to_string(), " is too small for kernel ", list_str(kernel),
                " (output size ", o, " in spatial dim ", i, ")");
     out.dims[2 + i] = Dim{};

@@ -5,6 +5,7 @@
 
 #include "kiln/errors.h"
 #include "kiln/ir.h"
+#include "src/ops/checked.h"
 #include "src/ops/shape_rules.h"
 
 namespace kiln {
@@ -73,7 +74,18 @@ std::vector<TensorType> infer_types(OpKind op, const std::vector<const TensorTyp
              " inputs, got ", n);
   for (int i = 0; i < info.min_inputs; ++i)
     KILN_CHECK(inputs[i] != nullptr, kInvalidArgument, info.name, ": input ", i, " is required");
-  return info.shape_rule(op, inputs, attrs);
+  std::vector<TensorType> out = info.shape_rule(op, inputs, attrs);
+  // Every later size computation (numel, nbytes, strides) multiplies extents unchecked, so an
+  // output the attributes make too large to address stops here.
+  for (const TensorType& t : out) {
+    const Checked ck(op, "the output's byte size");
+    int64_t bytes = int64_t(dtype_size(t.dtype));
+    for (const Dim& d : t.dims) {
+      KILN_CHECK(d.extent >= 0, kInvalidArgument, info.name, ": output ", t.to_string(), " has a negative extent");
+      bytes = ck.mul(bytes, d.extent);
+    }
+  }
+  return out;
 }
 
 }  // namespace kiln

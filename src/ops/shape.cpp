@@ -10,6 +10,7 @@
 #include <string>
 #include <variant>
 
+#include "src/ops/checked.h"
 #include "src/ops/shape_rules.h"
 
 namespace kiln {
@@ -109,7 +110,9 @@ TensorType infer_slice(OpKind op, const TensorType& x, const Attrs& a) {
              end, " must satisfy 0 <= start <= end <= ", dim, " (axis ", axis, " of ", x.to_string(), ")");
   KILN_CHECK(step >= 1, kInvalidArgument, op_name(op), ": step ", step, " must be >= 1");
   TensorType out = x;
-  if (!(start == 0 && end == dim && step == 1)) out.dims[size_t(axis)] = static_dim((end - start + step - 1) / step);
+  // ceil((end - start) / step) without forming end - start + step - 1, which a huge step overflows.
+  const int64_t span = end - start;
+  if (!(start == 0 && end == dim && step == 1)) out.dims[size_t(axis)] = static_dim(span / step + (span % step != 0));
   return out;
 }
 
@@ -130,7 +133,7 @@ TensorType infer_concat(OpKind op, const TypeList& in, const Attrs& a) {
       KILN_CHECK(d == axis || t.dims[size_t(d)].extent == first.dims[size_t(d)].extent, kShapeMismatch,
                  op_name(op), ": input ", i, " ", t.to_string(), " differs from input 0 ", first.to_string(),
                  " in dim ", d, " (only axis ", axis, " may differ)");
-    total += t.dims[size_t(axis)].extent;
+    total = Checked(op, "the concatenated extent").add(total, t.dims[size_t(axis)].extent);
   }
   if (in.size() > 1) out.dims[size_t(axis)] = static_dim(total);
   return out;
@@ -144,7 +147,7 @@ std::vector<TensorType> infer_split(OpKind op, const TensorType& x, const Attrs&
     KILN_CHECK(s >= 0, kInvalidArgument, op_name(op), ": sizes ", list_str(sizes), " has a negative entry ", s);
   int64_t sum = 0;
   for (int64_t s : sizes) {
-    sum += s;
+    sum = Checked(op, "the sum of 'sizes'").add(sum, s);
     KILN_CHECK(sum <= x.dims[size_t(axis)].extent, kShapeMismatch, op_name(op), ": sizes ", list_str(sizes),
                " exceed dim ", axis, " of ", x.to_string());
   }
@@ -190,7 +193,8 @@ TensorType infer_pad(OpKind op, const TensorType& x_in, const Attrs& a) {
     if (mode == "replicate")
       KILN_CHECK(dim > 0, kInvalidArgument, op_name(op), ": replicate padding of the empty dim ", d, " of ",
                  x.to_string());
-    out.dims[d] = static_dim(dim + before + after);
+    const Checked ck(op, "the padded extent");
+    out.dims[d] = static_dim(ck.add(ck.add(dim, before), after));
   }
   return out;
 }

@@ -75,10 +75,10 @@ bool convert_conv(Graph& g, size_t pos) {
 
 // Step 3 for the conv at `pos`: at a region's entry (x = permute(v, NHWC)), fewer than
 // kChannelQuantum input channels (an RGB image) are zero-padded to it in x and w: cuDNN's
-// kernels for an image's first layer want 4 channels, and zeros add nothing to the sum.
-// (Measured on an H100 for ResNet-50's 7x7 stem: 3 channels 193 us, 4 channels 108 us plus
-// a 49 us pad, 8 channels 163 us; on an H200 the permute and the pad took 16 and 19 us at batch
-// 32 as two kernels, perf-notes item 70.)
+// kernels for an image's first layer want 4 channels, and zeros add nothing to the sum. Four,
+// not eight: more padding only adds bytes for the stem to read. The image's pad reads it
+// through the entry permute (input_perm), so moving the channels last and padding them is one
+// pass over the image instead of two.
 bool pad_entry_channels(Graph& g, size_t pos) {
   const Node& n = *g.nodes()[pos];
   if (n.op != OpKind::kConv || !channels_last(n.op, n.attrs) || n.attrs.get_int("groups", 1) != 1) return false;

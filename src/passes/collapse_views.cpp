@@ -2,10 +2,11 @@
 // value it starts from in order becomes a reshape of that value.
 //
 // Kiln's IR is dense, so each permute is a copy. A chain such as y = permute(x, [0, 3, 1, 2]),
-// reshape(y, [N, C, H*W]), permute(., [0, 2, 1]) (ViT's tokens from a channels-last patch
-// embedding) moves every element back where it was: the composite is reshape(x, [N, H*W, C]),
-// which the memory planner makes free. strided_view_of (view_chain.h) finds the chain; the
-// permutes it passed through lose their uses and go with eliminate_dead_code.
+// reshape(y, [N, C, H*W]), permute(., [0, 2, 1]) (a vision transformer's tokens from a
+// channels-last patch embedding) moves every element back where it was: the composite is
+// reshape(x, [N, H*W, C]), which the memory planner makes free. strided_view_of (view_chain.h)
+// finds the chain; the permutes it passed through lose their uses and go with
+// eliminate_dead_code.
 //
 // Does not: collapse a permute whose output has symbolic dims (a reshape states concrete ones).
 // Run it after the layout passes (to_channels_last, fold_attention_layout), which place the

@@ -136,7 +136,7 @@ bool try_add(Graph& g, size_t pos, ValueId y, ValueId other) {
 }
 
 // add(v, r) where v is y viewed in its own element order (reshapes, or a permute moving only
-// size-1 dims: ViT's attention output on its way back to [B, S, E]) of a fusable producer's
+// size-1 dims: MultiheadAttention's output on its way back to [B, S, E]) of a fusable producer's
 // output y, and r has the add's shape: rewritten as reshape(add(y, reshape(r))), the view
 // chain dropped, and that add fused by try_add. Element order is kept, so the sums are the
 // same elements; the reshapes are aliases in the memory plan.

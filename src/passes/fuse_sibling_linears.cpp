@@ -1,9 +1,9 @@
 // fuse_sibling_linears: runs the q, k and v projections of an attention block as one GEMM.
 //
-// HF BERT computes q = linear(x, Wq, bq), k = linear(x, Wk, bk), v = linear(x, Wv, bv) and
-// splits each into heads (reshape, permute) for sdpa. At small batch each of those GEMMs is
-// launch and latency bound; one GEMM over the concatenated weight does the same work in one
-// launch with a wider N. Rewrite, for a group of such siblings:
+// A transformer's self-attention computes q = linear(x, Wq, bq), k = linear(x, Wk, bk),
+// v = linear(x, Wv, bv) and splits each into heads (reshape, permute) for sdpa. At small batch
+// each of those GEMMs is launch and latency bound; one GEMM over the concatenated weight does the
+// same work in one launch with a wider N. Rewrite, for a group of such siblings:
 //
 //   wcat = concat(Wq, Wk, Wv) {axis 0}     bcat = concat(bq, bk, bv) {axis 0}
 //   y    = linear(x, wcat, bcat)

@@ -1,5 +1,5 @@
 // convs_to_linears: runs a patch embedding (a 2-D conv whose stride equals its kernel, as in
-// ViT's 16x16 / stride 16 stem) as one linear over the patches.
+// a vision transformer's 16x16 / stride 16 stem) as one linear over the patches.
 //
 // The kernel windows of such a conv do not overlap and cover x, so im2col is a permute:
 //   conv(x [N, C, H, W], w [O, C, kh, kw], b?)           with stride = (kh, kw), no padding,
@@ -11,9 +11,9 @@
 // The weight's reshape keeps its element order (fold_constants folds it, and a refit re-derives
 // it). What usually follows a patch embedding, flatten(2).transpose(1, 2), then reads y in order:
 // collapse_view_chains makes that a reshape, so the tokens are the GEMM's output itself.
-// (Measured on an H200 for ViT-B/16 at batch 32: cuDNN ran the 16x16 conv in 120 us, after a
-// 35 us permute and pad of the image and before two transposes of 19 us; the GEMM is
-// 6272 x 768 x 768, perf-notes item 67.)
+// (Why: a library conv with so few, so large windows runs far from the tensor cores' rate and
+// needs the image padded and transposed around it, while the same work as one GEMM of
+// [N*OH*OW, C*kh*kw] x [C*kh*kw, O] runs at full rate.)
 //
 // Does: static shapes with H and W multiples of the kernel, kernels larger than 1x1, a conv
 // without residual or activation (run it before fuse_epilogue, which then fuses into the linear).

@@ -7,12 +7,12 @@
 // input channels (an image, padded to 4), no residual, an activation that never decreases (none,
 // relu, sigmoid, tanh, hardsigmoid) and an output read only by a channels-last max_pool. Exact:
 // the max over a window of act(y + b[c]) is act(max(y) + b[c]) for such an act and a per-channel
-// b, padding reading -inf either way. Why: cuDNN runs an image's first layer alone on kernels its
-// fused graphs do not reach (ResNet-50's 7x7 stem at batch 32 on an H200: 60 us against 108 us
-// fused), and the epilogue then reads a quarter of the conv's output (a 3x3 / stride 2 pool);
-// fuse_pointwise joins the add and the activation into one kernel. The builder runs it for CUDA
-// builds, after to_channels_last. (f32 convs keep their epilogue: the first-layer kernels were
-// measured in f16 only.)
+// b, padding reading -inf either way. Why: cuDNN runs an image's first layer alone on dedicated
+// first-layer kernels that its fused graphs do not reach (a network's stem conv), and the
+// epilogue then reads a quarter of the conv's output (a 3x3 / stride 2 pool); fuse_pointwise
+// joins the add and the activation into one kernel. The builder runs it for CUDA builds, after
+// to_channels_last. (f32 convs keep their epilogue: the first-layer kernels are accepted for
+// f16 / bf16 only, see refused_numerics in conv_tactic.cpp.)
 #include "kiln/passes.h"
 #include "src/ops/epilogue.h"
 

@@ -6,9 +6,9 @@
 //                               device get their buffers staged through device memory.
 //   execute_ptrs(ins, outs, stream)  the hot path of the torch runtime module: raw addresses
 //                               of buffers already on the engine's device, only the counts are
-//                               checked. The GIL stays held: releasing it measured +10-15% per
-//                               call on a tiny engine (0.21 -> 0.24 us) and would let two Python
-//                               threads race on one context, which runs one call at a time.
+//                               checked. The GIL stays held: releasing and retaking it is a
+//                               real part of so short a call, and would let two Python threads
+//                               race on one context, which runs one call at a time.
 // A context holds its engine (shared_ptr), so dropping the Python Engine first is safe.
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/filesystem.h>

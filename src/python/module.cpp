@@ -14,7 +14,9 @@
 //   kIo               IoError              (KilnError, OSError)
 //   kInternal         InternalError        (KilnError)
 //
-// The message is the C++ what() ("[code] cause"); the instance's `code` is the ErrorCode.
+// The message is the C++ what() ("[code] cause"), bytes that are not UTF-8 replaced by U+FFFD so
+// that the conversion never fails; the instance's `code` is the ErrorCode. Other C++ exceptions
+// get nanobind's classes, with messages converted the same way.
 // The classes are named kiln.X because the kiln package re-exports them (pickling finds them).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/pair.h>
@@ -22,8 +24,11 @@
 #include <nanobind/stl/vector.h>
 
 #include <array>
+#include <cstring>
 #include <exception>
 #include <future>
+#include <new>
+#include <stdexcept>
 
 #include "kiln/backend.h"
 #include "kiln/errors.h"
@@ -31,6 +36,8 @@
 #include "src/serialize/byte_io.h"
 
 namespace kiln::python {
+
+void bind_build_info(nb::module_& m);  // build_info.cpp: fails the import on a second C++ runtime
 
 namespace {
 
@@ -46,6 +53,27 @@ PyObject* new_exception(nb::module_& m, const char* name, const char* doc, std::
   if (!type) throw nb::python_error();
   m.attr(name) = nb::borrow(type);
   return type;
+}
+
+// An exception's message as str; bytes that are not UTF-8 become U+FFFD rather than make the
+// conversion fail, which would replace the real error with a conversion error.
+nb::str message_text(const char* what) {
+  PyObject* s = PyUnicode_DecodeUTF8(what, Py_ssize_t(std::strlen(what)), "replace");
+  if (!s) {  // only when out of memory
+    PyErr_Clear();
+    return nb::str("(the error message could not be converted)");
+  }
+  return nb::steal<nb::str>(s);
+}
+
+// The Python class nanobind gives a standard C++ exception (its default translator's mapping).
+PyObject* builtin_error_type(const std::exception& e) {
+  if (dynamic_cast<const std::out_of_range*>(&e)) return PyExc_IndexError;
+  if (dynamic_cast<const std::overflow_error*>(&e)) return PyExc_OverflowError;
+  if (dynamic_cast<const std::domain_error*>(&e) || dynamic_cast<const std::invalid_argument*>(&e) ||
+      dynamic_cast<const std::length_error*>(&e) || dynamic_cast<const std::range_error*>(&e))
+    return PyExc_ValueError;
+  return PyExc_RuntimeError;
 }
 
 void bind_errors(nb::module_& m) {
@@ -87,10 +115,19 @@ void bind_errors(nb::module_& m) {
     } catch (const Error& e) {
       size_t i = size_t(e.code());
       PyObject* type = i < kNumCodes ? g_error_type[i] : g_error_type[size_t(ErrorCode::kInternal)];
-      nb::object exc = nb::steal(PyObject_CallOneArg(type, nb::str(e.what()).ptr()));
+      nb::object exc = nb::steal(PyObject_CallOneArg(type, message_text(e.what()).ptr()));
       if (!exc.is_valid()) return;  // the constructor raised; that error stands
       if (PyObject_SetAttrString(exc.ptr(), "code", nb::cast(e.code()).ptr()) != 0) return;
       PyErr_SetObject(type, exc.ptr());
+    } catch (const nb::python_error&) {
+      throw;  // nanobind's own kinds pass on to its translator
+    } catch (const nb::builtin_exception&) {
+      throw;
+    } catch (const std::bad_alloc&) {
+      PyErr_NoMemory();
+    } catch (const std::exception& e) {
+      // Not Kiln's: nanobind's default would lose the message to a conversion error on bad bytes.
+      PyErr_SetObject(builtin_error_type(e), message_text(e.what()).ptr());
     }
   });
 }
@@ -142,6 +179,7 @@ NB_MODULE(_C, m) {
   namespace kp = kiln::python;
   m.doc() = "Kiln core bindings: IR, builder, engine and runtime, ATen import.";
   m.attr("__version__") = KILN_VERSION;
+  kp::bind_build_info(m);
   // PyTorch keeps Kiln objects alive until interpreter teardown (custom-op registrations, Dynamo's
   // compiled-code caches), so nanobind's exit-time leak report would only list those.
   nanobind::set_leak_warnings(false);

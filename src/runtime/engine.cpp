@@ -91,9 +91,10 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
   e->memory_ = plan_memory(g, be.alignment(), true,
                            [&e](size_t node, size_t input) { return e->kernels_[node]->writes_over_input(input); });
   // Kernels take constants by address when they run, so the device copies follow the kernels.
-  // One device block holds the constants (an allocation per constant cost transformer engines
-  // ~55 MiB in whole pages) and, where context_joins_block says so, one context's arena and
-  // workspace: the first context's; later ones allocate their own.
+  // One device block holds the constants (the driver rounds each allocation up to whole 2 MiB
+  // pages, so one per constant wastes most of a page per few-MiB weight) and, where
+  // context_joins_block says so, one context's arena and workspace: the first context's; later
+  // ones allocate their own.
   double constants_ms = 0;
   size_t block_bytes = 0;
   if (device.type != DeviceType::kCPU) {

@@ -5,10 +5,9 @@
 // built it, and loading elsewhere is refused (kDeviceMismatch) rather than silently retuned.
 // save() writes a temporary file next to the target and renames it over the target, so a
 // reader never sees a half-written engine. load_mapped() keeps the file mapped and its
-// constants are views of the mapping (no copy of the weights).
-#include <fcntl.h>
+// constants are views of the mapping (no copy of the weights). Both open the file through
+// serialize::InputFile: a regular file of bounded size, never a FIFO or device that could block.
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -21,6 +20,7 @@
 #include "kiln/errors.h"
 #include "src/common/stopwatch.h"
 #include "src/serialize/engine_file.h"
+#include "src/serialize/input_file.h"
 
 namespace kiln {
 
@@ -112,42 +112,21 @@ void Engine::save(const std::string& path) const {
 }
 
 std::shared_ptr<Engine> Engine::load(const std::string& path, const Device& device) {
-  File f(std::fopen(path.c_str(), "rb"));
-  if (!f) io_fail("open", path, errno);
-  Bytes bytes;
-  if (std::fseek(f.get(), 0, SEEK_END) == 0) {  // one allocation for the whole file
-    const long n = std::ftell(f.get());
-    if (n > 0) bytes.reserve(size_t(n));
-    std::rewind(f.get());
-  }
-  uint8_t chunk[1 << 16];
-  size_t n;
-  while ((n = std::fread(chunk, 1, sizeof chunk, f.get())) > 0) bytes.insert(bytes.end(), chunk, chunk + n);
-  if (std::ferror(f.get())) io_fail("read", path, errno);
-  return naming_file(path, [&] { return deserialize(bytes.data(), bytes.size(), device); });
+  const serialize::InputFile file(path, "engine file");
+  const std::unique_ptr<uint8_t[]> bytes = file.read_all();
+  return naming_file(path, [&] { return deserialize(bytes.get(), file.size(), device); });
 }
 
 std::shared_ptr<Engine> Engine::load_mapped(const std::string& path, const Device& device) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) io_fail("open", path, errno);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    io_fail("read", path, err);
-  }
-  const size_t size = size_t(st.st_size);
-  if (size == 0) {  // mmap cannot map an empty file; the reader names what is wrong with it
-    ::close(fd);
+  const serialize::InputFile file(path, "engine file");
+  const size_t size = file.size();
+  if (size == 0)  // mmap cannot map an empty file; the reader names what is wrong with it
     return naming_file(path, [&] { return deserialize(nullptr, 0, device); });
-  }
   // Private and writable: a refit writes the engine's weights, and those pages become the
   // process's own copies; the file never changes.
-  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-  const int err = errno;
-  ::close(fd);  // the mapping keeps the file
-  if (p == MAP_FAILED) io_fail("map", path, err);
-  std::shared_ptr<void> mapping(p, [size](void* q) { ::munmap(q, size); });
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, file.fd(), 0);
+  if (p == MAP_FAILED) file.fail("map", errno);
+  std::shared_ptr<void> mapping(p, [size](void* q) { ::munmap(q, size); });  // outlives the descriptor
   return naming_file(path, [&] { return from_file_bytes(static_cast<const uint8_t*>(p), size, device, mapping); });
 }
 

@@ -20,12 +20,40 @@ uint64_t checksum64(const uint8_t* data, size_t n) {
       for (int b = 0; b < 8; ++b) sums[c * 8 + size_t(b)] = uint8_t(h >> (8 * b));
     }
   };
-  // A thread per 8 chunks at least (starting one costs ~0.1 ms, a chunk ~0.1-0.3 ms), 8 at most:
-  // the sum is bound by memory bandwidth well before that.
+  // A thread per 8 chunks at least (starting a thread costs about as much as summing a chunk),
+  // 8 at most: the sum is bound by memory bandwidth well before that.
   const size_t hw = std::max<size_t>(1, std::thread::hardware_concurrency());
   const size_t threads = std::max<size_t>(1, std::min({hw, size_t(8), chunks / 8}));
   run_parts(threads, [&](size_t t) { sum_chunks(chunks * t / threads, chunks * (t + 1) / threads); });
   return block_sum(sums.data(), sums.size());
+}
+
+size_t utf8_invalid_at(const uint8_t* p, size_t n) {
+  size_t i = 0;
+  while (i < n) {
+    const uint8_t b = p[i];
+    if (b < 0x80) {
+      ++i;
+      continue;
+    }
+    // The sequence length and the range of its second byte (which rules out overlong forms,
+    // surrogates and code points past U+10FFFF); later bytes are 0x80..0xbf.
+    size_t len;
+    uint8_t lo = 0x80, hi = 0xbf;
+    if (b >= 0xc2 && b <= 0xdf) len = 2;
+    else if (b == 0xe0) len = 3, lo = 0xa0;
+    else if (b == 0xed) len = 3, hi = 0x9f;
+    else if (b >= 0xe1 && b <= 0xef) len = 3;
+    else if (b == 0xf0) len = 4, lo = 0x90;
+    else if (b == 0xf4) len = 4, hi = 0x8f;
+    else if (b >= 0xf1 && b <= 0xf3) len = 4;
+    else return i;
+    if (n - i < len || p[i + 1] < lo || p[i + 1] > hi) return i;
+    for (size_t k = 2; k < len; ++k)
+      if (p[i + k] < 0x80 || p[i + k] > 0xbf) return i;
+    i += len;
+  }
+  return n;
 }
 
 }  // namespace kiln::serialize

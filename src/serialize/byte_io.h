@@ -31,8 +31,9 @@ namespace kiln::serialize {
 // Every step is a bijection of the lane (or of h) given the word, so a change confined to the
 // words of one lane of one chunk (any damage within one aligned 8-byte word, a single byte
 // included) always changes its chunk's sum, hence the checksum; other damage goes unnoticed
-// with probability about 2^-64. Four lanes keep four multiplies in flight: several GB/s per
-// thread, where byte-at-a-time FNV-1a (format version 1) did about 250 MB/s.
+// with probability about 2^-64. Four lanes keep four multiplies in flight, so a thread sums at
+// near memory speed, where format version 1's byte-at-a-time FNV-1a waited on a multiply per
+// byte.
 inline constexpr size_t kChecksumChunk = size_t(1) << 20;
 
 namespace checksum_detail {
@@ -75,6 +76,17 @@ inline uint64_t block_sum(const uint8_t* data, size_t n) {
 // Defined in byte_io.cpp: data over a few chunks is summed on up to 8 threads.
 uint64_t checksum64(const uint8_t* data, size_t n);
 
+// The index of the first byte of [p, p + n) that is not part of well-formed UTF-8 (no
+// overlong forms, surrogates or code points above U+10FFFF), or n when all of it is. Engine
+// file strings are UTF-8 on both sides: Python sees them as str.
+size_t utf8_invalid_at(const uint8_t* p, size_t n);
+
+// Two hex digits, for messages about bytes.
+inline std::string hex_byte(uint8_t b) {
+  const char* digits = "0123456789abcdef";
+  return {digits[b >> 4], digits[b & 15]};
+}
+
 class ByteWriter {
  public:
   void u8(uint8_t v) { buf_.push_back(v); }
@@ -87,7 +99,15 @@ class ByteWriter {
     std::memcpy(&bits, &v, 8);
     put(bits, 8);
   }
-  void str(const std::string& s) {
+  // `field` names the string in the error for one that is not UTF-8 (no reader would take it)
+  // or too long for its u32 length.
+  void str(const std::string& s, const char* field) {
+    const auto* p = reinterpret_cast<const uint8_t*>(s.data());
+    const size_t bad = utf8_invalid_at(p, s.size());
+    KILN_CHECK(bad == s.size(), kInvalidArgument, "cannot write the engine file: ", field,
+               " is not valid UTF-8 (byte 0x", hex_byte(p[bad < s.size() ? bad : 0]), " at index ", bad, ")");
+    KILN_CHECK(s.size() <= UINT32_MAX, kInvalidArgument, "cannot write the engine file: ", field, " has ", s.size(),
+               " bytes, more than a u32 length holds");
     u32(static_cast<uint32_t>(s.size()));
     bytes(s.data(), s.size());
   }
@@ -130,9 +150,15 @@ class ByteReader {
     std::memcpy(&v, &bits, 8);
     return v;
   }
-  std::string str() {
+  // A length-prefixed string; `field` names it when it is not UTF-8 (kCorrupted).
+  std::string str(const char* field) {
+    const size_t at = offset();
     uint32_t n = u32();
     const uint8_t* p = take(n);
+    const size_t bad = utf8_invalid_at(p, n);
+    if (bad != n)
+      fail_corrupted(detail::concat(field, " at offset ", at, " is not valid UTF-8 (byte 0x", hex_byte(p[bad]),
+                                    " at offset ", at + 4 + bad, ")"));
     return std::string(reinterpret_cast<const char*>(p), n);
   }
   // Returns a pointer to the next n bytes and skips them.

@@ -69,9 +69,9 @@ void expect_consumed(const ByteReader& r) {
 }
 
 // The one string a section holds (the build log, the source weights' fingerprint).
-std::string read_string_section(const Section& s, const char* what) {
+std::string read_string_section(const Section& s, const char* what, const char* field) {
   ByteReader r(s.data, s.size, s.offset, what);
-  std::string v = r.str();
+  std::string v = r.str(field);
   expect_consumed(r);
   return v;
 }
@@ -84,9 +84,9 @@ Bytes write_engine_file(const EngineFile& f) {
   w.u32(kEngineFormatVersion);
   size_t size_at = w.size();
   w.u64(0);
-  w.str(f.kiln_version);
-  w.str(f.backend);
-  w.str(f.device_name);
+  w.str(f.kiln_version, "the Kiln version");
+  w.str(f.backend, "the backend name");
+  w.str(f.device_name, "the device name");
   w.u32(4 + (f.kernel_states.empty() ? 0 : 1) + (f.refit_program ? 1 : 0) + (f.source_weights_id.empty() ? 0 : 1));
   BlobTable blobs;
   write_section(w, kTagPlan, [&] { write_graph(w, f.plan, blobs); });
@@ -96,8 +96,9 @@ Bytes write_engine_file(const EngineFile& f) {
     w.i32(f.options.optimization_level);
     w.u64(f.options.workspace_limit);
   });
-  write_section(w, kTagLog, [&] { w.str(f.build_log); });
-  if (!f.source_weights_id.empty()) write_section(w, kTagSourceWeights, [&] { w.str(f.source_weights_id); });
+  write_section(w, kTagLog, [&] { w.str(f.build_log, "the build log"); });
+  if (!f.source_weights_id.empty())
+    write_section(w, kTagSourceWeights, [&] { w.str(f.source_weights_id, "the source weights id"); });
   if (!f.kernel_states.empty()) {
     write_section(w, kTagKernels, [&] {
       w.u32(uint32_t(f.kernel_states.size()));
@@ -153,9 +154,9 @@ EngineFileHeader check_and_read_header(const uint8_t* data, size_t size, ByteRea
   }
   r = ByteReader(data, body, 0, "header");
   r.take(kEngineHeaderFixedBytes);
-  h.kiln_version = r.str();
-  h.backend = r.str();
-  h.device_name = r.str();
+  h.kiln_version = r.str("the Kiln version");
+  h.backend = r.str("the backend name");
+  h.device_name = r.str("the device name");
   return h;
 }
 
@@ -213,7 +214,7 @@ EngineFile read_engine_file(const uint8_t* data, size_t size, const std::string&
     orr.fail_corrupted(detail::concat("optimization level ", f.options.optimization_level, " is outside 0..5"));
   expect_consumed(orr);
 
-  if (log.present) f.build_log = read_string_section(log, "section BLOG");
+  if (log.present) f.build_log = read_string_section(log, "section BLOG", "the build log");
   if (kernels.present) {
     ByteReader kr(kernels.data, kernels.size, kernels.offset, "section KERN");
     uint64_t n = kr.count32(8, "kernel states");
@@ -227,7 +228,7 @@ EngineFile read_engine_file(const uint8_t* data, size_t size, const std::string&
     }
     expect_consumed(kr);
   }
-  if (swid.present) f.source_weights_id = read_string_section(swid, "section SWID");
+  if (swid.present) f.source_weights_id = read_string_section(swid, "section SWID", "the source weights id");
   if (refit.present) {
     ByteReader rr(refit.data, refit.size, refit.offset, "section RFIT");
     f.refit_program = std::make_shared<const Graph>(read_graph(rr, blobs));

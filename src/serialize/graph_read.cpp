@@ -58,7 +58,7 @@ TensorType read_type(ByteReader& r) {
   int64_t bytes = int64_t(dtype_size(t.dtype));
   for (Dim& d : t.dims) {
     d.extent = r.i64();
-    d.symbol = r.str();
+    d.symbol = r.str("a dimension's symbol");
     d.min = r.i64();
     d.max = r.i64();
     if (d.extent < 0 || (d.extent > 0 && bytes > kMaxTensorBytes / d.extent))
@@ -78,7 +78,7 @@ AttrValue read_attr(ByteReader& r, const std::string& key) {
     }
     case 1: return AttrValue(r.i64());
     case 2: return AttrValue(r.f64());
-    case 3: return AttrValue(r.str());
+    case 3: return AttrValue(r.str("a string attribute"));
     case 4: {
       std::vector<int64_t> v(r.count32(8, "list elements"));
       for (int64_t& x : v) x = r.i64();
@@ -104,7 +104,7 @@ Graph read_graph_at(ByteReader& r, const std::vector<Blob>& blobs, int depth);
 
 StoredNode read_node(ByteReader& r, const std::vector<Blob>& blobs, int depth, size_t index) {
   StoredNode n;
-  std::string op = r.str();
+  std::string op = r.str("an op name");
   auto kind = op_from_name(op);
   if (!kind) r.fail_corrupted(detail::concat("unknown op '", op, "' in node ", index));
   n.op = *kind;
@@ -112,11 +112,11 @@ StoredNode read_node(ByteReader& r, const std::vector<Blob>& blobs, int depth, s
   n.outputs = read_ids(r, "node outputs");
   uint64_t nattrs = r.count32(kMinAttrBytes, "attributes");
   for (uint64_t i = 0; i < nattrs; ++i) {
-    std::string key = r.str();
+    std::string key = r.str("an attribute key");
     if (n.attrs.has(key)) r.fail_corrupted(detail::concat("node ", index, " (", op, ") repeats attribute '", key, "'"));
     n.attrs.set(key, read_attr(r, key));
   }
-  n.name = r.str();
+  n.name = r.str("a node name");
   uint8_t has_body = r.u8();
   if (has_body > 1) r.fail_corrupted(detail::concat("node ", index, " has body flag ", int(has_body)));
   if ((has_body == 1) != (n.op == OpKind::kFusedPointwise))
@@ -281,7 +281,7 @@ Graph read_graph_at(ByteReader& r, const std::vector<Blob>& blobs, int depth) {
   for (StoredValue& sv : vals) {
     sv.flags = r.u8();
     sv.type = read_type(r);
-    sv.name = r.str();
+    sv.name = r.str("a value name");
     if (sv.flags & kValueIsConstant) sv.blob = r.u64();
   }
   std::vector<StoredNode> nodes(r.count32(kMinNodeBytes, "nodes"));
@@ -310,7 +310,7 @@ std::vector<Blob> read_blobs(ByteReader& r, const std::shared_ptr<void>& owner) 
   }
   // Copying the weights into fresh memory is mostly page faults (clearing the new pages): for
   // large engines the copies run on up to 8 threads of the CPU pool, each taking whole blobs,
-  // largest first to the least loaded share (BERT-base's 220 MB: ~100 ms on one thread).
+  // largest first to the least loaded share.
   constexpr size_t kParallelBytes = size_t(32) << 20;
   const size_t shares = total < kParallelBytes ? 1 : std::min<size_t>({8, blobs.size(), size_t(cpu::num_threads())});
   std::vector<std::vector<size_t>> share(shares);

@@ -18,7 +18,7 @@ struct AttrWriter {
   void operator()(bool b) const { w.u8(b ? 1 : 0); }
   void operator()(int64_t i) const { w.i64(i); }
   void operator()(double d) const { w.f64(d); }
-  void operator()(const std::string& s) const { w.str(s); }
+  void operator()(const std::string& s) const { w.str(s, "a string attribute"); }
   void operator()(const std::vector<int64_t>& v) const {
     w.u32(static_cast<uint32_t>(v.size()));
     for (int64_t x : v) w.i64(x);
@@ -35,7 +35,7 @@ void write_type(ByteWriter& w, const TensorType& t) {
   w.u32(static_cast<uint32_t>(t.dims.size()));
   for (const Dim& d : t.dims) {
     w.i64(d.extent);
-    w.str(d.symbol);
+    w.str(d.symbol, "a dimension's symbol");
     w.i64(d.min);
     w.i64(d.max);
   }
@@ -79,13 +79,13 @@ void write_graph(ByteWriter& w, const Graph& g, BlobTable& blobs) {
                     (val.is_constant() ? kValueIsConstant : 0);
     w.u8(flags);
     write_type(w, val.type);
-    w.str(val.name);
+    w.str(val.name, "a value name");
     if (val.is_constant()) w.u64(blobs.add(val.data));
   }
 
   w.u32(static_cast<uint32_t>(g.nodes().size()));
   for (const auto& node : g.nodes()) {
-    w.str(op_name(node->op));
+    w.str(op_name(node->op), "an op name");
     w.u32(static_cast<uint32_t>(node->inputs.size()));
     for (ValueId in : node->inputs) w.i32(ref(in));
     w.u32(static_cast<uint32_t>(node->outputs.size()));
@@ -97,11 +97,11 @@ void write_graph(ByteWriter& w, const Graph& g, BlobTable& blobs) {
     }
     w.u32(static_cast<uint32_t>(node->attrs.items().size()));
     for (const auto& [key, value] : node->attrs.items()) {
-      w.str(key);
+      w.str(key, "an attribute key");
       w.u8(static_cast<uint8_t>(value.index()));
       std::visit(AttrWriter{w}, value);
     }
-    w.str(node->name);
+    w.str(node->name, "a node name");
     w.u8(node->body ? 1 : 0);
     if (node->body) write_graph(w, *node->body, blobs);
   }

@@ -2,17 +2,15 @@
 //
 // The header is a Python dict literal; the parser accepts exactly the literal forms NumPy
 // writes (quoted keys and strings, True/False, tuples of integers) in any key order.
-#include "src/serialize/npy.h"
-
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <limits>
 #include <memory>
 
 #include "kiln/errors.h"
+#include "src/serialize/input_file.h"
+#include "src/serialize/npy.h"
 
 namespace kiln::npy {
 
@@ -200,11 +198,9 @@ Bytes encode(DType dtype, const std::vector<int64_t>& shape, const void* data, s
 }
 
 Array read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) KILN_FAIL(kIo, "cannot open '", path, "': ", std::strerror(errno));
-  Bytes bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) KILN_FAIL(kIo, "cannot read '", path, "': ", std::strerror(errno));
-  return parse(bytes.data(), bytes.size(), path);
+  const serialize::InputFile file(path, ".npy file");
+  const std::unique_ptr<uint8_t[]> bytes = file.read_all();
+  return parse(bytes.get(), file.size(), path);
 }
 
 void write_file(const std::string& path, DType dtype, const std::vector<int64_t>& shape, const void* data,

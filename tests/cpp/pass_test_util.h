@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kiln/kiln.h"
+#include "tests/cpp/error_test_util.h"
 
 namespace kiln::test {
 
@@ -103,17 +104,6 @@ inline int count_ops(const Graph& g, OpKind op) {
   int n = 0;
   for (const auto& node : g.nodes()) n += node->op == op;
   return n;
-}
-
-// fn throws a kiln::Error of `code` whose message contains every one of `parts`.
-inline void expect_error(const std::function<void()>& fn, ErrorCode code, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error thrown";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    for (const std::string& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
-  }
 }
 
 }  // namespace kiln::test

@@ -4,11 +4,14 @@
 #ifdef KILN_WITH_CUDA
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <random>
 
 #include "kiln/errors.h"
@@ -125,6 +128,19 @@ TEST_F(TimingCacheFile, EveryDamageIsDetected) {
   Bytes longer = good;
   longer.push_back(0);
   EXPECT_FALSE(decode_timing_cache(longer).has_value());
+}
+
+TEST_F(TimingCacheFile, OnlyARegularFileIsRead) {
+  // A FIFO, a device or a directory at the path is ignored at once: reading it could block or
+  // never end. Each read runs on its own thread so that a regression fails instead of hanging.
+  std::filesystem::create_directories(dir_ / "folder");
+  const std::string fifo = (dir_ / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string path : {fifo, std::string("/dev/zero"), (dir_ / "folder").string()}) {
+    auto read = std::async(std::launch::async, [path] { return read_timing_cache_file(path); });
+    ASSERT_EQ(read.wait_for(std::chrono::seconds(20)), std::future_status::ready) << path << " blocked";
+    EXPECT_TRUE(read.get().empty()) << path;
+  }
 }
 
 TEST_F(TimingCacheFile, ProcessCacheIgnoresADamagedFileAndRewritesIt) {

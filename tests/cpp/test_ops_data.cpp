@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "kiln/kiln.h"
+#include "tests/cpp/error_test_util.h"
 
 using namespace kiln;
 
@@ -172,16 +173,7 @@ Shape random_shape(int rank, int64_t lo, int64_t hi) {
   return s;
 }
 
-// Runs fn and checks that it throws a kiln::Error with `code` whose message holds every part.
-void expect_error(const std::function<void()>& fn, ErrorCode code, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error; expected one containing '" << parts.front() << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
-  }
-}
+using kiln::test::expect_error;
 
 // A graph with inputs of `types` and one node of op; used for shape-rule errors.
 void add_to_graph(OpKind op, const std::vector<TensorType>& types, const Attrs& a) {

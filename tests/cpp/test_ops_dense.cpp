@@ -15,6 +15,7 @@
 
 #include "kiln/kiln.h"
 #include "src/backends/cpu/gemm.h"
+#include "tests/cpp/error_test_util.h"
 
 namespace {
 
@@ -163,17 +164,7 @@ void expect_close(const std::vector<float>& got, const std::vector<double>& want
 
 double tol_for(DType dt) { return dt == DType::kF32 ? 2e-5 : dt == DType::kF16 ? 2e-3 : 1e-2; }
 
-// Catches an Error and checks its code and that its message holds every fragment.
-template <typename F>
-void expect_error(F&& f, ErrorCode code, const std::vector<std::string>& fragments) {
-  try {
-    f();
-    ADD_FAILURE() << "no error thrown";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    for (const auto& s : fragments) EXPECT_NE(std::string(e.what()).find(s), std::string::npos) << e.what();
-  }
-}
+using kiln::test::expect_error;
 
 std::vector<TensorType> infer(OpKind op, const std::vector<TensorType>& types, const Attrs& a = {}) {
   std::vector<const TensorType*> ptrs;

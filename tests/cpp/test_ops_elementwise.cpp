@@ -19,6 +19,7 @@
 
 #include "kiln/kiln.h"
 #include "src/ops/shape_rules.h"
+#include "tests/cpp/error_test_util.h"
 
 namespace {
 
@@ -205,16 +206,7 @@ double rtol_for(DType dt) {
 }
 double atol_for(DType dt) { return dt == DType::kF16 ? 1e-3 : dt == DType::kBF16 ? 1e-2 : dt == DType::kF32 ? 1e-6 : 0; }
 
-template <typename F>
-void expect_error(F&& f, ErrorCode code, const std::vector<std::string>& fragments) {
-  try {
-    f();
-    ADD_FAILURE() << "no error thrown";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    for (const auto& s : fragments) EXPECT_NE(std::string(e.what()).find(s), std::string::npos) << e.what();
-  }
-}
+using kiln::test::expect_error;
 
 std::vector<TensorType> infer(OpKind op, const std::vector<TensorType>& types, const Attrs& a = {}) {
   std::vector<const TensorType*> ptrs;

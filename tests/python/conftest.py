@@ -20,7 +20,27 @@ if importlib.util.find_spec("kiln") is None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "cuda: needs a CUDA device and a Kiln built with the CUDA backend")
+    config.addinivalue_line("markers", "cuda: needs a CUDA device and a Kiln built with the CUDA backend; "
+                            "skipped where there is none")
+
+
+def _cuda_ready() -> bool:
+    import torch
+
+    import kiln
+
+    return kiln.cuda_available() and torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test marked ``cuda`` (a module's ``pytestmark`` or one parameter's ``marks``) is
+    skipped unless Kiln has its CUDA backend and PyTorch sees a GPU; ``-m cuda`` still selects them."""
+    marked = [item for item in items if item.get_closest_marker("cuda") is not None]
+    if not marked or _cuda_ready():
+        return
+    skip = pytest.mark.skip(reason="Kiln was built without CUDA, or no GPU is present")
+    for item in marked:
+        item.add_marker(skip)
 
 
 @pytest.fixture

@@ -27,11 +27,7 @@ from kiln import Builder, BuilderConfig, Engine, Graph
 from test_cuda_ops import _run as run_engine
 from test_ops import TORCH_TO_KILN
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not (kiln._C.cuda_available() and torch.cuda.is_available()),
-                       reason="Kiln was built without CUDA, or no GPU is present"),
-]
+pytestmark = pytest.mark.cuda  # skipped without a GPU (conftest.py)
 
 # (batch, L, S, heads, head dim, dtype)
 CASES = [

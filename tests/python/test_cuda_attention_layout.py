@@ -38,11 +38,7 @@ from kiln import Builder, BuilderConfig, Graph
 from test_cuda_ops import _run as run_engine
 from test_ops import TORCH_TO_KILN
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not (kiln._C.cuda_available() and torch.cuda.is_available()),
-                       reason="Kiln was built without CUDA, or no GPU is present"),
-]
+pytestmark = pytest.mark.cuda  # skipped without a GPU (conftest.py)
 
 # (batch, L, S, heads, kv heads, head dim, mask: none | additive | bool, causal, dtype)
 CASES = [
@@ -118,7 +114,9 @@ def test_sdpa_layouts_cuda_match_cpu(c: tuple, bshd: bool) -> None:
     b, l, s, h, hkv, d, mask_kind, causal, dt = c
     (q, k, v), mask = _inputs(c, seed=l * 31 + s)
     # torch's sdpa in float64 on [B, H, S, D]; heads of k / v broadcast by repeating them
-    t = lambda x, hh: x.double().transpose(1, 2).expand(b, h, -1, d) if hh == 1 else x.double().transpose(1, 2)
+    def t(x: torch.Tensor, hh: int) -> torch.Tensor:
+        return x.double().transpose(1, 2).expand(b, h, -1, d) if hh == 1 else x.double().transpose(1, 2)
+
     ref_mask = None if mask is None else (mask if mask.dtype == torch.bool else mask.double())
     ref = F.scaled_dot_product_attention(t(q, h), t(k, hkv), t(v, hkv), attn_mask=ref_mask, is_causal=causal)
     feeds = [q, k, v] if bshd else [x.transpose(1, 2).contiguous() for x in (q, k, v)]

@@ -27,16 +27,11 @@ import torch
 
 os.environ["KILN_DISABLE_TF32"] = "1"  # the cuDNN candidate compares at FP32 precision too
 
-import kiln
 from kiln import Builder, BuilderConfig, Engine, Graph
 from test_cuda_ops import _compare, _run, _side_stream
 from test_ops import TORCH_TO_KILN
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not (kiln._C.cuda_available() and torch.cuda.is_available()),
-                       reason="Kiln was built without CUDA, or no GPU is present"),
-]
+pytestmark = pytest.mark.cuda  # skipped without a GPU (conftest.py)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 DTYPE_IDS = ["f32", "f16", "bf16"]

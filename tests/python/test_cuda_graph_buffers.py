@@ -21,11 +21,7 @@ import kiln
 from kiln.runtime import KilnEngineModule
 from kiln.testing import randomize_weights, relative_error
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not (kiln._C.cuda_available() and torch.cuda.is_available()),
-                       reason="Kiln was built without CUDA, or no GPU is present"),
-]
+pytestmark = pytest.mark.cuda  # skipped without a GPU (conftest.py)
 
 
 class _Net(torch.nn.Module):

@@ -17,14 +17,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kiln
 from kiln.testing import randomize_weights, relative_error
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not (kiln._C.cuda_available() and torch.cuda.is_available()),
-                       reason="Kiln was built without CUDA, or no GPU is present"),
-]
+pytestmark = pytest.mark.cuda  # skipped without a GPU (conftest.py)
 
 
 @pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "direct"])

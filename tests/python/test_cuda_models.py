@@ -13,10 +13,7 @@ import torch
 import kiln
 from kiln.testing import first_output, randomize_weights, relative_error
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not kiln._C.cuda_available(), reason="Kiln was built without CUDA or no GPU is present"),
-]
+pytestmark = pytest.mark.cuda  # skipped without a GPU (conftest.py)
 
 
 def _vision(name: str) -> Callable[[int], tuple[torch.nn.Module, list[torch.Tensor]]]:

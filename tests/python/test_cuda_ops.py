@@ -33,14 +33,9 @@ os.environ["KILN_DISABLE_TF32"] = "1"
 
 import kiln
 from kiln import Builder, BuilderConfig, DType, Engine, Graph
-from test_ops import (ACCUMULATING, CASES, KILN_TO_TORCH, TORCH_TO_KILN, Case, _chain_graph, _then, case_id,
-                      r)
+from test_ops import ACCUMULATING, CASES, KILN_TO_TORCH, TORCH_TO_KILN, Case, _chain_graph, _then, case_id, r
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not (kiln._C.cuda_available() and torch.cuda.is_available()),
-                       reason="Kiln was built without CUDA, or no GPU is present"),
-]
+pytestmark = pytest.mark.cuda  # skipped without a GPU (conftest.py)
 
 _POINTWISE = [c for c in CASES if kiln.op_family(c.op) in ("unary", "binary", "where", "cast")]
 

@@ -19,7 +19,8 @@ on the case's random data and compares with PyTorch:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 import numpy as np
 import pytest
@@ -84,7 +85,7 @@ class Case:
     ref: Callable[..., Any]
     note: str = ""
 
-    def astype(self, dtype: torch.dtype) -> "Case":
+    def astype(self, dtype: torch.dtype) -> Case:
         """The same case on floating inputs converted to dtype; the reference computes in f32."""
         ins = [t.to(dtype) if t is not None and t.is_floating_point() else t for t in self.inputs]
         ref = self.ref

@@ -43,7 +43,7 @@ Operand operand(const AttentionGeometry& g, int which) {
 }
 
 // The additive mask as cuDNN's bias [B or 1, H or 1, L, S]: a batch dim it broadcasts over has
-// extent 1, a query row it broadcasts over stride 0 (BERT's padding mask is [B, 1, 1, S]).
+// extent 1, a query row it broadcasts over stride 0 (a padding mask is [B, 1, 1, S]).
 Operand bias_operand(const AttentionGeometry& g) {
   const int64_t matrix = g.mask_row_stride ? g.L * g.S : g.S;  // the mask's elements per (b, h)
   Operand o;

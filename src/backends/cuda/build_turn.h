@@ -5,7 +5,7 @@
 // host work on data of its own (OffTurn): NVRTC compiling a generated source, cuDNN finalizing
 // plans (which compiles its runtime-fusion kernels), and waiting for another worker's result
 // (the same source compiling, the same timing key being searched). Those are most of a cold
-// build's time (perf-notes item 54), and they overlap; the device work stays one at a time.
+// build's time, and they overlap; the device work stays one at a time.
 //
 // The turn is one mutex; it is held only by threads in a BuildTurn. OffTurn on a thread that
 // holds none (a load, a sequential build, the warm-up thread) does nothing, so the code that

@@ -1,9 +1,8 @@
 // The word checksum (kiln/backend.h) of device memory: one launch per buffer, each block sums
 // its words and adds the sum to one device word (modular, so the order does not matter). The
 // kernel is one of Kiln's own, compiled by NVRTC once per process and GPU architecture (by the
-// backend's warm-up, ahead of the engine cache's first fingerprint); BERT-base's 440 MB of FP32
-// weights are read once, where torch operations over them took ~35 ms and a dozen first kernel
-// loads.
+// backend's warm-up, ahead of the engine cache's first fingerprint), so the weights are read
+// once, with no framework operations (and none of their first-use kernel loads) in between.
 #include "src/backends/cuda/checksum.h"
 
 #include <algorithm>

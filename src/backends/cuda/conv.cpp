@@ -252,8 +252,8 @@ KernelOptions compiled_plan_options(const KernelOptions& options) {
 }
 
 // An image_input conv with an epilogue. cuDNN has kernels for an image's first layer that it
-// offers for the conv alone, not for the fused graph (ResNet-50's 7x7 stem at batch 32 on an
-// H200: fused plans 108 us, the conv alone's first-layer kernel 60 us, perf-notes item 67).
+// offers for the conv alone, not for the fused graph, so the conv alone with a generated
+// epilogue may beat every fused plan (a network's stem conv).
 bool image_entry(const ConvGeom& q) { return image_input(q) && q.has_epilogue(); }
 
 // Build, conv whose fused graph may lose to the conv alone followed by the generated epilogue:
@@ -277,9 +277,9 @@ std::unique_ptr<Kernel> choose_chain(const ConvGeom& q, uint64_t sig, const Kern
 }
 
 // Build, depthwise conv: the generated kernel against cuDNN's contenders, when cuDNN has them.
-// Which wins depends on the epilogue: on an H100, MobileNetV3's relu graphs got a grouped direct
-// kernel 2-4x slower than the generated one (the conv alone got conv2d_c1_k1_nhwc_specialized,
-// close to it), while its hardswish chains got a runtime-compiled kernel 1.1-3.3x faster.
+// Which wins depends on the epilogue: cuDNN's fused relu graphs run a grouped direct kernel well
+// behind the generated one (its conv alone runs a specialized depthwise kernel close to it),
+// while its hardswish chains get a runtime-compiled kernel that can beat the generated one.
 std::unique_ptr<Kernel> choose_depthwise(const ConvGeom& q, uint64_t sig, const KernelOptions& options,
                                          const std::string& key, const std::string& what) {
   const DepthwiseSource src = generate_depthwise(q);

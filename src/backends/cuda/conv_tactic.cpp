@@ -19,8 +19,8 @@ namespace {
 // (f32 read as f16: allowing TF32 allows 10 mantissa bits in f32's range, not f16's range), and
 // for strict f32 (TF32 disabled) tensor cores (TF32), FFT and Winograd.
 // `short_sum`: an f16 / bf16 conv over an image (image_input), whose sums are a few hundred
-// products, may take a reduced-precision reduction: cuDNN's first-layer kernels carry that note
-// (eager PyTorch runs ResNet-50's stem on one).
+// products, may take a reduced-precision reduction: cuDNN's first-layer kernels (a stem conv's
+// fastest) carry that note.
 const char* refused_numerics(const EngineInfo& info, bool strict, bool short_sum) {
   if (!short_sum && info.has_numerical(CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION))
     return "reduced-precision reduction";

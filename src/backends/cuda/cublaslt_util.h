@@ -35,8 +35,8 @@ namespace kiln::cuda {
 // The cuBLASLt handle of the current device (created once; cublasLtMatmul is thread-safe on it).
 cublasLtHandle_t lt_handle();
 // Makes the current device's handle and runs first algorithm queries and checks (the library's
-// one-time setup) on small f16 GEMMs; returns what each step took, e.g. "cuBLASLt handle 2.0 ms,
-// queries 80.1 0.4 20.2 ms".
+// one-time setup) on small f16 GEMMs; returns what each step took, in the form "cuBLASLt handle
+// T ms, queries T1 T2 T3 ms".
 std::string lt_warm_up();
 
 // Whether f32 GEMMs may use TF32 (KILN_DISABLE_TF32 unset or not "1").

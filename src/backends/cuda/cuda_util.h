@@ -76,19 +76,18 @@ using GraphPtr = std::unique_ptr<CUgraph_st, GraphDeleter>;
 // Library kernels launched for programmatic dependent launch record "programmatic" edges, which
 // let a kernel start before its predecessor has finished; every such edge becomes a full
 // dependency. (cuDNN's runtime-fusion conv + residual kernel, recorded after the conv that
-// produces its residual, read that residual early: ResNet-50 layer4.0 at batch 32 replayed
-// values 1e-2 to 7e-2 off, different on every replay. Keeping the other edges gained nothing
-// measurable: docs/perf-notes.md, item 23.)
+// produces its residual, reads that residual early, so a replay gives wrong values that differ
+// from replay to replay. Full edges everywhere are right whatever a library kernel reads early,
+// and keeping the other programmatic edges buys no measurable time.)
 //
 // A memset node of at most kMaxFillBytes becomes a kernel node (small_memsets_as_kernels).
 GraphPtr record_graph(cudaStream_t stream, const std::function<void(cudaStream_t)>& launches);
 
 // Replaces every memset node of `graph` that sets at most kMaxFillBytes with a launch of
 // fill_kernel() in the same place (same dependencies, same bytes written); larger memsets stay.
-// A replay pays ~1.4 us of host time per memset node, against none for a chain of kernels (H100:
-// 93 kernels 4.7 us, with 12 memsets among them 21.2 us, with 12 fill kernels 3.4 us), and
-// cuDNN's flash attention for sm90 sets a 4-byte counter before every run (docs/perf-notes.md,
-// item 91). Needs a graph whose edges are all full.
+// A replay pays host time for every memset node, and almost none for a kernel in a chain, while
+// cuDNN's flash attention for sm90 sets a 4-byte counter before every run: a transformer's graph
+// would carry one memset node per attention. Needs a graph whose edges are all full.
 inline constexpr size_t kMaxFillBytes = 64 << 10;
 void small_memsets_as_kernels(cudaGraph_t graph);
 

@@ -146,9 +146,8 @@ Desc plan_from_json(cudnnHandle_t handle, const std::string& json);
 // (build_turn.h): finalizing a runtime-fusion engine's plan compiles its kernel, up to a second
 // each. The caller must hold no handle lock. With cuDNN 9.8 and later the lanes only bound how
 // many plans finalize at once: each plan is finalized on the device's properties, handle-free.
-// Before 9.8 each lane has a handle of its own, which lives for the process (about 9 MiB of
-// device memory each, which cudnnDestroy does not give back: 9 handles took 80 MiB, destroying
-// 8 of them returned none, cuDNN 9.19 on an H100), since a plan must not outlive the handle it
+// Before 9.8 each lane has a handle of its own, which lives for the process (its device memory
+// is not given back by cudnnDestroy anyway), since a plan must not outlive the handle it
 // was finalized on and the plan kept cannot move to lane 0 (with cuDNN 9.19, finalizing a
 // runtime-fusion engine config into a second plan failed to compile).
 // (*why)[i] says why plans[i] is empty.
@@ -169,13 +168,13 @@ cudaKernel_t launch_fence_kernel();
 // capture) builds none. Thread-safe.
 //
 // cuDNN launches some of its kernels for programmatic dependent launch, and its runtime-fusion
-// conv + residual kernel reads the residual before waiting for the kernel that writes it
-// (resnet50's layer4.0 in FP32, run without graphs, came out 1e-2 off on some calls). So a plan
+// conv + residual kernel reads the residual before waiting for the kernel that writes it (run
+// without graphs, a residual block then reads a stale residual on some calls). So a plan
 // launched directly (not into a graph being recorded) whose launches start early gets the launch
 // fence in front of it: an empty kernel launched the ordinary way, which starts only once
 // everything before it has finished, so the early start has nothing left to overtake. Whether a
 // plan starts early is read once, from a recording of the fence and the plan (starts_early in
-// cuda_util.h); the other plans launch without the fence's ~3 us of host time. A recorded graph
+// cuda_util.h); the other plans launch without the fence's extra launch. A recorded graph
 // needs no fence: record_graph makes those programmatic edges full dependencies.
 class PlanRunner {
  public:

@@ -145,8 +145,8 @@ int word_bytes(int esz, std::initializer_list<int64_t> byte_counts);
 std::string replace_all(std::string s, const std::string& from, const std::string& to);
 // How `lanes` threads hold a row of n elements of esz bytes in registers: vec elements per load
 // (the widest of at most 16 bytes dividing n) and per_lane elements each, the fewest multiple
-// of vec that covers the row (BERT's 768 f16 over a warp: 3 loads of 8, 24 registers, where
-// the next power of two held 32).
+// of vec that covers the row (a 768-element f16 row over a warp: 3 loads of 8, 24 values per
+// lane, where rounding up to a power of two would hold 32).
 struct RowSplit {
   int per_lane = 1, vec = 1;
 };

@@ -221,7 +221,7 @@ Generated generate_norm(const Node& n, const Graph& g) {
         const std::string name = "kg_layer_norm_v" + std::to_string(v);
         gn.source += layer_cached(warp, epl, v, esz, psz(1), psz(2), name);
         // Warp per row: 4 rows a block, fewer when the rows are too few to reach every
-        // multiprocessor of a large GPU (BERT at batch 1: 128 rows).
+        // multiprocessor of a large GPU (one 128-token sequence: 128 rows).
         const uint32_t wpb = rows >= 4 * kLargeGpuSms ? 4 : rows >= 2 * kLargeGpuSms ? 2 : 1;
         Launch l(name, warp ? blocks_for(rows, wpb) : blocks_for(rows, 1), warp ? 32 * wpb : uint32_t(G));
         l.in(0).opt_in(n, 1).opt_in(n, 2).out(0).i64(rows).i64(D).f64(eps);

@@ -5,13 +5,13 @@
 // work stays out of the numbers; they also size a sample: a sample repeats the candidate until
 // it lasts about 50 us), then the median of 7 samples, each timed over replays of a CUDA graph
 // holding the sample's runs. An engine replays its launches from a graph, so that is what a
-// candidate is measured as: timed as direct launches, a microsecond kernel measured its host
-// launch cost instead (cuDNN's and cuBLASLt's calls cost 5-10 us of host time each, so small
-// library kernels lost to generated ones that were slower on the device). A candidate that
-// cannot be recorded into a graph is timed over direct launches. A candidate that throws is
-// skipped and noted in the report; if every candidate throws the first error is rethrown. An
-// asynchronous fault inside a candidate would poison the context, so candidates must only be
-// configurations the library itself accepted.
+// candidate is measured as: timed as direct launches, a microsecond kernel measures its host launch
+// cost instead (a library call's host time can exceed a small kernel's device time, so small
+// library kernels would lose to generated ones that are slower on the device). A candidate that
+// cannot be recorded into a graph is timed over direct launches. A candidate that throws is skipped
+// and noted in the report; if every candidate throws the first error is rethrown. An asynchronous
+// fault inside a candidate would poison the context, so candidates must only be configurations the
+// library itself accepted.
 #include "src/backends/cuda/tactics.h"
 
 #include <cublasLt.h>

@@ -8,8 +8,6 @@
 // dirty set; set_timing_cache_path with another path goes back to UNLOADED, keeping memory.
 // One mutex guards it all, so builds on several threads may share it. TimingClaim (tactics.h)
 // keeps two searches of one key from running at once.
-#include "src/backends/cuda/timing_cache.h"
-
 #include <unistd.h>
 
 #include <atomic>
@@ -25,12 +23,15 @@
 #include "kiln/errors.h"
 #include "src/backends/cuda/build_turn.h"
 #include "src/backends/cuda/tactics.h"
+#include "src/backends/cuda/timing_cache.h"
+#include "src/serialize/input_file.h"
 
 namespace kiln::cuda {
 
 namespace {
 
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'T', 'C', 'A', 'C'};
+constexpr uint64_t kMaxTimingCacheBytes = uint64_t(64) << 20;  // far more than any tactic table
 
 uint64_t fnv1a(const uint8_t* p, size_t n) {
   uint64_t h = 1469598103934665603ull;
@@ -144,11 +145,15 @@ std::optional<TimingEntries> decode_timing_cache(const Bytes& bytes, std::string
 TimingEntries read_timing_cache_file(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return {};
-  std::ifstream f(path, std::ios::binary);
-  Bytes bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   std::string why = "unreadable";
   std::optional<TimingEntries> e;
-  if (f.good() || f.eof()) e = decode_timing_cache(bytes, &why);
+  try {  // a regular file of bounded size only: a FIFO or device there must not block or flood
+    const serialize::InputFile file(path, "timing cache", kMaxTimingCacheBytes);
+    const std::unique_ptr<uint8_t[]> data = file.read_all();
+    e = decode_timing_cache(Bytes(data.get(), data.get() + file.size()), &why);
+  } catch (const Error& err) {
+    why = err.what();
+  }
   if (!e) {
     std::fprintf(stderr, "kiln: ignoring timing cache %s: %s (it will be rewritten)\n", path.c_str(), why.c_str());
     return {};

@@ -1,14 +1,14 @@
 // Host-to-device upload of many buffers at once (an engine's constants at load and at refit).
 //
-// A copy from pageable host memory is staged by the driver through pinned memory on the
-// calling thread, at ~6 GB/s on the H100 machine: BERT-base's 220 MB of FP16 constants took
-// 35-41 ms, a quarter of a warm engine-cache hit. The Uploader stages them itself: the bytes
-// are split into contiguous shares, one per lane, and each lane (a thread of the call, a
-// non-blocking stream and two pinned chunks) copies its share into one chunk while the DMA of
-// the other runs (9-13 ms for those 220 MB). The lanes (up to 16 MiB of pinned host memory in
-// all) are made once per backend, on first use or by the backend's warm-up, and are kept for
-// the process; uploads from several threads take turns. Where pinned memory cannot be had,
-// upload() returns false having copied nothing, and the backend copies one buffer at a time.
+// A copy from pageable host memory is staged by the driver through pinned memory on the calling
+// thread, well below the link's bandwidth, and for a large model that copy is a large part of a
+// warm engine-cache hit. The Uploader stages them itself: the bytes are split into contiguous
+// shares, one per lane, and each lane (a thread of the call, a non-blocking stream and two pinned
+// chunks) copies its share into one chunk while the DMA of the other runs, so host copies and
+// transfers overlap. The lanes (up to 16 MiB of pinned host memory in all) are made once per
+// backend, on first use or by the backend's warm-up, and are kept for the process; uploads from
+// several threads take turns. Where pinned memory cannot be had, upload() returns false having
+// copied nothing, and the backend copies one buffer at a time.
 //
 // The streams are non-blocking, so an upload never waits for nor joins work or a capture on
 // the legacy default stream; upload() returns when every copy has landed.
