@@ -77,8 +77,8 @@ def call_us(fn: Callable[[], Any], calls: int, device: str) -> float:
 def watches_of(compiled: Any, path: str) -> list[Any]:
     if path == "aot":
         return [compiled.weight_watch]
-    import kiln.dynamo
-    return [b.watch for g in kiln.dynamo._LIVE_GRAPHS for b in g.compiled.values() if b.watch is not None]
+    from kiln.pipeline import LIVE_GRAPHS
+    return [b.watch for g in LIVE_GRAPHS for b in g.compiled.values() if b.watch is not None]
 
 
 def measure(name: str, path: str, device: str, iters: int, repeats: int, calls: int) -> dict[str, float]:

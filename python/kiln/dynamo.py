@@ -5,7 +5,7 @@ graphs; the code between them runs in Python as usual). Dynamo passes the module
 parameters and buffers as graph inputs; Kiln treats them as constants (weights baked into
 the engines, named by their module path, e.g. ``layer1.0.conv1.weight``) and the remaining
 tensors as runtime inputs. The graph is lowered, partitioned and built by the same pipeline as
-kiln.compile (kiln.aot.compile_lowered), engine cache included: with ``reuse_cached_engines``
+kiln.compile (kiln.pipeline.compile_lowered), engine cache included: with ``reuse_cached_engines``
 a new process (or a ``torch._dynamo.reset()``) finds the engines built before and refits the
 current weights into them; the weights' names are stable across processes, so they match.
 
@@ -31,7 +31,6 @@ import itertools
 import operator
 import re
 import warnings
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -40,8 +39,8 @@ import torch
 import torch.fx as fx
 
 from kiln._logging import debug_logging, get_logger
-from kiln.aot import _device_of, compile_lowered, graph_runner, supported_targets, unflattener
 from kiln.lowering import lower_module
+from kiln.pipeline import LIVE_GRAPHS, compile_lowered, device_of, graph_runner, supported_targets, unflattener
 from kiln.refit import WeightWatch, follow_weights
 from kiln.settings import CompilationSettings, settings_from_options
 
@@ -52,7 +51,6 @@ __all__ = ["kiln_backend"]
 _graph_ids = itertools.count()
 _MAX_SPECIALIZATIONS = 8
 # Every KilnDynamoGraph alive: kiln.refit finds the engines Dynamo built for a model here.
-_LIVE_GRAPHS: weakref.WeakSet[KilnDynamoGraph] = weakref.WeakSet()
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
@@ -161,7 +159,7 @@ class KilnDynamoGraph:
             for s in getattr(p.meta.get("example_value"), "shape", ()))
         self.compiled: OrderedDict[Any, _Built] = OrderedDict()
         self._last: _Built | None = None
-        _LIVE_GRAPHS.add(self)
+        LIVE_GRAPHS.add(self)
         if not self.dynamic:
             self._last = self._lookup(examples)
 
@@ -229,7 +227,7 @@ class KilnDynamoGraph:
                 warnings.warn(f"Kiln could not lower {self.name} ({type(err).__name__}: {err}); "
                               "running it in eager PyTorch", RuntimeWarning, stacklevel=3)
                 return _Built(constants, None, self.gm.forward)
-            device = _device_of(self.settings, inputs + list(constants))
+            device = device_of(self.settings, inputs + list(constants))
             compiled = compile_lowered(lowered, self.settings, device, self.name)
         if self.settings.builds_nothing:
             return _Built(constants, None, self.gm.forward)

@@ -41,6 +41,7 @@ import torch.fx as fx
 
 from kiln import _C
 from kiln._logging import get_logger
+from kiln.pipeline import LIVE_GRAPHS
 from kiln.runtime import KilnEngineModule
 from kiln.translate import EncodeError, kiln_dtype
 
@@ -167,8 +168,7 @@ class _Targets:
 
 
 def _dynamo_graphs() -> Iterable[Any]:
-    from kiln import dynamo
-    return list(dynamo._LIVE_GRAPHS)
+    return list(LIVE_GRAPHS)
 
 
 def _targets_of(compiled: torch.nn.Module) -> _Targets:

@@ -13,7 +13,7 @@
 
 #include "kiln/errors.h"
 #include "kiln/ir.h"
-#include "src/backends/cpu/kernels.h"
+#include "src/common/element_access.h"
 
 namespace kiln::passes {
 
@@ -23,14 +23,14 @@ inline std::vector<double> constant_as_doubles(const Graph& g, ValueId v) {
   KILN_CHECK(val.is_constant(), kInternal, "value %", v, " is not a constant");
   const int64_t n = val.type.numel();
   std::vector<double> out(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) out[size_t(i)] = cpu::load_as_double(val.data->data(), val.type.dtype, i);
+  for (int64_t i = 0; i < n; ++i) out[size_t(i)] = load_as_double(val.data->data(), val.type.dtype, i);
   return out;
 }
 
 // The bytes of a `dt` tensor holding `xs` (rounded as the CPU backend rounds).
 inline std::shared_ptr<const HostBuffer> bytes_from_doubles(DType dt, const std::vector<double>& xs) {
   auto bytes = std::make_shared<HostBuffer>(xs.size() * dtype_size(dt));
-  for (size_t i = 0; i < xs.size(); ++i) cpu::store_double(bytes->data(), dt, int64_t(i), xs[i]);
+  for (size_t i = 0; i < xs.size(); ++i) store_double(bytes->data(), dt, int64_t(i), xs[i]);
   return bytes;
 }
 

@@ -1,14 +1,13 @@
 // Refitter: new weights by name -> the refit program re-derives what the builder folded ->
 // the engine's constants are overwritten in place (see include/kiln/refit.h).
-#include "kiln/refit.h"
-
 #include <algorithm>
 #include <cstring>
 #include <set>
 #include <unordered_set>
 
 #include "kiln/errors.h"
-#include "src/backends/cpu/kernels.h"
+#include "kiln/refit.h"
+#include "src/common/parallel.h"
 #include "src/common/stopwatch.h"
 #include "src/ops/pointwise.h"
 #include "src/passes/refit_record.h"
@@ -147,7 +146,7 @@ void run_group(const Graph& p, const std::vector<const Node*>& members, const st
   const int64_t tiles_per_row = std::max<int64_t>(1, (row + kTile - 1) / kTile);
   const int64_t tile = std::min(row, kTile);
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(tile, 1));
-  cpu::parallel_for(rows * tiles_per_row, grain, [&](int64_t begin, int64_t end) {
+  parallel_for(rows * tiles_per_row, grain, [&](int64_t begin, int64_t end) {
     std::vector<std::vector<double>> buf(members.size(), std::vector<double>(size_t(tile)));
     std::vector<int64_t> idx(static_cast<size_t>(k));
     for (int64_t t = begin; t < end; ++t) {

@@ -8,7 +8,7 @@
 #include <variant>
 
 #include "kiln/errors.h"
-#include "src/backends/cpu/kernels.h"  // parallel_for: the one thread pool
+#include "src/common/parallel.h"  // parallel_for: the one thread pool
 #include "src/serialize/graph_codec.h"
 
 namespace kiln::serialize {
@@ -312,7 +312,7 @@ std::vector<Blob> read_blobs(ByteReader& r, const std::shared_ptr<void>& owner) 
   // large engines the copies run on up to 8 threads of the CPU pool, each taking whole blobs,
   // largest first to the least loaded share.
   constexpr size_t kParallelBytes = size_t(32) << 20;
-  const size_t shares = total < kParallelBytes ? 1 : std::min<size_t>({8, blobs.size(), size_t(cpu::num_threads())});
+  const size_t shares = total < kParallelBytes ? 1 : std::min<size_t>({8, blobs.size(), size_t(num_threads())});
   std::vector<std::vector<size_t>> share(shares);
   std::vector<size_t> load(share.size(), 0), order(blobs.size());
   std::iota(order.begin(), order.end(), size_t(0));
@@ -322,7 +322,7 @@ std::vector<Blob> read_blobs(ByteReader& r, const std::shared_ptr<void>& owner) 
     share[t].push_back(i);
     load[t] += spans[i].second;
   }
-  cpu::parallel_for(int64_t(share.size()), 1, [&](int64_t begin, int64_t end) {
+  parallel_for(int64_t(share.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t)
       for (size_t i : share[size_t(t)])  // not const: a refittable engine may own and rewrite it
         blobs[i] = std::make_shared<HostBuffer>(spans[i].first, spans[i].first + spans[i].second);

@@ -21,7 +21,7 @@ import torch.utils._pytree as pytree
 
 import kiln.aot
 import kiln.dynamo
-from kiln.aot import CompileSummary
+from kiln.pipeline import CompileSummary
 from kiln.testing import randomize_weights as randomize  # noqa: F401 (re-exported for the tests)
 
 

@@ -25,8 +25,8 @@ import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
 import kiln
-from kiln.aot import compile_lowered
 from kiln.lowering import LoweredGraph
+from kiln.pipeline import compile_lowered
 from kiln.settings import CompilationSettings
 
 aten = torch.ops.aten

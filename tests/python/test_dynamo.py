@@ -17,8 +17,8 @@ import torch
 import torch.nn as nn
 
 import kiln
-import kiln.aot
 import kiln.dynamo
+import kiln.pipeline
 from harness import compile_and_compare
 
 torch.manual_seed(0)
@@ -170,7 +170,7 @@ def test_gradients_required_runs_eagerly_with_a_warning() -> None:
 
 
 def _failing_build(target: str) -> Any:
-    real = kiln.aot.build_engine
+    real = kiln.pipeline.build_engine
 
     def build(description: Any, settings: Any, device: str, borrowed: Any = None) -> Any:
         for node in description.nodes:
@@ -181,7 +181,7 @@ def _failing_build(target: str) -> Any:
 
 
 def test_build_failure_falls_back_to_pytorch_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kiln.aot, "build_engine", _failing_build("aten.sigmoid.default"))
+    monkeypatch.setattr(kiln.pipeline, "build_engine", _failing_build("aten.sigmoid.default"))
     with pytest.warns(RuntimeWarning) as record:
         result = compile_and_compare(MLP().eval(), [torch.randn(4, 16)], options={"min_block_size": 1})
     messages = [str(w.message) for w in record if "Kiln could not build" in str(w.message)]
@@ -191,7 +191,7 @@ def test_build_failure_falls_back_to_pytorch_with_a_warning(monkeypatch: pytest.
 
 
 def test_pass_through_build_failures_raises(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kiln.aot, "build_engine", _failing_build("aten.sigmoid.default"))
+    monkeypatch.setattr(kiln.pipeline, "build_engine", _failing_build("aten.sigmoid.default"))
     with pytest.raises(Exception, match="no kernel for this case"):
         compile_and_compare(MLP().eval(), [torch.randn(4, 16)],
                             options={"min_block_size": 1, "pass_through_build_failures": True})

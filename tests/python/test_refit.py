@@ -85,7 +85,7 @@ def no_builds(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
     def start() -> None:
         monkeypatch.setattr(kiln.runtime, "build_engine", fail)
-        monkeypatch.setattr(kiln.aot, "build_engine", fail)
+        monkeypatch.setattr(kiln.pipeline, "build_engine", fail)
     yield start  # type: ignore[misc]
 
 

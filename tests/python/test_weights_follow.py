@@ -89,7 +89,7 @@ def no_builds(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
 
     def start() -> None:
         monkeypatch.setattr(kiln.runtime, "build_engine", fail)
-        monkeypatch.setattr(kiln.aot, "build_engine", fail)
+        monkeypatch.setattr(kiln.pipeline, "build_engine", fail)
     return start
 
 

@@ -1,6 +1,7 @@
 // Shared pieces of the CPU backend: the per-family kernel factories (one .cpp per family,
-// named after the op family, as in include/kiln/ops.h), element access for every dtype, a
-// Kernel made from a function, and parallel_for.
+// named after the op family, as in include/kiln/ops.h) and a Kernel made from a function.
+// Element access for every dtype and parallel_for, which other layers use too, live in
+// src/common/.
 //
 // The CPU backend is Kiln's reference: every op has a kernel here, and every other backend
 // is tested against it. Floating ops compute in f32 (f64 in double); f16/bf16 load and store
@@ -16,6 +17,8 @@
 #include "kiln/backend.h"
 #include "kiln/errors.h"
 #include "kiln/ir.h"
+#include "src/common/element_access.h"
+#include "src/common/parallel.h"
 
 namespace kiln::cpu {
 
@@ -46,58 +49,6 @@ std::unique_ptr<Kernel> make_attention_kernel(const Node& n, const Graph& g);
 std::unique_ptr<Kernel> make_generator_kernel(const Node& n, const Graph& g);
 std::unique_ptr<Kernel> make_fused_kernel(const Node& n, const Graph& g);
 
-// ---- element access -------------------------------------------------------------------
-inline double load_as_double(const void* p, DType t, int64_t i) {
-  switch (t) {
-    case DType::kF32: return static_cast<const float*>(p)[i];
-    case DType::kF64: return static_cast<const double*>(p)[i];
-    case DType::kF16: return half_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::kBF16: return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
-    case DType::kI32: return static_cast<const int32_t*>(p)[i];
-    case DType::kI8: return static_cast<const int8_t*>(p)[i];
-    case DType::kU8: return static_cast<const uint8_t*>(p)[i];
-    case DType::kBool: return static_cast<const uint8_t*>(p)[i] ? 1.0 : 0.0;
-  }
-  return 0.0;
-}
-
-inline void store_double(void* p, DType t, int64_t i, double v) {
-  switch (t) {
-    case DType::kF32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
-    case DType::kF64: static_cast<double*>(p)[i] = v; break;
-    case DType::kF16: static_cast<uint16_t*>(p)[i] = float_to_half(static_cast<float>(v)); break;
-    case DType::kBF16: static_cast<uint16_t*>(p)[i] = float_to_bf16(static_cast<float>(v)); break;
-    case DType::kI64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
-    case DType::kI32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
-    case DType::kI8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); break;
-    case DType::kU8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
-    case DType::kBool: static_cast<uint8_t*>(p)[i] = v != 0.0 ? 1 : 0; break;
-  }
-}
-
-inline float load_f32(const void* p, DType t, int64_t i) {
-  switch (t) {
-    case DType::kF32: return static_cast<const float*>(p)[i];
-    case DType::kF16: return half_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::kBF16: return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
-    default: return static_cast<float>(load_as_double(p, t, i));
-  }
-}
-
-inline void store_f32(void* p, DType t, int64_t i, float v) {
-  switch (t) {
-    case DType::kF32: static_cast<float*>(p)[i] = v; break;
-    case DType::kF16: static_cast<uint16_t*>(p)[i] = float_to_half(v); break;
-    case DType::kBF16: static_cast<uint16_t*>(p)[i] = float_to_bf16(v); break;
-    default: store_double(p, t, i, v); break;
-  }
-}
-
-// Converts n elements of `src` (dtype t) to f32 in `dst`, and back.
-void to_f32(const void* src, DType t, float* dst, int64_t n);
-void from_f32(const float* src, DType t, void* dst, int64_t n);
-
 // ---- kernels from functions -------------------------------------------------------------
 using KernelFn = std::function<void(const void* const* inputs, void* const* outputs, const RunContext& ctx)>;
 
@@ -124,12 +75,5 @@ inline std::unique_ptr<Kernel> make_fn_kernel(KernelFn fn, std::string desc, siz
                                               std::vector<bool> over_inputs = {}) {
   return std::make_unique<FnKernel>(std::move(fn), std::move(desc), workspace, std::move(over_inputs));
 }
-
-// ---- threads ----------------------------------------------------------------------------
-// Runs fn(begin, end) over [0, n) split into chunks of at least `grain`, on a pool of
-// threads (KILN_NUM_THREADS, default: hardware threads). Nested or concurrent calls (several
-// contexts at once) run on the calling thread. Exceptions from fn are rethrown in the caller.
-void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
-int num_threads();
 
 }  // namespace kiln::cpu

@@ -1,14 +1,13 @@
 // Choosing the cuDNN plan of a conv node (conv_tactic.h): heuristics, plan finalization,
 // timing on scratch buffers, and rebuilding a saved choice.
-#include "src/backends/cuda/conv_tactic.h"
-
 #include <algorithm>
 #include <cmath>
 
-#include "src/backends/cpu/kernels.h"
+#include "src/backends/cuda/conv_tactic.h"
 #include "src/backends/cuda/cublaslt_util.h"
 #include "src/backends/cuda/cuda_util.h"
 #include "src/backends/cuda/tactics.h"
+#include "src/common/element_access.h"
 #include "src/common/stopwatch.h"
 
 namespace kiln::cuda {
@@ -50,7 +49,7 @@ void fill_random(void* dev, size_t count, DType dt, uint32_t seed) {
     v = float(s >> 8) * (2.0f / 16777216.0f) - 1.0f;
   }
   Bytes host(n * es);
-  cpu::from_f32(f.data(), dt, host.data(), int64_t(n));
+  from_f32(f.data(), dt, host.data(), int64_t(n));
   auto* d = static_cast<uint8_t*>(dev);
   KILN_CUDA_CHECK(cudaMemcpy(d, host.data(), host.size(), cudaMemcpyHostToDevice));
   for (size_t done = n; done < count;) {  // doubling copies of the filled prefix
@@ -76,7 +75,7 @@ std::vector<float> read_back(const void* dev, size_t count, DType dt) {
                                  cudaMemcpyDeviceToHost));
   }
   std::vector<float> f(n);
-  cpu::to_f32(host.data(), dt, f.data(), int64_t(n));
+  to_f32(host.data(), dt, f.data(), int64_t(n));
   return f;
 }
 

@@ -12,9 +12,9 @@
 // graph it is checked here at make time, throwing the CPU's error.
 #include <algorithm>
 
-#include "src/backends/cpu/kernels.h"
 #include "src/backends/cuda/gen_util.h"
 #include "src/backends/cuda/kernels.h"
+#include "src/common/element_access.h"
 
 namespace kiln::cuda {
 
@@ -64,7 +64,7 @@ void check_constant_index(const Node& n, const Graph& g, int64_t dim, int64_t ax
   KILN_CHECK(iv.data->size() >= size_t(count) * dtype_size(it.dtype), kInvalidArgument, op_name(n.op),
              ": constant index holds too few bytes");
   for (int64_t k = 0; k < count; ++k) {
-    const int64_t raw = static_cast<int64_t>(cpu::load_as_double(iv.data->data(), it.dtype, k));
+    const int64_t raw = static_cast<int64_t>(load_as_double(iv.data->data(), it.dtype, k));
     const int64_t v = raw < 0 ? raw + dim : raw;
     KILN_CHECK(v >= 0 && v < dim, kInvalidArgument, op_name(n.op), " of x ", g.type(n.inputs[0]).to_string(),
                (n.name.empty() ? "" : " ('" + n.name + "')"), ": index ", raw, " is out of range for axis ", axis,

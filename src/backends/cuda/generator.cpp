@@ -7,10 +7,10 @@
 // and then converted like the CPU (f16 / bf16 through f32; bool is != 0; integers truncate).
 #include <variant>
 
-#include "src/backends/cpu/kernels.h"
 #include "src/backends/cuda/codegen.h"
 #include "src/backends/cuda/gen_util.h"
 #include "src/backends/cuda/kernels.h"
+#include "src/common/element_access.h"
 
 namespace kiln::cuda {
 
@@ -44,7 +44,7 @@ Generated generate_generator(const Node& n, const Graph& g) {
   if (const int64_t* i = std::get_if<int64_t>(&value); i && yt.dtype == DType::kI64) {
     std::memcpy(&bits, i, sizeof(int64_t));
   } else {
-    cpu::store_double(&bits, yt.dtype, 0, n.attrs.get_float("value"));
+    store_double(&bits, yt.dtype, 0, n.attrs.get_float("value"));
   }
   add_fill(gn.source, gn.plan, 0, count, int(dtype_size(yt.dtype)), bits);
   return gn;

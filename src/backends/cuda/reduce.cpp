@@ -20,10 +20,10 @@
 #include <functional>
 #include <limits>
 
-#include "src/backends/cpu/kernels.h"
 #include "src/backends/cuda/codegen.h"
 #include "src/backends/cuda/gen_util.h"
 #include "src/backends/cuda/kernels.h"
+#include "src/common/element_access.h"
 #include "src/ops/access.h"
 
 namespace kiln::cuda {
@@ -348,7 +348,7 @@ Generated generate_reduce(const Node& n, const Graph& g) {
   for (size_t d = 0; d < shape.size(); ++d) count *= reduced[d] ? shape[d] : 1;
   if (count == 0) {  // sum 0; mean and var NaN
     uint64_t bits = 0;
-    cpu::store_double(&bits, dt, 0, n.op == OpKind::kReduceSum ? 0.0 : std::numeric_limits<double>::quiet_NaN());
+    store_double(&bits, dt, 0, n.op == OpKind::kReduceSum ? 0.0 : std::numeric_limits<double>::quiet_NaN());
     add_fill(gn.source, gn.plan, 0, yt.numel(), int(dtype_size(dt)), bits);
     gn.plan.describe = desc + " (empty reduction)";
     return gn;

@@ -18,9 +18,9 @@
 #include <algorithm>
 #include <numeric>
 
-#include "src/backends/cpu/kernels.h"
 #include "src/backends/cuda/gen_util.h"
 #include "src/backends/cuda/kernels.h"
+#include "src/common/element_access.h"
 #include "src/ops/access.h"
 
 namespace kiln::cuda {
@@ -296,7 +296,7 @@ Generated gen_pad(const Node& n, const Graph& g) {
     p.oext[k] = oext[K], p.iext[k] = iext[K], p.before[k] = before[K], p.ist[k] = ist[K];
   }
   uint64_t fill = 0;
-  cpu::store_double(&fill, xt.dtype, 0, mode == "constant" ? n.attrs.get_float("value", 0.0) : 0.0);
+  store_double(&fill, xt.dtype, 0, mode == "constant" ? n.attrs.get_float("value", 0.0) : 0.0);
   // 32-bit indices hold every output index and every (possibly negative) input offset.
   const bool wide = std::max(numel, xt.numel()) >= (int64_t(1) << 30);
   const std::string head = source_head() + "struct PadDims { long long oext[8]; long long iext[8]; long long before[8]; "

@@ -11,9 +11,9 @@
 #include <thread>
 #include <vector>
 
-#include "src/backends/cpu/kernels.h"
+#include "src/common/parallel.h"
 
-namespace kiln::cpu {
+namespace kiln {
 
 namespace {
 
@@ -146,20 +146,4 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
   if (!pool().run(chunks, body)) fn(0, n);
 }
 
-void to_f32(const void* src, DType t, float* dst, int64_t n) {
-  if (t == DType::kF32) {
-    std::memcpy(dst, src, size_t(n) * 4);
-    return;
-  }
-  for (int64_t i = 0; i < n; ++i) dst[i] = load_f32(src, t, i);
-}
-
-void from_f32(const float* src, DType t, void* dst, int64_t n) {
-  if (t == DType::kF32) {
-    std::memcpy(dst, src, size_t(n) * 4);
-    return;
-  }
-  for (int64_t i = 0; i < n; ++i) store_f32(dst, t, i, src[i]);
-}
-
-}  // namespace kiln::cpu
+}  // namespace kiln

@@ -1,0 +1,228 @@
+"""The compile pipeline after lowering, shared by kiln.compile (aot.py) and the Dynamo backend
+(dynamo.py).
+
+:func:`compile_lowered` asks the importers, partitions, reports (dry run) or describes and
+builds each block, and swaps each built block for a KilnEngineModule. With
+``reuse_cached_engines`` / ``cache_built_engines`` a block's engine comes from / goes to the
+engine cache (kiln/cached_build.py: a hit is loaded and refitted with the block's weights). A
+block whose build fails stays in PyTorch with a warning naming the cause, unless
+``pass_through_build_failures`` (or ``require_full_compilation``) asks for the error.
+:func:`graph_runner` and :func:`unflattener` turn the result into a fast callable.
+
+Compiled Dynamo graphs register in :data:`LIVE_GRAPHS`, so that refit finds the engines built
+from a model without importing the backend.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import operator
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from kiln import _C
+from kiln._logging import get_logger
+from kiln.cached_build import CachedBuild, count
+from kiln.dryrun import emit_report, format_report
+from kiln.lowering import LoweredGraph
+from kiln.partition import Block, is_op, op_name, partition, replace_block
+from kiln.runtime import KilnEngineModule, borrowable_weights, build_engine, warm_up
+from kiln.settings import CompilationSettings
+from kiln.translate import Capability, EncodeError, describe_block_parts, kiln_dtype
+
+log = get_logger("compile")
+
+__all__ = ["LIVE_GRAPHS", "CompileSummary", "compile_lowered", "device_of", "graph_runner", "supported_targets",
+           "unflattener"]
+
+# The live Dynamo graphs (kiln.dynamo.KilnDynamoGraph), by weak reference.
+LIVE_GRAPHS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def supported_targets() -> list[str]:
+    return list(_C.supported_aten_targets())
+
+
+@dataclasses.dataclass
+class CompileSummary:
+    """What one compiled graph ended up with (kept as ``gm.meta["kiln_summary"]``)."""
+
+    graph_name: str
+    engines: int
+    ops_in_engines: collections.Counter[str]
+    ops_in_pytorch: collections.Counter[str]   # excluding getitems of engine results
+    seconds: float = 0.0                       # Kiln's part: partition, describe, build or load
+
+    @property
+    def coverage(self) -> float:
+        total = sum(self.ops_in_engines.values()) + sum(self.ops_in_pytorch.values())
+        return 100.0 * sum(self.ops_in_engines.values()) / total if total else 100.0
+
+
+def _check_engine(engine: Any, block: Block, settings: CompilationSettings) -> None:
+    """The engine's I/O must be exactly what PyTorch's metadata says (else it is not used)."""
+    for kind, ios, nodes in (("input", engine.inputs, block.inputs), ("output", engine.outputs, block.outputs)):
+        if len(ios) != len(nodes):
+            raise _C.InternalError(f"engine has {len(ios)} {kind}s, the block {len(nodes)}")
+        for io, node in zip(ios, nodes):
+            val = node.meta["val"]
+            want = (kiln_dtype(val.dtype, settings.truncate_double), list(val.shape))
+            if (io.dtype, list(io.shape)) != want:
+                raise _C.InternalError(f"engine {kind} '{io.name}' is {io.dtype} {list(io.shape)}, but PyTorch "
+                                       f"computes {want[0]} {want[1]} for {node.name}")
+
+
+def _truncated(constants: Sequence[Any]) -> frozenset[str]:
+    """The weights the model holds in float64 and the description in float32 (truncate_double)."""
+    return frozenset(c.name for c in constants
+                     if c.weight and c.source.dtype == torch.float64 and c.dtype == torch.float32)
+
+
+def _build_block(gm: fx.GraphModule, block: Block, settings: CompilationSettings, device: str,
+                 name: str) -> KilnEngineModule | None:
+    """The engine module of one block: from the engine cache (refitted) or freshly built."""
+    truncated: frozenset[str] = frozenset()
+
+    def make_module(engine: Any) -> KilnEngineModule:
+        module = KilnEngineModule(engine, device, [n.meta["val"].dtype for n in block.inputs],
+                                  [n.meta["val"].dtype for n in block.outputs], name=name,
+                                  use_cuda_graphs=settings.use_cuda_graphs)
+        module.truncated_weights = truncated
+        return module
+    try:
+        cached = None
+        if settings.reuse_cached_engines or settings.cache_built_engines:
+            # The key needs no weight bytes, and a hit takes the weights from the model: copy them
+            # into the description only when the block is built.
+            lite = describe_block_parts(gm, block, settings, weight_bytes=not settings.reuse_cached_engines)
+            truncated = _truncated(lite.constants)
+            cached = CachedBuild.create(lite, settings, device, name)
+            if cached is not None and settings.reuse_cached_engines:
+                module = cached.load(make_module, lambda e: _check_engine(e, block, settings))
+                if module is not None:
+                    return module
+            parts = lite if lite.weight_bytes else describe_block_parts(gm, block, settings)
+        else:
+            parts = describe_block_parts(gm, block, settings)
+        truncated = _truncated(parts.constants)
+        shared = borrowable_weights(parts.constants, device) if settings.share_weights else None
+        engine = build_engine(parts.graph, settings, device, shared)
+        count("builds")
+        _check_engine(engine, block, settings)
+    except (_C.KilnError, EncodeError) as err:
+        if settings.pass_through_build_failures or settings.require_full_compilation:
+            raise
+        ops = ", ".join(f"{k} x{v}" for k, v in block.histogram().most_common())
+        msg = f"Kiln could not build {name} ({ops}); running it in PyTorch: {err}"
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+        log.warning("%s", msg)
+        return None
+    log.debug("built %s: %d ops\n%s", name, block.num_ops, engine.build_log)
+    if cached is not None and settings.cache_built_engines:
+        cached.store(engine)
+    return make_module(engine)
+
+
+def compile_lowered(lowered: LoweredGraph, settings: CompilationSettings, device: str,
+                    graph_name: str = "graph") -> fx.GraphModule:
+    """Partitions the lowered graph and replaces each buildable block by an engine module."""
+    start = time.perf_counter()
+    if not settings.builds_nothing:
+        warm_up(device)  # overlaps the partitioning (a no-op when kiln.compile started it already)
+    gm = lowered.gm
+    result = partition(gm, Capability(gm, settings), settings)
+    if settings.builds_nothing or settings.debug:
+        emit_report(format_report(result, settings, graph_name), settings)
+    if settings.builds_nothing:
+        gm.meta["kiln_summary"] = CompileSummary(graph_name, 0, collections.Counter(), result.pytorch_ops())
+        return gm
+    built: list[tuple[Block, KilnEngineModule]] = []
+    for i, block in enumerate(result.blocks):
+        module = _build_block(gm, block, settings, device, f"engine {i} of {graph_name}")
+        if module is not None:
+            built.append((block, module))
+    remap: dict[fx.Node, fx.Node] = {}
+    for i, (block, module) in enumerate(built):
+        block.inputs = [remap.get(n, n) for n in block.inputs]
+        replace_block(gm, block, f"_kiln_engine_{i}", module, remap)
+    gm.graph.eliminate_dead_code()
+    used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+    for attr, buffer in list(gm.named_buffers(recurse=False)):
+        if attr not in used:
+            delattr(gm, attr)
+        elif not settings.share_weights:
+            gm.register_buffer(attr, buffer.clone())  # a snapshot: the PyTorch parts too
+    if not settings.share_weights:
+        gm.meta.pop("kiln_weight_sources", None)  # nothing to follow
+    gm.recompile()
+    in_engines: collections.Counter[str] = collections.Counter()
+    for block, _ in built:
+        in_engines.update(block.histogram())
+    in_pytorch = collections.Counter(op_name(n) for n in gm.graph.nodes if is_op(n))
+    seconds = time.perf_counter() - start
+    gm.meta["kiln_summary"] = CompileSummary(graph_name, len(built), in_engines, in_pytorch, seconds)
+    log.info("%s: %d engine(s), %d of %d ops in engines, %.3f s", graph_name, len(built),
+             sum(in_engines.values()), result.total_ops, seconds)
+    return gm
+
+
+def unflattener(out_spec: pytree.TreeSpec | None) -> Callable[[Sequence[Any]], Any]:
+    """flat outputs -> the program's output structure; plain tuples and single values skip pytree."""
+    if out_spec is None:
+        return lambda flat: flat
+    n = out_spec.num_leaves
+    if out_spec == pytree.tree_flatten(tuple(range(n)))[1]:
+        return tuple
+    if out_spec == pytree.tree_flatten(0)[1]:
+        return operator.itemgetter(0)
+    return lambda flat: pytree.tree_unflatten(list(flat), out_spec)
+
+
+def graph_runner(gm: fx.GraphModule) -> Callable[..., Sequence[Any]]:
+    """How to run a compiled graph: the graph itself, or, when the whole graph is one engine
+    call on its inputs in order, that engine's forward directly (saves the GraphModule's few
+    microseconds per call; hooks on the engine module do not run on this path)."""
+    nodes = list(gm.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    calls = [n for n in nodes if n.op == "call_module"]
+    output = nodes[-1]
+    if len(calls) != 1 or tuple(calls[0].args) != tuple(placeholders) or calls[0].kwargs:
+        return gm
+    engine = gm.get_submodule(str(calls[0].target))
+    rest = [n for n in nodes if n.op not in ("placeholder", "call_module", "output")]
+    results = output.args[0]
+    if not isinstance(engine, KilnEngineModule) or not isinstance(results, (tuple, list)) or any(
+            n.target is not operator.getitem or n.args[0] is not calls[0] for n in rest) \
+            or any(r not in rest for r in results):
+        return gm
+    order = [r.args[1] for r in results]
+    if order == list(range(len(engine.output_names))):
+        return engine.forward
+    forward = engine.forward
+
+    def reordered(*inputs: Any) -> tuple[Any, ...]:
+        outs = forward(*inputs)
+        return tuple(outs[i] for i in order)
+    return reordered
+
+
+def device_of(settings: CompilationSettings, tensors: Sequence[Any]) -> str:
+    devices = {t.device for t in tensors if isinstance(t, torch.Tensor)}
+    if settings.device is not None:
+        if devices and any(str(d if d.index is not None or d.type == "cpu" else torch.device(d.type, 0))
+                           != settings.device for d in devices):
+            raise ValueError(f"Kiln option 'device' is {settings.device!r}, but the inputs are on "
+                             f"{sorted(str(d) for d in devices)}")
+        return settings.device
+    if len(devices) > 1:
+        raise ValueError(f"inputs on several devices ({sorted(str(d) for d in devices)}); set 'device'")
+    dev = devices.pop() if devices else torch.device("cpu")
+    return "cpu" if dev.type == "cpu" else f"cuda:{dev.index or 0}"
