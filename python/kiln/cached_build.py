@@ -240,7 +240,8 @@ class CachedBuild:
             log.info("engine cache miss for %s (key %s)", self.name, self.key[:16])
             return None
         read = time.perf_counter()
-        self._start_fingerprint()
+        if entry.authenticated:  # only an authenticated entry's weights label is compared (_refit)
+            self._start_fingerprint()
         try:
             engine = _C.Engine.deserialize(entry.data, self.device)
             check(engine)

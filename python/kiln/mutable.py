@@ -179,6 +179,9 @@ class MutableModule(torch.nn.Module):
         object.__setattr__(self, "_compiled", None)  # free the old engines first
         compiled = kiln_compile(self.model, arg_inputs=list(args), kwarg_inputs=dict(kwargs) or None,
                                 settings=self.settings)
+        # The snapshot checks the weights before every call (data pointers too) and refits; the
+        # program's own watch would repeat half of that check.
+        compiled.weight_watch = None
         object.__setattr__(self, "_compiled", compiled)
         self.builds += 1
         self._signature = signature

@@ -239,12 +239,19 @@ def _runner(engine: torch.Tensor, spec: str) -> KilnEngineModule:
     with _RUNNERS_LOCK:
         meta = json.loads(spec)
         data = engine.detach().to("cpu").contiguous().numpy()
-        built = _C.Engine.deserialize(data, meta["device"])
-        module = KilnEngineModule(built, meta["device"], [_NAME_DTYPES[d] for d, _ in meta["inputs"]],
-                                  [_NAME_DTYPES[d] for d, _ in meta["outputs"]], name="execute_engine")
-        _RUNNERS[key] = (weakref.ref(engine, lambda _: _RUNNERS.pop(key, None)), module)
+        module = _keep_runner(engine, meta, _C.Engine.deserialize(data, meta["device"]))
         log.debug("deserialized an engine of %d bytes for kiln::execute_engine", engine.numel())
         return module
+
+
+def _keep_runner(engine: torch.Tensor, meta: dict[str, Any], built: Any) -> KilnEngineModule:
+    """A runner of the engine bytes ``engine``, kept until that buffer is freed; the caller holds
+    _RUNNERS_LOCK."""
+    module = KilnEngineModule(built, meta["device"], [_NAME_DTYPES[d] for d, _ in meta["inputs"]],
+                              [_NAME_DTYPES[d] for d, _ in meta["outputs"]], name="execute_engine")
+    key = id(engine)
+    _RUNNERS[key] = (weakref.ref(engine, lambda _: _RUNNERS.pop(key, None)), module)
+    return module
 
 
 def spec_error(meta: Any) -> str:
@@ -278,11 +285,8 @@ def adopt_engine(engine: torch.Tensor, spec: str, built: Any) -> str:
                                               (inside == torch.float32 and dtype == "float64")):
                 return (f"engine {kind[:-1]} '{io.name}' is {_DTYPE_NAMES[inside]} {list(io.shape)}, its spec "
                         f"says {dtype} {shape}")
-    module = KilnEngineModule(built, meta["device"], [_NAME_DTYPES[d] for d, _ in meta["inputs"]],
-                              [_NAME_DTYPES[d] for d, _ in meta["outputs"]], name="execute_engine")
-    key = id(engine)
     with _RUNNERS_LOCK:
-        _RUNNERS[key] = (weakref.ref(engine, lambda _: _RUNNERS.pop(key, None)), module)
+        _keep_runner(engine, meta, built)
     return ""
 
 
