@@ -1,5 +1,5 @@
 # The CUDA backend: built when KILN_CUDA is ON, or AUTO and the CUDA libraries are found.
-# It compiles src/backends/cuda/*.cpp into the core library (host code only: device code is
+# It compiles src/backends/cuda/**.cpp into the core library (host code only: device code is
 # generated at build time and compiled by NVRTC, so no .cu file and no CUDA language mode) and
 # defines KILN_WITH_CUDA.
 #
@@ -86,12 +86,23 @@ if(NOT KILN_CUDA STREQUAL "OFF")
   endif()
 endif()
 
-file(GLOB KILN_CUDA_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/backends/cuda/*.cpp)
+file(GLOB_RECURSE KILN_CUDA_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/backends/cuda/*.cpp)
 if(KILN_HAVE_CUDA AND KILN_CUDA_SOURCES)
   message(STATUS "Kiln: CUDA backend ON (${KILN_CUDART_LIB}, ${KILN_CUDNN_LIB})")
   target_sources(kiln PRIVATE ${KILN_CUDA_SOURCES})
+  # Device code in .cuh files, embedded as strings that NVRTC compiles (codegen/embedded.h).
+  file(GLOB KILN_CUDA_DEVICE_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/backends/cuda/codegen/cuh/*.cuh)
+  set(_kiln_embedded ${CMAKE_CURRENT_BINARY_DIR}/generated/embedded_cuda_sources.cpp)
+  add_custom_command(
+    OUTPUT ${_kiln_embedded}
+    COMMAND ${CMAKE_COMMAND} -DOUTPUT=${_kiln_embedded} "-DSOURCES=${KILN_CUDA_DEVICE_SOURCES}"
+            -P ${PROJECT_SOURCE_DIR}/cmake/embed_sources.cmake
+    DEPENDS ${KILN_CUDA_DEVICE_SOURCES} ${PROJECT_SOURCE_DIR}/cmake/embed_sources.cmake
+    COMMENT "Embedding CUDA device sources"
+    VERBATIM)
+  target_sources(kiln PRIVATE ${_kiln_embedded})
   target_compile_definitions(kiln PUBLIC KILN_WITH_CUDA=1)
-  # PUBLIC: the tests of the CUDA backend include its headers (src/backends/cuda/*.h).
+  # PUBLIC: the tests of the CUDA backend include its headers (src/backends/cuda/**.h).
   target_include_directories(kiln SYSTEM PUBLIC ${KILN_CUDART_INCLUDE} ${KILN_CUBLASLT_INCLUDE}
                              ${KILN_NVRTC_INCLUDE} ${KILN_CUDNN_INCLUDE} ${KILN_CUDA_CRT_INCLUDE})
   target_link_libraries(kiln PUBLIC ${KILN_CUDART_LIB} ${KILN_CUBLASLT_LIB} ${KILN_NVRTC_LIB} ${KILN_CUDNN_LIB})

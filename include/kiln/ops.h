@@ -5,8 +5,12 @@
 //   2. bump kExpectedOpCount in src/ops/registry.cpp (a static_assert),
 //   3. its shape rule in src/ops/<family>.cpp,
 //   4. its CPU kernel in src/backends/cpu/<family>.cpp (the reference semantics),
-//   5. an entry in tests/python/test_ops.py (checked against PyTorch on random inputs),
-//   6. importers for the ATen overloads it serves in src/import/.
+//   5. its CUDA kernel in src/backends/cuda/kernels/<family>.cpp: the family's supports_<family>
+//      predicate says which nodes of the op it runs (others stay on the CPU or in PyTorch), its
+//      generator or library call makes the kernel, device code goes in codegen/cuh/ (see
+//      src/backends/cuda/README.md); tests/python/test_cuda_ops.py compares it with the CPU,
+//   6. an entry in tests/python/test_ops.py (checked against PyTorch on random inputs),
+//   7. importers for the ATen overloads it serves in src/import/.
 //
 // Tensors are dense and row-major. Unless stated, outputs have the dtype of the first input.
 // Axes in attributes are non-negative (importers normalize). Attribute schema per op:

@@ -20,7 +20,7 @@
 // bytes while a member can still be read, and nothing else is written there: values are never
 // updated in place, and the only nodes producing a member are the aliasing ones themselves,
 // whose kernels do nothing when their input and output pointers are equal (cpu/shape.cpp,
-// cuda/shape.cpp). A reshape or copy from a graph input or constant, or into a graph output,
+// cuda/kernels/shape.cpp). A reshape or copy from a graph input or constant, or into a graph output,
 // still copies: those are not in the arena.
 //
 // In-place rule (for the (node, input) pairs `in_place` accepts, whose kernels give the same

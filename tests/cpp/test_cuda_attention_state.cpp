@@ -8,8 +8,8 @@
 #include <random>
 #include <string>
 
-#include "src/backends/cuda/attention_cudnn.h"
-#include "src/backends/cuda/conv_state.h"
+#include "src/backends/cuda/kernels/attention_cudnn.h"
+#include "src/backends/cuda/kernels/conv_state.h"
 #include "tests/cpp/cudnn_state_test_util.h"
 #include "tests/cpp/error_test_util.h"
 

@@ -1,4 +1,4 @@
-// The build turn (src/backends/cuda/build_turn.h) and TimingClaim (tactics.h), with which a CUDA
+// The build turn (src/backends/cuda/tuning/build_turn.h) and TimingClaim (tactics.h), with which a CUDA
 // build makes several kernels at once: one thread at a time holds the turn; one that gives it up
 // (OffTurn) lets another in and gets it back; a second claim of a timing key waits, off its
 // turn, for the first. No device is needed, except for the support kernel case (skipped without
@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "kiln/kiln.h"
-#include "src/backends/cuda/build_turn.h"
-#include "src/backends/cuda/nvrtc.h"
-#include "src/backends/cuda/tactics.h"
+#include "src/backends/cuda/codegen/nvrtc.h"
+#include "src/backends/cuda/tuning/build_turn.h"
+#include "src/backends/cuda/tuning/tactics.h"
 #include "src/common/run_parts.h"
 
 namespace {

@@ -13,8 +13,8 @@
 #include <random>
 
 #include "kiln/kiln.h"
-#include "src/backends/cuda/conv_state.h"
 #include "src/backends/cuda/kernels.h"
+#include "src/backends/cuda/kernels/conv_state.h"
 #include "tests/cpp/cudnn_state_test_util.h"
 #include "tests/cpp/error_test_util.h"
 

@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "kiln/kiln.h"
-#include "src/backends/cuda/depthwise.h"
+#include "src/backends/cuda/codegen/nvrtc.h"
 #include "src/backends/cuda/kernels.h"
-#include "src/backends/cuda/nvrtc.h"
+#include "src/backends/cuda/kernels/depthwise.h"
 #include "tests/cpp/error_test_util.h"
 
 using namespace kiln;

@@ -15,9 +15,9 @@
 #include <random>
 
 #include "kiln/errors.h"
-#include "src/backends/cuda/batch_plan.h"
-#include "src/backends/cuda/gemm_codegen.h"
-#include "src/backends/cuda/timing_cache.h"
+#include "src/backends/cuda/codegen/gemm_sources.h"
+#include "src/backends/cuda/libs/batch_plan.h"
+#include "src/backends/cuda/tuning/timing_cache.h"
 
 namespace kiln::cuda {
 

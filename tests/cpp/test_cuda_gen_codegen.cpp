@@ -15,7 +15,7 @@
 #include <tuple>
 
 #include "kiln/kiln.h"
-#include "src/backends/cuda/gen_util.h"
+#include "src/backends/cuda/codegen/plan.h"
 
 using namespace kiln;
 namespace gen = kiln::cuda::gen;

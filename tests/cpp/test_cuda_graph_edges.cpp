@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "kiln/kiln.h"
-#include "src/backends/cuda/cuda_util.h"
-#include "src/backends/cuda/nvrtc.h"
+#include "src/backends/cuda/codegen/nvrtc.h"
+#include "src/backends/cuda/device/cuda_util.h"
 
 namespace {
 

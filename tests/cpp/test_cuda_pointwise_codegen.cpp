@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "kiln/kiln.h"
+#include "src/backends/cuda/codegen/nvrtc.h"
+#include "src/backends/cuda/codegen/pointwise_program.h"
 #include "src/backends/cuda/kernels.h"
-#include "src/backends/cuda/nvrtc.h"
-#include "src/backends/cuda/pointwise_codegen.h"
 
 using namespace kiln;
 namespace pwg = kiln::cuda::pwgen;

@@ -1,4 +1,4 @@
-// Tactic timing on a GPU (src/backends/cuda/tactics.cpp): candidates are measured by their
+// Tactic timing on a GPU (src/backends/cuda/tuning/tactics.cpp): candidates are measured by their
 // device time as a CUDA-graph replay runs them, not by what launching them costs the host; a
 // candidate that cannot be recorded into a graph is still timed (directly); one that throws is
 // skipped. Skipped without a CUDA device.
@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "kiln/kiln.h"
-#include "src/backends/cuda/tactics.h"
+#include "src/backends/cuda/tuning/tactics.h"
 
 namespace {
 

@@ -31,14 +31,14 @@
 
 #include "kiln/backend.h"
 #include "kiln/errors.h"
-#include "src/backends/cuda/build_turn.h"
-#include "src/backends/cuda/checksum.h"
-#include "src/backends/cuda/cublaslt_util.h"
-#include "src/backends/cuda/cuda_util.h"
-#include "src/backends/cuda/dnn_graph.h"
+#include "src/backends/cuda/device/checksum.h"
+#include "src/backends/cuda/device/cuda_util.h"
+#include "src/backends/cuda/device/upload.h"
 #include "src/backends/cuda/kernels.h"
-#include "src/backends/cuda/tactics.h"
-#include "src/backends/cuda/upload.h"
+#include "src/backends/cuda/libs/cublaslt.h"
+#include "src/backends/cuda/libs/cudnn_graph.h"
+#include "src/backends/cuda/tuning/build_turn.h"
+#include "src/backends/cuda/tuning/tactics.h"
 #include "src/common/run_parts.h"
 #include "src/common/stopwatch.h"
 
@@ -48,7 +48,7 @@ namespace cuda {
 namespace {
 
 // Threads a build makes its kernels on: $KILN_BUILD_THREADS (1 makes them one by one), by
-// default half the host's cores, at most 8 (the cuDNN plan lanes, dnn_graph.h).
+// default half the host's cores, at most 8 (the cuDNN plan lanes, cudnn_graph.h).
 size_t build_workers() {
   const char* env = std::getenv("KILN_BUILD_THREADS");
   if (env && *env) {

@@ -1,0 +1,279 @@
+// Pointwise programs (what a unary / binary / where / cast / fused_pointwise node computes)
+// and their layouts; the CUDA source text is written by pointwise_source.cpp.
+//
+// The semantics follow src/ops/pointwise.h and the CPU kernels: integer add/sub/mul/neg/abs
+// wrap, integer div truncates with x / 0 == 0, integer clamp bounds round inward (int_bound),
+// maximum / minimum propagate NaN from either side, casts truncate toward zero saturating at
+// the i64 range (NaN -> 0) and then wrap, comparisons and logical ops give bool.
+#include <cstring>
+
+#include "src/backends/cuda/codegen/pointwise_program.h"
+#include "src/ops/shape_rules.h"
+
+namespace kiln::cuda::pwgen {
+
+namespace {
+
+// A one-element constant's value: floating dtypes as double, the others as int64.
+void read_constant(const Value& v, double* f, int64_t* i) {
+  const uint8_t* p = v.data->data();
+  switch (v.type.dtype) {
+    case DType::kF32: {
+      float x;
+      std::memcpy(&x, p, 4);
+      *f = x;
+      return;
+    }
+    case DType::kF64: {
+      double x;
+      std::memcpy(&x, p, 8);
+      *f = x;
+      return;
+    }
+    case DType::kF16: {
+      uint16_t x;
+      std::memcpy(&x, p, 2);
+      *f = half_to_float(x);
+      return;
+    }
+    case DType::kBF16: {
+      uint16_t x;
+      std::memcpy(&x, p, 2);
+      *f = bf16_to_float(x);
+      return;
+    }
+    case DType::kI64: {
+      int64_t x;
+      std::memcpy(&x, p, 8);
+      *i = x;
+      return;
+    }
+    case DType::kI32: {
+      int32_t x;
+      std::memcpy(&x, p, 4);
+      *i = x;
+      return;
+    }
+    case DType::kI8: {
+      int8_t x;
+      std::memcpy(&x, p, 1);
+      *i = x;
+      return;
+    }
+    case DType::kU8: *i = p[0]; return;
+    case DType::kBool: *i = p[0] != 0; return;
+  }
+}
+
+bool fail(std::string* why, const std::string& msg) {
+  if (why) *why = msg;
+  return false;
+}
+
+// Whether the generator has code for `op` on inputs of dtype `in` (the shape rules already
+// restrict dtypes; this guards bodies built by hand).
+bool op_supported(OpKind op, DType in, std::string* why) {
+  const OpFamily fam = op_info(op).family;
+  if (op == OpKind::kCopy || fam == OpFamily::kCast || fam == OpFamily::kWhere) return true;
+  if (fam == OpFamily::kUnary) {
+    if (is_floating(in) || op == OpKind::kLogicalNot) return true;
+    const bool int_ok = op == OpKind::kRelu || op == OpKind::kNeg || op == OpKind::kAbs || op == OpKind::kClamp;
+    if (int_ok && in != DType::kBool) return true;
+    return fail(why, std::string(op_name(op)) + " on " + dtype_name(in) + " has no CUDA kernel (floating only)");
+  }
+  if (fam == OpFamily::kBinary) {
+    const bool arith = op == OpKind::kAdd || op == OpKind::kSub || op == OpKind::kMul || op == OpKind::kDiv ||
+                       op == OpKind::kMaximum || op == OpKind::kMinimum || op == OpKind::kPow;
+    if (arith && in == DType::kBool) return fail(why, std::string(op_name(op)) + " on bool has no CUDA kernel");
+    if (op == OpKind::kPow && !is_floating(in))
+      return fail(why, std::string("pow on ") + dtype_name(in) + " has no CUDA kernel (floating only)");
+    return true;
+  }
+  return fail(why, std::string(op_name(op)) + " is not a pointwise op");
+}
+
+}  // namespace
+
+bool program_of(const Node& n, const Graph& g, Program* out, std::string* why) {
+  Program p;
+  for (ValueId v : n.inputs)
+    if (v == kNoValue) return fail(why, std::string(op_name(n.op)) + " has an absent input");
+  if (n.op != OpKind::kFusedPointwise) {
+    if (!op_info(n.op).pointwise()) return fail(why, std::string(op_name(n.op)) + " is not a pointwise op");
+    for (ValueId v : n.inputs) p.dtype.push_back(g.type(v).dtype);
+    p.num_inputs = int(n.inputs.size());
+    Step s;
+    s.op = n.op;
+    s.out = g.type(n.outputs[0]).dtype;
+    for (int i = 0; i < p.num_inputs; ++i) s.in.push_back(i);
+    if (op_info(n.op).family == OpFamily::kUnary) s.params = pw::UnaryParams::from(n.op, n.attrs);
+    if (!op_supported(n.op, p.dtype[size_t(op_info(n.op).family == OpFamily::kWhere ? 1 : 0)], why)) return false;
+    p.dtype.push_back(s.out);
+    p.steps.push_back(std::move(s));
+    p.outputs = {p.num_inputs};
+    *out = std::move(p);
+    return true;
+  }
+  if (!n.body) return fail(why, "fused_pointwise node without a body");
+  const Graph& body = *n.body;
+  if (body.inputs().size() != n.inputs.size() || body.outputs().size() != n.outputs.size())
+    return fail(why, "fused_pointwise body does not match the node's inputs and outputs");
+  std::vector<int> index(size_t(body.num_values()), -1);
+  for (ValueId v : body.inputs()) {
+    index[size_t(v)] = int(p.dtype.size());
+    p.dtype.push_back(body.type(v).dtype);
+  }
+  p.num_inputs = int(body.inputs().size());
+  for (ValueId c : body.constants()) {
+    const Value& cv = body.value(c);
+    if (cv.type.numel() != 1)
+      return fail(why, "fused_pointwise body holds a constant of " + std::to_string(cv.type.numel()) +
+                           " elements (the CUDA generator takes one-element constants; larger ones are inputs)");
+    double f = 0;
+    int64_t i = 0;
+    read_constant(cv, &f, &i);
+    if (is_floating(cv.type.dtype)) {
+      p.const_slot.push_back(int(p.const_float.size()));
+      p.const_float.push_back(f);
+    } else {
+      p.const_slot.push_back(int(p.const_int.size()));
+      p.const_int.push_back(i);
+    }
+    index[size_t(c)] = int(p.dtype.size());
+    p.dtype.push_back(cv.type.dtype);
+  }
+  const std::vector<int64_t> group = g.type(n.outputs[0]).shape();
+  for (const auto& node : body.nodes()) {
+    if (!op_info(node->op).pointwise() && node->op != OpKind::kCopy)
+      return fail(why, std::string("fused_pointwise body op ") + op_name(node->op) + " is not pointwise");
+    if (node->outputs.size() != 1 || !broadcasts_to(body.type(node->outputs[0]).shape(), group))
+      return fail(why, std::string("fused_pointwise body op ") + op_name(node->op) +
+                           " gives a shape that does not broadcast to the group shape");
+    Step s;
+    s.op = node->op;
+    s.out = body.type(node->outputs[0]).dtype;
+    for (ValueId v : node->inputs) {
+      if (v < 0 || index[size_t(v)] < 0)
+        return fail(why, std::string("fused_pointwise body op ") + op_name(node->op) + " reads an undefined value");
+      s.in.push_back(index[size_t(v)]);
+    }
+    if (op_info(node->op).family == OpFamily::kUnary) s.params = pw::UnaryParams::from(node->op, node->attrs);
+    const int first = op_info(node->op).family == OpFamily::kWhere ? 1 : 0;
+    if (!op_supported(node->op, p.dtype[size_t(s.in.at(size_t(first)))], why)) return false;
+    index[size_t(node->outputs[0])] = int(p.dtype.size());
+    p.dtype.push_back(s.out);
+    p.steps.push_back(std::move(s));
+  }
+  for (ValueId v : body.outputs()) {
+    if (v < 0 || index[size_t(v)] < 0) return fail(why, "fused_pointwise body output is undefined");
+    p.outputs.push_back(index[size_t(v)]);
+  }
+  for (size_t k = 0; k < n.outputs.size(); ++k)
+    if (g.type(n.outputs[k]).dtype != p.dtype[size_t(p.outputs[k])] || g.type(n.outputs[k]).shape() != group)
+      return fail(why, "fused_pointwise output " + std::to_string(k) + " does not match its body value");
+  *out = std::move(p);
+  return true;
+}
+
+Layout layout_of(const Node& n, const Graph& g, const Program& p, std::string* why, bool* ok) {
+  Layout l;
+  *ok = true;
+  const std::vector<int64_t> out_shape = g.type(n.outputs[0]).shape();
+  l.numel = g.type(n.outputs[0]).numel();
+  l.wide = l.numel >= (int64_t(1) << 30);
+  if (int(n.inputs.size() + n.outputs.size()) > kMaxPointers) {
+    *ok = fail(why, "pointwise node with " + std::to_string(n.inputs.size() + n.outputs.size()) +
+                        " inputs and outputs (the CUDA kernel takes at most " + std::to_string(kMaxPointers) + ")");
+    return l;
+  }
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<int> dense_inputs;
+  for (int i = 0; i < p.num_inputs; ++i) {
+    const TensorType& t = g.type(n.inputs[size_t(i)]);
+    const bool scalar = t.numel() == 1 && l.numel != 1;
+    l.scalar.push_back(scalar);
+    if (!scalar) {
+      shapes.push_back(t.shape());
+      dense_inputs.push_back(i);
+    }
+  }
+  if (shapes.size() > 16) {
+    *ok = fail(why, "pointwise node with " + std::to_string(shapes.size()) + " non-scalar inputs (at most 16)");
+    return l;
+  }
+  const pw::BroadcastPlan plan = pw::plan_broadcast(out_shape, shapes);
+  bool flat = l.numel <= 1 || plan.shape.size() == 1;
+  for (size_t k = 0; k < shapes.size() && flat && l.numel > 1; ++k) flat = plan.strides[k][0] == 1;
+  l.flat = flat;
+  // Vector width: 16 bytes of the widest array that moves an element per output element.
+  size_t widest = 0;
+  for (int i = 0; i < p.num_inputs; ++i)
+    if (!l.scalar[size_t(i)]) widest = std::max(widest, dtype_size(p.dtype[size_t(i)]));
+  for (int v : p.outputs) widest = std::max(widest, dtype_size(p.dtype[size_t(v)]));
+  l.vec = widest ? int(16 / widest) : 1;
+  if (l.numel < int64_t(l.vec) * 2) l.vec = 1;
+  if (flat) return l;
+  l.rank = int(plan.shape.size());
+  if (l.rank > kMaxRank) {
+    *ok = fail(why, "pointwise broadcast over " + std::to_string(l.rank) + " non-mergeable dims (at most " +
+                        std::to_string(kMaxRank) + ")");
+    return l;
+  }
+  l.dims = plan.shape;
+  l.strides.assign(size_t(p.num_inputs), std::vector<int64_t>(size_t(l.rank), 0));
+  for (size_t k = 0; k < dense_inputs.size(); ++k) l.strides[size_t(dense_inputs[k])] = plan.strides[k];
+  // Strided vectors: vec consecutive elements of the innermost dim are consecutive in every
+  // non-scalar input (a per-channel operand of a channels-last tensor, a row added to every row)
+  // and start on a multiple of vec there.
+  bool rows = l.dims.back() % l.vec == 0;
+  for (int i : dense_inputs)
+    for (int d = 0; d < l.rank && rows; ++d) {
+      const int64_t st = l.strides[size_t(i)][size_t(d)];
+      rows = d == l.rank - 1 ? st == 1 : (l.dims[size_t(d)] == 1 || st % l.vec == 0);
+    }
+  if (!rows) l.vec = 1;
+  return l;
+}
+
+std::vector<int64_t> argument_block(const Program& p, const Layout& l) {
+  std::vector<int64_t> a{l.numel};
+  if (!l.flat) {
+    a.insert(a.end(), l.dims.begin(), l.dims.end());
+    for (int i = 0; i < p.num_inputs; ++i)
+      if (!l.scalar[size_t(i)]) a.insert(a.end(), l.strides[size_t(i)].begin(), l.strides[size_t(i)].end());
+  }
+  for (double f : p.const_float) {
+    int64_t bits;
+    std::memcpy(&bits, &f, 8);
+    a.push_back(bits);
+  }
+  a.insert(a.end(), p.const_int.begin(), p.const_int.end());
+  return a;
+}
+
+const char* reg_type(DType t) {
+  switch (t) {
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16: return "float";
+    case DType::kF64: return "double";
+    case DType::kI64: return "long long";
+    case DType::kI32: return "int";
+    case DType::kI8: return "signed char";
+    case DType::kU8: return "unsigned char";
+    case DType::kBool: return "bool";
+  }
+  return "float";
+}
+
+const char* store_type(DType t) {
+  switch (t) {
+    case DType::kF32: return "float";
+    case DType::kF16: return "kiln_half";
+    case DType::kBF16: return "kiln_bf16";
+    case DType::kBool: return "unsigned char";
+    default: return reg_type(t);
+  }
+}
+
+}  // namespace kiln::cuda::pwgen

@@ -1,0 +1,383 @@
+// The CUDA source of a pointwise program (see pointwise_program.h): the prelude, integer and
+// vector helpers, a device function computing every output of one element from its leaf
+// values, and the kernels that index the inputs and call it.
+//
+// Literals are written as hexadecimal floats (exact); constants, sizes and strides are read
+// from the by-value argument block, so nodes differing only in them share one source.
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <sstream>
+
+#include "src/backends/cuda/codegen/pointwise_program.h"
+#include "src/backends/cuda/codegen/prelude.h"
+
+namespace kiln::cuda::pwgen {
+
+namespace {
+
+const char* const kHelpers = R"KILN(
+// ---- pointwise helpers --------------------------------------------------------------------
+template <typename T> struct kiln_unsigned { typedef T type; };
+template <> struct kiln_unsigned<long long> { typedef unsigned long long type; };
+template <> struct kiln_unsigned<int> { typedef unsigned int type; };
+template <> struct kiln_unsigned<signed char> { typedef unsigned char type; };
+// Integer arithmetic wraps (two's complement), through the unsigned type.
+template <typename T> __device__ __forceinline__ T kiln_iadd(T a, T b) {
+  typedef typename kiln_unsigned<T>::type U;
+  return (T)(U)((U)a + (U)b);
+}
+template <typename T> __device__ __forceinline__ T kiln_isub(T a, T b) {
+  typedef typename kiln_unsigned<T>::type U;
+  return (T)(U)((U)a - (U)b);
+}
+template <typename T> __device__ __forceinline__ T kiln_imul(T a, T b) {
+  typedef typename kiln_unsigned<T>::type U;
+  return (T)(U)((U)a * (U)b);
+}
+template <typename T> __device__ __forceinline__ T kiln_ineg(T a) {
+  typedef typename kiln_unsigned<T>::type U;
+  return (T)(U)((U)0 - (U)a);
+}
+template <typename T> __device__ __forceinline__ T kiln_iabs(T a) { return a < (T)0 ? kiln_ineg(a) : a; }
+template <> __device__ __forceinline__ unsigned char kiln_iabs(unsigned char a) { return a; }
+// Truncating division; x / 0 == 0 and MIN / -1 wraps, as the CPU kernels.
+template <typename T> __device__ __forceinline__ T kiln_idiv(T a, T b) {
+  if (b == (T)0) return (T)0;
+  if ((T)-1 < (T)0 && b == (T)-1) return kiln_ineg(a);
+  return (T)(a / b);
+}
+// float -> integer: toward zero, saturating at the i64 range, NaN -> 0 (then wrapped by a cast).
+__device__ __forceinline__ long long kiln_f2i(double v) {
+  if (v != v) return 0;
+  if (v >= 9223372036854775807.0) return 9223372036854775807LL;
+  if (v <= -9223372036854775808.0) return -9223372036854775807LL - 1;
+  return (long long)v;
+}
+// V elements of T moved as one load / store of sizeof(T) * V bytes (1 to 16).
+template <typename T, int V> struct alignas(sizeof(T) * V) kiln_vec { T v[V]; };
+template <int B> struct kiln_raw;
+template <> struct kiln_raw<1> { typedef unsigned char type; };
+template <> struct kiln_raw<2> { typedef unsigned short type; };
+template <> struct kiln_raw<4> { typedef unsigned int type; };
+template <> struct kiln_raw<8> { typedef uint2 type; };
+template <> struct kiln_raw<16> { typedef uint4 type; };
+template <typename T, int V, typename I> __device__ __forceinline__ kiln_vec<T, V> kiln_vload(const T* p, I j) {
+  typedef typename kiln_raw<sizeof(T) * V>::type R;
+  const R raw = reinterpret_cast<const R*>(p)[j];
+  kiln_vec<T, V> out;
+  memcpy(&out, &raw, sizeof(R));
+  return out;
+}
+template <typename T, int V, typename I> __device__ __forceinline__ void kiln_vstore(T* p, I j, const kiln_vec<T, V>& x) {
+  typedef typename kiln_raw<sizeof(T) * V>::type R;
+  R raw;
+  memcpy(&raw, &x, sizeof(R));
+  reinterpret_cast<R*>(p)[j] = raw;
+}
+)KILN";
+
+// The concatenation of string pieces, appended one by one.
+template <typename... A>
+std::string cat(const A&... a) {
+  std::string s;
+  ((s += a), ...);
+  return s;
+}
+
+// prefix + decimal i (a helper rather than "v" + std::to_string(i), which trips a false
+// -Wrestrict in GCC 12's std::string operator+).
+std::string id(const char* prefix, int64_t i) {
+  std::string s = prefix;
+  s += std::to_string(i);
+  return s;
+}
+
+std::string flit(double v, DType t) {
+  const bool f32 = t != DType::kF64;
+  if (f32) v = double(float(v));
+  if (std::isnan(v)) return f32 ? "__int_as_float(0x7fc00000)" : "__longlong_as_double(0x7ff8000000000000LL)";
+  if (std::isinf(v)) {
+    const std::string inf = f32 ? "__int_as_float(0x7f800000)" : "__longlong_as_double(0x7ff0000000000000LL)";
+    return v < 0 ? "(-" + inf + ")" : inf;
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%a", v);
+  return std::string("(") + buf + (f32 ? "f)" : ")");
+}
+
+std::string ilit(int64_t v, DType t) {
+  std::string s = v == std::numeric_limits<int64_t>::min() ? "(-9223372036854775807LL - 1)" : std::to_string(v) + "LL";
+  return std::string("((") + reg_type(t) + ")" + s + ")";
+}
+
+std::string load_expr(DType t, const std::string& e) {
+  if (t == DType::kF16 || t == DType::kBF16) return "to_float(" + e + ")";
+  if (t == DType::kBool) return "(" + e + " != 0)";
+  return e;
+}
+
+std::string store_expr(DType t, const std::string& e) {
+  if (t == DType::kF16) return "from_float<kiln_half>(" + e + ")";
+  if (t == DType::kBF16) return "from_float<kiln_bf16>(" + e + ")";
+  if (t == DType::kBool) return "(unsigned char)(" + e + " ? 1 : 0)";
+  return e;
+}
+
+std::string cast_expr(DType from, DType to, const std::string& x) {
+  if (from == to) return x;
+  if (to == DType::kBool) return "((" + x + ") != 0)";
+  if (to == DType::kF32) return "((float)(" + x + "))";
+  if (to == DType::kF64) return "((double)(" + x + "))";
+  if (to == DType::kF16) return "to_float(from_float<kiln_half>((float)(" + x + ")))";
+  if (to == DType::kBF16) return "to_float(from_float<kiln_bf16>((float)(" + x + ")))";
+  if (is_floating(from)) return std::string("((") + reg_type(to) + ")kiln_f2i((double)(" + x + ")))";
+  return std::string("((") + reg_type(to) + ")(" + x + "))";
+}
+
+// Math function names: the f suffix for float registers.
+std::string fn(const char* base, DType t) { return std::string(base) + (t == DType::kF64 ? "" : "f"); }
+
+template <typename T>
+int64_t int_bound_of(DType, double v, bool lower) {
+  return int64_t(pw::int_bound<T>(v, lower));
+}
+
+int64_t int_bound(DType t, double v, bool lower) {
+  switch (t) {
+    case DType::kI64: return int_bound_of<int64_t>(t, v, lower);
+    case DType::kI32: return int_bound_of<int32_t>(t, v, lower);
+    case DType::kI8: return int_bound_of<int8_t>(t, v, lower);
+    default: return int_bound_of<uint8_t>(t, v, lower);
+  }
+}
+
+// The statements computing step `s` into `out` (declared by the caller) from value names.
+std::string step_code(const Step& s, const std::vector<DType>& dtype, const std::string& out) {
+  auto v = [&](size_t k) { return id("v", s.in.at(k)); };
+  const DType in = dtype[size_t(s.in.at(0))];
+  const std::string R = reg_type(s.out);
+  const bool fl = is_floating(in);
+  const OpFamily fam = op_info(s.op).family;
+  std::string e;
+  if (s.op == OpKind::kCopy) {
+    e = v(0);
+  } else if (fam == OpFamily::kCast) {
+    e = cast_expr(in, s.out, v(0));
+  } else if (fam == OpFamily::kWhere) {
+    e = cat("(", v(0), " ? ", v(1), " : ", v(2), ")");
+  } else if (fam == OpFamily::kUnary) {
+    const std::string x = v(0);
+    const pw::UnaryParams& p = s.params;
+    switch (s.op) {
+      case OpKind::kRelu:
+        e = fl ? "kiln_relu(" + x + ")" : (in == DType::kU8 ? x : "(" + x + " < 0 ? (" + R + ")0 : " + x + ")");
+        break;
+      case OpKind::kGelu: e = cat((p.gelu_tanh ? "kiln_gelu_tanh(" : "kiln_gelu("), x, ")"); break;
+      case OpKind::kSilu: e = cat("kiln_silu(", x, ")"); break;
+      case OpKind::kSigmoid: e = cat("kiln_sigmoid(", x, ")"); break;
+      case OpKind::kTanh: e = cat(fn("tanh", in), "(", x, ")"); break;
+      case OpKind::kExp: e = cat(fn("exp", in), "(", x, ")"); break;
+      case OpKind::kLog: e = cat(fn("log", in), "(", x, ")"); break;
+      case OpKind::kSqrt: e = cat(fn("sqrt", in), "(", x, ")"); break;
+      case OpKind::kRsqrt: e = cat("(", flit(1.0, in), " / ", fn("sqrt", in), "(", x, "))"); break;
+      case OpKind::kNeg: e = fl ? "(-" + x + ")" : "kiln_ineg(" + x + ")"; break;
+      case OpKind::kAbs: e = fl ? fn("fabs", in) + "(" + x + ")" : "kiln_iabs(" + x + ")"; break;
+      case OpKind::kErf: e = cat(fn("erf", in), "(", x, ")"); break;
+      case OpKind::kHardswish: e = cat("kiln_hardswish(", x, ")"); break;
+      case OpKind::kHardsigmoid: e = cat("kiln_hardsigmoid(", x, ")"); break;
+      case OpKind::kReciprocal: e = cat("(", flit(1.0, in), " / ", x, ")"); break;
+      case OpKind::kSin: e = cat(fn("sin", in), "(", x, ")"); break;
+      case OpKind::kCos: e = cat(fn("cos", in), "(", x, ")"); break;
+      case OpKind::kLogicalNot: e = cat("((", R, ")(", x, " == 0))"); break;
+      case OpKind::kLeakyRelu: e = cat("kiln_leaky_relu(", x, ", ", flit(p.slope, in), ")"); break;
+      case OpKind::kClamp: {
+        // min(max(x, lo), hi): an absent (infinite) bound never changes x, NaN included.
+        std::string lo, hi;
+        if (fl) {
+          if (!std::isinf(p.lo) || p.lo > 0) lo = flit(p.lo, in);
+          if (!std::isinf(p.hi) || p.hi < 0) hi = flit(p.hi, in);
+        } else {
+          lo = ilit(int_bound(in, p.lo, true), in);
+          hi = ilit(int_bound(in, p.hi, false), in);
+        }
+        std::string t = x;
+        if (!lo.empty()) t = "(" + t + " < " + lo + " ? " + lo + " : " + t + ")";
+        if (!hi.empty()) {
+          return cat("  const ", R, " ", out, "_t = ", t, ";\n  const ", R, " ", out, " = ", out, "_t > ", hi, " ? ",
+                     hi, " : ", out, "_t;\n");
+        }
+        e = t;
+        break;
+      }
+      default: e = x; break;
+    }
+  } else {
+    const std::string a = v(0), b = v(1);
+    switch (s.op) {
+      case OpKind::kAdd: e = fl ? "(" + a + " + " + b + ")" : "kiln_iadd(" + a + ", " + b + ")"; break;
+      case OpKind::kSub: e = fl ? "(" + a + " - " + b + ")" : "kiln_isub(" + a + ", " + b + ")"; break;
+      case OpKind::kMul: e = fl ? "(" + a + " * " + b + ")" : "kiln_imul(" + a + ", " + b + ")"; break;
+      case OpKind::kDiv: e = fl ? "(" + a + " / " + b + ")" : "kiln_idiv(" + a + ", " + b + ")"; break;
+      case OpKind::kPow: e = cat(fn("pow", in), "(", a, ", ", b, ")"); break;
+      case OpKind::kMaximum: e = cat("kiln_max(", a, ", ", b, ")"); break;
+      case OpKind::kMinimum: e = cat("kiln_min(", a, ", ", b, ")"); break;
+      case OpKind::kEq: e = cat("(", a, " == ", b, ")"); break;
+      case OpKind::kNe: e = cat("(", a, " != ", b, ")"); break;
+      case OpKind::kLt: e = cat("(", a, " < ", b, ")"); break;
+      case OpKind::kLe: e = cat("(", a, " <= ", b, ")"); break;
+      case OpKind::kGt: e = cat("(", a, " > ", b, ")"); break;
+      case OpKind::kGe: e = cat("(", a, " >= ", b, ")"); break;
+      case OpKind::kLogicalAnd: e = cat("(", a, " != 0 && ", b, " != 0)"); break;
+      case OpKind::kLogicalOr: e = cat("(", a, " != 0 || ", b, " != 0)"); break;
+      default: e = a; break;
+    }
+  }
+  return cat("  const ", R, " ", out, " = (", R, ")", e, ";\n");
+}
+
+}  // namespace
+
+std::string generate(const Program& p, const Layout& l) {
+  std::ostringstream s;
+  s << prelude() << kHelpers;
+  const int leaves = p.num_leaves();
+  const size_t nconst = p.const_slot.size();
+  int dense = 0;
+  for (int i = 0; i < p.num_inputs; ++i) dense += l.scalar[size_t(i)] ? 0 : 1;
+  // The argument block, as argument_block() fills it.
+  s << "struct KilnPwArgs {\n  long long n;\n";
+  if (!l.flat) s << "  long long dims[" << l.rank << "];\n";
+  if (!l.flat && dense) s << "  long long st[" << dense << "][" << l.rank << "];\n";
+  if (!p.const_float.empty()) s << "  double cf[" << p.const_float.size() << "];\n";
+  if (!p.const_int.empty()) s << "  long long ci[" << p.const_int.size() << "];\n";
+  s << "};\n\n";
+
+  // One element: leaf values in, every output's register value out.
+  s << "__device__ __forceinline__ void kiln_pw_body(";
+  for (int i = 0; i < leaves; ++i) s << (i ? ", " : "") << reg_type(p.dtype[size_t(i)]) << " v" << i;
+  for (size_t k = 0; k < p.outputs.size(); ++k) s << ", " << reg_type(p.dtype[size_t(p.outputs[k])]) << "& o" << k;
+  s << ") {\n";
+  for (size_t k = 0; k < p.steps.size(); ++k) s << step_code(p.steps[k], p.dtype, id("v", leaves + int(k)));
+  for (size_t k = 0; k < p.outputs.size(); ++k) s << "  o" << k << " = v" << p.outputs[k] << ";\n";
+  s << "}\n\n";
+
+  const std::string I = l.wide ? "long long" : "unsigned int";
+  auto params = [&] {
+    std::string r;
+    for (int i = 0; i < p.num_inputs; ++i)
+      r += std::string("const ") + store_type(p.dtype[size_t(i)]) + "* __restrict__ in" + std::to_string(i) + ", ";
+    for (size_t k = 0; k < p.outputs.size(); ++k)
+      r += std::string(store_type(p.dtype[size_t(p.outputs[k])])) + "* __restrict__ out" + std::to_string(k) + ", ";
+    return r + "const KilnPwArgs a";
+  };
+  // Scalars, constants and (strided) sizes, read once per thread.
+  auto preamble = [&] {
+    std::ostringstream t;
+    t << "  const " << I << " n = (" << I << ")a.n;\n";
+    for (int i = 0; i < p.num_inputs; ++i)
+      if (l.scalar[size_t(i)])
+        t << "  const " << reg_type(p.dtype[size_t(i)]) << " l" << i << " = "
+          << load_expr(p.dtype[size_t(i)], id("in", i) + "[0]") << ";\n";
+    for (size_t c = 0; c < nconst; ++c) {
+      const int v = p.num_inputs + int(c);
+      const DType dt = p.dtype[size_t(v)];
+      const std::string src = is_floating(dt) ? "a.cf[" + std::to_string(p.const_slot[c]) + "]"
+                                              : "a.ci[" + std::to_string(p.const_slot[c]) + "]";
+      t << "  const " << reg_type(dt) << " l" << v << " = (" << reg_type(dt) << ")" << src << ";\n";
+    }
+    t << "  const " << I << " tid = (" << I << ")blockIdx.x * blockDim.x + threadIdx.x;\n";
+    t << "  const " << I << " step = (" << I << ")gridDim.x * blockDim.x;\n";
+    return t.str();
+  };
+  // The body call for element `i` with leaf expressions `leaf` and stores to the outputs.
+  auto element = [&](const std::vector<std::string>& leaf, const std::string& indent, bool vec_store) {
+    std::ostringstream t;
+    for (size_t k = 0; k < p.outputs.size(); ++k)
+      t << indent << reg_type(p.dtype[size_t(p.outputs[k])]) << " r" << k << ";\n";
+    t << indent << "kiln_pw_body(";
+    for (int i = 0; i < leaves; ++i) t << (i ? ", " : "") << leaf[size_t(i)];
+    for (size_t k = 0; k < p.outputs.size(); ++k) t << ", r" << k;
+    t << ");\n";
+    for (size_t k = 0; k < p.outputs.size(); ++k) {
+      const DType dt = p.dtype[size_t(p.outputs[k])];
+      t << indent << (vec_store ? id("y", k) + ".v[k]" : id("out", k) + "[i]") << " = " << store_expr(dt, id("r", k))
+        << ";\n";
+    }
+    return t.str();
+  };
+  std::vector<std::string> leaf(static_cast<size_t>(leaves));
+  for (int i = p.num_inputs; i < leaves; ++i) leaf[size_t(i)] = id("l", i);
+
+  // Strided layouts: the dims, and per non-scalar input i its element offset o<i> of the output
+  // element `index` (a row-major walk of the collapsed dims).
+  auto dim_defs = [&] {
+    std::ostringstream t;
+    for (int d = 0; d < l.rank; ++d) t << "  const " << I << " d" << d << " = (" << I << ")a.dims[" << d << "];\n";
+    return t.str();
+  };
+  auto offsets = [&](const std::string& index) {
+    std::ostringstream t;
+    t << "    " << I << " rem = " << index << ", c;\n";
+    for (int i = 0; i < p.num_inputs; ++i)
+      if (!l.scalar[size_t(i)]) t << "    " << I << " o" << i << " = 0;\n";
+    for (int d = l.rank - 1; d >= 0; --d) {
+      if (d > 0) t << "    c = rem % d" << d << "; rem /= d" << d << ";\n";
+      else t << "    c = rem;\n";
+      int k = 0;
+      for (int i = 0; i < p.num_inputs; ++i)
+        if (!l.scalar[size_t(i)]) t << "    o" << i << " += c * (" << I << ")a.st[" << k++ << "][" << d << "];\n";
+    }
+    return t.str();
+  };
+
+  // The grid-stride kernel (flat or strided).
+  s << "extern \"C\" __global__ void __launch_bounds__(256) kiln_pw(" << params() << ") {\n" << preamble();
+  if (!l.flat) s << dim_defs();
+  s << "  for (" << I << " i = tid; i < n; i += step) {\n";
+  if (!l.flat) s << offsets("i");
+  for (int i = 0; i < p.num_inputs; ++i)
+    leaf[size_t(i)] = l.scalar[size_t(i)]
+                          ? id("l", i)
+                          : load_expr(p.dtype[size_t(i)], id("in", i) + "[" + (l.flat ? "i" : id("o", i)) + "]");
+  s << element(leaf, "    ", false) << "  }\n}\n";
+
+  if (l.vec > 1) {
+    // Vectors of V elements: flat, or strided with every non-scalar input's V elements
+    // consecutive and starting on a multiple of V (layout_of), whose offsets are then walked once
+    // per vector; the innermost dim is a multiple of V, so a strided layout has no tail.
+    const std::string V = std::to_string(l.vec);
+    s << "\nextern \"C\" __global__ void __launch_bounds__(256) kiln_pw_vec(" << params() << ") {\n" << preamble();
+    if (!l.flat) s << dim_defs();
+    s << "  const " << I << " nv = n / " << V << ";\n";
+    s << "  for (" << I << " j = tid; j < nv; j += step) {\n";
+    if (!l.flat) s << offsets("j * " + V);
+    for (int i = 0; i < p.num_inputs; ++i)
+      if (!l.scalar[size_t(i)])
+        s << "    const kiln_vec<" << store_type(p.dtype[size_t(i)]) << ", " << V << "> x" << i << " = kiln_vload<"
+          << store_type(p.dtype[size_t(i)]) << ", " << V << ">(in" << i << ", "
+          << (l.flat ? std::string("j") : id("o", i) + " / " + V) << ");\n";
+    for (size_t k = 0; k < p.outputs.size(); ++k)
+      s << "    kiln_vec<" << store_type(p.dtype[size_t(p.outputs[k])]) << ", " << V << "> y" << k << ";\n";
+    s << "#pragma unroll\n    for (int k = 0; k < " << V << "; ++k) {\n";
+    std::vector<std::string> vleaf = leaf;
+    for (int i = 0; i < p.num_inputs; ++i)
+      vleaf[size_t(i)] = l.scalar[size_t(i)] ? id("l", i) : load_expr(p.dtype[size_t(i)], id("x", i) + ".v[k]");
+    s << element(vleaf, "      ", true) << "    }\n";
+    for (size_t k = 0; k < p.outputs.size(); ++k)
+      s << "    kiln_vstore<" << store_type(p.dtype[size_t(p.outputs[k])]) << ", " << V << ">(out" << k << ", j, y" << k
+        << ");\n";
+    s << "  }\n";
+    if (!l.flat) return s.str() + "}\n";
+    // The tail (n % V elements) elementwise.
+    s << "  for (" << I << " i = nv * " << V << " + tid; i < n; i += step) {\n";
+    std::vector<std::string> tleaf = leaf;
+    for (int i = 0; i < p.num_inputs; ++i)
+      tleaf[size_t(i)] = l.scalar[size_t(i)] ? id("l", i) : load_expr(p.dtype[size_t(i)], id("in", i) + "[i]");
+    s << element(tleaf, "    ", false) << "  }\n}\n";
+  }
+  return s.str();
+}
+
+}  // namespace kiln::cuda::pwgen

@@ -1,0 +1,46 @@
+// The conv family's tactic: which cuDNN engine configuration runs a conv node's graph.
+//
+// search_conv_plan builds the fused graph (conv_graph.h), asks cuDNN's heuristics for engine
+// configs (mode A, then fallback), finalizes plans for the first few that pass Kiln's numerics
+// rules (f32 accumulation, no down-converted inputs; with KILN_DISABLE_TF32=1 and f32 data no
+// TF32 tensor cores, FFT or Winograd) and whose workspace fits, times them (tactics.h) and keeps
+// the fastest. When no engine runs the fused graph it does the same for the conv alone (the
+// caller then adds a generated epilogue). rebuild_conv_plan remakes a saved choice exactly.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <vector>
+
+#include "kiln/backend.h"
+#include "src/backends/cuda/kernels/conv_graph.h"
+#include "src/backends/cuda/kernels/conv_state.h"
+
+namespace kiln::cuda {
+
+struct ConvPlan {
+  ConvOpGraph og;
+  Desc plan;
+  ConvChoice choice;
+  std::string note;  // how it was chosen, for describe()
+};
+
+// f32 data with KILN_DISABLE_TF32=1.
+bool strict_f32(DType dt);
+
+// The fastest plan of the fused graph (conv + epilogue), or of the conv alone when cuDNN cannot
+// run the fused one; with conv_only, of the conv alone (its epilogue then runs as a generated
+// kernel). Throws kUnsupported (with cuDNN's reasons) when no engine runs the conv.
+ConvPlan search_conv_plan(const ConvGeom& q, const KernelOptions& options, const std::string& what, uint64_t sig,
+                          bool conv_only = false);
+// Whether `k` (a conv kernel of `q`, with a residual) gives the same output when its output is
+// written over its residual input: one run with separate buffers and one in place, on random
+// inputs, compared element for element (up to a million elements spread over the output). cuDNN
+// does not document in-place runs, so each plan is checked where its engine is made.
+bool runs_in_place(const ConvGeom& q, const Kernel& k);
+// False (and *why) when cuDNN refuses the saved choice `c`.
+bool rebuild_conv_plan(const ConvGeom& q, cudnnHandle_t h, const ConvChoice& c, const std::string& what, ConvPlan& out,
+                       std::string* why);
+
+}  // namespace kiln::cuda

@@ -1,0 +1,72 @@
+// CUDA kernels of the generator family (arange, full), generated and compiled by NVRTC. These
+// are usually constant-folded away; the kernels serve what remains (e.g. under dynamic shapes).
+//
+// full: the value is converted to the dtype's bytes here, exactly as the CPU kernel does (an
+// i64 attribute stays exact), and the kernel only replicates them, as the widest word (up to
+// 16 bytes) that divides the output. arange: element i is start + i * step computed in double
+// and then converted like the CPU (f16 / bf16 through f32; bool is != 0; integers truncate).
+#include <variant>
+
+#include "src/backends/cuda/codegen/plan.h"
+#include "src/backends/cuda/codegen/prelude.h"
+#include "src/backends/cuda/kernels.h"
+#include "src/common/element_access.h"
+
+namespace kiln::cuda {
+
+namespace gen {
+
+Generated generate_generator(const Node& n, const Graph& g) {
+  const TensorType& yt = g.type(n.outputs[0]);
+  const int64_t count = yt.numel();
+  Generated gn;
+  if (n.op == OpKind::kArange) {
+    gn.plan.describe = std::string("cuda arange ") + dtype_name(yt.dtype);
+    if (count == 0) return gn;
+    const DType dt = yt.dtype;
+    std::string conv;
+    if (dt == DType::kF16 || dt == DType::kBF16) conv = std::string("from_float<") + storage_type(dt) + ">((float)v)";
+    else if (dt == DType::kBool) conv = "v != 0.0";
+    else conv = std::string("(") + storage_type(dt) + ")v";
+    gn.source =
+        source_head() + "typedef " + storage_type(dt) + " T;\n" +
+        "extern \"C\" __global__ void kg_arange(T* __restrict__ y, double start, double step, long long n) {\n"
+        "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x *"
+        " blockDim.x) {\n    const double v = start + (double)i * step;\n    y[i] = " +
+        conv + ";\n  }\n}\n";
+    Launch l("kg_arange", blocks_for(count, 256), 256);
+    l.out(0).f64(n.attrs.get_float("start", 0.0)).f64(n.attrs.get_float("step", 1.0)).i64(count);
+    gn.plan.launches.push_back(std::move(l));
+    return gn;
+  }
+  KILN_CHECK(n.op == OpKind::kFull, kInternal, op_name(n.op), " is not in the generator family");
+  gn.plan.describe = std::string("cuda full ") + dtype_name(yt.dtype);
+  uint64_t bits = 0;
+  const AttrValue& value = n.attrs.items().at("value");
+  if (const int64_t* i = std::get_if<int64_t>(&value); i && yt.dtype == DType::kI64) {
+    std::memcpy(&bits, i, sizeof(int64_t));
+  } else {
+    store_double(&bits, yt.dtype, 0, n.attrs.get_float("value"));
+  }
+  add_fill(gn.source, gn.plan, 0, count, int(dtype_size(yt.dtype)), bits);
+  return gn;
+}
+
+}  // namespace gen
+
+bool supports_generator(const Node& n, const Graph& g, std::string* why) {
+  try {
+    gen::generate_generator(n, g);
+    return true;
+  } catch (const Error& e) {
+    if (why) *why = e.what();
+    return false;
+  }
+}
+
+std::unique_ptr<Kernel> make_generator_kernel(const Node& n, const Graph& g, const KernelOptions&, const Bytes* state) {
+  if (state) return gen::build({}, gen::what_of(n), state);
+  return gen::build(gen::generate_generator(n, g), gen::what_of(n), nullptr);
+}
+
+}  // namespace kiln::cuda
