@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/build_policy.h"
 #include "kiln/ir.h"
 
 namespace kiln {
@@ -74,9 +75,14 @@ class CapturedGraph {
   virtual void replay(void* stream) = 0;
 };
 
+// What a build hands every make_kernel call (BuilderConfig's optimization level, workspace limit
+// and policy); an engine file keeps them, so that a load or a refit makes kernels with the same.
 struct KernelOptions {
   int optimization_level = 3;
   size_t workspace_limit = size_t(1) << 30;
+  BuildPolicy policy;
+  // How many candidates tactic searches try: the budget of optimization_level (kiln/build_policy.h).
+  TacticBudget budget() const { return tactic_budget(optimization_level); }
 };
 
 class Backend {

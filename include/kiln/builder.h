@@ -4,7 +4,8 @@
 // lowering to f16 / bf16 when enabled on a GPU, epilogue and pointwise fusion), plans memory, asks the backend for a kernel per node and returns an
 // Engine. The builder's log says what each pass did and which kernel each node got. With
 // `refittable` (the default) every constant folded from weights is recorded into the engine's
-// refit program, so that a Refitter can change the weights later (kiln/refit.h).
+// refit program, so that a Refitter can change the weights later (kiln/refit.h). The log also
+// names the policy and the tactic budget of the optimization level.
 #pragma once
 
 #include <memory>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "kiln/backend.h"
+#include "kiln/build_policy.h"
 #include "kiln/engine.h"
 #include "kiln/ir.h"
 
@@ -23,10 +25,11 @@ struct BuilderConfig {
   // in f32 whenever f32 is enabled.
   std::vector<DType> enabled_precisions{DType::kF32};
   size_t workspace_limit = size_t(1) << 30;            // bytes of scratch per context
-  int optimization_level = 3;                          // 0..5: how hard to search tactics
+  int optimization_level = 3;  // 0..5: how hard to search tactics (TacticBudget)
   Device device;                                       // cpu by default
   bool fuse_pointwise = true;
   bool refittable = true;                              // false: immutable weights, no refit program
+  BuildPolicy policy;  // numerics and tactic choices (kiln/build_policy.h)
 
   void validate() const;  // throws kInvalidArgument naming the field
 };

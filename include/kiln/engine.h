@@ -1,10 +1,12 @@
 // Engine and ExecutionContext: what the builder produces and what runs it.
 //
-// Engine lifecycle: constructed by Builder::build or Engine::deserialize/load; afterwards only
-// a Refitter changes it (its weights, in place: kiln/refit.h). Construction uploads the
-// constants to the device and makes one Kernel per node; both are shared by every context. A
-// refittable engine (one with a refit program) owns private host copies of the constants a
-// refit may write. An engine outlives its contexts (contexts hold it).
+// Engine lifecycle: constructed by Engine::create (Builder::build: the backend chooses every
+// kernel) or by Engine::deserialize / load / load_mapped (the kernels chosen at build are made
+// again from the states the file keeps); afterwards only a Refitter changes it (its weights, in
+// place: kiln/refit.h, through the "changing constants in place" calls below). Construction
+// uploads the constants to the device and makes one Kernel per node; both are shared by every
+// context. A refittable engine (one with a refit program) owns private, writable host copies of
+// the constants a refit may write. An engine outlives its contexts (contexts hold it).
 //
 // ExecutionContext lifecycle: created by Engine::create_execution_context (allocates the
 // activation arena and workspace once) -> execute()* -> destroyed. execute() checks the
@@ -32,6 +34,8 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "kiln/backend.h"
@@ -64,13 +68,15 @@ class ExecutionContext;
 
 class Engine : public std::enable_shared_from_this<Engine> {
  public:
-  // Takes an optimized, verified plan. Prefer Builder::build and Engine::deserialize.
-  // `kernel_states` (one per plan node, from an engine file) remake the kernels chosen at build.
-  // `refit_program` (kiln/refit.h; null: immutable weights) must name plan constants of its
-  // output types and take plan weights of their own types (kCorrupted naming the value if not).
-  // `borrowed`: weights to read in place rather than copy (see BorrowedWeight).
+  // The build path: takes an optimized, verified plan and has the backend choose every kernel
+  // (Builder::build calls it after the passes; tests use it to run a plan as given). The log is
+  // `build_log`, then each kernel's choice, a "kernels:" line (the slowest to make) and a
+  // "memory:" line. `refit_program` (kiln/refit.h; null: immutable weights) must name plan
+  // constants of its output types and take plan weights of their own types (kCorrupted naming
+  // the value if not). `borrowed`: weights to read in place rather than copy (see
+  // BorrowedWeight). Engine files are read by deserialize / load / load_mapped.
   static std::shared_ptr<Engine> create(Graph plan, const Device& device, const KernelOptions& options,
-                                        std::string build_log = {}, const std::vector<Bytes>& kernel_states = {},
+                                        std::string build_log = {},
                                         std::shared_ptr<const Graph> refit_program = nullptr,
                                         const BorrowedWeights& borrowed = {});
 
@@ -97,14 +103,44 @@ class Engine : public std::enable_shared_from_this<Engine> {
   const std::string& source_weights_id() const { return source_weights_id_; }
   void set_source_weights_id(std::string id) { source_weights_id_ = std::move(id); }
 
+  // Changing constants in place: what a Refitter (kiln/refit.h) does to a refittable engine.
+  // write_constant() gives plan weights and refit targets new host bytes, in the engine's own
+  // copies; publish_constants() then makes the kernels read them. No context of the engine may
+  // execute from the first write until publish_constants() returns.
+  //
+  // The constant that refit program output `output` re-derives: a plan constant or a constant
+  // of a fused node's body, named as the output and of its type.
+  const Value& refit_target(size_t output) const;
+  // The engine's own, writable host bytes of `constant` (a plan weight of graph() or a
+  // refit_target()), where a refit may compute its new value directly; null for any other.
+  uint8_t* writable_bytes(const Value& constant);
+  // Makes the `size` bytes at `bytes` the new value of `constant`, a plan weight or a refit
+  // target (copied unless they are its writable_bytes() already). kInternal when the constant
+  // holds another number of bytes or is not one the engine lets a refit write.
+  void write_constant(const Value& constant, const void* bytes, size_t size);
+  // What publish_constants() did.
+  struct Published {
+    double device_ms = 0;  // waiting for the device, then the device copies
+    int kernels_remade = 0;
+    double kernels_ms = 0;
+  };
+  // Makes the constants written since the last call the ones the kernels read: waits for work
+  // queued on the device (a forward still running reads the old values, whole); a written
+  // weight read in place from its owner's memory becomes the engine's own (a new device copy,
+  // whose address contexts take on their next call), the device copies of the other written
+  // constants are overwritten; every kernel that read a written constant when it was made
+  // (Kernel::bakes_constants) is made again from its state. Then weights_version() counts one
+  // more and source_weights_id() is cleared. kInternal when a kernel made again needs more
+  // workspace than the engine has.
+  Published publish_constants();
+
   // use_graphs: replay a captured graph per call where the backend can (see above).
   std::unique_ptr<ExecutionContext> create_execution_context(bool use_graphs = true) const;
 
   // Engine files: see src/serialize/engine_file.h for the format.
   Bytes serialize() const;
   // Throws kTruncated / kCorrupted / kVersionMismatch / kDeviceMismatch naming the problem.
-  static std::shared_ptr<Engine> deserialize(const uint8_t* data, size_t size,
-                                             const Device& device = Device{});
+  static std::shared_ptr<Engine> deserialize(const uint8_t* data, size_t size, const Device& device = Device{});
   void save(const std::string& path) const;
   static std::shared_ptr<Engine> load(const std::string& path, const Device& device = Device{});
   // As load, but maps the file copy-on-write instead of reading it: the engine's host constants
@@ -116,13 +152,33 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
  private:
   friend class ExecutionContext;
-  friend class Refitter;
   Engine() = default;
+  // What assemble() measured, for the log lines of create and restore.
+  struct Assembly {
+    std::vector<double> kernel_ms;  // per node: making its kernel
+    double kernels_ms = 0;          // making every kernel
+    double constants_ms = 0;        // uploading the constants (0 on the CPU)
+    size_t block_bytes = 0;         // the device block: constants, then maybe one context's memory
+  };
+  // The part create and restore share: checks the plan and refit program, places the
+  // constants (borrowed or the engine's own), makes the kernels (from `kernel_states`, one per
+  // node, when not null: kCorrupted for another count), plans memory and uploads the constants.
+  // The log is left to the caller.
+  static std::shared_ptr<Engine> assemble(Graph plan, const Device& device, const KernelOptions& options,
+                                          std::shared_ptr<const Graph> refit_program, const BorrowedWeights& borrowed,
+                                          const std::vector<Bytes>* kernel_states, Assembly& assembly);
+  // The load path (engine files): the kernels chosen at build made again from `kernel_states`
+  // (empty: every state empty); the log is `log`, then a "load:" line.
+  static std::shared_ptr<Engine> restore(Graph plan, const Device& device, const KernelOptions& options,
+                                         std::string log, const std::vector<Bytes>& kernel_states,
+                                         std::shared_ptr<const Graph> refit_program);
   // deserialize; with an `owner`, the weights are views of `data` (which the owner keeps alive
   // and which the engine may write) instead of copies.
   static std::shared_ptr<Engine> from_file_bytes(const uint8_t* data, size_t size, const Device& device,
                                                  std::shared_ptr<void> owner);
   void own_refittable_constants();
+  // " (slowest: op 'name' T ms, ...)" of the nodes whose kernels took longest to make, and "\n".
+  std::string slowest_kernels(const std::vector<double>& kernel_ms) const;
   // The arena and workspace room in constant_memory_ for one context at a time (null when taken
   // or absent); giving the pointer back frees the room for the next context.
   std::shared_ptr<void> take_context_memory() const;
@@ -142,11 +198,16 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void* context_memory_ = nullptr;                      // then one context's arena and workspace
   mutable std::atomic<bool> context_memory_taken_{false};
   std::vector<const void*> constant_ptr_;               // per ValueId, null unless constant
+  std::vector<void*> device_copy_;                      // per ValueId: the engine's own device copy, or null
   std::vector<std::shared_ptr<const void>> borrowed_;  // per ValueId: the owner of a borrowed weight
   std::vector<std::shared_ptr<void>> own_copies_;      // device copies of weights borrowed before a refit
   size_t workspace_ = 0;
   std::shared_ptr<const Graph> refit_program_;  // null: immutable weights
   std::vector<Value*> refit_targets_;           // per program output: the plan (or fused body) constant
+  // The engine's own host bytes of plan weights and refit targets, writable, by address; and
+  // those written since the last publish_constants().
+  std::unordered_map<const HostBuffer*, std::shared_ptr<HostBuffer>> writable_;
+  std::unordered_set<const HostBuffer*> written_;
   uint64_t weights_version_ = 0;
   std::string source_weights_id_;
 };
@@ -163,8 +224,7 @@ class ExecutionContext {
 
   // Buffers are dense, of the engine's input/output types, on the engine's device, in the
   // order of Engine::inputs() / outputs(). `stream` is a cudaStream_t on CUDA (null: default).
-  void execute(const std::vector<const void*>& inputs, const std::vector<void*>& outputs,
-               void* stream = nullptr);
+  void execute(const std::vector<const void*>& inputs, const std::vector<void*>& outputs, void* stream = nullptr);
   // The same with each buffer's shape and dtype checked against the engine (kShapeMismatch /
   // kInvalidArgument naming the tensor).
   void execute_checked(const std::vector<const void*>& inputs, const std::vector<TensorType>& input_types,

@@ -5,17 +5,19 @@
 // keeps a *refit program*: a Graph whose inputs are the source weights, by name, and whose
 // outputs are the plan constants derived from them, named as in the plan; it is made of exactly
 // the nodes fold_constants evaluated at build time. A refit runs the affected part of the
-// program on the CPU reference kernels, node by node as fold_constants did, except chains of
-// large f32/f64 add/sub/mul/div and casts (a batch-norm fold of a conv weight, ending in the cast
-// to an f16 engine's dtype), which it evaluates row by row on several threads with the kernels'
-// own scalar operations, without intermediates, reading the weights where the caller holds
-// them and writing straight into the engine's constant; either
-// way the refitted constants have the bits a fresh build with the new weights would have; then it writes them,
-// and every plan weight given, in place: into the engine's own host copies on the CPU, into the
-// device buffers the kernels already read on other devices. Kernels that read constants when
-// they were made (packed GEMM operands, scalars inside fused kernels) are made again, and
-// contexts that replay a captured graph capture again on their next call. Contexts created
-// before the refit see the new weights; serialize() writes them.
+// program on the constant evaluator fold_constants used (src/passes/constant_eval.h): on the CPU
+// reference kernels, node by node as fold_constants did, except chains of large f32/f64
+// add/sub/mul/div and casts (a batch-norm fold of a conv weight, ending in the cast to an f16
+// engine's dtype), which it evaluates row by row on several threads with the kernels' own scalar
+// operations, without intermediates, reading the weights where the caller holds them and writing
+// straight into the engine's constant; either way the refitted constants have the bits a fresh
+// build with the new weights would have. Then it writes them, and every plan weight given, in
+// place, through the engine's calls for that (Engine::write_constant, publish_constants): into
+// the engine's own host copies on the CPU, into the device buffers the kernels already read on
+// other devices. Kernels that read constants when they were made (packed GEMM operands, scalars
+// inside fused kernels) are made again, and contexts that replay a captured graph capture again
+// on their next call. Contexts created before the refit see the new weights; serialize() writes
+// them.
 //
 // Weights needed together: a plan constant derived from several weights (W' from the conv
 // weight and the batch norm's four parameters) is only re-derived from all of them. A weight

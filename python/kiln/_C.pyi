@@ -318,10 +318,48 @@ class Graph:
 
     def __str__(self) -> str: ...
 
+class BuildPolicy:
+    """
+    What a build may do to an engine's numbers (TF32, GELU's form) and which attention tactic it takes; saved with the engine.
+    """
+
+    def __init__(self, *, allow_tf32: bool = True, exact_gelu: bool = False, attention_tactic: str = 'auto') -> None: ...
+
+    @property
+    def allow_tf32(self) -> bool:
+        """
+        f32 GEMMs and convolutions on CUDA may use TF32 tensor cores (False: strict f32).
+        """
+
+    @allow_tf32.setter
+    def allow_tf32(self, arg: bool, /) -> None: ...
+
+    @property
+    def exact_gelu(self) -> bool:
+        """
+        Keep exact GELU exact (False: an f16/bf16 linear's GELU may run as cuBLASLt's tanh form).
+        """
+
+    @exact_gelu.setter
+    def exact_gelu(self, arg: bool, /) -> None: ...
+
+    @property
+    def attention_tactic(self) -> str:
+        """
+        'auto' (timed), 'generated' or 'cudnn': the fused attention kernel of a CUDA sdpa.
+        """
+
+    @attention_tactic.setter
+    def attention_tactic(self, arg: str, /) -> None: ...
+
+    def __eq__(self, arg: BuildPolicy, /) -> bool: ...
+
+    def __repr__(self) -> str: ...
+
 class BuilderConfig:
     """How the builder turns a network into an engine."""
 
-    def __init__(self, *, enabled_precisions: Sequence[DType] = [DType.f32], workspace_limit: int = 1073741824, optimization_level: int = 3, device: str = 'cpu', fuse_pointwise: bool = True, refittable: bool = True) -> None: ...
+    def __init__(self, *, enabled_precisions: Sequence[DType] = [DType.f32], workspace_limit: int = 1073741824, optimization_level: int = 3, device: str = 'cpu', fuse_pointwise: bool = True, refittable: bool = True, policy: BuildPolicy = ...) -> None: ...
 
     @property
     def enabled_precisions(self) -> list[DType]:
@@ -365,6 +403,13 @@ class BuilderConfig:
 
     @refittable.setter
     def refittable(self, arg: bool, /) -> None: ...
+
+    @property
+    def policy(self) -> BuildPolicy:
+        """Numerics and tactic choices (BuildPolicy)."""
+
+    @policy.setter
+    def policy(self, arg: BuildPolicy, /) -> None: ...
 
     def validate(self) -> None:
         """Raises InvalidArgumentError naming the bad field."""
@@ -421,6 +466,16 @@ class Engine:
 
     @property
     def build_log(self) -> str: ...
+
+    @property
+    def policy(self) -> BuildPolicy:
+        """
+        The BuildPolicy the engine was built with (saved in its file; older files: the default).
+        """
+
+    @property
+    def optimization_level(self) -> int:
+        """The optimization level the engine was built at."""
 
     @property
     def device(self) -> str: ...

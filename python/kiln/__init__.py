@@ -26,6 +26,7 @@ from ._build import library_version_problems
 from ._C import (
     Builder,
     BuilderConfig,
+    BuildPolicy,
     CorruptedError,
     DeviceMismatchError,
     Dim,
@@ -74,6 +75,7 @@ from ._C import (
 _check_build(build_info())
 
 __all__ = [
+    "BuildPolicy",
     "Builder",
     "BuilderConfig",
     "CorruptedError",

@@ -9,8 +9,9 @@ With ``reuse_cached_engines`` a block's engine is first looked up by its key; wi
 * the bytes of the constants that are not model weights (lifted constants and values folded at
   lowering): the engine bakes them in and refit does not replace them, so they must match;
 * every build-affecting setting (all settings except those listed in ``_NOT_BUILD_SETTINGS``,
-  so a setting added later is part of the key unless declared otherwise), and the environment
-  variables the builders read (``_BUILD_ENVIRONMENT``: KILN_DISABLE_TF32, ...);
+  so a setting added later is part of the key unless declared otherwise), among them the build
+  policy (``allow_tf32``, ``exact_gelu``, ``attention_tactic``): no environment variable
+  changes what a build computes, so none is part of the key;
 * the Kiln version, the key format and the device: its kind and name (on CUDA the GPU's name and
   compute capability, not its index, so one GPU's engines serve every GPU of the same model).
 
@@ -33,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import os
 import platform
 import threading
 import time
@@ -50,7 +50,7 @@ from kiln.translate import BlockDescription, canonical_description
 
 __all__ = ["CachedBuild", "engine_cache_key", "cache_stats", "reset_cache_stats", "count"]
 
-_KEY_FORMAT = "kiln-engine-cache-1"
+_KEY_FORMAT = "kiln-engine-cache-2"  # 2: the build policy is in the settings, no environment
 # Settings that change which blocks exist (already in the description), where engines are
 # kept, or how they are run, but never the engine built for a given block.
 _NOT_BUILD_SETTINGS = frozenset({
@@ -59,10 +59,6 @@ _NOT_BUILD_SETTINGS = frozenset({
     "engine_cache_size", "engine_cache_key_file", "custom_engine_cache", "use_cuda_graphs", "share_weights",
     "device",  # the key has the device's kind and name instead: cuda:1 reuses cuda:0's engines
 })
-
-# Environment variables the builders read (numerics and tactic choices): part of the key, so a
-# process with KILN_DISABLE_TF32=1 never gets an engine built with TF32.
-_BUILD_ENVIRONMENT = ("KILN_DISABLE_TF32", "KILN_EXACT_GELU", "KILN_ATTENTION_TACTIC")
 
 _stats: dict[str, int] = {}
 _stats_lock = threading.Lock()
@@ -111,8 +107,7 @@ def engine_cache_key(description: BlockDescription | Any, settings: CompilationS
     without weight bytes, or an ImportGraph with them) under these settings."""
     h = hashlib.sha256()
     kind = device.partition(":")[0]
-    environment = ";".join(f"{name}={os.environ.get(name, '')}" for name in _BUILD_ENVIRONMENT)
-    for text in (_KEY_FORMAT, _C.__version__, kind, device_name(device), _settings_text(settings), environment):
+    for text in (_KEY_FORMAT, _C.__version__, kind, device_name(device), _settings_text(settings)):
         h.update(text.encode())
         h.update(b"\0")
     if isinstance(description, BlockDescription):

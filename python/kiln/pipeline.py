@@ -34,7 +34,7 @@ from kiln.cached_build import CachedBuild, count
 from kiln.dryrun import emit_report, format_report
 from kiln.lowering import LoweredGraph
 from kiln.partition import Block, is_op, op_name, partition, replace_block
-from kiln.runtime import KilnEngineModule, borrowable_weights, build_engine, warm_up
+from kiln.runtime import KilnEngineModule, borrowable_weights, build_engine, build_policy, warm_up
 from kiln.settings import CompilationSettings
 from kiln.translate import Capability, EncodeError, describe_block_parts, kiln_dtype
 
@@ -68,7 +68,11 @@ class CompileSummary:
 
 
 def _check_engine(engine: Any, block: Block, settings: CompilationSettings) -> None:
-    """The engine's I/O must be exactly what PyTorch's metadata says (else it is not used)."""
+    """The engine's I/O must be exactly what PyTorch's metadata says, and its policy what the
+    settings ask for (else it is not used)."""
+    if engine.policy != build_policy(settings):
+        raise _C.InternalError(f"engine was built with {engine.policy!r}, the settings ask for "
+                               f"{build_policy(settings)!r}")
     for kind, ios, nodes in (("input", engine.inputs, block.inputs), ("output", engine.outputs, block.outputs)):
         if len(ios) != len(nodes):
             raise _C.InternalError(f"engine has {len(ios)} {kind}s, the block {len(nodes)}")

@@ -35,8 +35,8 @@ from kiln.translate import kiln_dtype, torch_dtype
 
 log = get_logger("runtime")
 
-__all__ = ["KilnEngineModule", "adopt_engine", "build_engine", "builder_config", "execute_engine", "spec_error",
-           "warm_up"]
+__all__ = ["KilnEngineModule", "adopt_engine", "build_engine", "build_policy", "builder_config", "execute_engine",
+           "spec_error", "warm_up"]
 
 _DTYPE_NAMES = {dt: str(dt).removeprefix("torch.") for dt in
                 (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
@@ -74,11 +74,17 @@ def warm_up(device: str) -> None:
     threading.Thread(target=run, name=f"kiln-warm-up-{device}").start()
 
 
+def build_policy(settings: CompilationSettings) -> Any:
+    """The builder's policy (numerics and tactic choices) that ``settings`` ask for."""
+    return _C.BuildPolicy(allow_tf32=settings.allow_tf32, exact_gelu=settings.exact_gelu,
+                          attention_tactic=settings.attention_tactic)
+
+
 def builder_config(settings: CompilationSettings, device: str) -> Any:
     precisions = [kiln_dtype(dt) for dt in sorted(settings.enabled_precisions, key=str)]
     return _C.BuilderConfig(enabled_precisions=precisions, workspace_limit=settings.workspace_size,
                             optimization_level=settings.optimization_level, device=device,
-                            refittable=not settings.immutable_weights)
+                            refittable=not settings.immutable_weights, policy=build_policy(settings))
 
 
 def borrowable_weights(constants: Sequence[Any], device: str) -> dict[str, tuple[int, int, torch.Tensor]]:

@@ -58,6 +58,16 @@ class CompilationSettings:
     truncate_double: build float64 tensors as float32 where the importers allow it.
     optimization_level: 0 (fastest build) .. 5 (most tactic search).
     workspace_size: bytes of scratch memory an engine may use.
+    allow_tf32: float32 matmuls, linears, attention and convolutions on CUDA may use TF32 tensor
+        cores (10-bit mantissa products, float32 sums). False computes them in strict float32,
+        at several times the cost. No effect on CPU.
+    exact_gelu: keep exact (erf) GELU exact everywhere. False (the default) lets a float16 /
+        bfloat16 linear's exact GELU run as cuBLASLt's tanh-form epilogue, at most 4.7e-4 away
+        (below what half precision resolves). No effect on CPU or in float32.
+    attention_tactic: which fused attention kernel serves a CUDA sdpa where both Kiln's generated
+        flash kernel and cuDNN's serve it: "auto" (timed against each other; at
+        optimization_level 0 the generated one), "generated" or "cudnn" (that one, untimed; a
+        build fails when cuDNN offers no plan).
     device: "cpu", "cuda" or "cuda:N"; None builds for the device of the example inputs.
     debug: log every stage at DEBUG level.
     dryrun: True, or a file path: partition and report coverage, build nothing, run eagerly.
@@ -101,6 +111,9 @@ class CompilationSettings:
     truncate_double: bool = False
     optimization_level: int = 3
     workspace_size: int = 1 << 30
+    allow_tf32: bool = True
+    exact_gelu: bool = False
+    attention_tactic: str = "auto"
     device: str | None = None
     debug: bool = False
     dryrun: bool | str = False
@@ -263,6 +276,16 @@ def _ops(key: str, value: Any) -> frozenset[str]:
     return frozenset(_op_name(key, item) for item in value)
 
 
+def _one_of(*names: str) -> Any:
+    def check(key: str, value: Any) -> str:
+        if not isinstance(value, str):
+            raise _type_error(key, "a str", value)
+        if value not in names:
+            raise ValueError(f"Kiln option {key!r} must be one of {', '.join(map(repr, names))}, got {value!r}")
+        return value
+    return check
+
+
 def _device(key: str, value: Any) -> str | None:
     if value is None:
         return None
@@ -319,6 +342,9 @@ _NORMALIZERS: dict[str, Any] = {
     "truncate_double": _bool,
     "optimization_level": _int_in(0, 5),
     "workspace_size": _int_in(0, None),
+    "allow_tf32": _bool,
+    "exact_gelu": _bool,
+    "attention_tactic": _one_of("auto", "generated", "cudnn"),
     "device": _device,
     "debug": _bool,
     "dryrun": _dryrun,

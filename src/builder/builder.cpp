@@ -21,6 +21,7 @@ void BuilderConfig::validate() const {
   KILN_CHECK(optimization_level >= 0 && optimization_level <= 5, kInvalidArgument,
              "BuilderConfig.optimization_level must be in 0..5, got ", optimization_level);
   KILN_CHECK(device.index >= 0, kInvalidArgument, "BuilderConfig.device index must be >= 0");
+  policy.validate("BuilderConfig.policy.");
 }
 
 namespace {
@@ -46,6 +47,8 @@ std::shared_ptr<Engine> Builder::build(const Graph& network, const BorrowedWeigh
   Backend& backend = get_backend(config_.device);
   const std::future<std::string> libraries = backend.warm_up();  // overlaps the passes
   std::ostringstream log;
+  log << "policy: " << config_.policy.to_string() << "; optimization level " << config_.optimization_level << ": "
+      << tactic_budget(config_.optimization_level).to_string() << "\n";
   Graph g = network;
   size_t before = g.nodes().size();
   // Records every fold of a weight while the passes run (the refit program, kiln/refit.h).
@@ -106,8 +109,8 @@ std::shared_ptr<Engine> Builder::build(const Graph& network, const BorrowedWeigh
   KernelOptions options;
   options.optimization_level = config_.optimization_level;
   options.workspace_limit = config_.workspace_limit;
-  auto engine =
-      Engine::create(std::move(g), config_.device, options, log.str(), {}, std::move(refit_program), borrowed);
+  options.policy = config_.policy;
+  auto engine = Engine::create(std::move(g), config_.device, options, log.str(), std::move(refit_program), borrowed);
   get_backend(config_.device).build_finished();
   return engine;
 }

@@ -3,10 +3,11 @@
 //
 // Does: one forward sweep in topological order, so whole constant chains fold at once (a folded
 // output is a constant for the nodes after it); generators (arange, full) have no inputs and
-// fold too. Evaluation runs the node on the CPU reference kernel, so a folded value is exactly
-// what the engine would have computed on the CPU. A copy of a constant is not re-materialized:
-// its users read the constant itself, and a copy that feeds a graph output stays (it is what
-// makes a constant output a distinct buffer). Values that lose their last use are dropped
+// fold too. Evaluation runs the node on the CPU reference kernel (evaluate_constant_node, the
+// evaluator a refit runs the recorded program with: src/passes/constant_eval.h), so a folded
+// value is exactly what the engine would have computed on the CPU. A copy of a constant is not
+// re-materialized: its users read the constant itself, and a copy that feeds a graph output
+// stays (it is what makes a constant output a distinct buffer). Values that lose their last use are dropped
 // (Graph::compact) before returning.
 // While a RefitRecorder is active (Builder::build of a refittable engine), every evaluated node is
 // recorded, so that a refit can derive the folded constants again from new weights: this is the
@@ -21,6 +22,7 @@
 
 #include "kiln/errors.h"
 #include "kiln/passes.h"
+#include "src/passes/constant_eval.h"
 #include "src/passes/pass_util.h"
 #include "src/passes/refit_record.h"
 
@@ -69,8 +71,7 @@ bool fold_constants(Graph& g) {
       ++i;
       continue;
     }
-    if (!all_inputs_constant(g, n) || !small_and_static(g, n) ||
-        !passes::evaluate_constant_node(g, n, results)) {
+    if (!all_inputs_constant(g, n) || !small_and_static(g, n) || !passes::evaluate_constant_node(g, n, results)) {
       ++i;
       continue;
     }

@@ -1,51 +1,14 @@
-// RefitRecorder and the CPU evaluator shared by fold_constants and the Refitter
-// (see refit_record.h for why constants are tracked by their bytes).
-#include "src/passes/refit_record.h"
-
+// RefitRecorder (see refit_record.h for why constants are tracked by their bytes).
 #include <unordered_set>
 
-#include "kiln/backend.h"
 #include "kiln/errors.h"
+#include "src/passes/refit_record.h"
 
 namespace kiln::passes {
 
 namespace {
 thread_local RefitRecorder* g_active = nullptr;
 }  // namespace
-
-bool evaluate_constant_node(const Graph& g, const Node& n, std::vector<std::shared_ptr<HostBuffer>>& results) {
-  Backend& cpu = get_backend(Device{});
-  std::unique_ptr<Kernel> kernel;
-  try {
-    kernel = cpu.make_kernel(n, g, KernelOptions{});
-  } catch (const Error& e) {
-    if (e.code() == ErrorCode::kUnsupported) return false;
-    throw;
-  }
-  KILN_CHECK(kernel != nullptr, kInternal, "no CPU kernel for ", op_name(n.op));
-
-  std::vector<const void*> ins;
-  for (ValueId in : n.inputs) {
-    KILN_CHECK(in == kNoValue || g.value(in).is_constant(), kInternal, "evaluating ", op_name(n.op),
-               ": input %", in, " is not a constant");
-    ins.push_back(in == kNoValue ? nullptr : g.value(in).data->data());
-  }
-  results.clear();
-  std::vector<void*> outs;
-  for (ValueId out : n.outputs) {
-    results.push_back(std::make_shared<HostBuffer>(g.type(out).nbytes()));
-    outs.push_back(results.back()->data());
-  }
-  RunContext rc;
-  std::shared_ptr<void> workspace;
-  if (size_t ws = kernel->workspace_size()) {
-    workspace = cpu.allocate(ws);
-    rc.workspace = workspace.get();
-    rc.workspace_size = ws;
-  }
-  kernel->run(ins.data(), outs.data(), rc);
-  return true;
-}
 
 RefitRecorder::Scope::Scope(RefitRecorder* recorder) : previous_(g_active) { g_active = recorder; }
 RefitRecorder::Scope::~Scope() { g_active = previous_; }
@@ -59,8 +22,8 @@ ValueId RefitRecorder::value_of(const Graph& g, ValueId v) {
   if (val.is_weight) {
     auto w = weight_.find(val.name);
     if (w != weight_.end()) {
-      KILN_CHECK(record_.type(w->second) == val.type, kInternal, "two weights named '", val.name, "': ",
-                 record_.type(w->second).to_string(), " and ", val.type.to_string());
+      KILN_CHECK(record_.type(w->second) == val.type, kInternal, "two weights named '", val.name,
+                 "': ", record_.type(w->second).to_string(), " and ", val.type.to_string());
       id = w->second;
     } else {
       id = record_.add_input(val.name, val.type);
@@ -75,13 +38,14 @@ ValueId RefitRecorder::value_of(const Graph& g, ValueId v) {
   return id;
 }
 
-void RefitRecorder::record_fold(const Graph& g, const Node& n, const std::vector<std::shared_ptr<HostBuffer>>& results) {
+void RefitRecorder::record_fold(const Graph& g, const Node& n,
+                                const std::vector<std::shared_ptr<HostBuffer>>& results) {
   std::vector<ValueId> ins;
   for (ValueId in : n.inputs) ins.push_back(in == kNoValue ? kNoValue : value_of(g, in));
   const std::vector<ValueId> outs = n.body ? record_.insert_fused(record_.nodes().size(), ins, n.body, n.name)
                                            : record_.add_node(n.op, ins, n.attrs, n.name);
-  KILN_CHECK(outs.size() == results.size(), kInternal, "recording ", op_name(n.op), ": ", outs.size(),
-             " outputs, ", results.size(), " results");
+  KILN_CHECK(outs.size() == results.size(), kInternal, "recording ", op_name(n.op), ": ", outs.size(), " outputs, ",
+             results.size(), " results");
   data_.resize(size_t(record_.num_values()));
   for (size_t k = 0; k < outs.size(); ++k) {
     data_[size_t(outs[k])] = results[k];

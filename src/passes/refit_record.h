@@ -12,7 +12,8 @@
 //
 // finish() then turns the record into the refit program of a plan: its outputs are the plan
 // constants that depend on at least one weight, named as in the plan; everything that depends
-// on no weight becomes a literal constant of the program.
+// on no weight becomes a literal constant of the program. A refit evaluates it with the
+// evaluator fold_constants used (src/passes/constant_eval.h).
 #pragma once
 
 #include <memory>
@@ -23,11 +24,6 @@
 #include "kiln/ir.h"
 
 namespace kiln::passes {
-
-// Runs node `n` of `g`, whose inputs are all constants, on the CPU reference kernel; one buffer
-// per output in `results`. Returns false when the CPU backend has no kernel for it. The one
-// evaluator of folding and refit, so a refit computes exactly the bits the build folded.
-bool evaluate_constant_node(const Graph& g, const Node& n, std::vector<std::shared_ptr<HostBuffer>>& results);
 
 class RefitRecorder {
  public:

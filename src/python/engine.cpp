@@ -147,16 +147,25 @@ void bind_engine(nb::module_& m) {
       .def_prop_ro("shape", [](const IOTensor& t) { return t.type.shape(); })
       .def("__repr__", [](const IOTensor& t) { return "IOTensor('" + t.name + "', " + t.type.to_string() + ")"; });
 
-  nb::class_<Engine>(m, "Engine", "A built engine: the plan, its kernels and its constants (weights change only by a Refitter).")
+  nb::class_<Engine>(m, "Engine",
+                     "A built engine: the plan, its kernels and its constants (weights change only by a Refitter).")
       .def_prop_ro("inputs", [](const Engine& e) { return io_list(e.inputs()); })
       .def_prop_ro("outputs", [](const Engine& e) { return io_list(e.outputs()); })
       .def_prop_ro("weight_names", &Engine::weight_names)
       .def_prop_ro("build_log", &Engine::build_log)
+      .def_prop_ro(
+          "policy", [](const Engine& e) { return e.kernel_options().policy; },
+          "The BuildPolicy the engine was built with (saved in its file; older files: the default).")
+      .def_prop_ro(
+          "optimization_level", [](const Engine& e) { return e.kernel_options().optimization_level; },
+          "The optimization level the engine was built at.")
       .def_prop_ro("device", [](const Engine& e) { return e.device().to_string(); })
-      .def_prop_ro("arena_bytes", [](const Engine& e) { return e.memory_plan().arena_bytes; },
-                   "Bytes of activation memory each context allocates.")
-      .def_prop_ro("naive_bytes", [](const Engine& e) { return e.memory_plan().naive_bytes; },
-                   "Bytes the intermediates would need without reuse.")
+      .def_prop_ro(
+          "arena_bytes", [](const Engine& e) { return e.memory_plan().arena_bytes; },
+          "Bytes of activation memory each context allocates.")
+      .def_prop_ro(
+          "naive_bytes", [](const Engine& e) { return e.memory_plan().naive_bytes; },
+          "Bytes the intermediates would need without reuse.")
       .def_prop_ro("workspace_size", &Engine::workspace_size)
       .def_prop_ro("borrowed_bytes", &Engine::borrowed_bytes,
                    "Bytes of weights the engine reads in place from the memory they were borrowed from.")
@@ -166,33 +175,48 @@ void bind_engine(nb::module_& m) {
       .def_prop_rw("source_weights_id", &Engine::source_weights_id, &Engine::set_source_weights_id,
                    "An opaque label of the weights the constants came from (saved; a refit clears it).")
       .def_prop_ro("num_nodes", [](const Engine& e) { return e.graph().nodes().size(); })
-      .def_prop_ro("graph_text", [](const Engine& e) { return e.graph().to_string(); }, "The plan as text.")
-      .def("graph", [](const Engine& e) { return Graph(e.graph()); }, "A copy of the optimized plan.")
+      .def_prop_ro(
+          "graph_text", [](const Engine& e) { return e.graph().to_string(); }, "The plan as text.")
+      .def(
+          "graph", [](const Engine& e) { return Graph(e.graph()); }, "A copy of the optimized plan.")
       .def("create_execution_context", &Engine::create_execution_context, nb::arg("use_graphs") = true,
            "A context with its own activation memory; use_graphs replays one captured CUDA graph per call.")
-      .def("serialize", [](const Engine& e) {
-        Bytes b = e.serialize();
-        return nb::bytes(reinterpret_cast<const char*>(b.data()), b.size());
-      }, "The engine file's bytes.")
-      .def_static("deserialize", [](nb::handle data, const std::string& device) {
-        BufferView view(data, "Engine.deserialize data");
-        const Device d = Device::parse(device);
-        nb::gil_scoped_release release;  // other Python threads run while the engine loads
-        return Engine::deserialize(view.data(), view.size(), d);
-      }, nb::arg("data"), nb::arg("device") = "cpu",
-         nb::sig("def deserialize(data: bytes | bytearray | memoryview, device: str = 'cpu') -> Engine"),
-         "Rebuilds an engine from serialize()'s bytes; raises an EngineFileError subclass naming the problem.")
-      .def("save", [](const Engine& e, const std::filesystem::path& p) { e.save(p.string()); }, nb::arg("path"))
-      .def_static("load", [](const std::filesystem::path& p, const std::string& device) {
-        return Engine::load(p.string(), Device::parse(device));
-      }, nb::arg("path"), nb::arg("device") = "cpu")
-      .def_static("load_mapped", [](const std::filesystem::path& p, const std::string& device) {
-        const Device d = Device::parse(device);
-        nb::gil_scoped_release release;  // other Python threads run while the engine loads
-        return Engine::load_mapped(p.string(), d);
-      }, nb::arg("path"), nb::arg("device") = "cpu",
-         "As load, but the engine's weights are views of the file mapped copy-on-write (no copy; a refit's writes "
-         "stay private). The file must not be rewritten in place while the engine lives: replace it by rename.");
+      .def(
+          "serialize",
+          [](const Engine& e) {
+            Bytes b = e.serialize();
+            return nb::bytes(reinterpret_cast<const char*>(b.data()), b.size());
+          },
+          "The engine file's bytes.")
+      .def_static(
+          "deserialize",
+          [](nb::handle data, const std::string& device) {
+            BufferView view(data, "Engine.deserialize data");
+            const Device d = Device::parse(device);
+            nb::gil_scoped_release release;  // other Python threads run while the engine loads
+            return Engine::deserialize(view.data(), view.size(), d);
+          },
+          nb::arg("data"), nb::arg("device") = "cpu",
+          nb::sig("def deserialize(data: bytes | bytearray | memoryview, device: str = 'cpu') -> Engine"),
+          "Rebuilds an engine from serialize()'s bytes; raises an EngineFileError subclass naming the problem.")
+      .def(
+          "save", [](const Engine& e, const std::filesystem::path& p) { e.save(p.string()); }, nb::arg("path"))
+      .def_static(
+          "load",
+          [](const std::filesystem::path& p, const std::string& device) {
+            return Engine::load(p.string(), Device::parse(device));
+          },
+          nb::arg("path"), nb::arg("device") = "cpu")
+      .def_static(
+          "load_mapped",
+          [](const std::filesystem::path& p, const std::string& device) {
+            const Device d = Device::parse(device);
+            nb::gil_scoped_release release;  // other Python threads run while the engine loads
+            return Engine::load_mapped(p.string(), d);
+          },
+          nb::arg("path"), nb::arg("device") = "cpu",
+          "As load, but the engine's weights are views of the file mapped copy-on-write (no copy; a refit's writes "
+          "stay private). The file must not be rewritten in place while the engine lives: replace it by rename.");
 
   nb::class_<ExecutionContext>(m, "ExecutionContext", "Runs an engine; one call at a time per context.")
       .def_prop_ro("engine", &engine_of)

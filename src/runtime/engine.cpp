@@ -1,12 +1,13 @@
-// Engine construction (constants to the device, one kernel per node) and ExecutionContext.
-#include "kiln/engine.h"
-
+// Engine construction (constants to the device, one kernel per node: a build or a load), the
+// in-place constant changes of a refit, and ExecutionContext.
 #include <algorithm>
+#include <cstring>
 #include <iomanip>
 #include <numeric>
 #include <sstream>
 #include <unordered_map>
 
+#include "kiln/engine.h"
 #include "kiln/errors.h"
 #include "src/common/stopwatch.h"
 #include "src/runtime/device_block.h"
@@ -23,10 +24,9 @@ size_t block_rounded(const Backend& be, size_t bytes) {
 
 }  // namespace
 
-std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const KernelOptions& options,
-                                       std::string build_log, const std::vector<Bytes>& kernel_states,
-                                       std::shared_ptr<const Graph> refit_program,
-                                       const BorrowedWeights& borrowed) {
+std::shared_ptr<Engine> Engine::assemble(Graph plan, const Device& device, const KernelOptions& options,
+                                         std::shared_ptr<const Graph> refit_program, const BorrowedWeights& borrowed,
+                                         const std::vector<Bytes>* kernel_states, Assembly& assembly) {
   plan.verify();
   std::shared_ptr<Engine> e(new Engine());
   e->plan_ = std::move(plan);
@@ -47,6 +47,7 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
   for (ValueId out : g.outputs()) e->outputs_.push_back({g.value(out).name, g.type(out)});
 
   e->constant_ptr_.assign(size_t(g.num_values()), nullptr);
+  e->device_copy_.assign(size_t(g.num_values()), nullptr);
   e->borrowed_.assign(size_t(g.num_values()), nullptr);
   // A plan weight holds the bytes of the weight of its name: a borrowed one that fits is read in place.
   std::vector<ValueId> own;
@@ -64,25 +65,18 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
   if (device.type == DeviceType::kCPU)
     for (ValueId c : own)
       e->constant_ptr_[c] = g.value(c).data->data();  // the plan owns the bytes for the engine's lifetime
-  KILN_CHECK(kernel_states.empty() || kernel_states.size() == g.nodes().size(), kCorrupted,
-             kernel_states.size(), " kernel states for a plan of ", g.nodes().size(), " nodes");
-  std::ostringstream log;
-  log << build_log;
-  // Where the kernels' time goes: the slowest to make (cuDNN plans to finalize, tactics to time),
-  // in the "load:" line of a load, in a "kernels:" line of a build.
+  KILN_CHECK(kernel_states == nullptr || kernel_states->empty() || kernel_states->size() == g.nodes().size(),
+             kCorrupted, kernel_states->size(), " kernel states for a plan of ", g.nodes().size(), " nodes");
   const Stopwatch kernels_watch;
-  std::vector<double> ms;
-  std::vector<std::unique_ptr<Kernel>> kernels =
-      be.make_kernels(g, options, kernel_states.empty() ? nullptr : &kernel_states, &ms);
-  const double kernels_ms = kernels_watch.ms();
+  std::vector<std::unique_ptr<Kernel>> kernels = be.make_kernels(
+      g, options, kernel_states && !kernel_states->empty() ? kernel_states : nullptr, &assembly.kernel_ms);
+  assembly.kernels_ms = kernels_watch.ms();
   KILN_CHECK(kernels.size() == g.nodes().size(), kInternal, "backend ", be.name(), " made ", kernels.size(),
              " kernels for ", g.nodes().size(), " nodes");
   for (size_t i = 0; i < kernels.size(); ++i) {
-    const Node& n = *g.nodes()[i];
-    KILN_CHECK(kernels[i] != nullptr, kInternal, "backend ", be.name(), " returned no kernel for ", op_name(n.op));
+    KILN_CHECK(kernels[i] != nullptr, kInternal, "backend ", be.name(), " returned no kernel for ",
+               op_name(g.nodes()[i]->op));
     e->workspace_ = std::max(e->workspace_, kernels[i]->workspace_size());
-    std::string d = kernels[i]->describe();
-    if (!d.empty() && kernel_states.empty()) log << "kernel " << op_name(n.op) << ": " << d << "\n";
     e->kernel_states_.push_back(kernels[i]->state());
     e->kernels_.push_back(std::move(kernels[i]));
   }
@@ -95,8 +89,6 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
   // pages, so one per constant wastes most of a page per few-MiB weight) and, where
   // context_joins_block says so, one context's arena and workspace: the first context's; later
   // ones allocate their own.
-  double constants_ms = 0;
-  size_t block_bytes = 0;
   if (device.type != DeviceType::kCPU) {
     std::vector<size_t> offset;
     size_t total = 0;
@@ -106,45 +98,79 @@ std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const K
     }
     size_t context_bytes = block_rounded(be, e->memory_.arena_bytes) + e->workspace_;
     if (!context_joins_block(total, context_bytes)) context_bytes = 0;
-    block_bytes = total + context_bytes;
-    if (block_bytes) e->constant_memory_ = be.allocate(block_bytes);
+    assembly.block_bytes = total + context_bytes;
+    if (assembly.block_bytes) e->constant_memory_ = be.allocate(assembly.block_bytes);
     if (context_bytes) e->context_memory_ = static_cast<uint8_t*>(e->constant_memory_.get()) + total;
     std::vector<Backend::HostCopy> copies;
     for (size_t i = 0; i < own.size(); ++i) {
       void* p = static_cast<uint8_t*>(e->constant_memory_.get()) + offset[i];
       copies.push_back({p, g.value(own[i]).data->data(), g.value(own[i]).data->size()});
       e->constant_ptr_[own[i]] = p;
+      e->device_copy_[own[i]] = p;
     }
     const Stopwatch upload_watch;
     if (!copies.empty()) be.upload(copies);
-    constants_ms = upload_watch.ms();
+    assembly.constants_ms = upload_watch.ms();
   }
   KILN_CHECK(e->workspace_ <= options.workspace_limit, kInvalidArgument, "the plan needs ", e->workspace_,
              " bytes of workspace, over the workspace limit of ", options.workspace_limit);
+  return e;
+}
+
+std::string Engine::slowest_kernels(const std::vector<double>& kernel_ms) const {
+  const Graph& g = plan_;
   std::vector<size_t> slowest(g.nodes().size());
   std::iota(slowest.begin(), slowest.end(), size_t(0));
   const size_t top = std::min<size_t>(3, slowest.size());
   std::partial_sort(slowest.begin(), slowest.begin() + long(top), slowest.end(),
-                    [&](size_t a, size_t b) { return ms[a] > ms[b]; });
+                    [&](size_t a, size_t b) { return kernel_ms[a] > kernel_ms[b]; });
+  std::ostringstream log;
   log << std::fixed << std::setprecision(1);
-  if (kernel_states.empty())
-    log << "kernels: " << g.nodes().size() << " made in " << kernels_ms << " ms";
-  else
-    log << "load: constants " << constants_ms << " ms, " << g.nodes().size() << " kernels " << kernels_ms << " ms";
   for (size_t j = 0; j < top; ++j) {
     const Node& n = *g.nodes()[slowest[j]];
-    log << (j ? ", " : " (slowest: ") << op_name(n.op) << " '" << n.name << "' " << ms[slowest[j]] << " ms";
+    log << (j ? ", " : " (slowest: ") << op_name(n.op) << " '" << n.name << "' " << kernel_ms[slowest[j]] << " ms";
   }
   log << (top ? ")\n" : "\n");
-  if (kernel_states.empty()) {
-    log << "memory: arena " << e->memory_.arena_bytes << " bytes (naive " << e->memory_.naive_bytes << ")";
-    if (e->memory_.in_place_values) log << ", " << e->memory_.in_place_values << " outputs written in place";
-    if (size_t b = e->borrowed_bytes()) log << ", weights read in place " << b << " bytes";
-    if (e->constant_memory_)
-      log << ", device block " << block_bytes << " bytes" << (e->context_memory_ ? " (with one context)" : "");
-    log << "\n";
+  return log.str();
+}
+
+std::shared_ptr<Engine> Engine::create(Graph plan, const Device& device, const KernelOptions& options,
+                                       std::string build_log, std::shared_ptr<const Graph> refit_program,
+                                       const BorrowedWeights& borrowed) {
+  Assembly a;
+  std::shared_ptr<Engine> e =
+      assemble(std::move(plan), device, options, std::move(refit_program), borrowed, nullptr, a);
+  const Graph& g = e->plan_;
+  // Which kernel each node got, and where the kernels' time went (the slowest to make: cuDNN
+  // plans to finalize, tactics to time).
+  std::ostringstream log;
+  log << build_log;
+  for (size_t i = 0; i < e->kernels_.size(); ++i) {
+    std::string d = e->kernels_[i]->describe();
+    if (!d.empty()) log << "kernel " << op_name(g.nodes()[i]->op) << ": " << d << "\n";
   }
+  log << std::fixed << std::setprecision(1);
+  log << "kernels: " << g.nodes().size() << " made in " << a.kernels_ms << " ms" << e->slowest_kernels(a.kernel_ms);
+  log << "memory: arena " << e->memory_.arena_bytes << " bytes (naive " << e->memory_.naive_bytes << ")";
+  if (e->memory_.in_place_values) log << ", " << e->memory_.in_place_values << " outputs written in place";
+  if (size_t b = e->borrowed_bytes()) log << ", weights read in place " << b << " bytes";
+  if (e->constant_memory_)
+    log << ", device block " << a.block_bytes << " bytes" << (e->context_memory_ ? " (with one context)" : "");
+  log << "\n";
   e->log_ = log.str();
+  return e;
+}
+
+std::shared_ptr<Engine> Engine::restore(Graph plan, const Device& device, const KernelOptions& options, std::string log,
+                                        const std::vector<Bytes>& kernel_states,
+                                        std::shared_ptr<const Graph> refit_program) {
+  Assembly a;
+  std::shared_ptr<Engine> e =
+      assemble(std::move(plan), device, options, std::move(refit_program), {}, &kernel_states, a);
+  std::ostringstream line;
+  line << std::fixed << std::setprecision(1) << "load: constants " << a.constants_ms << " ms, "
+       << e->plan_.nodes().size() << " kernels " << a.kernels_ms << " ms" << e->slowest_kernels(a.kernel_ms);
+  e->log_ = std::move(log) + line.str();
   return e;
 }
 
@@ -167,8 +193,8 @@ void Engine::own_refittable_constants() {
     auto it = by_name.find(o.name);
     KILN_CHECK(it != by_name.end() && !it->second->is_weight, kCorrupted, "refit program output '", o.name,
                "' names no derived constant of the plan");
-    KILN_CHECK(it->second->type == o.type, kCorrupted, "refit program output '", o.name, "' is ",
-               o.type.to_string(), ", the plan constant of that name is ", it->second->type.to_string());
+    KILN_CHECK(it->second->type == o.type, kCorrupted, "refit program output '", o.name, "' is ", o.type.to_string(),
+               ", the plan constant of that name is ", it->second->type.to_string());
     refit_targets_.push_back(it->second);
   }
   for (ValueId in : rp.inputs()) {
@@ -179,13 +205,14 @@ void Engine::own_refittable_constants() {
                it == by_name.end() ? std::string() : it->second->type.to_string());
   }
   // Private, writable copies of every weight and refit target; body constants that shared their
-  // bytes share the copies (a refit writes both at once). Bytes this value alone holds (an engine
-  // read from a file: the reader makes them writable; a mapped file's views lie in a private,
-  // writable mapping) are the engine's already and are not copied.
-  std::unordered_map<const HostBuffer*, std::shared_ptr<const HostBuffer>> copies;
+  // bytes share the copies (a refit writes both at once). Bytes this value alone holds are the
+  // engine's already and are not copied: an engine read from a file, whose reader made each
+  // buffer (not const) for this plan alone, copies or views of a private, writable mapping.
+  std::unordered_map<const HostBuffer*, std::shared_ptr<HostBuffer>> copies;
   auto own = [&](Value& v) {
-    std::shared_ptr<const HostBuffer>& c = copies[v.data.get()];
-    if (!c) c = v.data.use_count() == 1 ? v.data : std::make_shared<HostBuffer>(*v.data);  // not const: Refitter writes it
+    std::shared_ptr<HostBuffer>& c = copies[v.data.get()];
+    if (!c)
+      c = v.data.use_count() == 1 ? std::const_pointer_cast<HostBuffer>(v.data) : std::make_shared<HostBuffer>(*v.data);
     v.data = c;
   };
   for (ValueId c : g.constants())
@@ -198,6 +225,75 @@ void Engine::own_refittable_constants() {
       if (it != copies.end()) n->body->value(c).data = it->second;
     }
   }
+  for (auto& [from, copy] : copies) writable_.emplace(copy.get(), std::move(copy));
+}
+
+const Value& Engine::refit_target(size_t output) const {
+  KILN_CHECK(output < refit_targets_.size(), kInvalidArgument, "refit program output ", output, " of ",
+             refit_targets_.size());
+  return *refit_targets_[output];
+}
+
+uint8_t* Engine::writable_bytes(const Value& constant) {
+  auto it = writable_.find(constant.data.get());
+  return it == writable_.end() ? nullptr : it->second->data();
+}
+
+void Engine::write_constant(const Value& constant, const void* bytes, size_t size) {
+  KILN_CHECK(constant.data && constant.data->size() == size, kInternal, "refit: constant '", constant.name, "' holds ",
+             constant.data ? constant.data->size() : 0, " bytes, its new value ", size);
+  auto it = writable_.find(constant.data.get());
+  KILN_CHECK(it != writable_.end(), kInternal, "refit: constant '", constant.name,
+             "' is not one the engine lets a refit write");
+  HostBuffer& dst = *it->second;
+  if (size && dst.data() != bytes) std::memcpy(dst.data(), bytes, size);
+  written_.insert(&dst);
+}
+
+Engine::Published Engine::publish_constants() {
+  const std::unordered_set<const HostBuffer*> written = std::move(written_);
+  written_.clear();
+  Published done;
+  Stopwatch watch;
+  Backend& be = *backend_;
+  const Graph& plan = plan_;
+  const bool on_host = device_.type == DeviceType::kCPU;
+  if (!on_host) be.synchronize(nullptr);  // a forward still running on any stream reads the old values, whole
+  // A weight read in place from its owner's memory is never written there: it becomes the
+  // engine's own, with its new bytes (contexts take its new address on their next call).
+  std::unordered_set<ValueId> moved;
+  for (ValueId c : plan.constants())
+    if (written.count(plan.value(c).data.get()) && borrowed_[size_t(c)]) {
+      stop_borrowing(c);
+      moved.insert(c);
+    }
+  if (!on_host) {
+    std::vector<Backend::HostCopy> copies;
+    for (ValueId c : plan.constants())
+      if (written.count(plan.value(c).data.get()) && device_copy_[size_t(c)] && !moved.count(c))
+        copies.push_back({device_copy_[size_t(c)], plan.value(c).data->data(), plan.value(c).data->size()});
+    be.upload(copies);
+  }
+  done.device_ms = watch.lap();
+  // Kernels that may have read a written constant when they were made are made again.
+  for (size_t i = 0; i < plan.nodes().size(); ++i) {
+    const Node& n = *plan.nodes()[i];
+    bool reads = false;
+    for (ValueId in : n.inputs)
+      reads = reads || (in != kNoValue && plan.value(in).is_constant() && written.count(plan.value(in).data.get()));
+    if (n.body)
+      for (ValueId c : n.body->constants()) reads = reads || written.count(n.body->value(c).data.get());
+    if (!reads || !kernels_[i]->bakes_constants()) continue;
+    auto k = be.make_kernel(n, plan, options_, &kernel_states_[i]);
+    KILN_CHECK(k != nullptr && k->workspace_size() <= workspace_, kInternal, "refit: the kernel of ", op_name(n.op),
+               " made again needs more workspace than the engine has");
+    kernels_[i] = std::move(k);
+    ++done.kernels_remade;
+  }
+  done.kernels_ms = watch.ms();
+  ++weights_version_;
+  source_weights_id_.clear();
+  return done;
 }
 
 std::shared_ptr<void> Engine::take_context_memory() const {
@@ -222,6 +318,7 @@ void Engine::stop_borrowing(ValueId c) {
     std::shared_ptr<void> copy = backend_->allocate(bytes.size());
     backend_->upload({{copy.get(), bytes.data(), bytes.size()}});
     constant_ptr_[size_t(c)] = copy.get();
+    device_copy_[size_t(c)] = copy.get();
     own_copies_.push_back(std::move(copy));
   }
   borrowed_[size_t(c)].reset();
@@ -314,8 +411,8 @@ void ExecutionContext::execute(const std::vector<const void*>& inputs, const std
                                void* stream) {
   const Engine& e = *engine_;
   const Graph& g = e.plan_;
-  KILN_CHECK(inputs.size() == g.inputs().size(), kInvalidArgument, "engine takes ", g.inputs().size(),
-             " inputs, got ", inputs.size());
+  KILN_CHECK(inputs.size() == g.inputs().size(), kInvalidArgument, "engine takes ", g.inputs().size(), " inputs, got ",
+             inputs.size());
   KILN_CHECK(outputs.size() == g.outputs().size(), kInvalidArgument, "engine gives ", g.outputs().size(),
              " outputs, got ", outputs.size(), " output buffers");
   for (size_t i = 0; i < inputs.size(); ++i)
@@ -342,8 +439,7 @@ void ExecutionContext::execute(const std::vector<const void*>& inputs, const std
       d.graph->replay(stream);
       return;
     }
-  const auto seen =
-      std::find_if(seen_.begin(), seen_.end(), [&](const Buffers& b) { return b.same(inputs, outputs); });
+  const auto seen = std::find_if(seen_.begin(), seen_.end(), [&](const Buffers& b) { return b.same(inputs, outputs); });
   const bool first = !graph_ && direct_.empty();  // no graph yet (or none since a refit)
   if ((first || seen != seen_.end()) && direct_captures_ < kMaxDirectCaptures && !overlapping(inputs, outputs)) {
     // A graph on the caller's own buffers, replayed with no copies whenever they come again.
@@ -398,8 +494,7 @@ void ExecutionContext::execute(const std::vector<const void*>& inputs, const std
 }
 
 void ExecutionContext::execute_checked(const std::vector<const void*>& inputs,
-                                       const std::vector<TensorType>& input_types,
-                                       const std::vector<void*>& outputs,
+                                       const std::vector<TensorType>& input_types, const std::vector<void*>& outputs,
                                        const std::vector<TensorType>& output_types, void* stream) {
   const Engine& e = *engine_;
   auto check = [](const std::vector<IOTensor>& want, const std::vector<TensorType>& got, const char* what) {
@@ -408,8 +503,8 @@ void ExecutionContext::execute_checked(const std::vector<const void*>& inputs,
     for (size_t i = 0; i < want.size(); ++i) {
       KILN_CHECK(want[i].type.dtype == got[i].dtype, kInvalidArgument, what, " '", want[i].name, "' must be ",
                  dtype_name(want[i].type.dtype), ", got ", dtype_name(got[i].dtype));
-      KILN_CHECK(want[i].type.shape() == got[i].shape(), kShapeMismatch, what, " '", want[i].name,
-                 "' has shape ", got[i].to_string(), ", the engine was built for ", want[i].type.to_string());
+      KILN_CHECK(want[i].type.shape() == got[i].shape(), kShapeMismatch, what, " '", want[i].name, "' has shape ",
+                 got[i].to_string(), ", the engine was built for ", want[i].type.to_string());
     }
   };
   check(e.inputs_, input_types, "input");

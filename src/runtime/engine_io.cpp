@@ -1,8 +1,9 @@
 // Engine::serialize / deserialize / save / load: engine files on top of src/serialize/.
 //
-// A loaded engine is made exactly like a built one (Engine::create on the rebuilt plan), so
-// it gets its kernels from the loading backend; the file records which backend and device
-// built it, and loading elsewhere is refused (kDeviceMismatch) rather than silently retuned.
+// A loaded engine is made on the load path (Engine::restore on the rebuilt plan: the kernels
+// chosen at build made again from their saved states, by the loading backend); the file records
+// which backend and device built it, and loading elsewhere is refused (kDeviceMismatch) rather
+// than silently retuned.
 // save() writes a temporary file next to the target and renames it over the target, so a
 // reader never sees a half-written engine. load_mapped() keeps the file mapped and its
 // constants are views of the mapping (no copy of the weights). Both open the file through
@@ -43,8 +44,8 @@ std::shared_ptr<Engine> naming_file(const std::string& path, Load&& load) {
   try {
     return load();
   } catch (const Error& e) {
-    throw Error(e.code(), std::string(e.what()).substr(std::strlen(error_code_name(e.code())) + 3) + " (file '" +
-                              path + "')");
+    throw Error(e.code(),
+                std::string(e.what()).substr(std::strlen(error_code_name(e.code())) + 3) + " (file '" + path + "')");
   }
 }
 
@@ -80,8 +81,8 @@ std::shared_ptr<Engine> Engine::from_file_bytes(const uint8_t* data, size_t size
   std::string log = f.build_log + "loaded from an engine file (" + std::to_string(size) + " bytes, written by Kiln " +
                     f.kiln_version + (owner ? ", mapped" : "") + ", read in " + std::to_string(int64_t(read_ms)) +
                     " ms)\n";
-  std::shared_ptr<Engine> e = Engine::create(std::move(f.plan), device, f.options, std::move(log), f.kernel_states,
-                                             std::move(f.refit_program));
+  std::shared_ptr<Engine> e =
+      restore(std::move(f.plan), device, f.options, std::move(log), f.kernel_states, std::move(f.refit_program));
   e->source_weights_id_ = std::move(f.source_weights_id);
   if (libraries.valid()) e->log_ += "libraries set up while loading: " + libraries.get() + "\n";
   return e;

@@ -25,6 +25,7 @@ constexpr uint32_t kTagLog = fourcc("BLOG");
 constexpr uint32_t kTagKernels = fourcc("KERN");
 constexpr uint32_t kTagRefit = fourcc("RFIT");
 constexpr uint32_t kTagSourceWeights = fourcc("SWID");
+constexpr uint32_t kTagPolicy = fourcc("PLCY");
 constexpr size_t kMinSectionBytes = 4 + 8;
 
 std::string tag_name(uint32_t tag) {
@@ -76,18 +77,40 @@ std::string read_string_section(const Section& s, const char* what, const char* 
   return v;
 }
 
+// The PLCY section: three bytes, each checked.
+BuildPolicy read_policy(const Section& s) {
+  ByteReader r(s.data, s.size, s.offset, "section PLCY");
+  BuildPolicy p;
+  auto flag = [&](const char* field) {
+    const uint8_t v = r.u8();
+    if (v > 1) r.fail_corrupted(detail::concat(field, " is ", int(v), ", not 0 or 1"));
+    return v == 1;
+  };
+  p.allow_tf32 = flag("allow_tf32");
+  p.exact_gelu = flag("exact_gelu");
+  const uint8_t tactic = r.u8();
+  if (tactic > uint8_t(AttentionTactic::kCudnn))
+    r.fail_corrupted(detail::concat("attention_tactic ", int(tactic), " is not one of ", kAttentionTacticNames));
+  p.attention_tactic = AttentionTactic(tactic);
+  expect_consumed(r);
+  return p;
+}
+
 }  // namespace
 
 Bytes write_engine_file(const EngineFile& f) {
+  const bool policy = f.options.policy != BuildPolicy{};
+  if (policy) f.options.policy.validate("engine file policy: ");
   ByteWriter w;
   w.bytes(kEngineMagic, sizeof kEngineMagic);
-  w.u32(kEngineFormatVersion);
+  w.u32(policy ? kEngineFormatVersion : kEngineFormatVersionNoPolicy);
   size_t size_at = w.size();
   w.u64(0);
   w.str(f.kiln_version, "the Kiln version");
   w.str(f.backend, "the backend name");
   w.str(f.device_name, "the device name");
-  w.u32(4 + (f.kernel_states.empty() ? 0 : 1) + (f.refit_program ? 1 : 0) + (f.source_weights_id.empty() ? 0 : 1));
+  w.u32(4 + (f.kernel_states.empty() ? 0 : 1) + (f.refit_program ? 1 : 0) + (f.source_weights_id.empty() ? 0 : 1) +
+        (policy ? 1 : 0));
   BlobTable blobs;
   write_section(w, kTagPlan, [&] { write_graph(w, f.plan, blobs); });
   if (f.refit_program) write_section(w, kTagRefit, [&] { write_graph(w, *f.refit_program, blobs); });
@@ -96,6 +119,13 @@ Bytes write_engine_file(const EngineFile& f) {
     w.i32(f.options.optimization_level);
     w.u64(f.options.workspace_limit);
   });
+  if (policy) {
+    write_section(w, kTagPolicy, [&] {
+      w.u8(f.options.policy.allow_tf32 ? 1 : 0);
+      w.u8(f.options.policy.exact_gelu ? 1 : 0);
+      w.u8(uint8_t(f.options.policy.attention_tactic));
+    });
+  }
   write_section(w, kTagLog, [&] { w.str(f.build_log, "the build log"); });
   if (!f.source_weights_id.empty())
     write_section(w, kTagSourceWeights, [&] { w.str(f.source_weights_id, "the source weights id"); });
@@ -134,9 +164,9 @@ EngineFileHeader check_and_read_header(const uint8_t* data, size_t size, ByteRea
   head.take(sizeof kEngineMagic);
   EngineFileHeader h;
   h.format_version = head.u32();
-  KILN_CHECK(h.format_version == kEngineFormatVersion, kVersionMismatch, "engine file format version ",
-             h.format_version, ", this Kiln reads format version ", kEngineFormatVersion,
-             "; rebuild the engine with this Kiln");
+  KILN_CHECK(h.format_version == kEngineFormatVersion || h.format_version == kEngineFormatVersionNoPolicy,
+             kVersionMismatch, "engine file format version ", h.format_version, ", this Kiln reads format version ",
+             kEngineFormatVersionNoPolicy, " or ", kEngineFormatVersion, "; rebuild the engine with this Kiln");
   uint64_t declared = head.u64();
   KILN_CHECK(declared >= kEngineHeaderFixedBytes + kEngineTrailerBytes, kCorrupted,
              "engine file corrupted: its header records a size of ", declared, " bytes");
@@ -181,16 +211,22 @@ EngineFile read_engine_file(const uint8_t* data, size_t size, const std::string&
   KILN_CHECK(f.device_name == device_name, kDeviceMismatch, "engine file was built for ", f.backend,
              " device '", f.device_name, "', this device is '", device_name, "'; rebuild the engine for it");
 
-  Section plan, weights, options, log, kernels, refit, swid;
+  Section plan, weights, options, log, kernels, refit, swid, policy;
   uint64_t nsections = r.count32(kMinSectionBytes, "sections");
   for (uint64_t i = 0; i < nsections; ++i) {
     uint32_t tag = r.u32();
     uint64_t length = r.u64();
     size_t offset = r.offset();
     const uint8_t* p = r.take(length);
-    Section* s = tag == kTagPlan ? &plan : tag == kTagWeights ? &weights : tag == kTagOptions ? &options
-               : tag == kTagLog ? &log : tag == kTagKernels ? &kernels : tag == kTagRefit ? &refit
-               : tag == kTagSourceWeights ? &swid : nullptr;
+    Section* s = tag == kTagPlan            ? &plan
+                 : tag == kTagWeights       ? &weights
+                 : tag == kTagOptions       ? &options
+                 : tag == kTagLog           ? &log
+                 : tag == kTagKernels       ? &kernels
+                 : tag == kTagRefit         ? &refit
+                 : tag == kTagSourceWeights ? &swid
+                 : tag == kTagPolicy        ? &policy
+                                            : nullptr;
     if (!s) continue;  // a section this build does not use
     if (s->present) r.fail_corrupted(detail::concat("section ", tag_name(tag), " appears twice"));
     *s = Section{p, length, offset, true};
@@ -214,6 +250,11 @@ EngineFile read_engine_file(const uint8_t* data, size_t size, const std::string&
     orr.fail_corrupted(detail::concat("optimization level ", f.options.optimization_level, " is outside 0..5"));
   expect_consumed(orr);
 
+  // Version 4 exists for the PLCY section: a file has it exactly when it is version 4.
+  KILN_CHECK(policy.present == (h.format_version == kEngineFormatVersion), kCorrupted,
+             "engine file corrupted: ", policy.present ? "a PLCY section in" : "no PLCY section in",
+             " a format version ", h.format_version, " file");
+  if (policy.present) f.options.policy = read_policy(policy);
   if (log.present) f.build_log = read_string_section(log, "section BLOG", "the build log");
   if (kernels.present) {
     ByteReader kr(kernels.data, kernels.size, kernels.offset, "section KERN");

@@ -3,7 +3,8 @@
 // Layout, all integers little-endian; str = u32 byte length + UTF-8 bytes:
 //
 //   offset 0   magic "KILNENG\0"                       8 bytes
-//   offset 8   u32 format version (kEngineFormatVersion)
+//   offset 8   u32 format version: kEngineFormatVersion when the file has a PLCY section, else
+//              kEngineFormatVersionNoPolicy (the lowest version whose readers read it all)
 //   offset 12  u64 file size in bytes, trailer included (tells truncation from corruption)
 //   offset 20  header: str kiln version, str backend name ("cpu", "cuda"),
 //              str device name (Backend::device_name()), u32 section count
@@ -29,7 +30,7 @@
 //         Value ids are dense; graph_codec.h says how they are kept across a round trip.
 //   WGTS  constant data: u64 count, then per blob u64 size, zero padding to the next file
 //         offset that is a multiple of 64, the bytes. Constants sharing bytes share a blob.
-//   OPTS  KernelOptions: i32 optimization level, u64 workspace limit.
+//   OPTS  KernelOptions: i32 optimization level, u64 workspace limit (its policy: PLCY).
 //   BLOG  the build log, str.
 //   KERN  per plan node, in order: u32 node count, then per node u64 length + the bytes of
 //         Kernel::state() (the tactic and generated code; empty for most CPU kernels).
@@ -41,9 +42,14 @@
 //         then Engine::create checks that its names and types fit the plan (kCorrupted).
 //   SWID  str: Engine::source_weights_id(), an opaque label of the weights the constants came
 //         from (the engine cache's fingerprint). Optional: absent means none.
+//   PLCY  KernelOptions::policy (kiln/build_policy.h): u8 allow_tf32 (0|1), u8 exact_gelu (0|1),
+//         u8 attention_tactic (AttentionTactic). Written only when the policy is not the default
+//         one, and then the file is format version 4: a version 3 reader, which would make the
+//         kernels with the default numerics, refuses it. Absent (every version 3 file): the
+//         default policy. Present in a version 3 file, or absent from a version 4 one: kCorrupted.
 //
-// Reading checks, in order: magic (kCorrupted), format version (kVersionMismatch, naming
-// both), file size (kTruncated when short, kCorrupted when long), then the checksum before
+// Reading checks, in order: magic (kCorrupted), format version (3 or 4, else kVersionMismatch
+// naming both), file size (kTruncated when short, kCorrupted when long), then the checksum before
 // anything else is parsed (kCorrupted "checksum mismatch"), then backend and device name
 // against the loading backend (kDeviceMismatch, naming both). Every later read is bounds
 // checked (kTruncated naming the bytes needed, the offset and the section), counts are
@@ -63,7 +69,10 @@
 namespace kiln::serialize {
 
 inline constexpr char kEngineMagic[8] = {'K', 'I', 'L', 'N', 'E', 'N', 'G', '\0'};
-inline constexpr uint32_t kEngineFormatVersion = 3;  // 2: checksum64 replaced FNV-1a; 3: summed by chunks
+// 2: checksum64 replaced FNV-1a; 3: summed by chunks; 4: the PLCY section (a build policy).
+inline constexpr uint32_t kEngineFormatVersion = 4;
+// The version of a file without a PLCY section (the default policy), which version 3 readers read.
+inline constexpr uint32_t kEngineFormatVersionNoPolicy = 3;
 inline constexpr size_t kEngineHeaderFixedBytes = 20;  // magic, version, file size
 inline constexpr size_t kEngineTrailerBytes = 8;
 

@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -271,7 +270,6 @@ std::vector<float> run_kernel(Backend& be, const Kernel& k, const std::vector<st
 
 TEST(CudaConvDevice, FusedEpilogueMatchesCpuAndStateRemakesTheSamePlan) {
   if (!backend_available(DeviceType::kCUDA)) GTEST_SKIP() << "no CUDA device";
-  setenv("KILN_DISABLE_TF32", "1", 1);
   Attrs a = attrs_2d(1, 1, 1, 1);
   a.set("activation", std::string("silu"));
   auto c = conv_graph(OpKind::kConv, DType::kF32, {2, 8, 9, 9}, {16, 8, 3, 3}, true, a, true);
@@ -283,6 +281,7 @@ TEST(CudaConvDevice, FusedEpilogueMatchesCpuAndStateRemakesTheSamePlan) {
   Backend& gpu = get_backend(Device::parse("cuda:0"));
   Backend& cpu = get_backend(Device::parse("cpu"));
   KernelOptions opt;
+  opt.policy.allow_tf32 = false;  // strict FP32, to compare with the CPU closely
   auto k = gpu.make_kernel(*c.node, c.g, opt);
   auto ref = cpu.make_kernel(*c.node, c.g, opt);
   const auto y = run_kernel(gpu, *k, ins, out_n), r = run_kernel(cpu, *ref, ins, out_n);
@@ -299,7 +298,8 @@ TEST(CudaConvDevice, FusedEpilogueMatchesCpuAndStateRemakesTheSamePlan) {
 
 TEST(CudaConvDevice, WritesOverItsResidualWhereThePlanGivesTheSameBytes) {
   if (!backend_available(DeviceType::kCUDA)) GTEST_SKIP() << "no CUDA device";
-  setenv("KILN_DISABLE_TF32", "1", 1);
+  KernelOptions strict;  // strict FP32 for the f32 convs
+  strict.policy.allow_tf32 = false;
   Attrs silu = attrs_2d(1, 1, 1, 1);
   silu.set("activation", std::string("silu"));
   Attrs relu = attrs_2d(1, 0, 1, 1);
@@ -319,7 +319,7 @@ TEST(CudaConvDevice, WritesOverItsResidualWhereThePlanGivesTheSameBytes) {
   EXPECT_FALSE(hk->writes_over_input(0));
   std::mt19937 rng(5);
   for (const ConvGraph& c : convs) {
-    auto k = gpu.make_kernel(*c.node, c.g, KernelOptions{});
+    auto k = gpu.make_kernel(*c.node, c.g, strict);
     SCOPED_TRACE(k->describe());
     for (size_t i = 0; i < 3; ++i) EXPECT_FALSE(k->writes_over_input(i));
     if (c.node->inputs.size() < 4) {

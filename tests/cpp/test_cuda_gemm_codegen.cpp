@@ -136,7 +136,7 @@ TEST_F(TimingCacheFile, OnlyARegularFileIsRead) {
   std::filesystem::create_directories(dir_ / "folder");
   const std::string fifo = (dir_ / "fifo").string();
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  for (const std::string path : {fifo, std::string("/dev/zero"), (dir_ / "folder").string()}) {
+  for (const std::string& path : {fifo, std::string("/dev/zero"), (dir_ / "folder").string()}) {
     auto read = std::async(std::launch::async, [path] { return read_timing_cache_file(path); });
     ASSERT_EQ(read.wait_for(std::chrono::seconds(20)), std::future_status::ready) << path << " blocked";
     EXPECT_TRUE(read.get().empty()) << path;

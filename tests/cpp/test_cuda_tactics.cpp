@@ -49,9 +49,9 @@ TEST(CudaTactics, TheCandidateWithLessDeviceTimeWinsHoweverLongItsLaunchTakes) {
   const Buffers b = allocate();
   std::string report;
   // Launched directly, the host-heavy candidate would take 1 ms a run against ~0.1 ms.
-  EXPECT_EQ(time_candidates({device_heavy(b), host_heavy(b)}, 5, &report), 1u) << report;
+  EXPECT_EQ(time_candidates({device_heavy(b), host_heavy(b)}, TacticBudget::kAll, &report), 1u) << report;
   report.clear();
-  EXPECT_EQ(time_candidates({host_heavy(b), device_heavy(b)}, 5, &report), 0u) << report;
+  EXPECT_EQ(time_candidates({host_heavy(b), device_heavy(b)}, TacticBudget::kAll, &report), 0u) << report;
 }
 
 TEST(CudaTactics, ACandidateThatCannotBeRecordedIsTimedDirectlyAndOneThatThrowsIsSkipped) {
@@ -65,7 +65,7 @@ TEST(CudaTactics, ACandidateThatCannotBeRecordedIsTimedDirectlyAndOneThatThrowsI
   };
   const Candidate throws = [](cudaStream_t) { throw std::runtime_error("no such tactic"); };
   std::string report;
-  EXPECT_EQ(time_candidates({unrecordable, throws, host_heavy(b)}, 5, &report), 2u) << report;
+  EXPECT_EQ(time_candidates({unrecordable, throws, host_heavy(b)}, TacticBudget::kAll, &report), 2u) << report;
   EXPECT_NE(report.find("#0 "), std::string::npos) << report;  // timed, not failed
   EXPECT_NE(report.find("#1 failed (no such tactic)"), std::string::npos) << report;
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);

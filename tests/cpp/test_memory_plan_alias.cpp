@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <random>
@@ -523,9 +522,10 @@ TEST(MemoryPlanAliasCuda, AliasedReshapeAndCopyLaunchNothingAndCaptureNoNode) {
 
 TEST(MemoryPlanAliasCuda, AttentionBlockEngineMatchesTheCpuEngineWithAndWithoutGraphs) {
   if (!backend_available(DeviceType::kCUDA)) GTEST_SKIP() << "no CUDA device";
-  setenv("KILN_DISABLE_TF32", "1", 1);
   const Graph g = attention_block();
-  auto gpu_engine = Engine::create(g, Device::parse("cuda:0"), KernelOptions{});
+  KernelOptions strict;  // strict FP32 (no TF32), to compare with the CPU closely
+  strict.policy.allow_tf32 = false;
+  auto gpu_engine = Engine::create(g, Device::parse("cuda:0"), strict);
   EXPECT_EQ(gpu_engine->memory_plan().aliased_values, 7u);
   Backend& gpu = get_backend(Device::parse("cuda:0"));
   const auto in = random_inputs(g, 21);

@@ -11,7 +11,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 
 #include "kiln/kiln.h"
 #include "src/runtime/device_block.h"
@@ -199,10 +198,11 @@ std::vector<float> run_on(const Engine& e, ExecutionContext& ctx, const std::vec
 
 TEST(MemoryPlanInPlaceCuda, ResidualBlockWritesOverItsResidualAndMatchesTheCpuInEveryContext) {
   if (!backend_available(DeviceType::kCUDA)) GTEST_SKIP() << "no CUDA device";
-  setenv("KILN_DISABLE_TF32", "1", 1);
   const Graph g = residual_block();
+  KernelOptions strict;  // strict FP32 (no TF32), to compare with the CPU closely
+  strict.policy.allow_tf32 = false;
   auto cpu = Engine::create(g, Device{}, KernelOptions{});
-  auto gpu = Engine::create(g, Device::parse("cuda:0"), KernelOptions{});
+  auto gpu = Engine::create(g, Device::parse("cuda:0"), strict);
   EXPECT_EQ(cpu->memory_plan().in_place_values, 0u);
   // In strict FP32 cuDNN may run the last conv as the conv alone plus a separate epilogue, which
   // may not write over its residual; either way the answers must match.

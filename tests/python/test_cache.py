@@ -300,20 +300,17 @@ def test_word_checksum_names_a_bad_device() -> None:
         _C.word_checksum("gpu", [])
 
 
-def test_key_includes_the_build_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """KILN_DISABLE_TF32 and the like change what a build chooses: a process with another value
-    must not get an engine built under the first one."""
-    for name in ("KILN_DISABLE_TF32", "KILN_EXACT_GELU", "KILN_ATTENTION_TACTIC"):
-        monkeypatch.delenv(name, raising=False)  # other test modules set some for the session
+def test_key_includes_the_build_policy(tmp_path: Path) -> None:
+    """allow_tf32, exact_gelu and attention_tactic change what a build computes or chooses: a
+    compilation with another value must not get an engine built under the first one."""
     x = torch.randn(2, 3, 16, 16)
     cached_compile(net(0), x, tmp_path)
-    monkeypatch.setenv("KILN_DISABLE_TF32", "1")
-    cached_compile(net(0), x, tmp_path)
-    monkeypatch.setenv("KILN_EXACT_GELU", "1")
-    cached_compile(net(0), x, tmp_path)
-    assert cache_stats()["builds"] == 3 and cache_stats()["hits"] == 0
-    assert len(DiskEngineCache(tmp_path).entries()) == 3
-    cached_compile(net(0), x, tmp_path)  # the same environment again: a hit
+    cached_compile(net(0), x, tmp_path, allow_tf32=False)
+    cached_compile(net(0), x, tmp_path, allow_tf32=False, exact_gelu=True)
+    cached_compile(net(0), x, tmp_path, attention_tactic="generated")
+    assert cache_stats()["builds"] == 4 and cache_stats()["hits"] == 0
+    assert len(DiskEngineCache(tmp_path).entries()) == 4
+    cached_compile(net(0), x, tmp_path, allow_tf32=False)  # the same policy again: a hit
     assert cache_stats()["hits"] == 1
 
 

@@ -2,8 +2,8 @@
 
 Non-causal f16 / bf16 attention has two fused implementations on CUDA: the generated flash
 kernel and cuDNN's (its SDPA operation without a mask, cuDNN 9.13+; with a mask, the chain of
-operations cuDNN fuses into its flash kernel with a bias). KILN_ATTENTION_TACTIC=cudnn forces the
-cuDNN one so that it is the kernel under test (the build log must name it); each case compares
+operations cuDNN fuses into its flash kernel with a bias). The build policy's
+attention_tactic="cudnn" takes the cuDNN one so that it is the kernel under test (the build log must name it); each case compares
 it with the CPU engine and with torch's sdpa in float64, in both layouts ([B, H, S, D] and
 "bshd" [B, S, H, D], read through strides). Masks: additive [B, 1, 1, S] (BERT's padding shape)
 and [B, 1, L, S] with finite values and dropped keys, and bool masks, which CUDA builds turn into
@@ -11,8 +11,8 @@ additive ones. Also: CUDA-graph replay, engine round trips that rebuild the save
 without compiling anything (KILN_CUDA_NO_COMPILE, which forbids cuDNN's runtime compilation too),
 unmasked from the engine config and masked from the plan's serialized form, the timed default
 (whichever wins is correct and the log shows the timing), causal nodes and masks with unaligned
-rows never taking the cuDNN path, and a bad KILN_ATTENTION_TACTIC value being an error that
-names it.
+rows never taking the cuDNN path, and a bad attention_tactic value being an error that names
+it.
 Skipped, with the reason, where Kiln has no CUDA device.
 """
 
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 import kiln
 from kiln import Builder, BuilderConfig, Engine, Graph
+from kiln._C import BuildPolicy
 from test_cuda_ops import _run as run_engine
 from test_ops import TORCH_TO_KILN
 
@@ -80,8 +81,9 @@ def _run(engine: Engine, feeds: list[torch.Tensor], use_graphs: bool = False) ->
     return out[0]
 
 
-def _build(g: Graph, device: str) -> Engine:
-    return Builder(BuilderConfig(device=device, fuse_pointwise=False)).build(g)
+def _build(g: Graph, device: str, tactic: str = "auto") -> Engine:
+    policy = BuildPolicy(attention_tactic=tactic)
+    return Builder(BuilderConfig(device=device, fuse_pointwise=False, policy=policy)).build(g)
 
 
 def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -112,10 +114,9 @@ def _reference(feeds: list[torch.Tensor], bshd: bool) -> torch.Tensor:
 
 @pytest.mark.parametrize("bshd", [True, False], ids=["bshd", "bhsd"])
 @pytest.mark.parametrize("c", CASES, ids=[_id(c) for c in CASES])
-def test_cudnn_sdpa_matches_cpu_and_float64(c: tuple, bshd: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KILN_ATTENTION_TACTIC", "cudnn")
+def test_cudnn_sdpa_matches_cpu_and_float64(c: tuple, bshd: bool) -> None:
     g = _graph(c, bshd)
-    engine = _build(g, "cuda")
+    engine = _build(g, "cuda", "cudnn")
     log = engine.build_log
     assert "fused flash attention by cuDNN" in log, log
     feeds = _inputs(c, bshd, seed=c[1] * 7 + c[2])
@@ -131,13 +132,12 @@ def test_cudnn_sdpa_matches_cpu_and_float64(c: tuple, bshd: bool, monkeypatch: p
 
 def test_cudnn_sdpa_round_trip_rebuilds_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     c = CASES[0]
-    monkeypatch.setenv("KILN_ATTENTION_TACTIC", "cudnn")
-    engine = _build(_graph(c, True), "cuda")
+    engine = _build(_graph(c, True), "cuda", "cudnn")
     feeds = _inputs(c, True, seed=5)
     blob = engine.serialize()
-    monkeypatch.delenv("KILN_ATTENTION_TACTIC")
     monkeypatch.setenv("KILN_CUDA_NO_COMPILE", "1")
     loaded = Engine.deserialize(blob, device="cuda")
+    assert loaded.policy == engine.policy == BuildPolicy(attention_tactic="cudnn")
     assert torch.equal(_run(loaded, feeds), _run(engine, feeds))
 
 
@@ -161,11 +161,9 @@ MASKED_CASES = [
 @pytest.mark.parametrize("kind", ["add", "add-rows", "bool"])
 @pytest.mark.parametrize("bshd", [True, False], ids=["bshd", "bhsd"])
 @pytest.mark.parametrize("c", MASKED_CASES, ids=[_id(c) for c in MASKED_CASES])
-def test_cudnn_masked_sdpa_matches_cpu_and_float64(c: tuple, bshd: bool, kind: str,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KILN_ATTENTION_TACTIC", "cudnn")
+def test_cudnn_masked_sdpa_matches_cpu_and_float64(c: tuple, bshd: bool, kind: str) -> None:
     g = _graph(c, bshd, mask=kind)
-    engine = _build(g, "cuda")
+    engine = _build(g, "cuda", "cudnn")
     log = engine.build_log
     assert "by cuDNN" in log and "additive mask as bias" in log, log
     if kind == "bool":
@@ -186,13 +184,11 @@ def test_cudnn_masked_sdpa_round_trip_uses_the_serialized_plan(monkeypatch: pyte
     # The masked graph's plan is runtime-compiled: loading must rebuild it from the serialized
     # form the state stores, since finalizing its engine config would compile cuDNN's kernel.
     c = MASKED_CASES[0]
-    monkeypatch.setenv("KILN_ATTENTION_TACTIC", "cudnn")
-    engine = _build(_graph(c, True, "add"), "cuda")
+    engine = _build(_graph(c, True, "add"), "cuda", "cudnn")
     assert "additive mask as bias" in engine.build_log, engine.build_log
     seed = 17
     feeds = _inputs(c, True, seed) + [_mask(c, "add", seed)]
     blob = engine.serialize()
-    monkeypatch.delenv("KILN_ATTENTION_TACTIC")
     monkeypatch.setenv("KILN_CUDA_NO_COMPILE", "1")
     loaded = Engine.deserialize(blob, device="cuda")
     assert torch.equal(_run(loaded, feeds), _run(engine, feeds))
@@ -200,14 +196,11 @@ def test_cudnn_masked_sdpa_round_trip_uses_the_serialized_plan(monkeypatch: pyte
 
 @pytest.mark.parametrize("c,mask,causal", [(CASES[1], "", True), (CASES[0], "add", False)],
                          ids=["causal", "unaligned-mask-rows"])
-def test_causal_or_unaligned_mask_never_take_cudnn(c: tuple, mask: str, causal: bool,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KILN_ATTENTION_TACTIC", "cudnn")
-    log = _build(_graph(c, True, mask=mask, causal=causal), "cuda").build_log
+def test_causal_or_unaligned_mask_never_take_cudnn(c: tuple, mask: str, causal: bool) -> None:
+    log = _build(_graph(c, True, mask=mask, causal=causal), "cuda", "cudnn").build_log
     assert "by cuDNN" not in log and "fused flash attention (generated" in log, log
 
 
-def test_bad_tactic_override_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KILN_ATTENTION_TACTIC", "fastest")
-    with pytest.raises(kiln.KilnError, match="KILN_ATTENTION_TACTIC"):
-        _build(_graph(CASES[0], True), "cuda")
+def test_bad_tactic_is_an_error_naming_it() -> None:
+    with pytest.raises(kiln.InvalidArgumentError, match="attention_tactic"):
+        _build(_graph(CASES[0], True), "cuda", "fastest")

@@ -19,16 +19,13 @@ Skipped, with the reason, where Kiln has no CUDA device.
 from __future__ import annotations
 
 import math
-import os
 from typing import Optional
 
 import pytest
 import torch
 
-os.environ["KILN_DISABLE_TF32"] = "1"  # the cuDNN candidate compares at FP32 precision too
-
 from kiln import Builder, BuilderConfig, Engine, Graph
-from test_cuda_ops import _compare, _run, _side_stream
+from test_cuda_ops import STRICT_F32, _compare, _run, _side_stream
 from test_ops import TORCH_TO_KILN
 
 pytestmark = pytest.mark.cuda  # skipped without a GPU (conftest.py)
@@ -38,7 +35,9 @@ DTYPE_IDS = ["f32", "f16", "bf16"]
 
 
 def _build(g: Graph, device: str, level: int = 0) -> Engine:
-    return Builder(BuilderConfig(device=device, optimization_level=level, fuse_pointwise=False)).build(g)
+    # Strict FP32: the cuDNN candidate compares at FP32 precision too.
+    return Builder(BuilderConfig(device=device, optimization_level=level, fuse_pointwise=False,
+                                 policy=STRICT_F32)).build(g)
 
 
 def _nhwc_case(dtype: torch.dtype, n: int, h: int, w: int, c: int, k: int, stride: int, pad: int, dil: int,

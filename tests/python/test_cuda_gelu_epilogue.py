@@ -1,10 +1,10 @@
 """linear + exact GELU on CUDA: cuBLASLt's tanh GELU epilogue in half precision, exact in f32.
 
 In f16 / bf16 a linear whose epilogue is exact GELU runs it inside the cuBLASLt GEMM in its
-tanh form (at most 4.7e-4 apart); KILN_EXACT_GELU=1 keeps the exact function in a generated
-epilogue, and f32 always does. Checks: the build log names the path, the result matches the
-CPU engine and torch's exact GELU in float64, with and without a residual, and an engine built
-one way keeps its choice when loaded under the other setting.
+tanh form (at most 4.7e-4 apart); the build policy's exact_gelu keeps the exact function in a
+generated epilogue, and f32 always does. Checks: the build log names the path, the result matches
+the CPU engine and torch's exact GELU in float64, with and without a residual, and an engine built
+either way keeps its choice and its policy when saved and loaded.
 Skipped, with the reason, where Kiln has no CUDA device.
 """
 
@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from kiln import Builder, BuilderConfig, Engine, Graph
+from kiln._C import BuildPolicy
 from test_cuda_ops import _run as run_engine
 from test_ops import TORCH_TO_KILN
 
@@ -45,8 +46,9 @@ def _run(engine: Engine, feeds: list[torch.Tensor]) -> torch.Tensor:
     return run_engine(engine, feeds)[0]
 
 
-def _build(g: Graph, device: str) -> Engine:
-    return Builder(BuilderConfig(device=device, fuse_pointwise=False)).build(g)
+def _build(g: Graph, device: str, exact: bool = False) -> Engine:
+    policy = BuildPolicy(exact_gelu=exact)
+    return Builder(BuilderConfig(device=device, fuse_pointwise=False, policy=policy)).build(g)
 
 
 def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -54,14 +56,11 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("residual", [False, True], ids=["bias", "bias-residual"])
-@pytest.mark.parametrize("exact", [False, True], ids=["default", "KILN_EXACT_GELU"])
+@pytest.mark.parametrize("exact", [False, True], ids=["default", "exact_gelu"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["f16", "bf16", "f32"])
-def test_linear_gelu_matches_exact(dtype: torch.dtype, exact: bool, residual: bool,
-                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    if exact:
-        monkeypatch.setenv("KILN_EXACT_GELU", "1")
+def test_linear_gelu_matches_exact(dtype: torch.dtype, exact: bool, residual: bool) -> None:
     g, feeds, ref = _case(dtype, residual)
-    engine = _build(g, "cuda")
+    engine = _build(g, "cuda", exact)
     tanh = dtype != torch.float32 and not exact
     assert ("exact gelu as cuBLASLt's tanh form" in engine.build_log) == tanh, engine.build_log
     got = _run(engine, feeds)
@@ -71,15 +70,12 @@ def test_linear_gelu_matches_exact(dtype: torch.dtype, exact: bool, residual: bo
 
 
 @pytest.mark.parametrize("built_exact", [False, True], ids=["built-tanh", "built-exact"])
-def test_a_loaded_engine_keeps_its_gelu(built_exact: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_loaded_engine_keeps_its_gelu(built_exact: bool) -> None:
     g, feeds, _ = _case(torch.float16, residual=False, seed=3)
-    if built_exact:
-        monkeypatch.setenv("KILN_EXACT_GELU", "1")
-    engine = _build(g, "cuda")
+    engine = _build(g, "cuda", built_exact)
     want = _run(engine, feeds)
-    if built_exact:
-        monkeypatch.delenv("KILN_EXACT_GELU")
-    else:
-        monkeypatch.setenv("KILN_EXACT_GELU", "1")
     loaded = Engine.deserialize(engine.serialize(), device="cuda")
+    assert loaded.policy == BuildPolicy(exact_gelu=built_exact)
     assert torch.equal(_run(loaded, feeds), want)
+    # The other form computes something else: the equality above is the saved choice, not chance.
+    assert not torch.equal(_run(_build(g, "cuda", not built_exact), feeds), want)

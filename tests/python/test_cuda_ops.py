@@ -19,7 +19,6 @@ Skipped, with the reason, where Kiln has no CUDA device.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 from collections.abc import Iterator
 from typing import Any, Optional
@@ -27,17 +26,17 @@ from typing import Any, Optional
 import pytest
 import torch
 
-# The comparison is against the CPU's FP32 at 1e-5: FP32 matmul, conv and attention must not use
-# TF32 here (read when a kernel is made).
-os.environ["KILN_DISABLE_TF32"] = "1"
-
 import kiln
 from kiln import Builder, BuilderConfig, DType, Engine, Graph
+from kiln._C import BuildPolicy
 from test_ops import ACCUMULATING, CASES, KILN_TO_TORCH, TORCH_TO_KILN, Case, _chain_graph, _then, case_id, r
 
 pytestmark = pytest.mark.cuda  # skipped without a GPU (conftest.py)
 
 _POINTWISE = [c for c in CASES if kiln.op_family(c.op) in ("unary", "binary", "where", "cast")]
+
+# The comparison is against the CPU's FP32 at 1e-5: FP32 matmul, conv and attention must not use TF32.
+STRICT_F32 = BuildPolicy(allow_tf32=False)
 
 
 def _graph(op: str, inputs: list[Optional[torch.Tensor]], attrs: dict[str, Any],
@@ -76,7 +75,7 @@ def _run(engine: Engine, feeds: list[torch.Tensor], use_graphs: bool = False,
 
 
 def _build(g: Graph, device: str, fuse: bool = False) -> Engine:
-    return Builder(BuilderConfig(device=device, fuse_pointwise=fuse)).build(g)
+    return Builder(BuilderConfig(device=device, fuse_pointwise=fuse, policy=STRICT_F32)).build(g)
 
 
 def _tolerance(op: str, dtype: torch.dtype) -> tuple[float, float]:
@@ -301,7 +300,7 @@ def test_conv_hard_activation_as_cudnn_chain(act: str, residual: bool, dtype: to
         feeds.append(torch.randn(2, 16, 11, 9, generator=gen).to(dtype))
     g.mark_output(g.add_node("conv", inputs, {"padding": [1, 1], "activation": act})[0], "y")
     want = _run(_build(g, "cpu"), feeds)
-    untimed = Builder(BuilderConfig(device="cuda", optimization_level=0)).build(g)
+    untimed = Builder(BuilderConfig(device="cuda", optimization_level=0, policy=STRICT_F32)).build(g)
     assert f"+ {act} [" in untimed.build_log and "generated epilogue" not in untimed.build_log, untimed.build_log
     _compare("conv", _run(untimed, feeds), want, f" ({act} as a cuDNN chain)")
     timed = _build(g, "cuda")

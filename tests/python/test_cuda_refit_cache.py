@@ -19,8 +19,8 @@ Specifications:
   entry the first stored (no build) and computes with its own weights; a second process hits too;
 * MutableModule on CUDA refits after ``load_state_dict`` and in-place updates, without a rebuild.
 
-FP32 runs without TF32 (KILN_DISABLE_TF32=1, and eager likewise), so that the FP32 comparisons
-are tight. Errors are relative: ``||out - ref|| / ||ref||``. Skipped, with the reason, where Kiln
+FP32 runs without TF32 (the setting ``allow_tf32=False``, and eager likewise), so that the FP32
+comparisons are tight. Errors are relative: ``||out - ref|| / ||ref||``. Skipped, with the reason, where Kiln
 has no CUDA device.
 """
 
@@ -112,16 +112,16 @@ def _model(arch: str, seed: int) -> nn.Module:
 
 
 def _options(precision: str, **extra: Any) -> dict[str, Any]:
+    strict = {"allow_tf32": False} if precision == "fp32" else {}  # no TF32 in Kiln's FP32 kernels
     return dict(device=DEVICE, enabled_precisions={PRECISIONS[precision]}, min_block_size=1,
-                require_full_compilation=True, **extra)
+                require_full_compilation=True, **strict, **extra)
 
 
 @pytest.fixture
 def strict_fp32(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """For the fp32 cases: no TF32 in Kiln's kernels (read when kernels are made) nor in eager."""
+    """For the fp32 cases: no TF32 in eager (Kiln's kernels: _options)."""
     callspec = getattr(request.node, "callspec", None)
     if callspec is not None and callspec.params.get("precision") == "fp32":
-        monkeypatch.setenv("KILN_DISABLE_TF32", "1")
         monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
         monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     yield

@@ -1,5 +1,7 @@
 // Source of the generated depthwise conv (depthwise.h): which convs it takes, how its work is
-// cut, and the CUDA C++ of its two variants (vectorized over channels, and scalar).
+// cut, and the source of its two variants (vectorized over channels, and scalar): the conv's
+// constants as #defines and cuh/depthwise_common.cuh, then per variant its work split as
+// #defines and cuh/depthwise_kernel.cuh.
 //
 // Work split (threads per block: 256, fewer for small convs; see variant()):
 //   vec     the largest power of two <= 16 bytes / element dividing C (8 for f16/bf16, 4 for
@@ -16,6 +18,7 @@
 // Does not: choose between this kernel and cuDNN (conv.cpp times them), or touch the GPU.
 #include <algorithm>
 
+#include "src/backends/cuda/codegen/embedded.h"
 #include "src/backends/cuda/codegen/plan.h"
 #include "src/backends/cuda/codegen/prelude.h"
 #include "src/backends/cuda/kernels/depthwise.h"
@@ -28,121 +31,6 @@ constexpr int kMaxKernel = 32;             // KH, KW at most (the column loop is
 constexpr int kWeightBytes = 32 * 1024;    // shared memory for a tile's weights
 constexpr int kMaxTile = 64;               // channel vectors per block
 constexpr int64_t kTargetBlocks = 2 * gen::kLargeGpuSms;  // two blocks for each multiprocessor
-
-// Helpers shared by both variants (templates over the vector width and its word type).
-const char* const kHelpers = R"(
-template <int V, typename VW> __device__ __forceinline__ void kd_ld(const T* __restrict__ p, float (&f)[V]) {
-  const VW u = *reinterpret_cast<const VW*>(p);
-  const T* e = reinterpret_cast<const T*>(&u);
-#pragma unroll
-  for (int v = 0; v < V; ++v) f[v] = to_float(e[v]);
-}
-template <int V, typename VW> __device__ __forceinline__ void kd_st(T* __restrict__ p, const float (&f)[V]) {
-  VW u;
-  T* e = reinterpret_cast<T*>(&u);
-#pragma unroll
-  for (int v = 0; v < V; ++v) e[v] = from_float<T>(f[v]);
-  *reinterpret_cast<VW*>(p) = u;
-}
-// Pixel group gi -> (n, oh, column group gw); 32-bit division while gi fits (the usual case).
-__device__ __forceinline__ void kd_split(long long gi, int owg, int OH, int& n, int& oh, int& gw) {
-  if (gi <= 0x7fffffffLL) {
-    const unsigned g = (unsigned)gi, r = g / (unsigned)owg;
-    gw = (int)(g - r * (unsigned)owg), oh = (int)(r % (unsigned)OH), n = (int)(r / (unsigned)OH);
-  } else {
-    const long long r = gi / owg;
-    gw = (int)(gi - r * owg), oh = (int)(r % OH), n = (int)(r / OH);
-  }
-}
-template <int V> __device__ __forceinline__ void kd_ldw(const float* p, float (&f)[V]) {
-  if (V % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < V / 4; ++i) {
-      const float4 q = reinterpret_cast<const float4*>(p)[i];
-      f[4 * i] = q.x, f[4 * i + 1] = q.y, f[4 * i + 2] = q.z, f[4 * i + 3] = q.w;
-    }
-  } else {
-#pragma unroll
-    for (int v = 0; v < V; ++v) f[v] = p[v];
-  }
-}
-)";
-
-// One variant. Tokens: KD_NAME, KD_V, KD_VW, KD_P, KD_CT, KD_GR, KD_TAPS, KD_KH, KD_KW, KD_SH,
-// KD_SW, KD_DH, KD_DW, KD_SPAN, KD_KHUNROLL, KD_BIAS, KD_RES, KD_SUM.
-const char* const kKernel = R"(
-extern "C" __global__ void __launch_bounds__(256) KD_NAME(const T* __restrict__ x, const T* __restrict__ w,
-    const T* __restrict__ bias, const T* __restrict__ res, T* __restrict__ y, int N, int H, int W, int C, int OH,
-    int OW, int PH, int PW) {
-  __shared__ __align__(16) float kd_w[KD_TAPS * KD_CT * KD_V];
-  const int c0 = blockIdx.y * (KD_CT * KD_V);
-  const int tc = min(KD_CT * KD_V, C - c0);
-  const T* __restrict__ wt = w + (long long)c0 * KD_TAPS;  // the tile's weights: contiguous in [C, KH, KW, 1]
-  // Staged KD_V weights a load: tc is a multiple of KD_V and c0 * KD_TAPS too, so the loads
-  // stay aligned when w is (run() checks).
-  for (int i = threadIdx.x * KD_V; i < tc * KD_TAPS; i += blockDim.x * KD_V) {
-    float f[KD_V];
-    kd_ld<KD_V, KD_VW>(wt + i, f);
-#pragma unroll
-    for (int v = 0; v < KD_V; ++v) {
-      const int ch = (i + v) / KD_TAPS;
-      kd_w[(i + v - ch * KD_TAPS) * (KD_CT * KD_V) + ch] = f[v];
-    }
-  }
-  __syncthreads();
-  const int cv = threadIdx.x % KD_CT, pg = threadIdx.x / KD_CT;
-  if (pg >= KD_GR || cv * KD_V >= tc) return;
-  const int c = c0 + cv * KD_V;
-KD_BIAS  const int owg = (OW + KD_P - 1) / KD_P;
-  const long long total = (long long)N * OH * owg;
-  for (long long gi = (long long)blockIdx.x * KD_GR + pg; gi < total; gi += (long long)gridDim.x * KD_GR) {
-    int n, oh, gw;
-    kd_split(gi, owg, OH, n, oh, gw);
-    const int ow0 = gw * KD_P;
-    const int ih0 = oh * KD_SH - PH, iw0 = ow0 * KD_SW - PW;
-    float acc[KD_P][KD_V];
-#pragma unroll
-    for (int p = 0; p < KD_P; ++p)
-#pragma unroll
-      for (int v = 0; v < KD_V; ++v) acc[p][v] = 0.0f;
-KD_KHUNROLL
-    for (int kh = 0; kh < KD_KH; ++kh) {
-      const int ih = ih0 + kh * KD_DH;
-      if (ih < 0 || ih >= H) continue;
-      float wr[KD_KW][KD_V];
-      const float* wrow = kd_w + kh * (KD_KW * KD_CT * KD_V) + cv * KD_V;
-#pragma unroll
-      for (int kw = 0; kw < KD_KW; ++kw) kd_ldw<KD_V>(wrow + kw * (KD_CT * KD_V), wr[kw]);
-      const T* __restrict__ xrow = x + (((long long)n * H + ih) * W) * C + c;
-      // Each input column of the row is loaded once and used by every (output, tap) that reads it.
-#pragma unroll
-      for (int j = 0; j < KD_SPAN; ++j) {
-        const int iw = iw0 + j;
-        if (iw < 0 || iw >= W) continue;
-        float xv[KD_V];
-        kd_ld<KD_V, KD_VW>(xrow + (long long)iw * C, xv);
-#pragma unroll
-        for (int p = 0; p < KD_P; ++p)
-#pragma unroll
-          for (int kw = 0; kw < KD_KW; ++kw)
-            if (p * KD_SW + kw * KD_DW == j)
-#pragma unroll
-              for (int v = 0; v < KD_V; ++v) acc[p][v] = fmaf(xv[v], wr[kw][v], acc[p][v]);
-      }
-    }
-#pragma unroll
-    for (int p = 0; p < KD_P; ++p) {
-      const int ow = ow0 + p;
-      if (ow >= OW) break;
-      const long long o = (((long long)n * OH + oh) * OW + ow) * C + c;
-KD_RES      float out[KD_V];
-#pragma unroll
-      for (int v = 0; v < KD_V; ++v) out[v] = kd_act(KD_SUM);
-      kd_st<KD_V, KD_VW>(y + o, out);
-    }
-  }
-}
-)";
 
 int pixels_for(const ConvGeom& q, int vec) {
   if (q.KW * vec > 64) return 1;
@@ -180,25 +68,19 @@ DepthwiseVariant variant(const ConvGeom& q, int vec, const std::string& name) {
   return v;
 }
 
+// One variant: the extern "C" declaration of its kernel (the name and parameters the launches
+// use), its work split as #defines, and cuh/depthwise_kernel.cuh, which defines the kernel.
 std::string kernel_text(const ConvGeom& q, const DepthwiseVariant& v, int esz) {
   const int span = (v.pixels - 1) * int(q.sw) + (int(q.KW) - 1) * int(q.dw) + 1;
-  std::string sum = "acc[p][v]";
-  if (q.bias) sum += " + bv[v]";
-  if (q.residual) sum += " + rv[v]";
-  std::string s = kKernel;
-  s = gen::replace_all(s, "KD_BIAS", q.bias ? "  float bv[KD_V];\n  kd_ld<KD_V, KD_VW>(bias + c, bv);\n" : "");
-  s = gen::replace_all(s, "KD_RES",
-                       q.residual ? "      float rv[KD_V];\n      kd_ld<KD_V, KD_VW>(res + o, rv);\n" : "");
-  s = gen::replace_all(s, "KD_SUM", sum);
-  s = gen::replace_all(s, "KD_KHUNROLL", q.KH <= 7 ? "#pragma unroll" : "#pragma unroll 1");
-  s = gen::replace_all(s, "KD_NAME", v.kernel);
-  s = gen::replace_all(s, "KD_VW", gen::word_type(v.vec * esz));
-  const std::pair<const char*, int64_t> ints[] = {{"KD_V", v.vec},     {"KD_P", v.pixels},       {"KD_CT", v.tile},
-                                                  {"KD_GR", v.groups}, {"KD_TAPS", q.KH * q.KW}, {"KD_KH", q.KH},
-                                                  {"KD_KW", q.KW},     {"KD_SH", q.sh},          {"KD_SW", q.sw},
-                                                  {"KD_DH", q.dh},     {"KD_DW", q.dw},          {"KD_SPAN", span}};
-  for (const auto& [token, value] : ints) s = gen::replace_all(s, token, std::to_string(value));
-  return s;
+  std::string s = "extern \"C\" __global__ void __launch_bounds__(256) " + v.kernel +
+                  "(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,"
+                  " const T* __restrict__ res, T* __restrict__ y, int N, int H, int W, int C, int OH, int OW, int PH,"
+                  " int PW);\n";
+  s += "#define KD_NAME " + v.kernel + "\n#define KD_VW " + gen::word_type(v.vec * esz) + "\n";
+  const std::pair<const char*, int> ints[] = {
+      {"KD_V", v.vec}, {"KD_P", v.pixels}, {"KD_CT", v.tile}, {"KD_GR", v.groups}, {"KD_SPAN", span}};
+  for (const auto& [name, value] : ints) s += "#define " + std::string(name) + " " + std::to_string(value) + "\n";
+  return s + std::string(embedded_source("depthwise_kernel.cuh"));
 }
 
 }  // namespace
@@ -234,8 +116,14 @@ DepthwiseSource generate_depthwise(const ConvGeom& q) {
   DepthwiseSource out;
   out.scalar = variant(q, 1, "kiln_dw_scalar");
   if (vec > 1) out.wide = variant(q, vec, "kiln_dw_vec" + std::to_string(vec));
-  out.source = prelude() + "\ntypedef " + storage_type(q.dtype) + " T;\n" + kHelpers +
-               "__device__ __forceinline__ float kd_act(float v) { return " + activation_call(q.act, "v") + "; }\n";
+  out.source = prelude() + "typedef " + storage_type(q.dtype) + " T;\n";
+  const std::pair<const char*, int64_t> conv[] = {{"KD_KH", q.KH}, {"KD_KW", q.KW},     {"KD_TAPS", q.KH * q.KW},
+                                                  {"KD_SH", q.sh}, {"KD_SW", q.sw},     {"KD_DH", q.dh},
+                                                  {"KD_DW", q.dw}, {"KD_BIAS", q.bias}, {"KD_RES", q.residual}};
+  for (const auto& [name, value] : conv)
+    out.source += "#define " + std::string(name) + " " + std::to_string(value) + "\n";
+  out.source += "#define KD_ACT(v) " + activation_call(q.act, "v") + "\n";
+  out.source += embedded_source("depthwise_common.cuh");
   if (vec > 1) out.source += kernel_text(q, out.wide, esz);
   out.source += kernel_text(q, out.scalar, esz);
   out.hash = fnv1a(reinterpret_cast<const uint8_t*>(out.source.data()), out.source.size());

@@ -1,151 +1,35 @@
 // Generated sources of the GEMM families (gemm_sources.h): the activation / broadcast-residual
-// epilogue after a cuBLASLt GEMM, and the masked softmax of attention's fallback path. The
-// fused attention kernel is in flash_attention_source.cpp.
+// epilogue after a cuBLASLt GEMM (cuh/gemm_epilogue.cuh), and the masked softmax of attention's
+// fallback path (cuh/gemm_sdpa_softmax.cuh). The fused attention kernel is in
+// flash_attention_source.cpp.
 //
 // Activations are the prelude's kiln_<name> helpers (prelude.h: src/ops/pointwise.h's formulas
 // in f32), so a fused linear computes what the separate add and activation nodes would.
 #include "kiln/errors.h"
+#include "src/backends/cuda/codegen/embedded.h"
 #include "src/backends/cuda/codegen/gemm_sources.h"
 #include "src/backends/cuda/codegen/prelude.h"
 
 namespace kiln::cuda {
 
-namespace {
-
-const char* kDimsStruct = R"(
-struct KilnDims { long long size[8]; long long stride[8]; };
-#define KILN_NEG_INF __int_as_float(0xff800000)
-)";
-
-std::string activation_body(const std::string& act) {
-  Attrs a;
-  a.set("activation", act);
-  return "return " + activation_call(pw::parse_activation(OpKind::kLinear, a), "x") + ";";
-}
-
-}  // namespace
-
 std::string gemm_epilogue_source(DType dtype, const std::string& activation, bool residual) {
+  Attrs a;
+  a.set("activation", activation);
   std::string s = prelude();
-  s += kDimsStruct;
   s += "typedef " + std::string(storage_type(dtype)) + " T;\n";
   s += "#define KILN_RESIDUAL " + std::string(residual ? "1" : "0") + "\n";
-  s += "__device__ __forceinline__ float kiln_act(float x) { " + activation_body(activation) + " }\n";
-  s += R"(
-extern "C" __global__ void kiln_gemm_epilogue(T* y, const T* __restrict__ r, long long n, int rank, KilnDims rd) {
-  const long long step = (long long)gridDim.x * blockDim.x;
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
-    float v = to_float(y[i]);
-#if KILN_RESIDUAL
-    long long rem = i, off = 0;
-#pragma unroll
-    for (int d = 7; d >= 0; --d) {  // constant indices keep rd off the stack
-      if (d >= rank) continue;
-      const long long sz = rd.size[d];
-      off += (rem % sz) * rd.stride[d];
-      rem /= sz;
-    }
-    v += to_float(r[off]);
-#endif
-    y[i] = from_float<T>(kiln_act(v));
-  }
-}
-
-extern "C" __global__ void kiln_gemm_epilogue_vec(T* y, long long nvec) {
-  const int kPer = 16 / sizeof(T);
-  const long long step = (long long)gridDim.x * blockDim.x;
-  uint4* yv = reinterpret_cast<uint4*>(y);
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += step) {
-    uint4 u = yv[i];
-    T* e = reinterpret_cast<T*>(&u);
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) e[j] = from_float<T>(kiln_act(to_float(e[j])));
-    yv[i] = u;
-  }
-}
-)";
+  s += "#define KILN_ACT(x) " + activation_call(pw::parse_activation(OpKind::kLinear, a), "x") + "\n";
+  s += embedded_source("gemm_epilogue.cuh");
   return s;
 }
 
 std::string sdpa_softmax_source(DType dtype, int mask_kind) {
   KILN_CHECK(mask_kind >= 0 && mask_kind <= 2, kInternal, "sdpa softmax: mask kind ", mask_kind);
   std::string s = prelude();
-  s += kDimsStruct;
   s += "typedef " + std::string(storage_type(dtype)) + " T;\n";
   s += "typedef " + std::string(mask_kind == 1 ? "bool" : storage_type(dtype)) + " MT;\n";
   s += "#define KILN_MASK " + std::to_string(mask_kind) + "\n";
-  s += R"(
-// One warp per score row: coalesced loads, the prelude's shuffle reductions, no block
-// barriers. The second and third pass over a row read it from L1.
-extern "C" __global__ void kiln_sdpa_softmax_w(const float* scores, T* probs, const MT* __restrict__ mask,
-                                               long long rows, int L, int S, long long row0, int brank, KilnDims md,
-                                               long long mrs, long long mcs, int causal) {
-  const int lane = threadIdx.x & 31, warps_per_block = blockDim.x >> 5;
-  const long long stride = (long long)gridDim.x * warps_per_block;
-  for (long long r = (long long)blockIdx.x * warps_per_block + (threadIdx.x >> 5); r < rows; r += stride) {
-    const long long g = row0 + r;
-    const int i = (int)(g % L);
-    const float* srow = scores + r * S;
-    T* prow = probs + r * S;
-#if KILN_MASK
-    long long moff = (long long)i * mrs, rem = g / L;
-#pragma unroll
-    for (int d = 7; d >= 0; --d) {
-      if (d >= brank) continue;
-      moff += (rem % md.size[d]) * md.stride[d];
-      rem /= md.size[d];
-    }
-    const MT* mrow = mask + moff;
-#endif
-    const int valid = causal ? min(S, i + 1) : S;
-#if KILN_MASK == 1
-#define KILN_SCORE(j) (mrow[(long long)(j) * mcs] ? srow[j] : KILN_NEG_INF)
-#elif KILN_MASK == 2
-#define KILN_SCORE(j) (srow[j] + to_float(mrow[(long long)(j) * mcs]))
-#else
-#define KILN_SCORE(j) (srow[j])
-#endif
-    float mx = KILN_NEG_INF;
-    for (int j = lane; j < valid; j += 32) mx = fmaxf(mx, KILN_SCORE(j));
-    mx = kiln_warp_max(mx);
-    float sum = 0.0f;
-    if (mx != KILN_NEG_INF)
-      for (int j = lane; j < valid; j += 32) sum += expf(KILN_SCORE(j) - mx);
-    sum = kiln_warp_sum(sum);
-    const float inv = (mx == KILN_NEG_INF || !(sum > 0.0f)) ? 0.0f : 1.0f / sum;
-    // probs may alias scores (f32): each lane reads element j before it writes it.
-    for (int j = lane; j < S; j += 32) {
-      const float p = (j < valid && inv != 0.0f) ? expf(KILN_SCORE(j) - mx) * inv : 0.0f;
-      prow[j] = from_float<T>(p);
-    }
-  }
-}
-
-// The pointer arrays of a pointer-array fallback: for batch i (row-major over the output batch
-// dims, sizes in kd.size) the k, q, v and out matrices at each operand's batch strides, and
-// the i-th scores / probs matrix, written as six arrays of nb pointers.
-extern "C" __global__ void kiln_sdpa_ptrs(long long nb, int brank, KilnDims kd, KilnDims qd, KilnDims vd, KilnDims od,
-                                          const char* k, const char* q, const char* v, char* o, char* scores,
-                                          char* probs, long long es, long long score_bytes, long long prob_bytes,
-                                          const void** arr) {
-  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= nb) return;
-  long long rem = i, ko = 0, qo = 0, vo = 0, oo = 0;
-#pragma unroll
-  for (int d = 7; d >= 0; --d) {
-    if (d >= brank) continue;
-    const long long x = rem % kd.size[d];
-    rem /= kd.size[d];
-    ko += x * kd.stride[d], qo += x * qd.stride[d], vo += x * vd.stride[d], oo += x * od.stride[d];
-  }
-  arr[i] = k + ko * es;
-  arr[nb + i] = q + qo * es;
-  arr[2 * nb + i] = v + vo * es;
-  arr[3 * nb + i] = o + oo * es;
-  arr[4 * nb + i] = scores + i * score_bytes;
-  arr[5 * nb + i] = probs + i * prob_bytes;
-}
-)";
+  s += embedded_source("gemm_sdpa_softmax.cuh");
   return s;
 }
 

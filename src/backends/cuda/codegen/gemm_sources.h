@@ -1,7 +1,8 @@
 // Generated CUDA sources of the GEMM-based families (matmul.cpp, attention.cpp): what cuBLASLt's
 // epilogues cannot do, and the fused attention kernel. Each function returns a complete NVRTC
-// source (prelude.h's prelude first); the kernels take every size as an argument, so one source
-// serves every node of the same dtype and variant.
+// source (prelude.h's prelude first, the variant's definitions, then the kernels of
+// codegen/cuh/gemm_*.cuh or flash_attention.cuh); the kernels take every size as an argument, so
+// one source serves every node of the same dtype and variant.
 #pragma once
 
 #include <cstdint>

@@ -6,7 +6,9 @@
 // i32 index, i64 offset, u32 value size, value bytes. Little-endian; every read is bounds
 // checked (kCorrupted), since the bytes come from an engine file.
 #include <algorithm>
+#include <variant>
 
+#include "src/backends/cuda/codegen/embedded.h"
 #include "src/backends/cuda/codegen/nvrtc.h"
 #include "src/backends/cuda/codegen/plan.h"
 #include "src/backends/cuda/codegen/prelude.h"
@@ -259,44 +261,35 @@ const char* word_type(int bytes) {
 }
 
 std::string source_head() {
-  static const std::string head = prelude() + R"(
-#define KG_INF __int_as_float(0x7f800000)
-template <typename A> __device__ __forceinline__ A kg_max(A a, A b) { return (b > a || b != b) ? b : a; }
-template <typename A> __device__ __forceinline__ A kg_min(A a, A b) { return (b < a || b != b) ? b : a; }
-template <typename A> __device__ __forceinline__ A kg_warp_sum(A v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-template <typename A> __device__ __forceinline__ A kg_warp_max(A v) {
-  for (int o = 16; o > 0; o >>= 1) v = kg_max(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-// Block-wide sum / max (blockDim.x a multiple of 32, at most 1024); every thread gets the
-// result. `sm` holds 33 values of A.
-template <typename A> __device__ __forceinline__ A kg_block_sum(A v, A* sm) {
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = kg_warp_sum(v);
-  if (nw == 1) return v;
-  if (lane == 0) sm[wid] = v;
-  __syncthreads();
-  v = lane < nw ? sm[lane] : A(0);
-  v = kg_warp_sum(v);
-  __syncthreads();
-  return v;
-}
-template <typename A> __device__ __forceinline__ A kg_block_max(A v, A* sm, A identity) {
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = kg_warp_max(v);
-  if (nw == 1) return v;
-  if (lane == 0) sm[wid] = v;
-  __syncthreads();
-  v = lane < nw ? sm[lane] : identity;
-  v = kg_warp_max(v);
-  __syncthreads();
-  return v;
-}
-)";
+  static const std::string head = prelude() + std::string(embedded_source("plan_helpers.cuh"));
   return head;
+}
+
+std::string define(const std::string& name, const std::string& value) { return "#define " + name + " " + value + "\n"; }
+std::string define(const std::string& name, int64_t value) { return define(name, std::to_string(value)); }
+
+std::optional<std::string> attr_problem(const Node& n, const std::string& key, AttrType type, bool required) {
+  const auto it = n.attrs.items().find(key);
+  if (it == n.attrs.items().end()) {
+    if (!required) return std::nullopt;
+    return detail::concat(op_name(n.op), ": missing attribute '", key, "'");
+  }
+  const AttrValue& v = it->second;
+  switch (type) {
+    case AttrType::kInt:
+      if (std::holds_alternative<int64_t>(v) || std::holds_alternative<bool>(v)) return std::nullopt;
+      return detail::concat(op_name(n.op), ": attribute '", key, "' is not of type int");
+    case AttrType::kFloat:
+      if (std::holds_alternative<double>(v) || std::holds_alternative<int64_t>(v)) return std::nullopt;
+      return detail::concat(op_name(n.op), ": attribute '", key, "' is not of type float");
+    case AttrType::kBool:
+      if (std::holds_alternative<bool>(v)) return std::nullopt;
+      return detail::concat(op_name(n.op), ": attribute '", key, "' is not of type bool");
+    case AttrType::kInts:
+      if (std::holds_alternative<std::vector<int64_t>>(v)) return std::nullopt;
+      return detail::concat(op_name(n.op), ": attribute '", key, "' is not of type int list");
+  }
+  KILN_FAIL(kInternal, "attribute type ", int(type));
 }
 
 int word_bytes(int esz, std::initializer_list<int64_t> byte_counts) {
@@ -334,15 +327,8 @@ namespace {
 // One fill launch writing `bytes` bytes as words of w bytes (its kernel added to source once).
 Launch fill_launch(std::string& source, int out, int64_t bytes, int w, const uint8_t (&pat)[16]) {
   const std::string name = std::string("kg_fill_") + std::to_string(w);
-  if (source.find("void " + name + "(") == std::string::npos) {
-    source += "extern \"C\" __global__ void " + name + "(" + word_type(w) +
-              "* y, uint4 pat, long long n) {\n"
-              "  typedef " +
-              word_type(w) +
-              " W;\n  const W v = *reinterpret_cast<const W*>(&pat);\n"
-              "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;"
-              " i += (long long)gridDim.x * blockDim.x) y[i] = v;\n}\n";
-  }
+  const std::string params = define("KG_FILL_BYTES", w);
+  if (source.find(params) == std::string::npos) source += params + std::string(embedded_source("plan_fill.cuh"));
   struct Pat {
     uint8_t b[16];
   } p;

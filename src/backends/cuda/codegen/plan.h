@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -130,6 +131,11 @@ Bytes compile_for_arch(const std::string& source, const std::string& what, int a
 std::string what_of(const Node& n);
 
 // ---- source helpers ------------------------------------------------------------------
+// Device code lives in codegen/cuh/ (read through embedded.h): a generator picks a file and
+// sets its parameters as macros before appending it. define() writes one such macro,
+// "#define <name> <value>\n" (a bool as 1 or 0).
+std::string define(const std::string& name, const std::string& value);
+std::string define(const std::string& name, int64_t value);
 // `typedef <storage> T_<alias>;` plus `ld_<alias>(T) -> C` and `st_<alias>(C) -> T` where C is
 // the compute type (float for f32/f16/bf16, double for f64, long long for integers and bool).
 std::string type_defs(const std::string& alias, DType t);
@@ -137,7 +143,8 @@ std::string type_defs(const std::string& alias, DType t);
 const char* compute_of(DType t);
 // The unsigned word type of `bytes` bytes (1, 2, 4, 8 or 16: uint4).
 const char* word_type(int bytes);
-// prelude() plus warp / block reduction helpers (kg_warp_sum, kg_block_sum, ...).
+// prelude() plus cuh/plan_helpers.cuh: KG_INF, kg_max / kg_min and the warp / block reductions
+// (kg_warp_sum, kg_block_sum, ...).
 std::string source_head();
 // The largest word (16, 8, 4, 2 or esz bytes) dividing every given byte count.
 int word_bytes(int esz, std::initializer_list<int64_t> byte_counts);
@@ -154,6 +161,21 @@ RowSplit split_row(int64_t n, int lanes, int esz);
 // Grid-stride block count for n work items of `per_block` each.
 uint32_t blocks_for(int64_t n, int64_t per_block);
 
+// ---- what a family's generator can serve ---------------------------------------------
+// The types Attrs' getters read: get_int also reads a bool, get_float an int.
+enum class AttrType { kInt, kFloat, kBool, kInts };
+// Why attribute `key` of n cannot be read as `type` (absent while `required`, or of another
+// type), or nullopt when it can.
+std::optional<std::string> attr_problem(const Node& n, const std::string& key, AttrType type, bool required);
+
+// Why generate_<family> cannot make a kernel for n, or nullopt when it can: the node's op,
+// dtypes, ranks, attributes and limits, checked without generating anything. supports_<family>
+// answers with it; generate_<family> fails with kUnsupported and the same reason.
+std::optional<std::string> why_not_reduce(const Node& n, const Graph& g);
+std::optional<std::string> why_not_softmax(const Node& n, const Graph& g);
+std::optional<std::string> why_not_norm(const Node& n, const Graph& g);
+std::optional<std::string> why_not_pool(const Node& n, const Graph& g);
+
 // Family generators (for tests; make_<family>_kernel wraps them with build()).
 Generated generate_reduce(const Node& n, const Graph& g);
 Generated generate_softmax(const Node& n, const Graph& g);
@@ -164,8 +186,8 @@ Generated generate_gather(const Node& n, const Graph& g);
 Generated generate_generator(const Node& n, const Graph& g);
 
 // A fill of `count` elements of `esz` bytes with the bit pattern `bits` (low esz bytes), into
-// output `out` at byte offset 0: used by full and by empty reductions. Appends its kernel to
-// `source` (once) and its launch to `plan`.
+// output `out` at byte offset 0: used by full and by empty reductions. Appends its kernel
+// (cuh/plan_fill.cuh) to `source` (once per word size) and its launch to `plan`.
 void add_fill(std::string& source, Plan& plan, int out, int64_t count, int esz, uint64_t bits);
 
 }  // namespace kiln::cuda::gen

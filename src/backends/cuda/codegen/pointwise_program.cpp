@@ -92,14 +92,109 @@ bool op_supported(OpKind op, DType in, std::string* why) {
   return fail(why, std::string(op_name(op)) + " is not a pointwise op");
 }
 
+// Why the generator cannot build n's program, or "" when it can: an absent input, an op or
+// dtype it has no code for, or a fused body it cannot read (constants of more than one element,
+// ops that are not pointwise, values read before they are defined, outputs that differ from the
+// node's).
+std::string program_refusal(const Node& n, const Graph& g) {
+  std::string why;
+  for (ValueId v : n.inputs)
+    if (v == kNoValue) return std::string(op_name(n.op)) + " has an absent input";
+  if (n.op != OpKind::kFusedPointwise) {
+    if (!op_info(n.op).pointwise()) return std::string(op_name(n.op)) + " is not a pointwise op";
+    const size_t first = op_info(n.op).family == OpFamily::kWhere ? 1 : 0;
+    return op_supported(n.op, g.type(n.inputs[first]).dtype, &why) ? "" : why;
+  }
+  if (!n.body) return "fused_pointwise node without a body";
+  const Graph& body = *n.body;
+  if (body.inputs().size() != n.inputs.size() || body.outputs().size() != n.outputs.size())
+    return "fused_pointwise body does not match the node's inputs and outputs";
+  std::vector<bool> defined(size_t(body.num_values()), false);
+  for (ValueId v : body.inputs()) defined[size_t(v)] = true;
+  for (ValueId c : body.constants()) {
+    const Value& cv = body.value(c);
+    if (cv.type.numel() != 1)
+      return "fused_pointwise body holds a constant of " + std::to_string(cv.type.numel()) +
+             " elements (the CUDA generator takes one-element constants; larger ones are inputs)";
+    defined[size_t(c)] = true;
+  }
+  const std::vector<int64_t> group = g.type(n.outputs[0]).shape();
+  for (const auto& node : body.nodes()) {
+    if (!op_info(node->op).pointwise() && node->op != OpKind::kCopy)
+      return std::string("fused_pointwise body op ") + op_name(node->op) + " is not pointwise";
+    if (node->outputs.size() != 1 || !broadcasts_to(body.type(node->outputs[0]).shape(), group))
+      return std::string("fused_pointwise body op ") + op_name(node->op) +
+             " gives a shape that does not broadcast to the group shape";
+    for (ValueId v : node->inputs)
+      if (v < 0 || !defined[size_t(v)])
+        return std::string("fused_pointwise body op ") + op_name(node->op) + " reads an undefined value";
+    const size_t first = op_info(node->op).family == OpFamily::kWhere ? 1 : 0;
+    if (!op_supported(node->op, body.type(node->inputs.at(first)).dtype, &why)) return why;
+    defined[size_t(node->outputs[0])] = true;
+  }
+  for (ValueId v : body.outputs())
+    if (v < 0 || !defined[size_t(v)]) return "fused_pointwise body output is undefined";
+  for (size_t k = 0; k < n.outputs.size(); ++k)
+    if (g.type(n.outputs[k]).dtype != body.type(body.outputs()[k]).dtype || g.type(n.outputs[k]).shape() != group)
+      return "fused_pointwise output " + std::to_string(k) + " does not match its body value";
+  return "";
+}
+
+// Whether `input` is one element, read once for a whole output of `numel` elements.
+bool scalar_input(const Graph& g, ValueId input, int64_t numel) { return g.type(input).numel() == 1 && numel != 1; }
+
+// The broadcast of n's non-scalar inputs to its output, collapsed.
+pw::BroadcastPlan broadcast_of(const Node& n, const Graph& g, std::vector<int>* dense_inputs) {
+  const TensorType& out = g.type(n.outputs[0]);
+  std::vector<std::vector<int64_t>> shapes;
+  for (size_t i = 0; i < n.inputs.size(); ++i)
+    if (!scalar_input(g, n.inputs[i], out.numel())) {
+      shapes.push_back(g.type(n.inputs[i]).shape());
+      if (dense_inputs) dense_inputs->push_back(int(i));
+    }
+  return pw::plan_broadcast(out.shape(), shapes);
+}
+
+// Whether the broadcast indexes every input directly (flat) rather than through strides.
+bool flat_layout(int64_t numel, const pw::BroadcastPlan& plan) {
+  bool flat = numel <= 1 || plan.shape.size() == 1;
+  for (size_t k = 0; k < plan.strides.size() && flat && numel > 1; ++k) flat = plan.strides[k][0] == 1;
+  return flat;
+}
+
+// Why the kernels cannot index n, or "" when they can: more pointers, non-scalar inputs or
+// collapsed broadcast dims than they take.
+std::string layout_refusal(const Node& n, const Graph& g) {
+  if (int(n.inputs.size() + n.outputs.size()) > kMaxPointers)
+    return "pointwise node with " + std::to_string(n.inputs.size() + n.outputs.size()) +
+           " inputs and outputs (the CUDA kernel takes at most " + std::to_string(kMaxPointers) + ")";
+  const int64_t numel = g.type(n.outputs[0]).numel();
+  size_t dense = 0;
+  for (ValueId v : n.inputs) dense += scalar_input(g, v, numel) ? 0 : 1;
+  if (dense > 16) return "pointwise node with " + std::to_string(dense) + " non-scalar inputs (at most 16)";
+  const pw::BroadcastPlan plan = broadcast_of(n, g, nullptr);
+  if (!flat_layout(numel, plan) && int(plan.shape.size()) > kMaxRank)
+    return "pointwise broadcast over " + std::to_string(plan.shape.size()) + " non-mergeable dims (at most " +
+           std::to_string(kMaxRank) + ")";
+  return "";
+}
+
 }  // namespace
 
+bool check(const Node& n, const Graph& g, std::string* why) {
+  const OpFamily fam = op_info(n.op).family;
+  if (fam != OpFamily::kUnary && fam != OpFamily::kBinary && fam != OpFamily::kWhere && fam != OpFamily::kCast &&
+      fam != OpFamily::kFused)
+    return fail(why, std::string(op_name(n.op)) + " is not a pointwise op");
+  std::string reason = program_refusal(n, g);
+  if (reason.empty()) reason = layout_refusal(n, g);
+  return reason.empty() || fail(why, reason);
+}
+
 bool program_of(const Node& n, const Graph& g, Program* out, std::string* why) {
+  if (std::string reason = program_refusal(n, g); !reason.empty()) return fail(why, reason);
   Program p;
-  for (ValueId v : n.inputs)
-    if (v == kNoValue) return fail(why, std::string(op_name(n.op)) + " has an absent input");
   if (n.op != OpKind::kFusedPointwise) {
-    if (!op_info(n.op).pointwise()) return fail(why, std::string(op_name(n.op)) + " is not a pointwise op");
     for (ValueId v : n.inputs) p.dtype.push_back(g.type(v).dtype);
     p.num_inputs = int(n.inputs.size());
     Step s;
@@ -107,17 +202,13 @@ bool program_of(const Node& n, const Graph& g, Program* out, std::string* why) {
     s.out = g.type(n.outputs[0]).dtype;
     for (int i = 0; i < p.num_inputs; ++i) s.in.push_back(i);
     if (op_info(n.op).family == OpFamily::kUnary) s.params = pw::UnaryParams::from(n.op, n.attrs);
-    if (!op_supported(n.op, p.dtype[size_t(op_info(n.op).family == OpFamily::kWhere ? 1 : 0)], why)) return false;
     p.dtype.push_back(s.out);
     p.steps.push_back(std::move(s));
     p.outputs = {p.num_inputs};
     *out = std::move(p);
     return true;
   }
-  if (!n.body) return fail(why, "fused_pointwise node without a body");
   const Graph& body = *n.body;
-  if (body.inputs().size() != n.inputs.size() || body.outputs().size() != n.outputs.size())
-    return fail(why, "fused_pointwise body does not match the node's inputs and outputs");
   std::vector<int> index(size_t(body.num_values()), -1);
   for (ValueId v : body.inputs()) {
     index[size_t(v)] = int(p.dtype.size());
@@ -126,9 +217,6 @@ bool program_of(const Node& n, const Graph& g, Program* out, std::string* why) {
   p.num_inputs = int(body.inputs().size());
   for (ValueId c : body.constants()) {
     const Value& cv = body.value(c);
-    if (cv.type.numel() != 1)
-      return fail(why, "fused_pointwise body holds a constant of " + std::to_string(cv.type.numel()) +
-                           " elements (the CUDA generator takes one-element constants; larger ones are inputs)");
     double f = 0;
     int64_t i = 0;
     read_constant(cv, &f, &i);
@@ -142,69 +230,32 @@ bool program_of(const Node& n, const Graph& g, Program* out, std::string* why) {
     index[size_t(c)] = int(p.dtype.size());
     p.dtype.push_back(cv.type.dtype);
   }
-  const std::vector<int64_t> group = g.type(n.outputs[0]).shape();
   for (const auto& node : body.nodes()) {
-    if (!op_info(node->op).pointwise() && node->op != OpKind::kCopy)
-      return fail(why, std::string("fused_pointwise body op ") + op_name(node->op) + " is not pointwise");
-    if (node->outputs.size() != 1 || !broadcasts_to(body.type(node->outputs[0]).shape(), group))
-      return fail(why, std::string("fused_pointwise body op ") + op_name(node->op) +
-                           " gives a shape that does not broadcast to the group shape");
     Step s;
     s.op = node->op;
     s.out = body.type(node->outputs[0]).dtype;
-    for (ValueId v : node->inputs) {
-      if (v < 0 || index[size_t(v)] < 0)
-        return fail(why, std::string("fused_pointwise body op ") + op_name(node->op) + " reads an undefined value");
-      s.in.push_back(index[size_t(v)]);
-    }
+    for (ValueId v : node->inputs) s.in.push_back(index[size_t(v)]);
     if (op_info(node->op).family == OpFamily::kUnary) s.params = pw::UnaryParams::from(node->op, node->attrs);
-    const int first = op_info(node->op).family == OpFamily::kWhere ? 1 : 0;
-    if (!op_supported(node->op, p.dtype[size_t(s.in.at(size_t(first)))], why)) return false;
     index[size_t(node->outputs[0])] = int(p.dtype.size());
     p.dtype.push_back(s.out);
     p.steps.push_back(std::move(s));
   }
-  for (ValueId v : body.outputs()) {
-    if (v < 0 || index[size_t(v)] < 0) return fail(why, "fused_pointwise body output is undefined");
-    p.outputs.push_back(index[size_t(v)]);
-  }
-  for (size_t k = 0; k < n.outputs.size(); ++k)
-    if (g.type(n.outputs[k]).dtype != p.dtype[size_t(p.outputs[k])] || g.type(n.outputs[k]).shape() != group)
-      return fail(why, "fused_pointwise output " + std::to_string(k) + " does not match its body value");
+  for (ValueId v : body.outputs()) p.outputs.push_back(index[size_t(v)]);
   *out = std::move(p);
   return true;
 }
 
 Layout layout_of(const Node& n, const Graph& g, const Program& p, std::string* why, bool* ok) {
   Layout l;
-  *ok = true;
-  const std::vector<int64_t> out_shape = g.type(n.outputs[0]).shape();
+  const std::string reason = layout_refusal(n, g);
+  *ok = reason.empty() || fail(why, reason);
+  if (!*ok) return l;
   l.numel = g.type(n.outputs[0]).numel();
   l.wide = l.numel >= (int64_t(1) << 30);
-  if (int(n.inputs.size() + n.outputs.size()) > kMaxPointers) {
-    *ok = fail(why, "pointwise node with " + std::to_string(n.inputs.size() + n.outputs.size()) +
-                        " inputs and outputs (the CUDA kernel takes at most " + std::to_string(kMaxPointers) + ")");
-    return l;
-  }
-  std::vector<std::vector<int64_t>> shapes;
+  for (int i = 0; i < p.num_inputs; ++i) l.scalar.push_back(scalar_input(g, n.inputs[size_t(i)], l.numel));
   std::vector<int> dense_inputs;
-  for (int i = 0; i < p.num_inputs; ++i) {
-    const TensorType& t = g.type(n.inputs[size_t(i)]);
-    const bool scalar = t.numel() == 1 && l.numel != 1;
-    l.scalar.push_back(scalar);
-    if (!scalar) {
-      shapes.push_back(t.shape());
-      dense_inputs.push_back(i);
-    }
-  }
-  if (shapes.size() > 16) {
-    *ok = fail(why, "pointwise node with " + std::to_string(shapes.size()) + " non-scalar inputs (at most 16)");
-    return l;
-  }
-  const pw::BroadcastPlan plan = pw::plan_broadcast(out_shape, shapes);
-  bool flat = l.numel <= 1 || plan.shape.size() == 1;
-  for (size_t k = 0; k < shapes.size() && flat && l.numel > 1; ++k) flat = plan.strides[k][0] == 1;
-  l.flat = flat;
+  const pw::BroadcastPlan plan = broadcast_of(n, g, &dense_inputs);
+  l.flat = flat_layout(l.numel, plan);
   // Vector width: 16 bytes of the widest array that moves an element per output element.
   size_t widest = 0;
   for (int i = 0; i < p.num_inputs; ++i)
@@ -212,13 +263,8 @@ Layout layout_of(const Node& n, const Graph& g, const Program& p, std::string* w
   for (int v : p.outputs) widest = std::max(widest, dtype_size(p.dtype[size_t(v)]));
   l.vec = widest ? int(16 / widest) : 1;
   if (l.numel < int64_t(l.vec) * 2) l.vec = 1;
-  if (flat) return l;
+  if (l.flat) return l;
   l.rank = int(plan.shape.size());
-  if (l.rank > kMaxRank) {
-    *ok = fail(why, "pointwise broadcast over " + std::to_string(l.rank) + " non-mergeable dims (at most " +
-                        std::to_string(kMaxRank) + ")");
-    return l;
-  }
   l.dims = plan.shape;
   l.strides.assign(size_t(p.num_inputs), std::vector<int64_t>(size_t(l.rank), 0));
   for (size_t k = 0; k < dense_inputs.size(); ++k) l.strides[size_t(dense_inputs[k])] = plan.strides[k];

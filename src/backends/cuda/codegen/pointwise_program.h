@@ -44,6 +44,12 @@ struct Program {
   int num_leaves() const { return num_inputs + int(const_slot.size()); }
 };
 
+// Whether the generator runs node n: false (with the reason in `why`) for an op outside the
+// pointwise families, an op or dtype it has no code for, a fused body it cannot read, or more
+// pointers, non-scalar inputs or collapsed broadcast dims than the kernels take. program_of and
+// layout_of succeed on every node it accepts.
+bool check(const Node& n, const Graph& g, std::string* why);
+
 // The program of a pointwise node; false (with `why`) for what the generator cannot run.
 bool program_of(const Node& n, const Graph& g, Program* out, std::string* why);
 

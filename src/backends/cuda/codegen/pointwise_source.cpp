@@ -1,6 +1,6 @@
-// The CUDA source of a pointwise program (see pointwise_program.h): the prelude, integer and
-// vector helpers, a device function computing every output of one element from its leaf
-// values, and the kernels that index the inputs and call it.
+// The CUDA source of a pointwise program (see pointwise_program.h): the prelude, the integer and
+// vector helpers (cuh/pointwise_helpers.cuh), a device function computing every output of one
+// element from its leaf values, and the kernels that index the inputs and call it.
 //
 // Literals are written as hexadecimal floats (exact); constants, sizes and strides are read
 // from the by-value argument block, so nodes differing only in them share one source.
@@ -10,73 +10,13 @@
 #include <limits>
 #include <sstream>
 
+#include "src/backends/cuda/codegen/embedded.h"
 #include "src/backends/cuda/codegen/pointwise_program.h"
 #include "src/backends/cuda/codegen/prelude.h"
 
 namespace kiln::cuda::pwgen {
 
 namespace {
-
-const char* const kHelpers = R"KILN(
-// ---- pointwise helpers --------------------------------------------------------------------
-template <typename T> struct kiln_unsigned { typedef T type; };
-template <> struct kiln_unsigned<long long> { typedef unsigned long long type; };
-template <> struct kiln_unsigned<int> { typedef unsigned int type; };
-template <> struct kiln_unsigned<signed char> { typedef unsigned char type; };
-// Integer arithmetic wraps (two's complement), through the unsigned type.
-template <typename T> __device__ __forceinline__ T kiln_iadd(T a, T b) {
-  typedef typename kiln_unsigned<T>::type U;
-  return (T)(U)((U)a + (U)b);
-}
-template <typename T> __device__ __forceinline__ T kiln_isub(T a, T b) {
-  typedef typename kiln_unsigned<T>::type U;
-  return (T)(U)((U)a - (U)b);
-}
-template <typename T> __device__ __forceinline__ T kiln_imul(T a, T b) {
-  typedef typename kiln_unsigned<T>::type U;
-  return (T)(U)((U)a * (U)b);
-}
-template <typename T> __device__ __forceinline__ T kiln_ineg(T a) {
-  typedef typename kiln_unsigned<T>::type U;
-  return (T)(U)((U)0 - (U)a);
-}
-template <typename T> __device__ __forceinline__ T kiln_iabs(T a) { return a < (T)0 ? kiln_ineg(a) : a; }
-template <> __device__ __forceinline__ unsigned char kiln_iabs(unsigned char a) { return a; }
-// Truncating division; x / 0 == 0 and MIN / -1 wraps, as the CPU kernels.
-template <typename T> __device__ __forceinline__ T kiln_idiv(T a, T b) {
-  if (b == (T)0) return (T)0;
-  if ((T)-1 < (T)0 && b == (T)-1) return kiln_ineg(a);
-  return (T)(a / b);
-}
-// float -> integer: toward zero, saturating at the i64 range, NaN -> 0 (then wrapped by a cast).
-__device__ __forceinline__ long long kiln_f2i(double v) {
-  if (v != v) return 0;
-  if (v >= 9223372036854775807.0) return 9223372036854775807LL;
-  if (v <= -9223372036854775808.0) return -9223372036854775807LL - 1;
-  return (long long)v;
-}
-// V elements of T moved as one load / store of sizeof(T) * V bytes (1 to 16).
-template <typename T, int V> struct alignas(sizeof(T) * V) kiln_vec { T v[V]; };
-template <int B> struct kiln_raw;
-template <> struct kiln_raw<1> { typedef unsigned char type; };
-template <> struct kiln_raw<2> { typedef unsigned short type; };
-template <> struct kiln_raw<4> { typedef unsigned int type; };
-template <> struct kiln_raw<8> { typedef uint2 type; };
-template <> struct kiln_raw<16> { typedef uint4 type; };
-template <typename T, int V, typename I> __device__ __forceinline__ kiln_vec<T, V> kiln_vload(const T* p, I j) {
-  typedef typename kiln_raw<sizeof(T) * V>::type R;
-  const R raw = reinterpret_cast<const R*>(p)[j];
-  kiln_vec<T, V> out;
-  memcpy(&out, &raw, sizeof(R));
-  return out;
-}
-template <typename T, int V, typename I> __device__ __forceinline__ void kiln_vstore(T* p, I j, const kiln_vec<T, V>& x) {
-  typedef typename kiln_raw<sizeof(T) * V>::type R;
-  R raw;
-  memcpy(&raw, &x, sizeof(R));
-  reinterpret_cast<R*>(p)[j] = raw;
-}
-)KILN";
 
 // The concatenation of string pieces, appended one by one.
 template <typename... A>
@@ -241,7 +181,7 @@ std::string step_code(const Step& s, const std::vector<DType>& dtype, const std:
 
 std::string generate(const Program& p, const Layout& l) {
   std::ostringstream s;
-  s << prelude() << kHelpers;
+  s << prelude() << embedded_source("pointwise_helpers.cuh");
   const int leaves = p.num_leaves();
   const size_t nconst = p.const_slot.size();
   int dense = 0;

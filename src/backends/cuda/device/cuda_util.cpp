@@ -13,6 +13,7 @@
 #include <mutex>
 #include <vector>
 
+#include "src/backends/cuda/codegen/embedded.h"
 #include "src/backends/cuda/codegen/nvrtc.h"
 #include "src/backends/cuda/device/cuda_util.h"
 
@@ -155,19 +156,7 @@ std::vector<cudaGraphNode_t> neighbours(cudaGraphNode_t node, Query query) {
 }  // namespace
 
 cudaKernel_t fill_kernel() {
-  return Module::support_kernel(R"(
-extern "C" __global__ void kiln_fill(unsigned char* dst, unsigned long long pitch, unsigned value, unsigned elem,
-                                     unsigned long long width, unsigned long long count) {
-  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < count;
-       i += (unsigned long long)gridDim.x * blockDim.x) {
-    unsigned char* p = dst + (i / width) * pitch + (i % width) * elem;
-    if (elem == 4) *reinterpret_cast<unsigned*>(p) = value;
-    else if (elem == 2) *reinterpret_cast<unsigned short*>(p) = (unsigned short)value;
-    else *p = (unsigned char)value;
-  }
-}
-)",
-                                "kiln_fill", "the graph fill kernel");
+  return Module::support_kernel(std::string(embedded_source("support_fill.cuh")), "kiln_fill", "the graph fill kernel");
 }
 
 void small_memsets_as_kernels(cudaGraph_t graph) {

@@ -15,7 +15,8 @@
 // attention_cudnn.h),
 // the build times its plans against the generated flash kernel and keeps the fastest (timing
 // cache key "sdpa|..."; optimization level 0 takes the generated kernel untimed;
-// KILN_ATTENTION_TACTIC=generated|cudnn forces one, for debugging and tests).
+// BuildPolicy::attention_tactic generated | cudnn takes that one untimed, bypassing the cache).
+// The fallback's f32 GEMMs use TF32 when BuildPolicy::allow_tf32.
 // describe() names the path and, for the fallback, why the fused kernel could not serve.
 //
 // State: pack_state(cubin of the generated kernel, params): params are a path tag, then for the
@@ -23,7 +24,6 @@
 // algorithms, for cuDNN the engine config.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -166,7 +166,7 @@ std::unique_ptr<Kernel> make_fallback(const Node& n, const AttentionGeometry& ge
   k->pointer_bytes = k->pointers ? pointer_bytes : 0;
 
   GemmShape qk;  // scores^T[S, L] = k (E x S)^T * q (E x L)
-  qk.ab_type = dt, qk.cd_type = DType::kF32, qk.tf32 = dt == DType::kF32 && tf32_allowed();
+  qk.ab_type = dt, qk.cd_type = DType::kF32, qk.tf32 = dt == DType::kF32 && options.policy.allow_tf32;
   qk.m = S, qk.n = L, qk.k = E, qk.trans_a = true, qk.lda = geo.k_row, qk.ldb = geo.q_row, qk.ldc = S;
   qk.alpha = geo.scale;
   GemmShape pv;  // out^T[Ev, L] = v (Ev x S) * probs (S x L)
@@ -209,10 +209,9 @@ std::unique_ptr<Kernel> make_fallback(const Node& n, const AttentionGeometry& ge
     k->pv = std::make_unique<LtPlan>(pv, k->gemm_ws, b);
     k->module = Module::load(saved->cubin);
   } else {
-    k->qk =
-        std::make_unique<LtPlan>(qk, k->gemm_ws, options.optimization_level, "sdpa_qk", k->pointers ? &qk_at : nullptr);
-    k->pv =
-        std::make_unique<LtPlan>(pv, k->gemm_ws, options.optimization_level, "sdpa_pv", k->pointers ? &pv_at : nullptr);
+    const TacticBudget budget = options.budget();
+    k->qk = std::make_unique<LtPlan>(qk, k->gemm_ws, budget, "sdpa_qk", k->pointers ? &qk_at : nullptr);
+    k->pv = std::make_unique<LtPlan>(pv, k->gemm_ws, budget, "sdpa_pv", k->pointers ? &pv_at : nullptr);
     k->module = Module::compile(sdpa_softmax_source(dt, geo.mask_kind), "sdpa softmax of node '" + n.name + "'");
   }
   k->softmax = k->module->kernel("kiln_sdpa_softmax_w");  // an older engine's cubin lacks it: a load error
@@ -241,19 +240,11 @@ class NotedKernel final : public Kernel {
   std::string note_;
 };
 
-// KILN_ATTENTION_TACTIC: "generated" or "cudnn" restricts the choice (and bypasses the timing
-// cache) for debugging and tests; unset or empty: timed.
-std::string forced_tactic() {
-  const char* e = std::getenv("KILN_ATTENTION_TACTIC");
-  const std::string v = e ? e : "";
-  KILN_CHECK(v.empty() || v == "generated" || v == "cudnn", kInvalidArgument,
-             "KILN_ATTENTION_TACTIC must be \"generated\" or \"cudnn\", got \"", v, "\"");
-  return v;
-}
-
 // The generated flash kernel against cuDNN's fused attention plans, timed on scratch buffers;
 // the choice goes to the timing cache (one byte 0 for the generated kernel, else the cuDNN
 // state's params, whose serialized plan lets a hit rebuild a masked plan without compiling).
+// A policy tactic other than auto restricts the choice to that one, untimed and without the cache.
+// Timing is reached only with the auto tactic, so at an optimization level above 0.
 std::unique_ptr<Kernel> choose_fused(const Node& n, const AttentionGeometry& geo, const KernelOptions& options) {
   std::vector<std::string> parts = {dtype_name(geo.dtype), detail::concat("L=", geo.L, " S=", geo.S, " E=", geo.E)};
   for (const KilnDims* d : {&geo.q_dims, &geo.k_dims, &geo.v_dims, &geo.o_dims}) {
@@ -269,9 +260,10 @@ std::unique_ptr<Kernel> choose_fused(const Node& n, const AttentionGeometry& geo
   }
   parts.push_back(detail::concat("ws<=", options.workspace_limit));
   const std::string key = timing_key("sdpa", parts);
-  const std::string only = forced_tactic();
+  const AttentionTactic only = options.policy.attention_tactic;
+  const TacticBudget budget = options.budget();
   const TimingClaim claim(key);
-  if (auto cached = only.empty() ? timing_cache_find(key) : std::nullopt) {
+  if (auto cached = only == AttentionTactic::kAuto ? timing_cache_find(key) : std::nullopt) {
     try {
       if (cached->size() == 1 && (*cached)[0] == 0) return make_fused_attention(n, geo, nullptr);
       return make_cudnn_attention(n, geo, decode_cudnn_attention(*cached), "timing cache");
@@ -282,18 +274,17 @@ std::unique_ptr<Kernel> choose_fused(const Node& n, const AttentionGeometry& geo
   std::vector<std::unique_ptr<Kernel>> cands;
   cands.push_back(make_fused_attention(n, geo, nullptr));
   std::string log;
-  size_t cudnn_plans = (size_t(1) << std::clamp(options.optimization_level, 1, 4)) - 1;  // 1, 3, 7, 15
   // The masked graph's plans are runtime-compiled (a second or so each while cuDNN's kernel
-  // cache is cold): below the exhaustive level, its first two.
-  if (geo.mask_kind && options.optimization_level < 5) cudnn_plans = std::min<size_t>(cudnn_plans, 2);
-  if (only != "generated")
+  // cache is cold): fewer of them below the exhaustive level.
+  const size_t cudnn_plans = geo.mask_kind ? budget.cudnn_masked_attention_plans : budget.cudnn_attention_plans;
+  if (only != AttentionTactic::kGenerated)
     for (auto& k : cudnn_attention_candidates(n, geo, cudnn_plans, options.workspace_limit, &log))
       cands.push_back(std::move(k));
-  if (only == "cudnn") {
+  if (only == AttentionTactic::kCudnn) {
     KILN_CHECK(cands.size() > 1, kUnsupported, "sdpa '", n.name,
-               "': KILN_ATTENTION_TACTIC=cudnn, but cuDNN offered no plan: ", log);
+               "': the build policy's attention_tactic is cudnn, but cuDNN offered no plan: ", log);
     cands.erase(cands.begin());
-    return std::make_unique<NotedKernel>(std::move(cands[0]), "forced by KILN_ATTENTION_TACTIC");
+    return std::make_unique<NotedKernel>(std::move(cands[0]), "attention_tactic=cudnn (build policy)");
   }
   size_t best = 0;
   std::string report;
@@ -307,12 +298,13 @@ std::unique_ptr<Kernel> choose_fused(const Node& n, const AttentionGeometry& geo
     void* outs[1] = {o.get()};
     std::vector<Candidate> fns;
     for (const auto& c : cands) fns.push_back(kernel_candidate(*c, ins, outs, wsb.get(), ws));
-    best = time_candidates(fns, std::max(options.optimization_level, 1), &report);
+    best = time_candidates(fns, budget.timed_candidates, &report);
     KILN_CUDA_CHECK(cudaDeviceSynchronize());
   } else {
     report = "cuDNN offered no plan: " + log;
   }
-  if (only.empty()) timing_cache_insert(key, best == 0 ? Bytes{0} : unpack_state(cands[best]->state()).params);
+  if (only == AttentionTactic::kAuto)
+    timing_cache_insert(key, best == 0 ? Bytes{0} : unpack_state(cands[best]->state()).params);
   if (report.size() > 600) report = report.substr(0, 600) + "...";
   const std::string note = "generated #0 vs cuDNN plans: " + report;
   return std::make_unique<NotedKernel>(std::move(cands[best]), note);
@@ -357,7 +349,8 @@ std::unique_ptr<Kernel> make_attention_kernel(const Node& n, const Graph& g, con
   if (saved && saved_tag != kFallbackTag && saved_tag != kFallbackPointersTag)
     return make_fused_attention(n, geo, &*saved);
   if (!saved && fused_attention_serves(geo, &why_not)) {
-    if ((options.optimization_level > 0 || !forced_tactic().empty()) && cudnn_attention_serves(geo, nullptr))
+    if ((options.budget().timed || options.policy.attention_tactic != AttentionTactic::kAuto) &&
+        cudnn_attention_serves(geo, nullptr))
       return choose_fused(n, geo, options);
     return make_fused_attention(n, geo, nullptr);
   }

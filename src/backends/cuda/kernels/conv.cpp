@@ -147,17 +147,9 @@ Epilogue make_epilogue(const ConvGeom& q, std::shared_ptr<const Module> module) 
 }  // namespace
 
 bool supports_conv(const Node& n, const Graph& g, std::string* why) {
-  try {
-    const ConvGeom q = conv_geometry(n, g);
-    if (q.dtype != DType::kF32 && q.dtype != DType::kF16 && q.dtype != DType::kBF16) {
-      if (why) *why = std::string(op_name(n.op)) + " on CUDA runs f32, f16 and bf16, got " + dtype_name(q.dtype);
-      return false;
-    }
-    return true;
-  } catch (const Error& e) {
-    if (why) *why = e.what();
-    return false;
-  }
+  const std::string refusal = conv_refusal(n, g);
+  if (!refusal.empty() && why) *why = refusal;
+  return refusal.empty();
 }
 
 namespace {
@@ -217,7 +209,7 @@ size_t fastest_conv_kernel(const ConvGeom& q, const std::vector<const Kernel*>& 
   void* outs[1] = {y.get()};
   std::vector<Candidate> candidates;
   for (const Kernel* k : kernels) candidates.push_back(kernel_candidate(*k, ins, outs, wsb.get(), ws));
-  const size_t best = time_candidates(candidates, 5, report);
+  const size_t best = time_candidates(candidates, TacticBudget::kAll, report);
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
   return best;
 }
@@ -229,8 +221,8 @@ struct CudnnContenders {
   std::vector<std::unique_ptr<ConvKernel>> kernels;
   std::vector<ConvChoice> choices;
 };
-CudnnContenders cudnn_contenders(const ConvGeom& q, uint64_t sig, const KernelOptions& fused,
-                                 const KernelOptions& alone, const std::string& what, std::string* note) {
+CudnnContenders cudnn_contenders(const ConvGeom& q, uint64_t sig, const ConvSearch& fused, const ConvSearch& alone,
+                                 const std::string& what, std::string* note) {
   CudnnContenders c;
   for (const bool conv_only : {false, true}) {
     if (conv_only && (!q.has_epilogue() || c.choices.empty() || !c.choices[0].fused)) break;
@@ -245,15 +237,6 @@ CudnnContenders cudnn_contenders(const ConvGeom& q, uint64_t sig, const KernelOp
   return c;
 }
 
-// Below the exhaustive level, a cuDNN contender whose plans are runtime-compiled (a fused
-// graph with a hardswish / hardsigmoid chain, or a depthwise conv's) is the better of the
-// heuristic's first two plans rather than of eight: each one compiles for up to a second.
-KernelOptions compiled_plan_options(const KernelOptions& options) {
-  KernelOptions o = options;
-  if (o.optimization_level < 5) o.optimization_level = std::min(o.optimization_level, 1);
-  return o;
-}
-
 // An image_input conv with an epilogue. cuDNN has kernels for an image's first layer that it
 // offers for the conv alone, not for the fused graph, so the conv alone with a generated
 // epilogue may beat every fused plan (a network's stem conv).
@@ -261,11 +244,12 @@ bool image_entry(const ConvGeom& q) { return image_input(q) && q.has_epilogue();
 
 // Build, conv whose fused graph may lose to the conv alone followed by the generated epilogue:
 // a hardswish / hardsigmoid chain (cuDNN runs those only with runtime-compiled plans, searched
-// with `fused`) or an image_entry conv. The two are timed against each other.
-std::unique_ptr<Kernel> choose_chain(const ConvGeom& q, uint64_t sig, const KernelOptions& fused,
-                                     const KernelOptions& options, const std::string& key, const std::string& what) {
+// with `fused`: ConvSearch's compiled budget) or an image_entry conv. The two are timed against
+// each other.
+std::unique_ptr<Kernel> choose_chain(const ConvGeom& q, uint64_t sig, const ConvSearch& fused, const ConvSearch& alone,
+                                     const std::string& key, const std::string& what) {
   std::string note;
-  CudnnContenders c = cudnn_contenders(q, sig, fused, options, what, &note);
+  CudnnContenders c = cudnn_contenders(q, sig, fused, alone, what, &note);
   KILN_CHECK(!c.kernels.empty(), kUnsupported, what, ": cuDNN has no engine for it: ", note);
   size_t best = 0;
   if (c.kernels.size() > 1) {
@@ -283,15 +267,16 @@ std::unique_ptr<Kernel> choose_chain(const ConvGeom& q, uint64_t sig, const Kern
 // Which wins depends on the epilogue: cuDNN's fused relu graphs run a grouped direct kernel well
 // behind the generated one (its conv alone runs a specialized depthwise kernel close to it),
 // while its hardswish chains get a runtime-compiled kernel that can beat the generated one.
+// cuDNN's plans are searched with the budget of runtime-compiled plans.
 std::unique_ptr<Kernel> choose_depthwise(const ConvGeom& q, uint64_t sig, const KernelOptions& options,
                                          const std::string& key, const std::string& what) {
   const DepthwiseSource src = generate_depthwise(q);
   CudnnContenders cudnn;
   std::string note;
-  const bool untimed = options.optimization_level <= 0;
+  const bool untimed = !options.budget().timed;
   if (!untimed) {
-    const KernelOptions cudnn_options = compiled_plan_options(options);
-    cudnn = cudnn_contenders(q, sig, cudnn_options, cudnn_options, what, &note);
+    const ConvSearch compiled = conv_search(q, options, true);
+    cudnn = cudnn_contenders(q, sig, compiled, compiled, what, &note);
   } else {
     note = "optimization level 0, untimed";
   }
@@ -327,7 +312,7 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g, const Ke
   if (state) return load_conv(q, sig, *state, what);
 
   std::vector<std::string> key_parts = parts;
-  key_parts.push_back(strict_f32(q.dtype) ? "strict-f32" : "tf32-ok");
+  key_parts.push_back(strict_f32(q.dtype, options.policy) ? "strict-f32" : "tf32-ok");
   key_parts.push_back(std::string("ws<=") + std::to_string(options.workspace_limit));
   key_parts.push_back("verified");  // choices made before candidates were checked on random data are not reused
   // Choices made before cuDNN was given the hardswish / hardsigmoid chains are not reused.
@@ -336,7 +321,8 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g, const Ke
   if (image_input(q)) key_parts.push_back("image");
   const std::string key = timing_key("conv", key_parts);
   const bool depthwise = depthwise_eligible(q);
-  if (depthwise && options.optimization_level <= 0) return choose_depthwise(q, sig, options, key, what);
+  const bool timed = options.budget().timed;
+  if (depthwise && !timed) return choose_depthwise(q, sig, options, key, what);
   const TimingClaim claim(key);
   if (auto cached = timing_cache_find(key)) {
     try {
@@ -360,12 +346,13 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g, const Ke
     }
   }
   if (depthwise) return choose_depthwise(q, sig, options, key, what);
-  if (options.optimization_level > 0) {
-    if (hard_activation(q.act)) return choose_chain(q, sig, compiled_plan_options(options), options, key, what);
-    if (image_entry(q)) return choose_chain(q, sig, options, options, key, what);
+  const ConvSearch search = conv_search(q, options, false);
+  if (timed) {
+    if (hard_activation(q.act)) return choose_chain(q, sig, conv_search(q, options, true), search, key, what);
+    if (image_entry(q)) return choose_chain(q, sig, search, search, key, what);
   }
-  ConvPlan b = search_conv_plan(q, options, what, sig);
-  if (options.optimization_level > 0)  // an untimed choice is not recorded (as for depthwise convs)
+  ConvPlan b = search_conv_plan(q, search, what, sig);
+  if (timed)  // an untimed choice is not recorded (as for depthwise convs)
     timing_cache_insert(key, encode_conv_choice(b.choice));
   return cudnn_kernel(q, std::move(b), nullptr, what);
 }

@@ -56,16 +56,47 @@ bool hard_activation(const pw::Activation& a) {
   return !a.none && (a.op == OpKind::kHardswish || a.op == OpKind::kHardsigmoid);
 }
 
+namespace {
+
+// What conv_geometry refuses: a node of the conv family whose shape or attributes cuDNN cannot take.
+std::string shape_refusal(const Node& n, const Graph& g) {
+  const TensorType& x = g.type(n.inputs[0]);
+  if (x.rank() != 3 && x.rank() != 4)
+    return detail::concat(op_name(n.op), " '", n.name, "': rank ", x.rank(), " (1 or 2 spatial dims only)");
+  if (n.op == OpKind::kConvTranspose) {
+    const size_t nsp = size_t(x.rank() - 2);
+    const auto stride = n.attrs.get_ints("stride", std::vector<int64_t>(nsp, 1));
+    const auto op = n.attrs.get_ints("output_padding", std::vector<int64_t>(nsp, 0));
+    for (size_t i = 0; i < nsp && i < op.size() && i < stride.size(); ++i)
+      if (op[i] >= stride[i])
+        return detail::concat("conv_transpose '", n.name, "': output_padding ", ints_str(op),
+                              " must be smaller than stride ", ints_str(stride), " on CUDA (cuDNN backward data)");
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string conv_refusal(const Node& n, const Graph& g) {
+  if (n.op != OpKind::kConv && n.op != OpKind::kConvTranspose)
+    return detail::concat(op_name(n.op), " is not in the conv family");
+  if (std::string refusal = shape_refusal(n, g); !refusal.empty()) return refusal;
+  const TensorType& x = g.type(n.inputs[0]);
+  if (x.dtype != DType::kF32 && x.dtype != DType::kF16 && x.dtype != DType::kBF16)
+    return detail::concat(op_name(n.op), " on CUDA runs f32, f16 and bf16, got ", dtype_name(x.dtype));
+  return {};
+}
+
 ConvGeom conv_geometry(const Node& n, const Graph& g) {
   KILN_CHECK(n.op == OpKind::kConv || n.op == OpKind::kConvTranspose, kInternal, op_name(n.op),
              " is not in the conv family");
+  const std::string refusal = shape_refusal(n, g);
+  KILN_CHECK(refusal.empty(), kUnsupported, refusal);
   ConvGeom q;
   q.transpose = n.op == OpKind::kConvTranspose;
   const auto x = g.type(n.inputs[0]).shape(), w = g.type(n.inputs[1]).shape();
   const auto y = g.type(n.outputs[0]).shape();
   q.dtype = g.type(n.inputs[0]).dtype;
-  KILN_CHECK(x.size() == 3 || x.size() == 4, kUnsupported, op_name(n.op), " '", n.name, "': rank ", x.size(),
-             " (1 or 2 spatial dims only)");
   const size_t nsp = x.size() - 2;
   q.one_d = nsp == 1;
   const Attrs& a = n.attrs;
@@ -90,12 +121,6 @@ ConvGeom conv_geometry(const Node& n, const Graph& g) {
   q.bias = n.inputs.size() > 2 && n.inputs[2] != kNoValue;
   q.residual = n.inputs.size() > 3 && n.inputs[3] != kNoValue;
   q.act = pw::parse_activation(n.op, a);
-  if (q.transpose) {
-    const auto op = a.get_ints("output_padding", std::vector<int64_t>(nsp, 0));
-    for (size_t i = 0; i < nsp; ++i)
-      KILN_CHECK(op[i] < stride[i], kUnsupported, "conv_transpose '", n.name, "': output_padding ", ints_str(op),
-                 " must be smaller than stride ", ints_str(stride), " on CUDA (cuDNN backward data)");
-  }
   return q;
 }
 

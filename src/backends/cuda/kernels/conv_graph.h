@@ -39,7 +39,13 @@ inline bool image_input(const ConvGeom& q) { return !q.transpose && q.groups == 
 // hardswish or hardsigmoid: cuDNN runs them as a chain of pointwise ops (build_conv_graph).
 bool hard_activation(const pw::Activation& a);
 
-// Throws kInvalidArgument / kUnsupported naming `what` for nodes the conv family cannot run.
+// Why the conv family cannot run node `n` of a verified graph (its attributes checked by the
+// shape rule), or "" when it can: 1 or 2 spatial dims, f32 / f16 / bf16, and for
+// conv_transpose an output_padding below the stride (cuDNN's backward data).
+std::string conv_refusal(const Node& n, const Graph& g);
+// The geometry of a conv / conv_transpose node of any dtype; throws kUnsupported with
+// conv_refusal's reason for a shape or attribute the family cannot run (kInternal for an op
+// outside the family).
 ConvGeom conv_geometry(const Node& n, const Graph& g);
 // Shapes, dtypes and attributes, one string each: the timing key's parts and the signature.
 std::vector<std::string> conv_key_parts(const ConvGeom& q);

@@ -25,15 +25,10 @@ const char* refused_numerics(const EngineInfo& info, bool strict, bool short_sum
     return "reduced-precision reduction";
   if (info.has_numerical(CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS)) return "down-converted inputs";
   if (!strict) return nullptr;
-  if (info.has_numerical(CUDNN_NUMERICAL_NOTE_TENSOR_CORE)) return "TF32 tensor cores (KILN_DISABLE_TF32=1)";
+  if (info.has_numerical(CUDNN_NUMERICAL_NOTE_TENSOR_CORE)) return "TF32 tensor cores (allow_tf32 is false)";
   if (info.has_numerical(CUDNN_NUMERICAL_NOTE_FFT) || info.has_numerical(CUDNN_NUMERICAL_NOTE_WINOGRAD))
-    return "FFT / Winograd (KILN_DISABLE_TF32=1)";
+    return "FFT / Winograd (allow_tf32 is false)";
   return nullptr;
-}
-
-size_t plans_to_try(int level) {
-  static const size_t kCount[] = {1, 2, 4, 8, 16, 64};
-  return kCount[std::min(std::max(level, 0), 5)];
 }
 
 // Pseudo-random values in [-1, 1) (xorshift32), as `dt`, in `dev`. Past kRandomPeriod
@@ -118,7 +113,7 @@ double engines_tolerance(DType dt, bool strict) { return dt == DType::kF32 ? (st
 // candidate's: a cuDNN plan that is wrong for one shape then loses to one that passes. Candidates
 // are tried in the order winner, then cuDNN's heuristic order (up to three). The scratch
 // buffers hold constants while timing, which hides such errors; here they hold random values.
-size_t verified_choice(const ConvGeom& q, size_t best, const std::vector<Candidate>& fns, ConvBuffers& buf,
+size_t verified_choice(const ConvGeom& q, bool strict, size_t best, const std::vector<Candidate>& fns, ConvBuffers& buf,
                        std::string* note) {
   const DType dt = q.dtype;
   buf.fill_inputs(q);
@@ -132,7 +127,6 @@ size_t verified_choice(const ConvGeom& q, size_t best, const std::vector<Candida
     KILN_CUDA_CHECK(cudaDeviceSynchronize());
     outs.push_back(read_back(buf.y.get(), buf.ny, dt));
   }
-  const bool strict = strict_f32(dt);
   std::string why;
   for (size_t a = 0; a < order.size(); ++a) {
     bool agrees = false;
@@ -158,7 +152,18 @@ struct Cand {
 
 }  // namespace
 
-bool strict_f32(DType dt) { return dt == DType::kF32 && !tf32_allowed(); }
+bool strict_f32(DType dt, const BuildPolicy& policy) { return dt == DType::kF32 && !policy.allow_tf32; }
+
+ConvSearch conv_search(const ConvGeom& q, const KernelOptions& options, bool compiled) {
+  const TacticBudget budget = options.budget();
+  ConvSearch s;
+  s.plans = compiled ? budget.compiled_conv_plans : budget.conv_plans;
+  s.timed = budget.timed;
+  s.timed_candidates = compiled ? budget.compiled_timed_candidates : budget.timed_candidates;
+  s.strict = strict_f32(q.dtype, options.policy);
+  s.workspace_limit = options.workspace_limit;
+  return s;
+}
 
 bool rebuild_conv_plan(const ConvGeom& q, cudnnHandle_t h, const ConvChoice& c, const std::string& what, ConvPlan& out,
                        std::string* why) {
@@ -181,11 +186,10 @@ bool rebuild_conv_plan(const ConvGeom& q, cudnnHandle_t h, const ConvChoice& c, 
   }
 }
 
-ConvPlan search_conv_plan(const ConvGeom& q, const KernelOptions& options, const std::string& what, uint64_t sig,
+ConvPlan search_conv_plan(const ConvGeom& q, const ConvSearch& search, const std::string& what, uint64_t sig,
                           bool conv_only) {
-  const bool strict = strict_f32(q.dtype);
   const bool short_sum = q.dtype != DType::kF32 && image_input(q);
-  const size_t limit = plans_to_try(options.optimization_level);
+  const size_t limit = search.plans;
   std::string log;
   std::vector<bool> modes = !q.has_epilogue() ? std::vector<bool>{true}
                             : conv_only       ? std::vector<bool>{false}
@@ -220,7 +224,7 @@ ConvPlan search_conv_plan(const ConvGeom& q, const KernelOptions& options, const
         const Desc& cfg = cfgs[next++];
         try {
           const EngineInfo info = engine_info(cfg);
-          if (const char* r = refused_numerics(info, strict, short_sum)) {
+          if (const char* r = refused_numerics(info, search.strict, short_sum)) {
             log += info.id.to_string() + ": " + r + "; ";
             continue;
           }
@@ -239,7 +243,7 @@ ConvPlan search_conv_plan(const ConvGeom& q, const KernelOptions& options, const
             continue;
           }
           const size_t ws = size_t(plans[i].get_i64(CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE));
-          if (ws > options.workspace_limit) {
+          if (ws > search.workspace_limit) {
             log += infos[i].id.to_string() + ": workspace " + std::to_string(ws) + " B over the limit; ";
             continue;
           }
@@ -256,7 +260,7 @@ ConvPlan search_conv_plan(const ConvGeom& q, const KernelOptions& options, const
     const double plans_ms = watch.lap();
     size_t best = 0;
     std::string report, verify;
-    if (cands.size() > 1 && options.optimization_level > 0) {
+    if (cands.size() > 1 && search.timed) {
       size_t ws = 0;
       for (const auto& c : cands) ws = std::max(ws, c.ws);
       ConvBuffers buf(q);
@@ -270,9 +274,9 @@ ConvPlan search_conv_plan(const ConvGeom& q, const KernelOptions& options, const
       for (size_t i = 0; i < cands.size(); ++i) packs.push_back(make_variant_pack(b.og.uids, ptrs, wsb.get()));
       for (size_t i = 0; i < cands.size(); ++i)
         fns.push_back([&, i](cudaStream_t s) { execute(cands[i].plan, packs[i], s); });
-      best = time_candidates(fns, options.optimization_level, &report);
+      best = time_candidates(fns, search.timed_candidates, &report);
       KILN_CUDA_CHECK(cudaDeviceSynchronize());
-      best = verified_choice(q, best, fns, buf, &verify);
+      best = verified_choice(q, search.strict, best, fns, buf, &verify);
     }
     b.plan = std::move(cands[best].plan);
     b.choice.fused = fused;

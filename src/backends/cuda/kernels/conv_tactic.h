@@ -1,10 +1,10 @@
 // The conv family's tactic: which cuDNN engine configuration runs a conv node's graph.
 //
 // search_conv_plan builds the fused graph (conv_graph.h), asks cuDNN's heuristics for engine
-// configs (mode A, then fallback), finalizes plans for the first few that pass Kiln's numerics
-// rules (f32 accumulation, no down-converted inputs; with KILN_DISABLE_TF32=1 and f32 data no
-// TF32 tensor cores, FFT or Winograd) and whose workspace fits, times them (tactics.h) and keeps
-// the fastest. When no engine runs the fused graph it does the same for the conv alone (the
+// configs (mode A, then fallback), finalizes plans for the first few (ConvSearch::plans) that
+// pass Kiln's numerics rules (f32 accumulation, no down-converted inputs; strict f32, i.e. f32
+// data without BuildPolicy::allow_tf32: no TF32 tensor cores, FFT or Winograd) and whose
+// workspace fits, times them (tactics.h) and keeps the fastest. When no engine runs the fused graph it does the same for the conv alone (the
 // caller then adds a generated epilogue). rebuild_conv_plan remakes a saved choice exactly.
 #pragma once
 
@@ -26,13 +26,26 @@ struct ConvPlan {
   std::string note;  // how it was chosen, for describe()
 };
 
-// f32 data with KILN_DISABLE_TF32=1.
-bool strict_f32(DType dt);
+// f32 data without TF32 (BuildPolicy::allow_tf32 false).
+bool strict_f32(DType dt, const BuildPolicy& policy);
+
+// What one plan search may do: its counts from the build's TacticBudget, its numerics and
+// workspace from the build's options.
+struct ConvSearch {
+  size_t plans = 1;  // cuDNN plans finalized per graph
+  bool timed = false;  // whether the plans are timed (else the first one is kept)
+  size_t timed_candidates = 1;  // how many of them are timed, the first ones
+  bool strict = false;  // strict_f32
+  size_t workspace_limit = 0;
+};
+// The search of conv `q` under `options`; with `compiled`, of a graph whose plans are
+// runtime-compiled (TacticBudget::compiled_conv_plans and compiled_timed_candidates).
+ConvSearch conv_search(const ConvGeom& q, const KernelOptions& options, bool compiled);
 
 // The fastest plan of the fused graph (conv + epilogue), or of the conv alone when cuDNN cannot
 // run the fused one; with conv_only, of the conv alone (its epilogue then runs as a generated
 // kernel). Throws kUnsupported (with cuDNN's reasons) when no engine runs the conv.
-ConvPlan search_conv_plan(const ConvGeom& q, const KernelOptions& options, const std::string& what, uint64_t sig,
+ConvPlan search_conv_plan(const ConvGeom& q, const ConvSearch& search, const std::string& what, uint64_t sig,
                           bool conv_only = false);
 // Whether `k` (a conv kernel of `q`, with a residual) gives the same output when its output is
 // written over its residual input: one run with separate buffers and one in place, on random

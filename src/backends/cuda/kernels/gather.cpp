@@ -10,8 +10,14 @@
 // outside [0, dim) cannot throw on the device: the CPU kernel throws kInvalidArgument, while
 // this kernel writes zeros for that element (or block). When the index is a constant of the
 // graph it is checked here at make time, throwing the CPU's error.
+//
+// The kernels are codegen/cuh/gather_elements.cuh (gather) and gather_index_select.cuh (a
+// template, one extern "C" kernel per word size). why_not_gather decides which nodes they take
+// (supports_gather), before anything is generated.
 #include <algorithm>
+#include <optional>
 
+#include "src/backends/cuda/codegen/embedded.h"
 #include "src/backends/cuda/codegen/plan.h"
 #include "src/backends/cuda/kernels.h"
 #include "src/common/element_access.h"
@@ -21,70 +27,59 @@ namespace kiln::cuda {
 namespace gen {
 namespace {
 
-std::string gather_kernel(int rank, int esz, const char* itype) {
-  std::string s = std::string("typedef ") + word_type(esz) + " W;\ntypedef " + itype + " I;\n";
-  s +=
-      "extern \"C\" __global__ void kg_gather(const W* __restrict__ x, const I* __restrict__ index, W* __restrict__ y, "
-      "Dims d, long long axis_stride, long long dim, long long n) {\n";
-  s += "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * "
-       "blockDim.x) {\n    long long r = i, off = 0;\n";
-  s += "#pragma unroll\n    for (int k = " + std::to_string(rank - 1) + "; k >= 0; --k) {\n";
-  s += "      const long long c = r % d.ext[k]; r /= d.ext[k]; off += c * d.ist[k];\n    }\n";
-  s += R"(    long long v = (long long)index[i];
-    if (v < 0) v += dim;
-    y[i] = (v >= 0 && v < dim) ? x[off + v * axis_stride] : (W)0;
-  }
-}
-)";
-  return s;
-}
-
+// The extern "C" kernel of index_select moving words of w bytes (gather_index_select.cuh).
 std::string select_kernel(int w, const char* itype, const std::string& name) {
-  std::string s = "extern \"C\" __global__ void " + name + "(const " + word_type(w) + "* __restrict__ x, const " +
-                  itype + "* __restrict__ index, " + word_type(w) +
-                  "* __restrict__ y, long long count, long long inner, "
-                  "long long dim, long long n) {\n  typedef " +
-                  word_type(w) + " W;\n";
-  s +=
-      R"(  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-    const long long j = i % inner, t = i / inner, k = t % count, o = t / count;
-    long long v = (long long)index[k];
-    if (v < 0) v += dim;
-    W z{};
-    if (v >= 0 && v < dim) z = x[(o * dim + v) * inner + j];
-    y[i] = z;
-  }
-}
-)";
-  return s;
+  const std::string word = word_type(w);
+  return "extern \"C\" __global__ void " + name + "(const " + word + "* __restrict__ x, const " + itype +
+         "* __restrict__ index, " + word +
+         "* __restrict__ y, long long count, long long inner, long long dim, long long n) {\n  kg_index_select<" +
+         word + ", " + itype + ">(x, index, y, count, inner, dim, n);\n}\n";
 }
 
-// Throws the CPU kernel's error when a constant index is out of range.
-void check_constant_index(const Node& n, const Graph& g, int64_t dim, int64_t axis) {
+// The CPU kernel's error when a constant index is out of range.
+std::optional<Error> constant_index_refusal(const Node& n, const Graph& g, int64_t dim, int64_t axis) {
   const Value& iv = g.value(n.inputs[1]);
-  if (!iv.is_constant()) return;
+  if (!iv.is_constant()) return std::nullopt;
   const TensorType& it = iv.type;
   const int64_t count = it.numel();
-  KILN_CHECK(iv.data->size() >= size_t(count) * dtype_size(it.dtype), kInvalidArgument, op_name(n.op),
-             ": constant index holds too few bytes");
+  if (iv.data->size() < size_t(count) * dtype_size(it.dtype))
+    return Error(ErrorCode::kInvalidArgument, detail::concat(op_name(n.op), ": constant index holds too few bytes"));
   for (int64_t k = 0; k < count; ++k) {
     const int64_t raw = static_cast<int64_t>(load_as_double(iv.data->data(), it.dtype, k));
     const int64_t v = raw < 0 ? raw + dim : raw;
-    KILN_CHECK(v >= 0 && v < dim, kInvalidArgument, op_name(n.op), " of x ", g.type(n.inputs[0]).to_string(),
-               (n.name.empty() ? "" : " ('" + n.name + "')"), ": index ", raw, " is out of range for axis ", axis,
-               " of size ", dim);
+    if (v < 0 || v >= dim)
+      return Error(ErrorCode::kInvalidArgument,
+                   detail::concat(op_name(n.op), " of x ", g.type(n.inputs[0]).to_string(),
+                                  (n.name.empty() ? "" : " ('" + n.name + "')"), ": index ", raw,
+                                  " is out of range for axis ", axis, " of size ", dim));
   }
+  return std::nullopt;
+}
+
+// Whether the gather family runs n: nothing when it does, else the error generate_gather fails
+// with (op, index dtype, a constant index out of range, gather's rank limit).
+std::optional<Error> why_not_gather(const Node& n, const Graph& g) {
+  if (n.op != OpKind::kGather && n.op != OpKind::kIndexSelect)
+    return Error(ErrorCode::kInternal, detail::concat(op_name(n.op), " is not in the gather family"));
+  const TensorType& it = g.type(n.inputs[1]);
+  if (it.dtype != DType::kI64 && it.dtype != DType::kI32)
+    return Error(ErrorCode::kUnsupported, detail::concat(op_name(n.op), ": index dtype ", dtype_name(it.dtype)));
+  const auto axis = size_t(n.attrs.get_int("axis"));
+  if (std::optional<Error> e = constant_index_refusal(n, g, g.type(n.inputs[0]).shape()[axis], int64_t(axis))) return e;
+  const TensorType& yt = g.type(n.outputs[0]);
+  if (yt.numel() == 0) return std::nullopt;
+  if (n.op == OpKind::kGather && yt.rank() > kMaxRank)
+    return Error(ErrorCode::kUnsupported,
+                 detail::concat("gather: rank ", yt.rank(), " exceeds the CUDA kernel's ", kMaxRank));
+  return std::nullopt;
 }
 
 }  // namespace
 
 Generated generate_gather(const Node& n, const Graph& g) {
-  KILN_CHECK(n.op == OpKind::kGather || n.op == OpKind::kIndexSelect, kInternal, op_name(n.op),
-             " is not in the gather family");
+  if (std::optional<Error> e = why_not_gather(n, g)) throw *e;
   const TensorType& xt = g.type(n.inputs[0]);
   const TensorType& it = g.type(n.inputs[1]);
-  KILN_CHECK(it.dtype == DType::kI64 || it.dtype == DType::kI32, kUnsupported, op_name(n.op), ": index dtype ",
-             dtype_name(it.dtype));
   const char* itype = it.dtype == DType::kI64 ? "long long" : "int";
   const auto x = xt.shape(), y = g.type(n.outputs[0]).shape();
   const auto axis = size_t(n.attrs.get_int("axis"));
@@ -93,19 +88,18 @@ Generated generate_gather(const Node& n, const Graph& g) {
   const int esz = int(dtype_size(xt.dtype));
   std::vector<int64_t> xs(x.size(), 1);
   for (size_t k = x.size(); k-- > 1;) xs[k - 1] = xs[k] * x[k];
-  check_constant_index(n, g, dim, int64_t(axis));
   Generated gn;
   const std::string desc = std::string("cuda ") + op_name(n.op) + " " + dtype_name(it.dtype) + " index";
   gn.plan.describe = desc + " (empty)";
   if (numel == 0) return gn;
   if (n.op == OpKind::kGather) {
-    KILN_CHECK(y.size() <= size_t(kMaxRank), kUnsupported, "gather: rank ", y.size(), " exceeds the CUDA kernel's ",
-               kMaxRank);
     Dims d{};
     for (size_t k = 0; k < y.size(); ++k) d.ext[k] = y[k], d.ist[k] = k == axis ? 0 : xs[k];
     const int R = std::max<int>(1, int(y.size()));
     if (y.empty()) d.ext[0] = 1;
-    gn.source = source_head() + kDimsDecl + gather_kernel(R, esz, itype);
+    gn.source = source_head() + kDimsDecl + "typedef " + word_type(esz) + " W;\ntypedef " + itype +
+                " I;\n#define KG_GATHER_RANK " + std::to_string(R) + "\n" +
+                std::string(embedded_source("gather_elements.cuh"));
     Launch l("kg_gather", blocks_for(numel, 256), 256);
     l.in(0).in(1).out(0).val(d).i64(xs[axis]).i64(dim).i64(numel);
     gn.plan.launches.push_back(std::move(l));
@@ -116,7 +110,7 @@ Generated generate_gather(const Node& n, const Graph& g) {
   for (size_t k = 0; k < axis; ++k) outer *= x[k];
   const int64_t inner = xs[axis], count = y[axis];
   const int w = word_bytes(esz, {inner * esz});
-  gn.source = source_head();
+  gn.source = source_head() + std::string(embedded_source("gather_index_select.cuh"));
   auto select = [&](int wb) {
     const int64_t iw = inner * esz / wb, words = outer * count * iw;
     const std::string name = "kg_index_select_w" + std::to_string(wb);
@@ -135,13 +129,9 @@ Generated generate_gather(const Node& n, const Graph& g) {
 }  // namespace gen
 
 bool supports_gather(const Node& n, const Graph& g, std::string* why) {
-  try {
-    gen::generate_gather(n, g);
-    return true;
-  } catch (const Error& e) {
-    if (why) *why = e.what();
-    return false;
-  }
+  const std::optional<Error> e = gen::why_not_gather(n, g);
+  if (e && why) *why = e->what();
+  return !e;
 }
 
 std::unique_ptr<Kernel> make_gather_kernel(const Node& n, const Graph& g, const KernelOptions&, const Bytes* state) {

@@ -4,9 +4,12 @@
 // full: the value is converted to the dtype's bytes here, exactly as the CPU kernel does (an
 // i64 attribute stays exact), and the kernel only replicates them, as the widest word (up to
 // 16 bytes) that divides the output. arange: element i is start + i * step computed in double
-// and then converted like the CPU (f16 / bf16 through f32; bool is != 0; integers truncate).
+// and then converted like the CPU (f16 / bf16 through f32; bool is != 0; integers truncate),
+// codegen/cuh/generator_arange.cuh.
+#include <optional>
 #include <variant>
 
+#include "src/backends/cuda/codegen/embedded.h"
 #include "src/backends/cuda/codegen/plan.h"
 #include "src/backends/cuda/codegen/prelude.h"
 #include "src/backends/cuda/kernels.h"
@@ -15,8 +18,20 @@
 namespace kiln::cuda {
 
 namespace gen {
+namespace {
+
+// Whether the generator family runs n: nothing when it does (arange and full, every dtype),
+// else the error generate_generator fails with.
+std::optional<Error> why_not_generator(const Node& n) {
+  if (n.op != OpKind::kArange && n.op != OpKind::kFull)
+    return Error(ErrorCode::kInternal, detail::concat(op_name(n.op), " is not in the generator family"));
+  return std::nullopt;
+}
+
+}  // namespace
 
 Generated generate_generator(const Node& n, const Graph& g) {
+  if (std::optional<Error> e = why_not_generator(n)) throw *e;
   const TensorType& yt = g.type(n.outputs[0]);
   const int64_t count = yt.numel();
   Generated gn;
@@ -24,22 +39,15 @@ Generated generate_generator(const Node& n, const Graph& g) {
     gn.plan.describe = std::string("cuda arange ") + dtype_name(yt.dtype);
     if (count == 0) return gn;
     const DType dt = yt.dtype;
-    std::string conv;
-    if (dt == DType::kF16 || dt == DType::kBF16) conv = std::string("from_float<") + storage_type(dt) + ">((float)v)";
-    else if (dt == DType::kBool) conv = "v != 0.0";
-    else conv = std::string("(") + storage_type(dt) + ")v";
-    gn.source =
-        source_head() + "typedef " + storage_type(dt) + " T;\n" +
-        "extern \"C\" __global__ void kg_arange(T* __restrict__ y, double start, double step, long long n) {\n"
-        "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x *"
-        " blockDim.x) {\n    const double v = start + (double)i * step;\n    y[i] = " +
-        conv + ";\n  }\n}\n";
+    // generator_arange.cuh's conversion of the double value: through float, to bool, or a cast.
+    const int convert = dt == DType::kF16 || dt == DType::kBF16 ? 1 : dt == DType::kBool ? 2 : 0;
+    gn.source = source_head() + "typedef " + storage_type(dt) + " T;\n#define KG_ARANGE_CONVERT " +
+                std::to_string(convert) + "\n" + std::string(embedded_source("generator_arange.cuh"));
     Launch l("kg_arange", blocks_for(count, 256), 256);
     l.out(0).f64(n.attrs.get_float("start", 0.0)).f64(n.attrs.get_float("step", 1.0)).i64(count);
     gn.plan.launches.push_back(std::move(l));
     return gn;
   }
-  KILN_CHECK(n.op == OpKind::kFull, kInternal, op_name(n.op), " is not in the generator family");
   gn.plan.describe = std::string("cuda full ") + dtype_name(yt.dtype);
   uint64_t bits = 0;
   const AttrValue& value = n.attrs.items().at("value");
@@ -54,14 +62,10 @@ Generated generate_generator(const Node& n, const Graph& g) {
 
 }  // namespace gen
 
-bool supports_generator(const Node& n, const Graph& g, std::string* why) {
-  try {
-    gen::generate_generator(n, g);
-    return true;
-  } catch (const Error& e) {
-    if (why) *why = e.what();
-    return false;
-  }
+bool supports_generator(const Node& n, const Graph&, std::string* why) {
+  const std::optional<Error> e = gen::why_not_generator(n);
+  if (e && why) *why = e->what();
+  return !e;
 }
 
 std::unique_ptr<Kernel> make_generator_kernel(const Node& n, const Graph& g, const KernelOptions&, const Bytes* state) {

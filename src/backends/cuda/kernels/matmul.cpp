@@ -11,15 +11,15 @@
 //     differ by at most 4.7e-4 (at x = 2.7, a quarter of an f16 ulp of the result there), far
 //     below what half precision resolves, and a separate pass over the output (an MLP's
 //     widest activation) costs far more than the GEMM's epilogue.
-//     KILN_EXACT_GELU=1 keeps exact GELU in the generated kernel; f32 always does;
+//     BuildPolicy::exact_gelu keeps exact GELU in the generated kernel; f32 always does;
 //   - gelu, silu, sigmoid, tanh, and a residual that broadcasts, run in a generated in-place
 //     kernel after the GEMM (gemm_sources.h).
 // matmul's batch dims map onto strided batches (plan_batches); a b shared by every batch with a
 // dense a folds the batch into M (one large GEMM); broadcasts that no single stride expresses
-// loop over groups of strided batches. The algorithm is timed at build (LtPlan).
+// loop over groups of strided batches. The algorithm is timed at build (LtPlan). f32 GEMMs use
+// TF32 tensor cores when BuildPolicy::allow_tf32 (the engine's policy, at build and at load).
 //
 // State: pack_state(epilogue cubin or empty, saved algorithm). run() only enqueues.
-#include <cstdlib>
 #include <numeric>
 
 #include "src/backends/cuda/codegen/gemm_sources.h"
@@ -43,11 +43,6 @@ const char* epilogue_name(cublasLtEpilogue_t e) {
     case CUBLASLT_EPILOGUE_GELU_BIAS: return "bias+gelu_tanh";
     default: return "none";
   }
-}
-
-bool exact_gelu_required() {
-  const char* env = std::getenv("KILN_EXACT_GELU");
-  return env && std::string(env) == "1";
 }
 
 bool gemm_dtype(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
@@ -153,8 +148,8 @@ uint32_t alignment_of(size_t es, std::initializer_list<const std::vector<int64_t
 }
 
 // `saved`: the state of a built kernel, whose choice between tanh GELU in cuBLASLt and exact
-// GELU in a generated epilogue (a cubin) is kept, whatever KILN_EXACT_GELU says now.
-Problem linear_problem(const Node& n, const Graph& g, const CompiledState* saved) {
+// GELU in a generated epilogue (a cubin) is kept as it was made.
+Problem linear_problem(const Node& n, const Graph& g, const BuildPolicy& policy, const CompiledState* saved) {
   const TensorType& xt = g.type(n.inputs[0]);
   const TensorType& yt = g.type(n.outputs[0]);
   const int64_t K = xt.dims.back().extent, N = yt.dims.back().extent, M = K ? xt.numel() / K : 0;
@@ -164,7 +159,7 @@ Problem linear_problem(const Node& n, const Graph& g, const CompiledState* saved
   Problem p;
   GemmShape& s = p.shape;
   s.ab_type = s.cd_type = xt.dtype;
-  s.tf32 = xt.dtype == DType::kF32 && tf32_allowed();
+  s.tf32 = xt.dtype == DType::kF32 && policy.allow_tf32;
   s.m = N, s.n = M, s.k = K;
   s.trans_a = true;
   s.lda = K, s.ldb = K, s.ldc = N;
@@ -177,7 +172,7 @@ Problem linear_problem(const Node& n, const Graph& g, const CompiledState* saved
   if (has_bias) p.bias_in = 2;
   const std::string a = act.none ? "none" : act.name;
   const bool half = xt.dtype == DType::kF16 || xt.dtype == DType::kBF16;
-  const bool tanh_gelu_ok = half && a == "gelu" && (saved ? saved->cubin.empty() : !exact_gelu_required());
+  const bool tanh_gelu_ok = half && a == "gelu" && (saved ? saved->cubin.empty() : !policy.exact_gelu);
   const bool lt_act = !p.kernel_residual && (a == "relu" || a == "gelu_tanh" || tanh_gelu_ok);
   if (lt_act) {
     s.epilogue = a == "relu" ? (has_bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU)
@@ -192,7 +187,7 @@ Problem linear_problem(const Node& n, const Graph& g, const CompiledState* saved
   return p;
 }
 
-Problem matmul_problem(const Node& n, const Graph& g) {
+Problem matmul_problem(const Node& n, const Graph& g, const BuildPolicy& policy) {
   const auto as = g.type(n.inputs[0]).shape(), bs = g.type(n.inputs[1]).shape(), ys = g.type(n.outputs[0]).shape();
   const DType dt = g.type(n.inputs[0]).dtype;
   const int64_t M = as[as.size() - 2], K = as.back(), N = bs.back();
@@ -203,7 +198,7 @@ Problem matmul_problem(const Node& n, const Graph& g) {
                            {K * N, M * K, M * N});
   GemmShape& s = p.shape;
   s.ab_type = s.cd_type = dt;
-  s.tf32 = dt == DType::kF32 && tf32_allowed();
+  s.tf32 = dt == DType::kF32 && policy.allow_tf32;
   s.m = N, s.n = M, s.k = K;
   s.lda = N, s.ldb = K, s.ldc = N;
   const BatchPlan& bp = p.batches;
@@ -255,10 +250,11 @@ std::unique_ptr<Kernel> make_matmul_kernel(const Node& n, const Graph& g, const 
   }
   std::optional<CompiledState> saved;
   if (state) saved = unpack_state(*state);
-  Problem p = n.op == OpKind::kLinear ? linear_problem(n, g, saved ? &*saved : nullptr) : matmul_problem(n, g);
+  Problem p = n.op == OpKind::kLinear ? linear_problem(n, g, options.policy, saved ? &*saved : nullptr)
+                                      : matmul_problem(n, g, options.policy);
   const size_t ws = std::min(kGemmWorkspace, options.workspace_limit);  // the bound; the plan keeps what it needs
   k->plan = saved ? std::make_unique<LtPlan>(p.shape, ws, saved->params)
-                  : std::make_unique<LtPlan>(p.shape, ws, options.optimization_level, op_name(n.op));
+                  : std::make_unique<LtPlan>(p.shape, ws, options.budget(), op_name(n.op));
   k->batches = p.batches;
   k->a_in = p.a_in, k->b_in = p.b_in, k->bias_in = p.bias_in, k->c_in = p.c_in;
   k->a_es = dtype_size(p.shape.ab_type), k->c_es = dtype_size(p.shape.cd_type);

@@ -121,29 +121,18 @@ std::string describe_program(const Node& n, const pwgen::Program& p, const pwgen
 
 }  // namespace
 
-bool supports_pointwise(const Node& n, const Graph& g, std::string* why) {
-  const OpFamily fam = op_info(n.op).family;
-  if (fam != OpFamily::kUnary && fam != OpFamily::kBinary && fam != OpFamily::kWhere && fam != OpFamily::kCast &&
-      fam != OpFamily::kFused) {
-    if (why) *why = std::string(op_name(n.op)) + " is not a pointwise op";
-    return false;
-  }
-  pwgen::Program p;
-  if (!pwgen::program_of(n, g, &p, why)) return false;
-  bool ok = true;
-  pwgen::layout_of(n, g, p, why, &ok);
-  return ok;
-}
+bool supports_pointwise(const Node& n, const Graph& g, std::string* why) { return pwgen::check(n, g, why); }
 
 std::unique_ptr<Kernel> make_pointwise_kernel(const Node& n, const Graph& g, const KernelOptions& options,
                                               const Bytes* state) {
   (void)options;
   std::string why;
+  KILN_CHECK(pwgen::check(n, g, &why), kUnsupported, "CUDA ", op_name(n.op), " node '", n.name, "': ", why);
   pwgen::Program p;
-  KILN_CHECK(pwgen::program_of(n, g, &p, &why), kUnsupported, "CUDA ", op_name(n.op), " node '", n.name, "': ", why);
+  KILN_CHECK(pwgen::program_of(n, g, &p, &why), kInternal, "CUDA ", op_name(n.op), " node '", n.name, "': ", why);
   bool ok = true;
   pwgen::Layout l = pwgen::layout_of(n, g, p, &why, &ok);
-  KILN_CHECK(ok, kUnsupported, "CUDA ", op_name(n.op), " node '", n.name, "': ", why);
+  KILN_CHECK(ok, kInternal, "CUDA ", op_name(n.op), " node '", n.name, "': ", why);
   std::optional<CompiledState> stored;
   if (state) {
     stored = unpack_state(*state);

@@ -15,9 +15,15 @@
 // pointers are equal (the memory planner's alias rule, src/passes/memory_plan.cpp, puts an
 // intermediate's reshape on its input's bytes), so a captured CUDA graph has no node for them.
 // pad maps each output coordinate to an input one (constant / reflect / replicate).
+//
+// The kernels are templates in codegen/cuh/shape_copy.cuh and shape_pad.cuh; a source holds one
+// extern "C" kernel per variant a launch names, calling its template. why_not_shape decides which
+// nodes the kernels take (supports_shape), before anything is generated.
 #include <algorithm>
 #include <numeric>
+#include <optional>
 
+#include "src/backends/cuda/codegen/embedded.h"
 #include "src/backends/cuda/codegen/plan.h"
 #include "src/backends/cuda/kernels.h"
 #include "src/common/element_access.h"
@@ -47,49 +53,174 @@ Walk collapse(const std::vector<int64_t>& ext, const std::vector<int64_t>& ist, 
   return w;
 }
 
-std::string copy_kernel(int rank, int w, bool wide, bool out_contig) {
-  const std::string name =
-      "kg_copy_r" + std::to_string(rank) + "_w" + std::to_string(w) + (wide ? "_l" : "_i") + (out_contig ? "_c" : "_s");
-  const std::string idx = wide ? "unsigned long long" : "unsigned int";
-  std::string s = "extern \"C\" __global__ void " + name + "(const " + word_type(w) + "* __restrict__ x, " +
-                  word_type(w) + "* __restrict__ y, Dims d, long long n) {\n";
-  s += "  for (" + idx + " i = blockIdx.x * (" + idx + ")blockDim.x + threadIdx.x; i < (" + idx + ")n; i += (" + idx +
-       ")gridDim.x * blockDim.x) {\n";
-  s += "    " + idx + " r = i; long long io = 0, oo = 0;\n";
-  s += "#pragma unroll\n    for (int k = " + std::to_string(rank - 1) + "; k > 0; --k) {\n";
-  s += "      const " + idx + " e = (" + idx + ")d.ext[k]; const " + idx + " c = r % e; r /= e;\n";
-  s += "      io += (long long)c * d.ist[k]; oo += (long long)c * d.ost[k];\n    }\n";
-  s += "    io += (long long)r * d.ist[0]; oo += (long long)r * d.ost[0];\n";
-  s += std::string("    y[") + (out_contig ? "i" : "oo") + "] = x[io];\n  }\n}\n";
-  return s;
+int64_t product(const std::vector<int64_t>& v) {
+  return std::accumulate(v.begin(), v.end(), int64_t(1), std::multiplies<>());
 }
 
-std::string transpose_kernel(int batch_rank, int w) {
-  const std::string name = "kg_transpose_b" + std::to_string(batch_rank) + "_w" + std::to_string(w);
-  std::string s = "extern \"C\" __global__ void " + name + "(const " + std::string(word_type(w)) +
-                  "* __restrict__ x, " + word_type(w) +
-                  "* __restrict__ y, Dims d, long long L, long long sl, long long D, long long od, long long tilesL,"
-                  " long long batch) {\n";
-  s += "  __shared__ " + std::string(word_type(w)) + " tile[32][33];\n";
-  s += R"(  const long long t = blockIdx.x, l0 = (t % tilesL) * 32, d0 = (t / tilesL) * 32;
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  for (long long b = blockIdx.y; b < batch; b += gridDim.y) {
-    long long r = b, io = 0, oo = 0;
-)";
-  s += "#pragma unroll\n    for (int k = " + std::to_string(batch_rank - 1) + "; k >= 0; --k) {\n";
-  s += R"(      const long long c = r % d.ext[k]; r /= d.ext[k];
-      io += c * d.ist[k]; oo += c * d.ost[k];
+// One strided copy of a shape node: the iteration shape `ext` with element strides ist (input)
+// and ost (output), from input `in` at byte offset ioff to output `out` at byte offset ooff.
+struct StridedCopy {
+  std::vector<int64_t> ext, ist, ost;
+  int in = 0;
+  int64_t ioff = 0;
+  int out = 0;
+  int64_t ooff = 0;
+};
+
+// The strided copies of a shape node other than pad, in launch order (concat / split: one per
+// part, each into / out of the joined tensor at its byte offset).
+std::vector<StridedCopy> copies_of(const Node& n, const Graph& g) {
+  const TensorType& xt = g.type(n.inputs[0]);
+  const int64_t esz = int64_t(dtype_size(xt.dtype));
+  switch (n.op) {
+    case OpKind::kReshape:
+    case OpKind::kCopy: return {StridedCopy{{xt.numel()}, {1}, {1}, 0, 0, 0, 0}};
+    case OpKind::kPermute:
+    case OpKind::kExpand:
+    case OpKind::kSlice: {
+      const auto y = g.type(n.outputs[0]).shape();
+      const StridedView view = strided_view(n, g);
+      return {StridedCopy{y, view.strides, row_major_strides(y), 0, view.offset * esz, 0, 0}};
     }
-    for (int j = ty; j < 32; j += 8)
-      if (l0 + j < L && d0 + tx < D) tile[j][tx] = x[io + (l0 + j) * sl + d0 + tx];
-    __syncthreads();
-    for (int j = ty; j < 32; j += 8)
-      if (d0 + j < D && l0 + tx < L) y[oo + (d0 + j) * od + l0 + tx] = tile[tx][j];
-    __syncthreads();
+    case OpKind::kConcat:
+    case OpKind::kSplit: {
+      const bool join = n.op == OpKind::kConcat;
+      const auto axis = size_t(n.attrs.get_int("axis"));
+      const ValueId whole = join ? n.outputs[0] : n.inputs[0];
+      const auto& parts = join ? n.inputs : n.outputs;
+      const auto ws = row_major_strides(g.type(whole).shape());
+      std::vector<StridedCopy> copies;
+      int64_t start = 0;
+      for (size_t i = 0; i < parts.size(); ++i) {
+        const auto ps = g.type(parts[i]).shape();
+        const int64_t off = start * ws[axis] * esz;
+        if (join) copies.push_back(StridedCopy{ps, row_major_strides(ps), ws, int(i), 0, 0, off});
+        else copies.push_back(StridedCopy{ps, ws, row_major_strides(ps), 0, off, int(i), 0});
+        start += ps[axis];
+      }
+      return copies;
+    }
+    default: return {};
   }
 }
-)";
-  return s;
+
+// The tiled transpose's contiguous input dim of a collapsed walk (the last dim is strided in the
+// input and contiguous in the output, another dim is contiguous in the input), or -1.
+int transpose_dim(const Walk& w) {
+  const size_t last = w.ext.size() - 1;
+  int dcont = -1;
+  if (last >= 1 && w.ost[last] == 1 && w.ist[last] > 1 && w.ext[last] >= 4)
+    for (size_t k = 0; k < last; ++k)
+      if (w.ist[k] == 1 && w.ext[k] >= 4) dcont = int(k);
+  return dcont;
+}
+
+// Why the kernels cannot make copy c: more dims than the kernels walk after merging, or a
+// transpose of more tiles than a grid holds.
+std::optional<Error> copy_refusal(const StridedCopy& c) {
+  if (product(c.ext) == 0) return std::nullopt;
+  const Walk w = collapse(c.ext, c.ist, c.ost);
+  const size_t R = w.ext.size();
+  if (R > size_t(kMaxRank))
+    return Error(ErrorCode::kUnsupported,
+                 detail::concat("strided copy with ", R, " non-mergeable dims (the CUDA kernel takes ", kMaxRank, ")"));
+  const int dcont = transpose_dim(w);
+  if (dcont >= 0) {
+    const int64_t L = w.ext[R - 1], D = w.ext[size_t(dcont)];
+    const int64_t tilesL = (L + 31) / 32, tilesD = (D + 31) / 32;
+    if (tilesL * tilesD >= (int64_t(1) << 31))
+      return Error(ErrorCode::kUnsupported, detail::concat("transpose of ", L, " x ", D, " is too large"));
+  }
+  return std::nullopt;
+}
+
+// pad's walk: the output dims, with each run of unpadded dims contiguous in the input merged
+// into one, their input extents, padding before and input element strides.
+struct PadWalk {
+  std::vector<int64_t> oext, iext, before, ist;
+};
+
+PadWalk pad_walk(const Node& n, const Graph& g) {
+  auto [x, xs] = pad_input(n, g);
+  auto y = g.type(n.outputs[0]).shape();
+  auto pads = n.attrs.get_ints("pads");
+  if (x.empty()) x = y = xs = {1}, pads = {0, 0};
+  PadWalk w;
+  for (size_t k = 0; k < x.size(); ++k) {
+    const bool padded = pads[2 * k] != 0 || x[k] != y[k];
+    const bool merge = !padded && !w.oext.empty() && w.oext.back() == w.iext.back() && w.before.back() == 0 &&
+                       w.ist.back() == xs[k] * x[k];
+    if (merge) {
+      w.oext.back() *= x[k], w.iext.back() *= x[k], w.ist.back() = xs[k];
+    } else {
+      w.oext.push_back(y[k]), w.iext.push_back(x[k]), w.before.push_back(pads[2 * k]), w.ist.push_back(xs[k]);
+    }
+  }
+  return w;
+}
+
+// Why the kernels cannot pad as n asks: a mode they lack, or more dims than they walk.
+std::optional<Error> pad_refusal(const Node& n, const Graph& g) {
+  const std::string mode = n.attrs.get_string("mode", "constant");
+  if (mode != "constant" && mode != "reflect" && mode != "replicate")
+    return Error(ErrorCode::kUnsupported, detail::concat("pad: mode '", mode, "'"));
+  if (g.type(n.outputs[0]).numel() == 0) return std::nullopt;
+  const int R = int(pad_walk(n, g).oext.size());
+  if (R > kMaxRank)
+    return Error(ErrorCode::kUnsupported,
+                 detail::concat("pad: ", R, " padded or unmergeable dims exceed the CUDA kernel's ", kMaxRank));
+  return std::nullopt;
+}
+
+// Whether the shape family runs n: nothing when it does, else the error generate_shape fails
+// with (op, pad mode, the kernels' dims and grid limits).
+std::optional<Error> why_not_shape(const Node& n, const Graph& g) {
+  switch (n.op) {
+    case OpKind::kPad: return pad_refusal(n, g);
+    case OpKind::kReshape:
+    case OpKind::kCopy:
+    case OpKind::kPermute:
+    case OpKind::kExpand:
+    case OpKind::kSlice:
+    case OpKind::kConcat:
+    case OpKind::kSplit:
+      for (const StridedCopy& c : copies_of(n, g))
+        if (std::optional<Error> e = copy_refusal(c)) return e;
+      return std::nullopt;
+    default: return Error(ErrorCode::kInternal, detail::concat(op_name(n.op), " is not in the shape family"));
+  }
+}
+
+const char* index_type(bool wide, bool is_unsigned) {
+  if (is_unsigned) return wide ? "unsigned long long" : "unsigned int";
+  return wide ? "long long" : "int";
+}
+
+std::string copy_name(size_t rank, int w, bool wide, bool out_contig) {
+  return "kg_copy_r" + std::to_string(rank) + "_w" + std::to_string(w) + (wide ? "_l" : "_i") +
+         (out_contig ? "_c" : "_s");
+}
+
+// The extern "C" kernel of one copy variant (shape_copy.cuh's kg_copy).
+std::string copy_kernel(size_t rank, int w, bool wide, bool out_contig) {
+  const std::string word = word_type(w);
+  return "extern \"C\" __global__ void " + copy_name(rank, w, wide, out_contig) + "(const " + word +
+         "* __restrict__ x, " + word + "* __restrict__ y, Dims d, long long n) {\n  kg_copy<" + std::to_string(rank) +
+         ", " + word + ", " + index_type(wide, true) + ", " + (out_contig ? "true" : "false") + ">(x, y, d, n);\n}\n";
+}
+
+std::string transpose_name(int batch_rank, int w) {
+  return "kg_transpose_b" + std::to_string(batch_rank) + "_w" + std::to_string(w);
+}
+
+// The extern "C" kernel of one tiled transpose variant (shape_copy.cuh's kg_transpose).
+std::string transpose_kernel(int batch_rank, int w) {
+  const std::string word = word_type(w);
+  return "extern \"C\" __global__ void " + transpose_name(batch_rank, w) + "(const " + word + "* __restrict__ x, " +
+         word +
+         "* __restrict__ y, Dims d, long long L, long long sl, long long D, long long od, long long tilesL,"
+         " long long batch) {\n  kg_transpose<" +
+         std::to_string(batch_rank) + ", " + word + ">(x, y, d, L, sl, D, od, tilesL, batch);\n}\n";
 }
 
 void add_kernel_once(std::string& source, const std::string& kernel) {
@@ -103,25 +234,18 @@ Dims dims_of(const Walk& w, size_t from, size_t count) {
   return d;
 }
 
-// Adds a strided copy of the iteration shape `ext` (element strides ist / ost, byte offsets
-// ioff / ooff) from input `in` to output `out`. Returns a short description.
-std::string add_strided(std::string& source, Plan& plan, const std::vector<int64_t>& ext,
-                        const std::vector<int64_t>& ist, const std::vector<int64_t>& ost, int in, int64_t ioff, int out,
-                        int64_t ooff, int esz) {
-  const int64_t numel = std::accumulate(ext.begin(), ext.end(), int64_t(1), std::multiplies<>());
+// Adds the strided copy c (which copy_refusal accepts) of elements of esz bytes to the source
+// and the plan. Returns a short description.
+std::string add_strided(std::string& source, Plan& plan, const StridedCopy& c, int esz) {
+  const int64_t numel = product(c.ext);
   if (numel == 0) return "empty";
-  Walk w = collapse(ext, ist, ost);
+  Walk w = collapse(c.ext, c.ist, c.ost);
   const size_t R = w.ext.size();
-  KILN_CHECK(R <= size_t(kMaxRank), kUnsupported, "strided copy with ", R,
-             " non-mergeable dims (the CUDA kernel takes ", kMaxRank, ")");
   const size_t last = R - 1;
-  if (source.empty()) source = source_head() + kDimsDecl;
+  if (source.empty()) source = source_head() + kDimsDecl + std::string(embedded_source("shape_copy.cuh"));
 
   // Tiled transpose: the last dim is strided in the input, another dim is contiguous there.
-  int dcont = -1;
-  if (R >= 2 && w.ost[last] == 1 && w.ist[last] > 1 && w.ext[last] >= 4)
-    for (size_t k = 0; k < last; ++k)
-      if (w.ist[k] == 1 && w.ext[k] >= 4) dcont = int(k);
+  const int dcont = transpose_dim(w);
   if (dcont >= 0) {
     Walk batch;
     for (size_t k = 0; k < last; ++k)
@@ -131,11 +255,9 @@ std::string add_strided(std::string& source, Plan& plan, const std::vector<int64
     add_kernel_once(source, transpose_kernel(br, esz));
     const int64_t L = w.ext[last], D = w.ext[size_t(dcont)];
     const int64_t tilesL = (L + 31) / 32, tilesD = (D + 31) / 32;
-    const int64_t nb = std::accumulate(batch.ext.begin(), batch.ext.end(), int64_t(1), std::multiplies<>());
-    KILN_CHECK(tilesL * tilesD < (int64_t(1) << 31), kUnsupported, "transpose of ", L, " x ", D, " is too large");
-    Launch l("kg_transpose_b" + std::to_string(br) + "_w" + std::to_string(esz), uint32_t(tilesL * tilesD), 32,
-             uint32_t(std::min<int64_t>(nb, 65535)), 8);
-    l.in(in, ioff).out(out, ooff).val(dims_of(batch, 0, size_t(br)));
+    const int64_t nb = product(batch.ext);
+    Launch l(transpose_name(br, esz), uint32_t(tilesL * tilesD), 32, uint32_t(std::min<int64_t>(nb, 65535)), 8);
+    l.in(c.in, c.ioff).out(c.out, c.ooff).val(dims_of(batch, 0, size_t(br)));
     l.i64(L).i64(w.ist[last]).i64(D).i64(w.ost[size_t(dcont)]).i64(tilesL).i64(nb);
     plan.launches.push_back(std::move(l));
     return "tiled transpose";
@@ -155,20 +277,18 @@ std::string add_strided(std::string& source, Plan& plan, const std::vector<int64
       s *= v.ext[size_t(k)];
     }
     const bool wide = words >= (int64_t(1) << 31);
-    add_kernel_once(source, copy_kernel(int(R), wb, wide, out_contig));
-    Launch l(
-        "kg_copy_r" + std::to_string(R) + "_w" + std::to_string(wb) + (wide ? "_l" : "_i") + (out_contig ? "_c" : "_s"),
-        blocks_for(words, 256), 256);
-    l.in(in, ioff).out(out, ooff).val(dims_of(v, 0, R)).i64(words);
+    add_kernel_once(source, copy_kernel(R, wb, wide, out_contig));
+    Launch l(copy_name(R, wb, wide, out_contig), blocks_for(words, 256), 256);
+    l.in(c.in, c.ioff).out(c.out, c.ooff).val(dims_of(v, 0, R)).i64(words);
     return l;
   };
   int wb = esz;
   if (w.ist[last] == 1 && w.ost[last] == 1) {
-    std::vector<int64_t> counts = {w.ext[last] * esz, ioff, ooff};
+    std::vector<int64_t> counts = {w.ext[last] * esz, c.ioff, c.ooff};
     for (size_t k = 0; k < last; ++k) counts.push_back(w.ist[k] * esz), counts.push_back(w.ost[k] * esz);
-    for (int c : {16, 8, 4, 2})
-      if (c > esz && std::all_of(counts.begin(), counts.end(), [c](int64_t b) { return b % c == 0; })) {
-        wb = c;
+    for (int b : {16, 8, 4, 2})
+      if (b > esz && std::all_of(counts.begin(), counts.end(), [b](int64_t x) { return x % b == 0; })) {
+        wb = b;
         break;
       }
   }
@@ -182,22 +302,12 @@ std::string pad_name(const std::string& mode, int rank, int esz, bool wide) {
   return "kg_pad_" + mode + "_r" + std::to_string(rank) + "_w" + std::to_string(esz) + (wide ? "_l" : "_i");
 }
 
+// The extern "C" kernel of one pad variant (shape_pad.cuh's kg_pad).
 std::string pad_kernel(const std::string& mode, int rank, int esz, bool wide) {
-  const std::string idx = wide ? "long long" : "int";
-  std::string s = "extern \"C\" __global__ void " + pad_name(mode, rank, esz, wide) + "(const " + word_type(esz) +
-                  "* __restrict__ x, " + word_type(esz) +
-                  "* __restrict__ y, PadDims p, unsigned long long fill, long long n) {\n";
-  s += "  typedef " + std::string(word_type(esz)) + " W;\n  const W f = (W)fill;\n";
-  s += "  for (" + idx + " i = blockIdx.x * (" + idx + ")blockDim.x + threadIdx.x; i < (" + idx + ")n; i += (" + idx +
-       ")gridDim.x * blockDim.x) {\n    " + idx + " r = i, io = 0; bool inside = true;\n";
-  s += "#pragma unroll\n    for (int k = " + std::to_string(rank - 1) + "; k >= 0; --k) {\n";
-  s += "      const " + idx + " e = (" + idx + ")p.oext[k], ie = (" + idx + ")p.iext[k];\n";
-  s += "      const " + idx + " c = r % e; r /= e;\n      " + idx + " j = c - (" + idx + ")p.before[k];\n";
-  if (mode == "reflect") s += "      j = j < 0 ? -j : (j >= ie ? 2 * (ie - 1) - j : j);\n";
-  else if (mode == "replicate") s += "      j = j < 0 ? 0 : (j >= ie ? ie - 1 : j);\n";
-  else s += "      inside = inside && j >= 0 && j < ie;\n";
-  s += "      io += j * (" + idx + ")p.ist[k];\n    }\n    y[i] = inside ? x[io] : f;\n  }\n}\n";
-  return s;
+  const std::string word = word_type(esz);
+  return "extern \"C\" __global__ void " + pad_name(mode, rank, esz, wide) + "(const " + word + "* __restrict__ x, " +
+         word + "* __restrict__ y, PadDims p, unsigned long long fill, long long n) {\n  kg_pad<kg_mode_" + mode +
+         ", " + std::to_string(rank) + ", " + word + ", " + index_type(wide, false) + ">(x, y, p, fill, n);\n}\n";
 }
 
 // pad with a short last output dim (a channels-last image padded from 3 to 4 channels): a
@@ -208,51 +318,13 @@ std::string pad_rows_name(const std::string& mode, int rank, int esz, int cols, 
          std::to_string(cols) + (wide ? "_l" : "_i");
 }
 
+// The extern "C" kernel of one pad-rows variant (shape_pad.cuh's kg_pad_rows).
 std::string pad_rows_kernel(const std::string& mode, int rank, int esz, int cols, bool wide) {
-  std::string s =
-      R"(extern "C" __global__ void NAME(const E* __restrict__ x, O* __restrict__ y, PadDims p, unsigned long long fill, long long n) {
-  const E f = (E)fill;
-  for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < (I)n; i += (I)gridDim.x * blockDim.x) {
-    I r = i, io = 0;
-    bool inside = true;
-#pragma unroll
-    for (int k = LAST - 1; k >= 0; --k) {
-      const I e = (I)p.oext[k], ie = (I)p.iext[k];
-      const I c = r % e;
-      r /= e;
-      I j = c - (I)p.before[k];
-MAP      io += j * (I)p.ist[k];
-    }
-    const I ie = (I)p.iext[LAST], st = (I)p.ist[LAST], b = (I)p.before[LAST];
-    union { O word; E e[COLS]; } row;
-#pragma unroll
-    for (int c = 0; c < COLS; ++c) {
-      I j = c - b;
-      bool in = inside;
-MAPL      row.e[c] = in ? x[io + j * st] : f;
-    }
-    y[i] = row.word;
-  }
-}
-)";
-  std::string map, map_last;
-  if (mode == "reflect") {
-    map = "      j = j < 0 ? -j : (j >= ie ? 2 * (ie - 1) - j : j);\n";
-  } else if (mode == "replicate") {
-    map = "      j = j < 0 ? 0 : (j >= ie ? ie - 1 : j);\n";
-  } else {
-    map = "      inside = inside && j >= 0 && j < ie;\n";
-    map_last = "      in = in && j >= 0 && j < ie;\n";
-  }
-  if (map_last.empty()) map_last = map;
-  s = replace_all(s, "MAPL", map_last);
-  s = replace_all(s, "MAP", map);
-  s = replace_all(s, "NAME", pad_rows_name(mode, rank, esz, cols, wide));
-  s = replace_all(s, "LAST", std::to_string(rank - 1));
-  s = replace_all(s, "COLS", std::to_string(cols));
-  s = replace_all(s, "I ", wide ? "long long " : "int ");
-  s = replace_all(s, "(I)", wide ? "(long long)" : "(int)");
-  return "typedef " + std::string(word_type(esz)) + " E;\ntypedef " + word_type(cols * esz) + " O;\n" + s;
+  const std::string elem = word_type(esz), row = word_type(cols * esz);
+  return "extern \"C\" __global__ void " + pad_rows_name(mode, rank, esz, cols, wide) + "(const " + elem +
+         "* __restrict__ x, " + row + "* __restrict__ y, PadDims p, unsigned long long fill, long long n) {\n" +
+         "  kg_pad_rows<kg_mode_" + mode + ", " + std::to_string(rank) + ", " + elem + ", " + row + ", " +
+         std::to_string(cols) + ", " + index_type(wide, false) + ">(x, y, p, fill, n);\n}\n";
 }
 
 struct PadDims {
@@ -264,50 +336,30 @@ struct PadDims {
 // one pass). Neighbouring dims that are not padded and are contiguous in the input merge into one
 // (a channels-last image padded only in C walks [N*H*W, C]), and indices are 32-bit while the
 // tensors allow, so an element costs a few integer divisions rather than one 64-bit division per
-// dim.
+// dim. why_not_shape has accepted n.
 Generated gen_pad(const Node& n, const Graph& g) {
   const TensorType& xt = g.type(n.inputs[0]);
-  auto [x, xs] = pad_input(n, g);
-  auto y = g.type(n.outputs[0]).shape();
-  auto pads = n.attrs.get_ints("pads");
-  if (x.empty()) x = y = xs = {1}, pads = {0, 0};
   const std::string mode = n.attrs.get_string("mode", "constant");
-  KILN_CHECK(mode == "constant" || mode == "reflect" || mode == "replicate", kUnsupported, "pad: mode '", mode, "'");
   Generated gn;
   const int64_t numel = g.type(n.outputs[0]).numel();
   gn.plan.describe = "cuda pad " + mode + (n.attrs.has("input_perm") ? " of the input permuted" : "");
   if (numel == 0) return gn;
   const int esz = int(dtype_size(xt.dtype));
-  std::vector<int64_t> oext, iext, before, ist;
-  for (size_t k = 0; k < x.size(); ++k) {
-    const bool padded = pads[2 * k] != 0 || x[k] != y[k];
-    const bool merge =
-        !padded && !oext.empty() && oext.back() == iext.back() && before.back() == 0 && ist.back() == xs[k] * x[k];
-    if (merge) {
-      oext.back() *= x[k], iext.back() *= x[k], ist.back() = xs[k];
-    } else {
-      oext.push_back(y[k]), iext.push_back(x[k]), before.push_back(pads[2 * k]), ist.push_back(xs[k]);
-    }
-  }
-  const int R = int(oext.size());
-  KILN_CHECK(R <= kMaxRank, kUnsupported, "pad: ", R, " padded or unmergeable dims exceed the CUDA kernel's ",
-             kMaxRank);
+  const PadWalk w = pad_walk(n, g);
+  const int R = int(w.oext.size());
   PadDims p{};
   for (int k = 0; k < R; ++k) {
     const auto K = size_t(k);
-    p.oext[k] = oext[K], p.iext[k] = iext[K], p.before[k] = before[K], p.ist[k] = ist[K];
+    p.oext[k] = w.oext[K], p.iext[k] = w.iext[K], p.before[k] = w.before[K], p.ist[k] = w.ist[K];
   }
   uint64_t fill = 0;
   store_double(&fill, xt.dtype, 0, mode == "constant" ? n.attrs.get_float("value", 0.0) : 0.0);
   // 32-bit indices hold every output index and every (possibly negative) input offset.
   const bool wide = std::max(numel, xt.numel()) >= (int64_t(1) << 30);
-  const std::string head = source_head() +
-                           "struct PadDims { long long oext[8]; long long iext[8]; long long before[8]; "
-                           "long long ist[8]; };\n";
-  gn.source = head + pad_kernel(mode, R, esz, wide);
+  gn.source = source_head() + std::string(embedded_source("shape_pad.cuh")) + pad_kernel(mode, R, esz, wide);
   Launch l(pad_name(mode, R, esz, wide), blocks_for(numel, 256), 256);
   l.in(0).out(0).val(p).val<unsigned long long>(fill).i64(numel);
-  const int cols = int(oext.back()), row_bytes = cols * esz;
+  const int cols = int(w.oext.back()), row_bytes = cols * esz;
   if (R > 1 && cols > 1 && (row_bytes == 4 || row_bytes == 8 || row_bytes == 16)) {
     gn.source += pad_rows_kernel(mode, R, esz, cols, wide);
     Launch rows(pad_rows_name(mode, R, esz, cols, wide), blocks_for(numel / cols, 256), 256);
@@ -324,48 +376,14 @@ Generated gen_pad(const Node& n, const Graph& g) {
 }  // namespace
 
 Generated generate_shape(const Node& n, const Graph& g) {
+  if (std::optional<Error> e = why_not_shape(n, g)) throw *e;
   if (n.op == OpKind::kPad) return gen_pad(n, g);
-  const TensorType& xt = g.type(n.inputs[0]);
-  const int esz = int(dtype_size(xt.dtype));
-  const auto x = xt.shape();
-  const auto xs = row_major_strides(x);
+  const int esz = int(dtype_size(g.type(n.inputs[0]).dtype));
   Generated gn;
   std::string how;
-  switch (n.op) {
-    case OpKind::kReshape:
-    case OpKind::kCopy: {
-      const int64_t numel = xt.numel();
-      how = add_strided(gn.source, gn.plan, {numel}, {1}, {1}, 0, 0, 0, 0, esz);
-      break;
-    }
-    case OpKind::kPermute:
-    case OpKind::kExpand:
-    case OpKind::kSlice: {
-      const auto y = g.type(n.outputs[0]).shape();
-      const StridedView view = strided_view(n, g);
-      how = add_strided(gn.source, gn.plan, y, view.strides, row_major_strides(y), 0, view.offset * esz, 0, 0, esz);
-      break;
-    }
-    case OpKind::kConcat:
-    case OpKind::kSplit: {
-      const bool join = n.op == OpKind::kConcat;
-      const auto axis = size_t(n.attrs.get_int("axis"));
-      const ValueId whole = join ? n.outputs[0] : n.inputs[0];
-      const auto& parts = join ? n.inputs : n.outputs;
-      const auto ws = row_major_strides(g.type(whole).shape());
-      int64_t start = 0;
-      for (size_t i = 0; i < parts.size(); ++i) {
-        const auto ps = g.type(parts[i]).shape();
-        const int64_t off = start * ws[axis] * esz;
-        if (join) how = add_strided(gn.source, gn.plan, ps, row_major_strides(ps), ws, int(i), 0, 0, off, esz);
-        else how = add_strided(gn.source, gn.plan, ps, ws, row_major_strides(ps), 0, off, int(i), 0, esz);
-        start += ps[axis];
-      }
-      how = std::to_string(parts.size()) + " parts, last: " + how;
-      break;
-    }
-    default: KILN_FAIL(kInternal, op_name(n.op), " is not in the shape family");
-  }
+  const std::vector<StridedCopy> copies = copies_of(n, g);
+  for (const StridedCopy& c : copies) how = add_strided(gn.source, gn.plan, c, esz);
+  if (n.op == OpKind::kConcat || n.op == OpKind::kSplit) how = std::to_string(copies.size()) + " parts, last: " + how;
   gn.plan.describe = std::string("cuda ") + op_name(n.op) + " " + how;
   return gn;
 }
@@ -373,13 +391,9 @@ Generated generate_shape(const Node& n, const Graph& g) {
 }  // namespace gen
 
 bool supports_shape(const Node& n, const Graph& g, std::string* why) {
-  try {
-    gen::generate_shape(n, g);
-    return true;
-  } catch (const Error& e) {
-    if (why) *why = e.what();
-    return false;
-  }
+  const std::optional<Error> e = gen::why_not_shape(n, g);
+  if (e && why) *why = e->what();
+  return !e;
 }
 
 namespace {

@@ -3,16 +3,16 @@
 // x is viewed as [outer, R, inner] around the axis. Statistics are f32 (f64 for f64):
 //   inner == 1, R <= 1024:   one warp per row; the row lives in registers (each lane holds up
 //                            to 32 elements), loaded with vectors of up to 16 bytes when R
-//                            allows; max, then exp and sum, then the scaled write: x is read once.
+//                            allows; max, then exp and sum, then the scaled write: x is read
+//                            once (codegen/cuh/softmax_rows.cuh).
 //   inner == 1, R <= 16384:  one 512-thread block per row, the row again in registers.
 //   inner == 1, longer:      one block per row in two passes over memory: an online (max, sum)
-//                            pass, then the write pass.
+//                            pass, then the write pass (softmax_long.cuh).
 //   inner > 1:               one thread per column, three passes (max, sum, write), coalesced
-//                            along the kept run.
+//                            along the kept run (softmax_cols.cuh).
 // Semantics follow the CPU: softmax = exp(x - max) * (1 / sum), log_softmax =
 // (x - max) - log(sum); a NaN anywhere makes the row NaN.
-#include <algorithm>
-
+#include "src/backends/cuda/codegen/embedded.h"
 #include "src/backends/cuda/codegen/plan.h"
 #include "src/backends/cuda/codegen/prelude.h"
 #include "src/backends/cuda/kernels.h"
@@ -24,120 +24,31 @@ namespace {
 
 constexpr int kBlockThreads = 512;
 
-// The register-cached row kernel: G threads per row (32: a warp, else the block), EPL
-// elements per thread in chunks of V.
-std::string cached_kernel(bool log, bool warp, int epl, int vec, int esz, const std::string& name) {
-  std::string s = "extern \"C\" __global__ void " + name +
-                  "(const T_x* __restrict__ x, T_x* __restrict__ y, long long rows, "
-                  "long long R) {\n  __shared__ A sm[33];\n";
-  if (warp) {
-    s += "  const long long r0 = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5, nr = ((long long)gridDim.x * "
-         "blockDim.x) >> 5;\n  const int lane = threadIdx.x & 31;\n";
-  } else {
-    s += "  const long long r0 = blockIdx.x, nr = gridDim.x;\n  const int lane = threadIdx.x;\n";
-  }
-  const std::string rmax = warp ? "kg_warp_max(m)" : "kg_block_max(m, sm, -(A)KG_INF)";
-  const std::string rsum = warp ? "kg_warp_sum(s)" : "kg_block_sum(s, sm)";
-  s += R"(  for (long long row = r0; row < rows; row += nr) {
-    const VW* p = reinterpret_cast<const VW*>(x + row * R);
-    VW* q = reinterpret_cast<VW*>(y + row * R);
-    A v[KG_EPL];
-#pragma unroll
-    for (int c = 0; c < KG_EPL / KG_V; ++c) {
-      const long long i = (long long)c * KG_G + lane;
-      if (i * KG_V < R) {
-        const VW u = p[i];
-        const T_x* e = reinterpret_cast<const T_x*>(&u);
-#pragma unroll
-        for (int j = 0; j < KG_V; ++j) v[c * KG_V + j] = ld_x(e[j]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < KG_V; ++j) v[c * KG_V + j] = -(A)KG_INF;
-      }
-    }
-    A m = -(A)KG_INF;
-#pragma unroll
-    for (int k = 0; k < KG_EPL; ++k) m = kg_max(m, v[k]);
-)";
-  s += "    m = " + rmax + ";\n    A s = 0;\n";
-  s += R"(#pragma unroll
-    for (int c = 0; c < KG_EPL / KG_V; ++c) {
-      if (((long long)c * KG_G + lane) * KG_V < R) {
-#pragma unroll
-        for (int j = 0; j < KG_V; ++j) {
-          const A d = v[c * KG_V + j] - m;
-)";
-  s += log ? "          v[c * KG_V + j] = d;\n          s += exp(d);\n"
-           : "          const A e = exp(d);\n          v[c * KG_V + j] = e;\n          s += e;\n";
-  s += "        }\n      }\n    }\n    s = " + rsum + ";\n";
-  s += log ? "    const A f = log(s);\n" : "    const A f = (A)1 / s;\n";
-  s += R"(#pragma unroll
-    for (int c = 0; c < KG_EPL / KG_V; ++c) {
-      const long long i = (long long)c * KG_G + lane;
-      if (i * KG_V < R) {
-        VW u;
-        T_x* e = reinterpret_cast<T_x*>(&u);
-#pragma unroll
-)";
-  s += std::string("        for (int j = 0; j < KG_V; ++j) e[j] = st_x(") +
-       (log ? "v[c * KG_V + j] - f" : "v[c * KG_V + j] * f") + ");\n        q[i] = u;\n      }\n    }\n  }\n}\n";
-  s = replace_all(s, "KG_EPL", std::to_string(epl));
-  s = replace_all(s, "KG_V", std::to_string(vec));
-  s = replace_all(s, "KG_G", warp ? "32" : "(int)blockDim.x");
-  return replace_all(s, "VW", word_type(vec * esz));
-}
-
-// Long rows: one block per row, an online (max, sum) pass and a write pass.
-std::string long_kernel(bool log) {
-  std::string s =
-      R"(extern "C" __global__ void kg_softmax_long(const T_x* __restrict__ x, T_x* __restrict__ y, long long rows, long long R) {
-  __shared__ A sm[33];
-  for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
-    const T_x* p = x + row * R;
-    T_x* q = y + row * R;
-    A m = -(A)KG_INF, s = 0;
-    for (long long i = threadIdx.x; i < R; i += blockDim.x) {
-      const A v = ld_x(p[i]);
-      if (v == -(A)KG_INF) continue;
-      if (v > m) { s = s * exp(m - v) + (A)1; m = v; }
-      else s += exp(v - m);
-    }
-    const A mall = kg_block_max(m, sm, -(A)KG_INF);
-    s = m == -(A)KG_INF ? (A)0 : s * exp(m - mall);
-    s = kg_block_sum(s, sm);
-)";
-  s += log ? "    const A f = log(s);\n" : "    const A f = (A)1 / s;\n";
-  s += "    for (long long i = threadIdx.x; i < R; i += blockDim.x) {\n      const A d = ld_x(p[i]) - mall;\n";
-  s += log ? "      q[i] = st_x(d - f);\n" : "      q[i] = st_x(exp(d) * f);\n";
-  s += "    }\n  }\n}\n";
-  return s;
-}
-
-std::string cols_kernel(bool log) {
-  std::string s =
-      R"(extern "C" __global__ void kg_softmax_cols(const T_x* __restrict__ x, T_x* __restrict__ y, long long outer, long long R,
-                                           long long inner) {
-  for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < outer * inner; t += (long long)gridDim.x * blockDim.x) {
-    const long long o = t / inner, j = t % inner;
-    const T_x* p = x + o * R * inner + j;
-    T_x* q = y + o * R * inner + j;
-    A m = -(A)KG_INF, s = 0;
-    for (long long r = 0; r < R; ++r) m = kg_max(m, ld_x(p[r * inner]));
-    for (long long r = 0; r < R; ++r) s += exp(ld_x(p[r * inner]) - m);
-)";
-  s += log ? "    const A f = log(s);\n    for (long long r = 0; r < R; ++r) q[r * inner] = st_x((ld_x(p[r * inner]) - "
-             "m) - f);\n"
-           : "    const A f = (A)1 / s;\n    for (long long r = 0; r < R; ++r) q[r * inner] = st_x(exp(ld_x(p[r * "
-             "inner]) - m) * f);\n";
-  s += "  }\n}\n";
-  return s;
+// The register-cached row kernel kg_softmax_rows_v<vec>: G threads per row (32: a warp, else
+// the block), EPL elements per thread in chunks of vec.
+std::string rows_kernel(bool log, bool warp, int epl, int vec, int esz) {
+  return define("KG_LOG", log) + define("KG_WARP", warp) + define("KG_EPL", epl) + define("KG_V", vec) +
+         define("KG_VW", word_type(vec * esz)) + std::string(embedded_source("softmax_rows.cuh"));
 }
 
 }  // namespace
 
-Generated generate_softmax(const Node& n, const Graph& g) {
+std::optional<std::string> why_not_softmax(const Node& n, const Graph& g) {
+  const char* op = op_name(n.op);
+  if (n.op != OpKind::kSoftmax && n.op != OpKind::kLogSoftmax)
+    return detail::concat(op, " is not in the softmax family");
+  if (n.inputs.empty() || n.inputs[0] == kNoValue) return detail::concat(op, ": x is absent");
   const TensorType& xt = g.type(n.inputs[0]);
-  KILN_CHECK(is_floating(xt.dtype), kUnsupported, op_name(n.op), ": x must be floating, got ", xt.to_string());
+  if (!is_floating(xt.dtype)) return detail::concat(op, ": x must be floating, got ", xt.to_string());
+  if (auto why = attr_problem(n, "axis", AttrType::kInt, true)) return why;
+  const int64_t axis = n.attrs.get_int("axis");
+  if (axis < 0 || axis >= xt.rank()) return detail::concat(op, ": axis ", axis, " out of range for ", xt.to_string());
+  return std::nullopt;
+}
+
+Generated generate_softmax(const Node& n, const Graph& g) {
+  if (const auto why = why_not_softmax(n, g)) KILN_FAIL(kUnsupported, *why);
+  const TensorType& xt = g.type(n.inputs[0]);
   const auto shape = xt.shape();
   const auto axis = size_t(n.attrs.get_int("axis"));
   int64_t outer = 1, inner = 1;
@@ -158,7 +69,7 @@ Generated generate_softmax(const Node& n, const Graph& g) {
     const int epl = split.per_lane, vec = split.vec;
     auto rows = [&](int v) {
       const std::string name = "kg_softmax_rows_v" + std::to_string(v);
-      gn.source += cached_kernel(log, warp, epl, v, esz, name);
+      gn.source += rows_kernel(log, warp, epl, v, esz);
       Launch l(name, warp ? blocks_for(outer, 4) : blocks_for(outer, 1), warp ? 128 : uint32_t(G));
       l.in(0).out(0).i64(outer).i64(R);
       return l;
@@ -169,13 +80,13 @@ Generated generate_softmax(const Node& n, const Graph& g) {
     gn.plan.describe =
         desc + (warp ? " (warp" : " (block") + " per row in registers, " + std::to_string(vec) + "-wide loads)";
   } else if (inner == 1) {
-    gn.source += long_kernel(log);
+    gn.source += define("KG_LOG", log) + std::string(embedded_source("softmax_long.cuh"));
     Launch l("kg_softmax_long", blocks_for(outer, 1), 1024);
     l.in(0).out(0).i64(outer).i64(R);
     gn.plan.launches.push_back(std::move(l));
     gn.plan.describe = desc + " (block per row, two passes)";
   } else {
-    gn.source += cols_kernel(log);
+    gn.source += define("KG_LOG", log) + std::string(embedded_source("softmax_cols.cuh"));
     Launch l("kg_softmax_cols", blocks_for(outer * inner, 256), 256);
     l.in(0).out(0).i64(outer).i64(R).i64(inner);
     gn.plan.launches.push_back(std::move(l));
@@ -187,13 +98,9 @@ Generated generate_softmax(const Node& n, const Graph& g) {
 }  // namespace gen
 
 bool supports_softmax(const Node& n, const Graph& g, std::string* why) {
-  try {
-    gen::generate_softmax(n, g);
-    return true;
-  } catch (const Error& e) {
-    if (why) *why = e.what();
-    return false;
-  }
+  const std::optional<std::string> no = gen::why_not_softmax(n, g);
+  if (no && why) *why = *no;
+  return !no;
 }
 
 std::unique_ptr<Kernel> make_softmax_kernel(const Node& n, const Graph& g, const KernelOptions&, const Bytes* state) {

@@ -1,6 +1,5 @@
 // cuBLASLt plumbing (cublaslt.h): handle, descriptors, heuristics, running one GEMM.
 // Algorithm choice (timing, cache, saved state) and batch plans are in cublaslt_plan.cpp.
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -56,11 +55,6 @@ std::string lt_warm_up() {
     report += detail::concat(" ", tenths(query_watch.ms()));
   }
   return report + " ms";
-}
-
-bool tf32_allowed() {
-  const char* env = std::getenv("KILN_DISABLE_TF32");
-  return !(env && std::string(env) == "1");
 }
 
 cudaDataType_t cuda_data_type(DType t) {

@@ -7,8 +7,8 @@
 // into column-major problems by swapping operands (row-major Y[M,N] is column-major Y^T[N,M]).
 //
 // Precision: f16/bf16 use CUBLAS_COMPUTE_32F (f32 accumulation); f32 uses TF32 tensor cores
-// (CUBLAS_COMPUTE_32F_FAST_TF32) unless the environment variable KILN_DISABLE_TF32=1, which
-// gives exact f32 GEMMs (read when a kernel is made; it is part of the timing key).
+// (CUBLAS_COMPUTE_32F_FAST_TF32) where GemmShape::tf32 says so (the families set it from
+// BuildPolicy::allow_tf32), else exact f32 GEMMs; it is part of the signature, so of the timing key.
 #pragma once
 
 #include <cublasLt.h>
@@ -38,9 +38,6 @@ cublasLtHandle_t lt_handle();
 // one-time setup) on small f16 GEMMs; returns what each step took, in the form "cuBLASLt handle
 // T ms, queries T1 T2 T3 ms".
 std::string lt_warm_up();
-
-// Whether f32 GEMMs may use TF32 (KILN_DISABLE_TF32 unset or not "1").
-bool tf32_allowed();
 
 // D[m,n] = act(alpha op(A) op(B) + beta C + bias), column-major, `batch` matrices: strided,
 // or with `pointer_array` each operand's matrices found through a device array of `batch`
@@ -100,9 +97,10 @@ struct BatchOffsets {
 // from saved bytes at load; plus a second one for pointers that are not `align`-aligned.
 class LtPlan {
  public:
-  // Build: times (or finds in the timing cache, keyed by `family` and the shape's signature).
-  // A pointer-array shape needs `offsets` (its matrices are timed where the real ones lie).
-  LtPlan(const GemmShape& s, size_t workspace, int optimization_level, const std::string& family,
+  // Build: times (or finds in the timing cache, keyed by `family` and the shape's signature) up
+  // to budget.cublaslt_heuristics algorithms. A pointer-array shape needs `offsets` (its
+  // matrices are timed where the real ones lie).
+  LtPlan(const GemmShape& s, size_t workspace, const TacticBudget& budget, const std::string& family,
          const BatchOffsets* offsets = nullptr);
   // Load: `saved` from save(); an algorithm the library no longer accepts is re-chosen by heuristic.
   LtPlan(const GemmShape& s, size_t workspace, const Bytes& saved);

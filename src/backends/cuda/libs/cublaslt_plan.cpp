@@ -3,7 +3,7 @@
 //
 // At build: the timing cache is asked first (key: family, the problem's signature, the
 // workspace bound, GPU and library versions). On a miss, cuBLASLt's heuristic proposes up to
-// as many algorithms as the optimization level times (tactics.h), each runs on scratch buffers
+// TacticBudget::cublaslt_heuristics algorithms, up to timed_candidates of them run on scratch buffers
 // of the real sizes (allocated here, freed before returning; a pointer-array batch gets pointer
 // arrays into them at its matrices' real offsets), the fastest is kept and cached.
 // The saved state is a format tag and the algorithm's 64 bytes (cublasLtMatmulAlgo_t is a
@@ -21,8 +21,6 @@ namespace kiln::cuda {
 namespace {
 
 constexpr uint32_t kAlgoTag = 0x4B4C5431;  // "KLT1"
-
-int heuristic_count(int level) { return level <= 0 ? 1 : level >= 5 ? 32 : 1 << level; }
 
 // Elements spanned by a strided batch of column-major matrices.
 size_t span(int64_t rows_ld, int64_t cols, int32_t batch, int64_t stride) {
@@ -48,7 +46,7 @@ std::optional<cublasLtMatmulAlgo_t> parse_algo(const Bytes& b) {
 
 }  // namespace
 
-LtPlan::LtPlan(const GemmShape& s, size_t workspace, int optimization_level, const std::string& family,
+LtPlan::LtPlan(const GemmShape& s, size_t workspace, const TacticBudget& budget, const std::string& family,
                const BatchOffsets* offsets)
     : mm_(std::make_unique<LtMatmul>(s)), workspace_(workspace) {
   KILN_CHECK(!s.pointer_array || (offsets && offsets->a.size() == size_t(s.batch) &&
@@ -65,10 +63,10 @@ LtPlan::LtPlan(const GemmShape& s, size_t workspace, int optimization_level, con
       return;
     }
   }
-  const auto algos = mm_->heuristics(heuristic_count(optimization_level), s.align, workspace);
+  const auto algos = mm_->heuristics(int(budget.cublaslt_heuristics), s.align, workspace);
   KILN_CHECK(!algos.empty(), kUnsupported, "cuBLASLt proposes no algorithm for ", s.signature());
   size_t best = 0;
-  if (algos.size() > 1 && optimization_level > 0) {
+  if (algos.size() > 1 && budget.timed) {
     const size_t es = dtype_size(s.ab_type), cs = dtype_size(s.cd_type);
     const size_t a_mat = size_t(s.lda * (s.trans_a ? s.m : s.k)), b_mat = size_t(s.ldb * (s.trans_b ? s.k : s.n)),
                  c_mat = size_t(s.ldc * s.n);
@@ -107,7 +105,7 @@ LtPlan::LtPlan(const GemmShape& s, size_t workspace, int optimization_level, con
         else mm_->run(algo, a.get(), b.get(), beta ? c.get() : nullptr, d.get(), bias.get(), ws.get(), workspace, st);
       });
     std::string report;
-    best = time_candidates(cands, optimization_level, &report);
+    best = time_candidates(cands, budget.timed_candidates, &report);
     how_ = "cuBLASLt algorithm " + report;
   } else {
     how_ = "cuBLASLt heuristic's first algorithm";

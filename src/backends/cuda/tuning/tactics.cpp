@@ -34,12 +34,6 @@ constexpr float kSampleTargetMs = 0.05f;
 constexpr int kMaxRepeats = 64;
 constexpr int kReplays = 2;  // graph replays per sample: the first one's start-up overlaps the rest
 
-size_t candidates_for_level(int level, size_t available) {
-  if (level <= 0) return std::min<size_t>(available, 1);
-  if (level >= 5) return available;
-  return std::min(available, size_t(1) << level);  // 1: 2, 2: 4, 3: 8, 4: 16
-}
-
 struct GraphExecDeleter {
   void operator()(cudaGraphExec_t e) const { (void)cudaGraphExecDestroy(e); }
 };
@@ -137,9 +131,9 @@ Candidate kernel_candidate(const Kernel& k, const void* const* ins, void* const*
   };
 }
 
-size_t time_candidates(const std::vector<Candidate>& candidates, int optimization_level, std::string* report) {
+size_t time_candidates(const std::vector<Candidate>& candidates, size_t max_timed, std::string* report) {
   KILN_CHECK(!candidates.empty(), kInternal, "time_candidates: no candidate");
-  const size_t n = candidates_for_level(optimization_level, candidates.size());
+  const size_t n = std::min(candidates.size(), max_timed);
   if (n <= 1) {
     if (report) *report += "untimed (first of " + std::to_string(candidates.size()) + ")";
     return 0;

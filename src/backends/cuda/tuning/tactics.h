@@ -33,9 +33,9 @@ using Candidate = std::function<void(cudaStream_t)>;
 // arrays must outlive the candidate).
 Candidate kernel_candidate(const Kernel& k, const void* const* ins, void* const* outs, void* workspace, size_t ws);
 
-// Index of the fastest candidate; `optimization_level` bounds how many are timed
-// (0: none, the first is returned untimed; 1: 2; 2: 4; 3: 8; 4: 16; 5: all).
-size_t time_candidates(const std::vector<Candidate>& candidates, int optimization_level, std::string* report = nullptr);
+// Index of the fastest of the first `max_timed` candidates (a TacticBudget count: 1 returns the
+// first untimed, TacticBudget::kAll times every one).
+size_t time_candidates(const std::vector<Candidate>& candidates, size_t max_timed, std::string* report = nullptr);
 
 // "family|part|part..." plus the device name and CUDA/cuBLASLt/cuDNN versions.
 std::string timing_key(const std::string& family, const std::vector<std::string>& parts);

@@ -1,0 +1,48 @@
+// Helpers of the plan-driven generated families (codegen/plan.h: source_head), after the
+// prelude: the float infinity, NaN-propagating max / min, and warp and block reductions over
+// any arithmetic type A. Expects no macros.
+#define KG_INF __int_as_float(0x7f800000)
+template <typename A>
+__device__ __forceinline__ A kg_max(A a, A b) {
+  return (b > a || b != b) ? b : a;
+}
+template <typename A>
+__device__ __forceinline__ A kg_min(A a, A b) {
+  return (b < a || b != b) ? b : a;
+}
+template <typename A>
+__device__ __forceinline__ A kg_warp_sum(A v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <typename A>
+__device__ __forceinline__ A kg_warp_max(A v) {
+  for (int o = 16; o > 0; o >>= 1) v = kg_max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Block-wide sum / max (blockDim.x a multiple of 32, at most 1024); every thread gets the
+// result. `sm` holds 33 values of A.
+template <typename A>
+__device__ __forceinline__ A kg_block_sum(A v, A* sm) {
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = kg_warp_sum(v);
+  if (nw == 1) return v;
+  if (lane == 0) sm[wid] = v;
+  __syncthreads();
+  v = lane < nw ? sm[lane] : A(0);
+  v = kg_warp_sum(v);
+  __syncthreads();
+  return v;
+}
+template <typename A>
+__device__ __forceinline__ A kg_block_max(A v, A* sm, A identity) {
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = kg_warp_max(v);
+  if (nw == 1) return v;
+  if (lane == 0) sm[wid] = v;
+  __syncthreads();
+  v = lane < nw ? sm[lane] : identity;
+  v = kg_warp_max(v);
+  __syncthreads();
+  return v;
+}
