@@ -202,6 +202,9 @@ def _load(path: str, trusted: bool, check_engines: bool) -> torch.export.Exporte
                 f.seek(0)
             try:
                 ep = torch.export.load(f)
+                # What ep.module() needs: a damaged module_call_graph loads, then fails at first use.
+                if ep.call_spec.in_spec is None or ep.call_spec.out_spec is None:
+                    raise ValueError("the program has no call signature")
             except Exception as err:  # noqa: BLE001 - any failure of torch's reader is a file it cannot read
                 raise _C.CorruptedError(f"kiln.load: {path} is damaged or not a program saved by kiln.save: "
                                         f"torch.export could not read it ({type(err).__name__}: {err})") from err

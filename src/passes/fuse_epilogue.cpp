@@ -137,9 +137,9 @@ bool try_add(Graph& g, size_t pos, ValueId y, ValueId other) {
 
 // add(v, r) where v is y viewed in its own element order (reshapes, or a permute moving only
 // size-1 dims: MultiheadAttention's output on its way back to [B, S, E]) of a fusable producer's
-// output y, and r has the add's shape: rewritten as reshape(add(y, reshape(r))), the view
-// chain dropped, and that add fused by try_add. Element order is kept, so the sums are the
-// same elements; the reshapes are aliases in the memory plan.
+// output y, v does not broadcast in the add, and r has the add's shape: rewritten as
+// reshape(add(y, reshape(r))), the view chain dropped, and that add fused by try_add. Element
+// order is kept, so the sums are the same elements; the reshapes are aliases in the memory plan.
 bool try_add_through_views(Graph& g, size_t pos, ValueId v, ValueId r) {
   std::vector<const Node*> views;
   ValueId y = v;
@@ -152,7 +152,7 @@ bool try_add_through_views(Graph& g, size_t pos, ValueId v, ValueId r) {
   const Node* p = views.empty() ? nullptr : fusable_producer(g, y);
   const TensorType sum = g.type(g.nodes()[pos]->outputs[0]);
   if (p == nullptr || input_or_none(*p, 3) != kNoValue || g.type(r).dtype != sum.dtype ||
-      g.type(r).shape() != sum.shape() || g.type(y).dtype != sum.dtype)
+      g.type(r).shape() != sum.shape() || g.type(v).numel() != sum.numel() || g.type(y).dtype != sum.dtype)
     return false;
   const std::string name = g.nodes()[pos]->name;
   Attrs to_y, to_sum;

@@ -2,6 +2,8 @@
 // (bias, residual, activation): golden before/after IR, the fused graph computing what the
 // unfused one computes on the CPU reference kernels (every conv path, every activation), the
 // single-use and ordering rules, and the shape rules' messages for bad epilogues.
+#include <algorithm>
+
 #include "tests/cpp/pass_test_util.h"
 
 namespace {
@@ -199,6 +201,23 @@ TEST(FuseEpilogue, ResidualThroughViewsNeedsOrderAndSingleUse) {
     Graph f = fuse_and_compare(g, 13);
     EXPECT_EQ(f.to_string(), g.to_string());
   }
+}
+
+// conv(x) + linear(e)[:, :, None, None] (a UNet's time embedding): the linear's output reaches
+// the add through a view and broadcasts there, so it is no residual of the linear; the conv,
+// whose bias is taken, keeps it as a pointwise add, and the result matches the unfused graph.
+TEST(FuseEpilogue, BroadcastViewOfALinearIsNoResidual) {
+  Graph g;
+  ValueId x = g.add_input("x", TensorType(DType::kF32, {1, 3, 5, 5}));
+  ValueId e = g.add_input("e", TensorType(DType::kF32, {1, 6}));
+  ValueId c = g.add_node1(OpKind::kConv, {x, f32_weight(g, "cw", {4, 3, 3, 3}, 21), f32_weight(g, "cb", {4}, 22)},
+                          conv2d_attrs(1, 1, 1));
+  ValueId l = g.add_node1(OpKind::kLinear, {e, f32_weight(g, "lw", {4, 6}, 23)});
+  Attrs to4;
+  to4.set("shape", std::vector<int64_t>{1, 4, 1, 1});
+  g.mark_output(g.add_node1(OpKind::kAdd, {c, g.add_node1(OpKind::kReshape, {l}, to4)}), "y");
+  Graph f = fuse_and_compare(g, 14);
+  EXPECT_EQ(std::count_if(f.nodes().begin(), f.nodes().end(), [](const auto& n) { return n->op == OpKind::kAdd; }), 1);
 }
 
 TEST(FuseEpilogue, ConvEveryPathAndActivationMatchesUnfused) {
