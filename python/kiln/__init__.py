@@ -150,5 +150,7 @@ else:
             register_backend(compiler_fn=kiln_backend, name="kiln")
 
     _register_backend()
+    from . import tune  # after the backend is registered: KILN_TUNE=1 installs its hook on import
+
     __all__ += ["CompilationSettings", "DiskEngineCache", "EngineCache", "MutableModule", "UnsafeFileError", "compile",
-                "extract_engines", "kiln_backend", "load", "refit", "save"]
+                "extract_engines", "kiln_backend", "load", "refit", "save", "tune"]
