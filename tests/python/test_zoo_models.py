@@ -1,0 +1,165 @@
+"""The zoo of benchmarks/zoo.py at its small sizes, on the CPU: every model builds, runs eagerly and
+gives finite, input-dependent outputs of the shape its registry entry states; and the benchmark's
+own helpers (model selection, batch planning, the docs section) do what they say."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchvision")
+pytest.importorskip("transformers")
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+import zoo  # noqa: E402
+import zoo_models  # noqa: E402
+
+from kiln.testing import randomize_weights  # noqa: E402
+
+FAMILIES = {"cnn", "vision-transformer", "nlp-encoder", "decoder", "encoder", "unet", "dense-prediction"}
+
+
+def test_registry_covers_the_families() -> None:
+    assert len(zoo_models.MODELS) >= 30
+    assert {m.family for m in zoo_models.MODELS.values()} == FAMILIES
+    for m in zoo_models.MODELS.values():
+        assert m.max_batch >= 1 and m.dtypes and set(m.dtypes) <= {"fp16", "bf16"}, m.name
+    # the transformers run in BF16 too; the CNNs in FP16 only
+    assert zoo_models.MODELS["bert"].dtypes == ("fp16", "bf16")
+    assert zoo_models.MODELS["resnet50"].dtypes == ("fp16",)
+
+
+@pytest.mark.parametrize("name", list(zoo_models.MODELS))
+def test_small_model_runs_eagerly(name: str) -> None:
+    entry = zoo_models.MODELS[name]
+    model, inputs = entry.create_randomized(2, small=True)
+    assert sum(p.numel() for p in model.parameters()) < 6_000_000, "small variants stay small"
+    with torch.no_grad():
+        out = model(*inputs)
+        first = out if isinstance(out, torch.Tensor) else out[0]
+        assert tuple(first.shape) == entry.output_shape(2, True)
+        flat = zoo.flat_output(out)
+        assert torch.isfinite(flat).all()
+        assert flat.std() > 1e-6, "constant output"
+        # the output depends on the input: batch items differ, and other inputs change it by over 1%
+        assert not torch.allclose(first[0], first[1])
+        again = zoo.flat_output(model(*entry.make_inputs(2, small=True, seed=5)))
+    assert zoo.rel_error(again, flat) > 1e-2
+
+
+def test_batchnorm_calibration_keeps_the_signal() -> None:
+    """Random running statistics make MobileNetV3's output all but independent of its input;
+    calibrated ones do not, and the calibration leaves the model in eval mode with its momenta."""
+    entry = zoo_models.MODELS["mobilenet_v3_large"]
+    model, inputs = entry.create(2, small=True)
+    randomize_weights(model)
+    others = entry.make_inputs(2, small=True, seed=5)
+
+    def dependence() -> float:
+        with torch.no_grad():
+            return zoo.rel_error(zoo.flat_output(model(*others)), zoo.flat_output(model(*inputs)))
+    assert dependence() < 1e-4
+    momenta = [m.momentum for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    zoo_models.calibrate_batchnorm(model, entry.make_inputs(8, small=True, seed=9))
+    assert dependence() > 0.1
+    assert not model.training
+    assert [m.momentum for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)] == momenta
+
+
+def test_residual_branches_start_near_zero() -> None:
+    """create() zeroes the last norm of each ResNet / RegNet residual branch; randomize_weights
+    then draws those around zero, the other norms around one."""
+    from torchvision.models.resnet import Bottleneck
+    for name in ("resnet50", "deeplabv3_resnet50", "retinanet_fpn"):
+        model, _ = zoo_models.MODELS[name].create_randomized(1, small=True)
+        blocks = [m for m in model.modules() if isinstance(m, Bottleneck)]
+        assert blocks, name
+        for b in blocks:
+            assert b.bn3.weight.abs().max() < 0.15 and b.bn3.weight.abs().max() > 0
+            assert (b.bn1.weight - 1).abs().max() < 0.6
+    model, _ = zoo_models.MODELS["regnet_y_1_6gf"].create(1, small=True)
+    last = [m.f.c[1].weight for m in model.modules() if hasattr(m, "f") and hasattr(m.f, "c")]
+    assert last and all(w.eq(0).all() for w in last)
+
+
+def test_create_is_deterministic() -> None:
+    entry = zoo_models.MODELS["llama"]
+    (m1, x1), (m2, x2) = entry.create(1, small=True), entry.create(1, small=True)
+    assert all(torch.equal(a, b) for a, b in zip(x1, x2))
+    assert all(torch.equal(a, b) for a, b in zip(m1.state_dict().values(), m2.state_dict().values()))
+
+
+def test_select() -> None:
+    assert [m.name for m in zoo_models.select("bert,swin*")] == ["swin_t", "swin_v2_t", "bert"]
+    assert {m.family for m in zoo_models.select("unet")} == {"unet"}
+    assert len(zoo_models.select("all")) == len(zoo_models.MODELS)
+    with pytest.raises(ValueError, match="no zoo model matches nosuch"):
+        zoo_models.select("bert,nosuch")
+
+
+def test_plan_caps_batches_and_picks_dtypes() -> None:
+    deeplab, bert = zoo_models.MODELS["deeplabv3_resnet50"], zoo_models.MODELS["bert"]
+    plan = [(m.name, b, d) for m, b, d in zoo.plan_groups([deeplab, bert], [1, 32, 64], ["fp16", "bf16"])]
+    # 32 and 64 both become deeplab's 16 and bert's 32, once each; deeplab (a CNN) has no BF16
+    assert plan == [("deeplabv3_resnet50", 1, "fp16"), ("deeplabv3_resnet50", 16, "fp16"),
+                    ("bert", 1, "fp16"), ("bert", 1, "bf16"), ("bert", 32, "fp16"), ("bert", 32, "bf16")]
+    assert [d for _, _, d in zoo.plan_groups([deeplab], [1], ["fp32"])] == ["fp32"]
+
+
+def test_vs_ro_prefers_a_measured_ro_and_drift_pairs_it_with_the_stored() -> None:
+    def row(backend: str, ms: float, source: str = "measured") -> zoo.Row:
+        return zoo.Row("bert", "nlp-encoder", 32, "fp16", backend, ms=ms, source=source)
+    rows = [row("ro", 2.0, "stored"), row("ro", 2.2, "anchor"), row("kiln", 1.1)]
+    zoo.set_vs_ro(rows)
+    assert rows[2].vs_ro == pytest.approx(2.0)
+    assert zoo.drift(rows) == [("bert b32 fp16", pytest.approx(1.1))]
+    table = zoo.markdown(rows, {"device": "cpu", "device_name": "cpu", "runs": 5, "small": True,
+                                "baseline_note": "n/a", "date": "today",
+                                "versions": {"torch": "t", "kiln": "k"}})
+    assert "| bert | nlp-encoder | 32 | fp16 |  | 2.200 | 1.100 |" in table
+    assert "geometric mean 1.10" in table
+
+
+def test_write_docs_replaces_only_the_marked_section(tmp_path: Path) -> None:
+    doc = tmp_path / "zoo.md"
+    doc.write_text(f"intro\n{zoo.DOCS_START}\nold table\n{zoo.DOCS_END}\nafter\n")
+    zoo.write_docs("new table\n", doc)
+    assert doc.read_text() == f"intro\n{zoo.DOCS_START}\nnew table\n{zoo.DOCS_END}\nafter\n"
+
+
+def test_fallback_note_keeps_what_and_why() -> None:
+    built = ("Kiln could not build engine 0 of UNet (aten.linear.default x34, aten.add.Tensor x28); running it in "
+             "PyTorch: [shape mismatch] reshape: cannot reshape f32[1,16,16,16] (node 'add')")
+    assert zoo.fallback_note(built) == ("could not build engine 0 of UNet: [shape mismatch] reshape: cannot reshape "
+                                        "f32[1,16,16,16] (node 'add')")
+    lowered = "Kiln could not lower graph 2 (TypeError: f() takes (x)); running it in eager PyTorch"
+    assert zoo.fallback_note(lowered) == "could not lower graph 2: TypeError: f() takes (x)"
+
+
+def _run_zoo(tmp_path: Path, *extra: str) -> list[dict]:
+    import json
+    args = ["--device", "cpu", "--small", "--models", "vit_b_16", "--batches", "1", "--dtypes", "f32",
+            "--baseline", "skip", "--runs", "2", "--warmup", "1", "--out", str(tmp_path), *extra]
+    assert zoo.main(args) == 0
+    return json.loads((tmp_path / "zoo.json").read_text())["rows"]
+
+
+def test_zoo_end_to_end_on_cpu(tmp_path: Path) -> None:
+    rows = {r["backend"]: r for r in _run_zoo(tmp_path, "--paths", "aot")}
+    assert set(rows) == {"eager", "kiln-aot"}
+    aot = rows["kiln-aot"]
+    assert aot["error"] == "" and aot["ms"] > 0 and aot["compile_s"] > 0
+    assert aot["rel_err"] < 1e-5 and aot["coverage"] == 100.0 and aot["engines"] >= 1 and aot["graphs"] == 1
+    assert rows["eager"]["rel_err"] == 0.0
+    assert "| vit_b_16 | vision-transformer | 1 | fp32 |" in (tmp_path / "zoo.md").read_text()
+
+
+def test_a_row_past_its_timeout_is_a_row_with_the_error(tmp_path: Path) -> None:
+    # No worker starts within 0.1 s: each row is killed and recorded, and the run goes on to the end.
+    rows = _run_zoo(tmp_path, "--paths", "dynamo", "--row-timeout", "0.1")
+    assert [(r["backend"], r["error"]) for r in rows] == [("eager", "timeout: no result after 0.1 s"),
+                                                          ("kiln", "timeout: no result after 0.1 s")]
