@@ -51,7 +51,6 @@ processes is not decided by one such row.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import gc
 import json
@@ -61,14 +60,14 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 import kiln
-from kiln.testing import first_output, randomize_weights, relative_error
+from kiln.testing import first_output, randomize_weights, relative_error, tf32_allowed
 
 log = logging.getLogger("kiln.bench.gpu_models")
 
@@ -114,17 +113,6 @@ def model_on_gpu(name: str, batch: int, dtype: torch.dtype) -> tuple[torch.nn.Mo
     randomize_weights(model.eval())
     model = model.cuda().to(dtype)
     return model, [x.cuda().to(dtype) if x.is_floating_point() else x.cuda() for x in inputs]
-
-
-@contextlib.contextmanager
-def tf32_allowed(allowed: bool) -> Iterator[None]:
-    """TF32 in cuBLAS and cuDNN on or off for the block, restored after it."""
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = allowed
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def used_bytes() -> int:

@@ -70,7 +70,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,8 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import zoo_models  # noqa: E402
+
+from kiln.testing import relative_error, tf32_allowed  # noqa: E402
 
 log = logging.getLogger("kiln.bench.zoo")
 
@@ -150,17 +152,6 @@ def geomean(values: Sequence[float]) -> float:
 
 # ---- the worker: one process measuring a list of rows of one model ----------------------------
 
-@contextlib.contextmanager
-def tf32_allowed(allowed: bool) -> Iterator[None]:
-    """TF32 in cuBLAS and cuDNN on or off for the block, restored after it."""
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = allowed
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
-
-
 def flat_output(out: Any) -> torch.Tensor:
     """Every floating tensor of a model's output (tensor, tuple, dict, ModelOutput), flattened
     and concatenated, in float32."""
@@ -172,13 +163,10 @@ def flat_output(out: Any) -> torch.Tensor:
 
 
 def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """||actual - expected|| / ||expected||, in float64 on the tensors' device."""
-    a, e = actual.double(), expected.double()
-    if a.shape != e.shape:
-        raise ValueError(f"output has {a.numel()} values, the reference {e.numel()}")
-    denom = torch.linalg.vector_norm(e).item()
-    diff = torch.linalg.vector_norm(a - e).item()
-    return diff / denom if denom > 0 else diff
+    """||actual - expected|| / ||expected|| (kiln.testing.relative_error) of outputs of one size."""
+    if actual.shape != expected.shape:
+        raise ValueError(f"output has {actual.numel()} values, the reference {expected.numel()}")
+    return relative_error(actual, expected)
 
 
 def synchronize(device: str) -> None:

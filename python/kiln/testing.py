@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["first_output", "randomize_weights", "relative_error"]
+__all__ = ["first_output", "randomize_weights", "relative_error", "tf32_allowed"]
 
 
 def randomize_weights(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
@@ -50,6 +52,17 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     denom = e.norm().item()
     diff = (a - e).norm().item()
     return diff / denom if denom > 0 else diff
+
+
+@contextlib.contextmanager
+def tf32_allowed(allowed: bool) -> Iterator[None]:
+    """TF32 in cuBLAS and cuDNN on or off for the block, restored after it."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = allowed
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def first_output(out: Any) -> torch.Tensor:

@@ -16,41 +16,13 @@
 #include "kiln/kiln.h"
 #include "src/backends/cuda/codegen/plan.h"
 #include "src/backends/cuda/kernels.h"
+#include "tests/cpp/cuda_node_test_util.h"
 
 using namespace kiln;
 namespace gen = kiln::cuda::gen;
+using namespace kiln::test;
 
 namespace {
-
-using Shape = std::vector<int64_t>;
-
-// A graph whose last node is the one under test; a copy points at its own graph's node.
-struct Built {
-  Graph g;
-  Node* node = nullptr;
-  Built() = default;
-  Built(const Built& o) : g(o.g), node(g.nodes().back().get()) {}
-  Built(Built&&) = default;
-};
-
-// A graph of one node over inputs of the given types (a null type: an absent input).
-Built one_node(OpKind op, const std::vector<std::optional<TensorType>>& ins, const Attrs& attrs) {
-  Built b;
-  std::vector<ValueId> ids;
-  for (size_t i = 0; i < ins.size(); ++i)
-    ids.push_back(ins[i] ? b.g.add_input("x" + std::to_string(i), *ins[i]) : kNoValue);
-  b.g.add_node(op, ids, attrs, std::string(op_name(op)) + "_t");
-  b.node = b.g.nodes().back().get();
-  return b;
-}
-
-TensorType tt(DType d, Shape s) { return TensorType(d, s); }
-
-Attrs attrs(std::initializer_list<std::pair<const char*, AttrValue>> kv) {
-  Attrs a;
-  for (const auto& [k, v] : kv) a.set(k, v);
-  return a;
-}
 
 // Nodes the shape rules would refuse, made by changing a valid node after the fact: the
 // predicates must still answer (not throw) and agree with the generators.

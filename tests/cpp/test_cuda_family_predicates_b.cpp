@@ -19,44 +19,14 @@
 #include "src/backends/cuda/codegen/plan.h"
 #include "src/backends/cuda/codegen/pointwise_program.h"
 #include "src/backends/cuda/kernels.h"
+#include "tests/cpp/cuda_node_test_util.h"
 
 using namespace kiln;
 namespace gen = kiln::cuda::gen;
+using namespace kiln::test;
 namespace pwg = kiln::cuda::pwgen;
 
 namespace {
-
-using Shape = std::vector<int64_t>;
-
-struct Built {
-  Graph g;
-  const Node* node = nullptr;
-};
-
-TensorType tt(DType d, Shape s) { return TensorType(d, std::move(s)); }
-
-// "x<i>" (appended rather than "x" + std::to_string(i), which trips a false -Wrestrict in GCC 12).
-std::string input_name(size_t i) {
-  std::string s = "x";
-  s += std::to_string(i);
-  return s;
-}
-
-// A graph of one node over inputs of the given types.
-Built one_node(OpKind op, const std::vector<TensorType>& ins, const Attrs& attrs = {}) {
-  Built b;
-  std::vector<ValueId> ids;
-  for (size_t i = 0; i < ins.size(); ++i) ids.push_back(b.g.add_input(input_name(i), ins[i]));
-  b.g.add_node(op, ids, attrs, std::string(op_name(op)) + "_t");
-  b.node = b.g.nodes().back().get();
-  return b;
-}
-
-Attrs attrs(std::initializer_list<std::pair<const char*, AttrValue>> kv) {
-  Attrs a;
-  for (const auto& [k, v] : kv) a.set(k, v);
-  return a;
-}
 
 std::string what_of(const Built& b) {
   std::string s = op_name(b.node->op);

@@ -16,32 +16,15 @@
 
 #include "kiln/kiln.h"
 #include "src/backends/cuda/codegen/plan.h"
+#include "tests/cpp/cuda_node_test_util.h"
 
 using namespace kiln;
 namespace gen = kiln::cuda::gen;
+using namespace kiln::test;
 
 namespace {
 
-using Shape = std::vector<int64_t>;
 using Generator = gen::Generated (*)(const Node&, const Graph&);
-
-struct Built {
-  Graph g;
-  const Node* node = nullptr;
-};
-
-// A graph of one node over inputs of the given types (a null type: an absent input).
-Built one_node(OpKind op, const std::vector<std::optional<TensorType>>& ins, const Attrs& attrs) {
-  Built b;
-  std::vector<ValueId> ids;
-  for (size_t i = 0; i < ins.size(); ++i)
-    ids.push_back(ins[i] ? b.g.add_input("x" + std::to_string(i), *ins[i]) : kNoValue);
-  b.g.add_node(op, ids, attrs, std::string(op_name(op)) + "_t");
-  b.node = b.g.nodes().back().get();
-  return b;
-}
-
-TensorType tt(DType d, Shape s) { return TensorType(d, s); }
 
 // Generates, compiles and round-trips the plan; returns the plan's description.
 std::string check(Generator fn, const Built& b) {
@@ -66,12 +49,6 @@ std::string check(Generator fn, const Built& b) {
   EXPECT_EQ(gen::serialize(back), bytes) << what;
   EXPECT_EQ(back.describe, gn.plan.describe);
   return gn.plan.describe;
-}
-
-Attrs attrs(std::initializer_list<std::pair<const char*, AttrValue>> kv) {
-  Attrs a;
-  for (const auto& [k, v] : kv) a.set(k, v);
-  return a;
 }
 
 const DType kFloats[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kF64};

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from kiln.testing import relative_error
 from kiln.tune.inputs import Inputs, batch_items
 
 __all__ = ["Timing", "time_calls", "memory_in_use", "compare_outputs", "tolerance_for", "synchronize",
@@ -102,10 +103,7 @@ def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
             or not torch.equal(a[inf_e], e[inf_e]):
         return float("inf")  # a NaN or an infinity where eager has none, or another one
     finite = torch.isfinite(e)
-    a, e = a[finite], e[finite]
-    denom = e.norm().item()
-    diff = (a - e).norm().item()
-    return diff / denom if denom > 0 else diff
+    return relative_error(a[finite], e[finite])
 
 
 def compare_outputs(actual: Any, expected: Any) -> tuple[float, str]:

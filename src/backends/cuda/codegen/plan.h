@@ -176,6 +176,17 @@ std::optional<std::string> why_not_softmax(const Node& n, const Graph& g);
 std::optional<std::string> why_not_norm(const Node& n, const Graph& g);
 std::optional<std::string> why_not_pool(const Node& n, const Graph& g);
 
+// supports_<family>'s answer from its family's check: true when there is no reason (or error),
+// else false with the reason (the error's message) in `why`.
+inline bool supported(const std::optional<std::string>& no, std::string* why) {
+  if (no && why) *why = *no;
+  return !no;
+}
+inline bool supported(const std::optional<Error>& error, std::string* why) {
+  if (error && why) *why = error->what();
+  return !error;
+}
+
 // Family generators (for tests; make_<family>_kernel wraps them with build()).
 Generated generate_reduce(const Node& n, const Graph& g);
 Generated generate_softmax(const Node& n, const Graph& g);

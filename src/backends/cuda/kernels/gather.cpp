@@ -129,9 +129,7 @@ Generated generate_gather(const Node& n, const Graph& g) {
 }  // namespace gen
 
 bool supports_gather(const Node& n, const Graph& g, std::string* why) {
-  const std::optional<Error> e = gen::why_not_gather(n, g);
-  if (e && why) *why = e->what();
-  return !e;
+  return gen::supported(gen::why_not_gather(n, g), why);
 }
 
 std::unique_ptr<Kernel> make_gather_kernel(const Node& n, const Graph& g, const KernelOptions&, const Bytes* state) {

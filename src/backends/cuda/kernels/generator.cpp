@@ -63,9 +63,7 @@ Generated generate_generator(const Node& n, const Graph& g) {
 }  // namespace gen
 
 bool supports_generator(const Node& n, const Graph&, std::string* why) {
-  const std::optional<Error> e = gen::why_not_generator(n);
-  if (e && why) *why = e->what();
-  return !e;
+  return gen::supported(gen::why_not_generator(n), why);
 }
 
 std::unique_ptr<Kernel> make_generator_kernel(const Node& n, const Graph& g, const KernelOptions&, const Bytes* state) {

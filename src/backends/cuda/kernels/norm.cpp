@@ -178,9 +178,7 @@ Generated generate_norm(const Node& n, const Graph& g) {
 }  // namespace gen
 
 bool supports_norm(const Node& n, const Graph& g, std::string* why) {
-  const std::optional<std::string> no = gen::why_not_norm(n, g);
-  if (no && why) *why = *no;
-  return !no;
+  return gen::supported(gen::why_not_norm(n, g), why);
 }
 
 std::unique_ptr<Kernel> make_norm_kernel(const Node& n, const Graph& g, const KernelOptions&, const Bytes* state) {

@@ -131,9 +131,7 @@ Generated generate_pool(const Node& n, const Graph& g) {
 }  // namespace gen
 
 bool supports_pool(const Node& n, const Graph& g, std::string* why) {
-  const std::optional<std::string> no = gen::why_not_pool(n, g);
-  if (no && why) *why = *no;
-  return !no;
+  return gen::supported(gen::why_not_pool(n, g), why);
 }
 
 std::unique_ptr<Kernel> make_pool_kernel(const Node& n, const Graph& g, const KernelOptions&, const Bytes* state) {

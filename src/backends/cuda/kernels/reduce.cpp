@@ -205,9 +205,7 @@ Generated generate_reduce(const Node& n, const Graph& g) {
 }  // namespace gen
 
 bool supports_reduce(const Node& n, const Graph& g, std::string* why) {
-  const std::optional<std::string> no = gen::why_not_reduce(n, g);
-  if (no && why) *why = *no;
-  return !no;
+  return gen::supported(gen::why_not_reduce(n, g), why);
 }
 
 std::unique_ptr<Kernel> make_reduce_kernel(const Node& n, const Graph& g, const KernelOptions&, const Bytes* state) {

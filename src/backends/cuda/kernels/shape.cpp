@@ -391,9 +391,7 @@ Generated generate_shape(const Node& n, const Graph& g) {
 }  // namespace gen
 
 bool supports_shape(const Node& n, const Graph& g, std::string* why) {
-  const std::optional<Error> e = gen::why_not_shape(n, g);
-  if (e && why) *why = e->what();
-  return !e;
+  return gen::supported(gen::why_not_shape(n, g), why);
 }
 
 namespace {

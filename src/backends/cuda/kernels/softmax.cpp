@@ -98,9 +98,7 @@ Generated generate_softmax(const Node& n, const Graph& g) {
 }  // namespace gen
 
 bool supports_softmax(const Node& n, const Graph& g, std::string* why) {
-  const std::optional<std::string> no = gen::why_not_softmax(n, g);
-  if (no && why) *why = *no;
-  return !no;
+  return gen::supported(gen::why_not_softmax(n, g), why);
 }
 
 std::unique_ptr<Kernel> make_softmax_kernel(const Node& n, const Graph& g, const KernelOptions&, const Bytes* state) {
