@@ -1,6 +1,10 @@
 // Shared access geometry of reductions, pooling and strided views (see access.h).
+#include <cstring>
+#include <variant>
+
 #include "kiln/errors.h"
 #include "kiln/ops.h"
+#include "src/common/element_access.h"
 #include "src/ops/access.h"
 #include "src/ops/checked.h"
 #include "src/ops/shape_rules.h"
@@ -112,6 +116,17 @@ bool reads_input_in_order(const Node& n, const Graph& g) {
   for (size_t k = 0; k < y.size(); ++k)
     if (y[k] > 1 && v.strides[k] != ys[k]) return false;
   return v.offset == 0;
+}
+
+uint64_t full_value_bits(const Attrs& attrs, DType t) {
+  uint64_t bits = 0;
+  const AttrValue& value = attrs.items().at("value");
+  if (const int64_t* i = std::get_if<int64_t>(&value); i && t == DType::kI64) {
+    std::memcpy(&bits, i, sizeof(int64_t));
+  } else {
+    store_double(&bits, t, 0, attrs.get_float("value"));
+  }
+  return bits;
 }
 
 }  // namespace kiln

@@ -61,4 +61,8 @@ PadInput pad_input(const Node& n, const Graph& g);
 // output on its input's bytes and the backends then move nothing.
 bool reads_input_in_order(const Node& n, const Graph& g);
 
+// The bytes of one element of a full node's output of dtype `t`, zero-padded to 8: an integer
+// value exactly for i64, else the value stored as `t` (store_double's conversion).
+uint64_t full_value_bits(const Attrs& attrs, DType t);
+
 }  // namespace kiln

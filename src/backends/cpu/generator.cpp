@@ -5,9 +5,9 @@
 // then cast, so every dtype sees the same sequence (the shape rule has checked that it fits
 // integral dtypes). Both split large outputs over threads.
 #include <algorithm>
-#include <variant>
 
 #include "src/backends/cpu/kernels.h"
+#include "src/ops/access.h"
 
 namespace kiln::cpu {
 
@@ -73,13 +73,7 @@ std::unique_ptr<Kernel> make_generator_kernel(const Node& n, const Graph& g) {
     return make_fn_kernel(std::move(fn), std::string("cpu arange ") + dtype_name(yt.dtype));
   }
   KILN_CHECK(n.op == OpKind::kFull, kInternal, op_name(n.op), " is not in the generator family");
-  uint64_t bits = 0;
-  const AttrValue& value = n.attrs.items().at("value");
-  if (const int64_t* i = std::get_if<int64_t>(&value); i && yt.dtype == DType::kI64) {
-    std::memcpy(&bits, i, sizeof(int64_t));
-  } else {
-    store_double(&bits, yt.dtype, 0, n.attrs.get_float("value"));
-  }
+  const uint64_t bits = full_value_bits(n.attrs, yt.dtype);
   KernelFn fn;
   switch (dtype_size(yt.dtype)) {
     case 1: fn = fill_fn<uint8_t>(count, bits); break;

@@ -7,13 +7,12 @@
 // and then converted like the CPU (f16 / bf16 through f32; bool is != 0; integers truncate),
 // codegen/cuh/generator_arange.cuh.
 #include <optional>
-#include <variant>
 
 #include "src/backends/cuda/codegen/embedded.h"
 #include "src/backends/cuda/codegen/plan.h"
 #include "src/backends/cuda/codegen/prelude.h"
 #include "src/backends/cuda/kernels.h"
-#include "src/common/element_access.h"
+#include "src/ops/access.h"
 
 namespace kiln::cuda {
 
@@ -49,13 +48,7 @@ Generated generate_generator(const Node& n, const Graph& g) {
     return gn;
   }
   gn.plan.describe = std::string("cuda full ") + dtype_name(yt.dtype);
-  uint64_t bits = 0;
-  const AttrValue& value = n.attrs.items().at("value");
-  if (const int64_t* i = std::get_if<int64_t>(&value); i && yt.dtype == DType::kI64) {
-    std::memcpy(&bits, i, sizeof(int64_t));
-  } else {
-    store_double(&bits, yt.dtype, 0, n.attrs.get_float("value"));
-  }
+  const uint64_t bits = full_value_bits(n.attrs, yt.dtype);
   add_fill(gn.source, gn.plan, 0, count, int(dtype_size(yt.dtype)), bits);
   return gn;
 }
