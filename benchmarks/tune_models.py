@@ -19,7 +19,11 @@ Per model: ``kiln.tune.inspect`` on the samples, its top-level submodules taking
 ``--min-share`` of the time are wrapped (all four stages of ``mixed``), and ``kiln.tune.tune``
 measures every backend on each (Kiln backends with ``enabled_precisions={dtype}`` and
 ``min_block_size=1``). Then the whole model is timed eagerly and tuned (median of ``--runs``
-synchronized calls) and its output compared with eager's. Results go to DIR/tune_models.json
+synchronized calls) and its output compared with eager's. For comparison, every backend is also
+timed on the whole model as one module (the best single backend; ``--no-single`` skips it). The
+tuning is saved (``kiln.tune.save`` into DIR/tuned/MODEL) and reloaded in a fresh process
+(``kiln.tune.load``, nothing tuned there), which reports each module's source, the load time, the
+latency and the error against eager. Results go to DIR/tune_models.json
 (every module's full tuning report) and DIR/tune_models.md (per model: eager and tuned ms, the
 speedup, the relative error; per wrapped module: the winner, why, and each candidate's status and
 median ms).
@@ -28,10 +32,14 @@ median ms).
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import logging
 import math
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -177,22 +185,74 @@ class Result:
     speedup: float = math.nan
     rel_err: float = math.nan
     tune_s: float = math.nan
+    single_ms: dict[str, float] = dataclasses.field(default_factory=dict)
+    best_single: str = ""
+    best_single_ms: float = math.nan
+    reload: dict[str, Any] = dataclasses.field(default_factory=dict)
     wrapped: list[str] = dataclasses.field(default_factory=list)
     inspection: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     report: dict[str, Any] = dataclasses.field(default_factory=dict)
     note: str = ""
 
 
-def run_model(name: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> Result:
-    result = Result(name, args.batch, args.dtype)
+def prepare(name: str, args: argparse.Namespace, device: torch.device,
+            dtype: torch.dtype) -> tuple[nn.Module, list[list[Any]]]:
+    """The model (weights from a fixed seed, so that another process rebuilds the same one) and its samples."""
     gen = torch.Generator().manual_seed(0)
     model, first = build(name, args.small, args.batch, gen)
     randomize_weights(model.eval())
     model = model.to(device=device, dtype=dtype)
     samples = [first] + [build(name, args.small, args.batch, gen)[1] for _ in range(args.samples - 1)]
-    samples = [[x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device) for x in s]
-               for s in samples]
+    return model, [[x.to(device=device, dtype=dtype) if x.is_floating_point() else x.to(device) for x in s]
+                   for s in samples]
+
+
+def best_single_backend(model: nn.Module, data: list[kt.Inputs], config: kt.TuneConfig, result: Result,
+                        args: argparse.Namespace, device: torch.device) -> None:
+    """Tunes the whole model as one module: every backend's latency on the whole model, and the best one."""
+    whole = kt.Module(model, name="whole model")
+    report = kt.tune(whole, data, config=config)
+    for c in report.modules[0].to_json()["candidates"]:
+        if c["status"] == "ok" and c["latency_ms"] is not None:
+            result.single_ms[c["backend"]] = c["latency_ms"]
+    result.best_single = whole.choice.name if whole.choice is not None else ""
+    result.best_single_ms = time_calls(whole, data, warmup=3, runs=args.runs, device=device).median_ms
+
+
+def reload_in_fresh_process(name: str, args: argparse.Namespace, saved: Path) -> dict[str, Any]:
+    """Runs this script with --reload in a new process: kiln.tune.load of the saved tuning, no tuning."""
+    command = [sys.executable, __file__, "--reload", str(saved), "--models", name, "--device", args.device,
+               "--dtype", args.dtype, "--batch", str(args.batch), "--samples", str(args.samples),
+               "--runs", str(args.runs)] + (["--small"] if args.small else [])
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1][:200]}
+    return json.loads(lines[-1])
+
+
+def reload_only(name: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """The --reload side: restores the tuning into a freshly built model and times it against eager."""
+    model, samples = prepare(name, args, device, dtype)
     data = [kt.Inputs(tuple(s)) for s in samples]
+    with torch.no_grad():
+        reference = first_output(model(*samples[0])).float()
+        start = time.perf_counter()
+        model = kt.load(model, args.reload)
+        load_s = time.perf_counter() - start
+        sources = {m.name: m.source for m in model.modules() if isinstance(m, kt.Module)}
+        out = first_output(model(*samples[0])).float()
+        first_call_s = time.perf_counter() - start - load_s
+        ms = time_calls(model, data, warmup=3, runs=args.runs, device=device).median_ms
+    return {"sources": sources, "load_s": load_s, "first_call_s": first_call_s, "ms": ms,
+            "rel_err": relative_error(out, reference)}
+
+
+def run_model(name: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> Result:
+    result = Result(name, args.batch, args.dtype)
+    model, samples = prepare(name, args, device, dtype)
+    data = [kt.Inputs(tuple(s)) for s in samples]
+    whole_copy = copy.deepcopy(model) if args.single else None
     with torch.no_grad():
         reference = first_output(model(*samples[0])).float()
         result.eager_ms = time_calls(model, data, warmup=3, runs=args.runs, device=device).median_ms
@@ -213,6 +273,14 @@ def run_model(name: str, args: argparse.Namespace, device: torch.device, dtype: 
         result.rel_err = relative_error(first_output(model(*samples[0])).float(), reference)
         result.tuned_ms = time_calls(model, data, warmup=3, runs=args.runs, device=device).median_ms
         result.speedup = result.eager_ms / result.tuned_ms
+        saved = Path(args.out) / "tuned" / name
+        kt.save(model, saved)
+        del model
+        if whole_copy is not None:
+            best_single_backend(whole_copy, data, config, result, args, device)
+            del whole_copy
+    torch._dynamo.reset()
+    result.reload = reload_in_fresh_process(name, args, saved)
     return result
 
 
@@ -220,12 +288,21 @@ def markdown(results: list[Result], header: str) -> str:
     def f(v: float, spec: str) -> str:
         return "" if v != v else format(v, spec)
 
-    lines = [header, "", "| model | batch | dtype | eager ms | tuned ms | speedup | rel err | tune s | wrapped |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [header, "", "| model | batch | dtype | eager ms | tuned ms | speedup | best single backend (whole model) "
+             "| its ms | tuned vs best single | rel err | tune s | reloaded: ms, rel err, modules from file, load s "
+             "| wrapped |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
+        rl = r.reload
+        if "ms" in rl:
+            from_file = sum(1 for s in rl["sources"].values() if s == "file")
+            reloaded = (f"{rl['ms']:.3f}, {rl['rel_err']:.1e}, {from_file} of {len(rl['sources'])}, "
+                        f"{rl['load_s']:.1f}")
+        else:
+            reloaded = rl.get("error", "")
         lines.append(f"| {r.model} | {r.batch} | {r.dtype} | {f(r.eager_ms, '.3f')} | {f(r.tuned_ms, '.3f')} | "
-                     f"{f(r.speedup, '.2f')} | {f(r.rel_err, '.1e')} | {f(r.tune_s, '.0f')} | "
-                     f"{', '.join(r.wrapped) or r.note} |")
+                     f"{f(r.speedup, '.2f')} | {r.best_single} | {f(r.best_single_ms, '.3f')} | "
+                     f"{f(r.best_single_ms / r.tuned_ms, '.2f')} | {f(r.rel_err, '.1e')} | {f(r.tune_s, '.0f')} | "
+                     f"{reloaded} | {', '.join(r.wrapped) or r.note} |")
     for r in results:
         modules = r.report.get("modules", [])
         if not modules:
@@ -258,7 +335,10 @@ def main() -> None:
     parser.add_argument("--min-share", type=float, default=0.05, help="wrap top-level submodules above this share")
     parser.add_argument("--small", action="store_true", help="small models and inputs (a smoke check)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or tables on stderr")
+    parser.add_argument("--no-single", dest="single", action="store_false",
+                        help="skip timing every backend on the whole model")
     parser.add_argument("--out", default=".")
+    parser.add_argument("--reload", metavar="DIR", help=argparse.SUPPRESS)  # the fresh-process side
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     device = torch.device(args.device)
@@ -273,6 +353,9 @@ def main() -> None:
     if args.small and args.batch == parser.get_default("batch"):
         args.batch = 2
     dtype = DTYPES[args.dtype]
+    if args.reload:
+        print(json.dumps(reload_only(args.models, args, device, dtype)))
+        return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+import torch.utils._pytree as pytree
 
 from kiln.tune.inputs import Inputs, describe, fast_key, signature
 
@@ -326,8 +327,18 @@ class Inductor(Backend):
         self.options = dict(options or {})
 
     def compile(self, module: torch.nn.Module, samples: Sequence[Inputs]) -> Callable[..., Any]:
-        return torch.compile(module, backend="inductor", mode=self.mode, fullgraph=self.fullgraph,
-                             dynamic=self.dynamic, options=dict(self.options) or None)
+        compiled = torch.compile(module, backend="inductor", mode=self.mode, fullgraph=self.fullgraph,
+                                 dynamic=self.dynamic, options=dict(self.options) or None)
+        if self.mode not in ("reduce-overhead", "max-autotune"):
+            return compiled
+
+        # CUDA-graph modes return buffers that the next replay overwrites; a tuned module's output
+        # may outlive that (a skip connection, a module called twice), so each call returns copies.
+        def call(*args: Any, **kwargs: Any) -> Any:
+            torch.compiler.cudagraph_mark_step_begin()
+            return pytree.tree_map_only(torch.Tensor, torch.clone, compiled(*args, **kwargs))
+
+        return call
 
     def config(self) -> dict[str, Any]:
         return {"mode": self.mode, "fullgraph": self.fullgraph, "dynamic": self.dynamic,
