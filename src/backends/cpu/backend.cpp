@@ -19,7 +19,7 @@ class CpuBackend final : public Backend {
     return true;
   }
 
-  std::unique_ptr<Kernel> make_kernel(const Node& n, const Graph& g, const KernelOptions&,
+  std::unique_ptr<Kernel> make_kernel(const Node& n, const Graph& g, const KernelOptions& options,
                                       const Bytes* state) override {
     // CPU kernels have a single implementation each, so they save no state.
     KILN_CHECK(!state || state->empty(), kCorrupted, "engine file has ", state ? state->size() : 0,
@@ -33,7 +33,7 @@ class CpuBackend final : public Backend {
       case OpFamily::kSoftmax: return cpu::make_softmax_kernel(n, g);
       case OpFamily::kNorm: return cpu::make_norm_kernel(n, g);
       case OpFamily::kMatmul: return cpu::make_matmul_kernel(n, g);
-      case OpFamily::kConv: return cpu::make_conv_kernel(n, g);
+      case OpFamily::kConv: return cpu::make_conv_kernel(n, g, options.workspace_limit);
       case OpFamily::kPool: return cpu::make_pool_kernel(n, g);
       case OpFamily::kShape: return cpu::make_shape_kernel(n, g);
       case OpFamily::kGather: return cpu::make_gather_kernel(n, g);

@@ -14,7 +14,9 @@
 // conv_transpose is the adjoint: col = W^T @ x per group (GEMM), then col2im scatters col
 // into the output, parallel over output channels so no two threads write one plane.
 // A channels-last conv (layout "nhwc") runs through channels-first copies (layout.cpp).
+#include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "src/backends/cpu/epilogue.h"
 #include "src/backends/cpu/gemm.h"
@@ -133,9 +135,10 @@ void conv_depthwise(const Geom& q, const Depthwise& d, const float* x, const flo
   });
 }
 
-// col[(c, ki, kj), (oh, ow)] = x[c, oh*sh - ph + ki*dh, ow*sw - pw + kj*dw] (0 in the padding).
-void im2col(const Geom& q, const float* x, float* col) {
-  const int64_t rows = q.Cg * q.KH * q.KW, cols = q.OH * q.OW;
+// col[(c, ki, kj), (oh - oh0, ow)] = x[c, oh*sh - ph + ki*dh, ow*sw - pw + kj*dw] (0 in the
+// padding), for the output rows oh0 <= oh < oh1.
+void im2col(const Geom& q, const float* x, float* col, int64_t oh0, int64_t oh1) {
+  const int64_t rows = q.Cg * q.KH * q.KW, cols = (oh1 - oh0) * q.OW;
   parallel_for(rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, cols)), [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       const int64_t c = r / (q.KH * q.KW), ki = (r / q.KW) % q.KH, kj = r % q.KW;
@@ -143,8 +146,8 @@ void im2col(const Geom& q, const float* x, float* col) {
       const int64_t off = kj * q.dw - q.pw;
       int64_t lo, hi;
       tap_range(q.OW, q.W, q.sw, off, lo, hi);
-      for (int64_t oh = 0; oh < q.OH; ++oh) {
-        float* d = col + r * cols + oh * q.OW;
+      for (int64_t oh = oh0; oh < oh1; ++oh) {
+        float* d = col + r * cols + (oh - oh0) * q.OW;
         const int64_t ih = oh * q.sh - q.ph + ki * q.dh;
         if (ih < 0 || ih >= q.H) {
           std::fill(d, d + q.OW, 0.0f);
@@ -162,20 +165,26 @@ void im2col(const Geom& q, const float* x, float* col) {
 }
 
 // `packed_w`: the weight in sgemm's A panels, one group after another (or null: packed per call).
-void conv_gemm(const Geom& q, bool pointwise, const float* x, const float* w, const float* packed_w,
+// The im2col path builds `col` for `row_chunk` output rows at a time, each chunk one GEMM into
+// its rows of y.
+void conv_gemm(const Geom& q, bool pointwise, int64_t row_chunk, const float* x, const float* w, const float* packed_w,
                const float* bias, bool relu, float* y, float* col, float* gs, int threads) {
   const int64_t kdim = q.Cg * q.KH * q.KW, cols = q.OH * q.OW;
+  const int64_t step = pointwise ? q.OH : row_chunk;
   for (int64_t img = 0; img < q.N; ++img)
     for (int64_t grp = 0; grp < q.groups; ++grp) {
       const float* xg = x + (img * q.C + grp * q.Cg) * q.H * q.W;
-      if (!pointwise) im2col(q, xg, col);
-      GemmArgs ga = gemm_rowmajor(q.Og, cols, kdim, w + grp * q.Og * kdim, kdim, pointwise ? xg : col, cols, false,
-                                  y + (img * q.O + grp * q.Og) * cols, cols);
-      ga.bias = bias ? bias + grp * q.Og : nullptr;
-      ga.bias_per_row = true;
-      ga.packed_a = packed_w ? packed_w + grp * sgemm_packed_a_floats(q.Og, kdim) : nullptr;
-      ga.relu = relu;
-      sgemm(ga, gs, threads);
+      for (int64_t oh0 = 0; oh0 < q.OH; oh0 += step) {
+        const int64_t oh1 = std::min(q.OH, oh0 + step), n = (oh1 - oh0) * q.OW;
+        if (!pointwise) im2col(q, xg, col, oh0, oh1);
+        GemmArgs ga = gemm_rowmajor(q.Og, n, kdim, w + grp * q.Og * kdim, kdim, pointwise ? xg : col, n, false,
+                                    y + (img * q.O + grp * q.Og) * cols + oh0 * q.OW, cols);
+        ga.bias = bias ? bias + grp * q.Og : nullptr;
+        ga.bias_per_row = true;
+        ga.packed_a = packed_w ? packed_w + grp * sgemm_packed_a_floats(q.Og, kdim) : nullptr;
+        ga.relu = relu;
+        sgemm(ga, gs, threads);
+      }
     }
 }
 
@@ -219,10 +228,13 @@ enum class Path { kDirect, kPointwise, kIm2col, kTransposed };
 
 }  // namespace
 
-std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g) {
+std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g, size_t workspace_limit) {
   KILN_CHECK(n.op == OpKind::kConv || n.op == OpKind::kConvTranspose, kInternal, op_name(n.op),
              " is not in the conv family");
-  if (channels_last(n.op, n.attrs)) return make_channels_last(n, g, {0, 1, 3}, &make_conv_kernel);
+  if (channels_last(n.op, n.attrs))
+    return make_channels_last(n, g, {0, 1, 3}, [workspace_limit](const Node& inner, const Graph& ig) {
+      return make_conv_kernel(inner, ig, workspace_limit);
+    });
   const Geom q = geometry(n, g);
   const DType dt = g.type(n.inputs[0]).dtype;
   const int64_t y_numel = g.type(n.outputs[0]).numel();
@@ -230,15 +242,15 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g) {
   int64_t col_floats = 0, gemm_floats = 0;
   Depthwise dw;
   const int threads = num_threads();
+  int64_t row_chunk = q.OH;
   if (n.op == OpKind::kConv) {
     const bool one_by_one = q.KH == 1 && q.KW == 1 && q.sh == 1 && q.sw == 1 && q.ph == 0 && q.pw == 0;
     path = one_by_one ? Path::kPointwise : q.Cg == 1 ? Path::kDirect : Path::kIm2col;
-    if (path == Path::kIm2col) col_floats = q.Cg * q.KH * q.KW * q.OH * q.OW;
     if (path == Path::kDirect) {
       dw = plan_depthwise(q);
       col_floats = dw.parts * dw.plane_floats();
     }
-    if (path != Path::kDirect) gemm_floats = sgemm_scratch_floats(q.Og, q.OH * q.OW, q.Cg * q.KH * q.KW, threads);
+    if (path == Path::kPointwise) gemm_floats = sgemm_scratch_floats(q.Og, q.OH * q.OW, q.Cg, threads);
   } else {
     col_floats = q.Og * q.KH * q.KW * q.H * q.W;
     gemm_floats = sgemm_scratch_floats(q.Og * q.KH * q.KW, q.H * q.W, q.Cg, threads);
@@ -262,15 +274,24 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g) {
   const bool gemm_relu = epi.gemm_relu() && (path == Path::kPointwise || path == Path::kIm2col);
   const size_t n_inputs = n.inputs.size();
 
-  Carver sizes;
-  sizes.take(x.scratch_floats());
-  sizes.take(w.scratch_floats());
-  sizes.take(bias.scratch_floats());
-  sizes.take(dt == DType::kF32 ? 0 : y_numel);
-  sizes.take(col_floats);
-  sizes.take(gemm_floats);
-  sizes.take(epi.scratch_floats());
-  const size_t ws = sizes.used();
+  auto workspace_for = [&](int64_t col, int64_t gemm) {
+    Carver sizes;
+    for (int64_t floats : {x.scratch_floats(), w.scratch_floats(), bias.scratch_floats(),
+                           dt == DType::kF32 ? int64_t(0) : y_numel, col, gemm, epi.scratch_floats()})
+      sizes.take(floats);
+    return sizes.used();
+  };
+  if (path == Path::kIm2col) {
+    // The whole im2col matrix when it fits the workspace limit, else the largest chunk of output
+    // rows that does (one row at the least: a limit below that fails the engine's own check).
+    const int64_t kdim = q.Cg * q.KH * q.KW;
+    for (;; row_chunk = (row_chunk + 1) / 2) {
+      col_floats = kdim * row_chunk * q.OW;
+      gemm_floats = sgemm_scratch_floats(q.Og, row_chunk * q.OW, kdim, threads);
+      if (row_chunk == 1 || workspace_for(col_floats, gemm_floats) <= workspace_limit) break;
+    }
+  }
+  const size_t ws = workspace_for(col_floats, gemm_floats);
   const char* name = op_name(n.op);
 
   auto fn = [=](const void* const* in, void* const* out, const RunContext& ctx) {
@@ -286,8 +307,10 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g) {
     float* gs = c.take(gemm_floats);
     switch (path) {
       case Path::kDirect: conv_depthwise(q, dw, X, Wt, B, Y, col); break;
-      case Path::kPointwise: conv_gemm(q, true, X, Wt, packed_w.get(), B, gemm_relu, Y, col, gs, threads); break;
-      case Path::kIm2col: conv_gemm(q, false, X, Wt, packed_w.get(), B, gemm_relu, Y, col, gs, threads); break;
+      case Path::kPointwise: conv_gemm(q, true, q.OH, X, Wt, packed_w.get(), B, gemm_relu, Y, col, gs, threads); break;
+      case Path::kIm2col:
+        conv_gemm(q, false, row_chunk, X, Wt, packed_w.get(), B, gemm_relu, Y, col, gs, threads);
+        break;
       case Path::kTransposed: conv_transpose_gemm(q, X, Wt, B, Y, col, gs, threads); break;
     }
     float* es = c.take(epi.scratch_floats());
@@ -296,8 +319,9 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g) {
   };
   static const char* const kDesc[] = {"cpu conv direct (depthwise)", "cpu conv 1x1 sgemm", "cpu conv im2col + sgemm",
                                       "cpu conv_transpose sgemm + col2im"};
-  return make_fn_kernel(fn, kDesc[static_cast<int>(path)] + epi.describe() + (packed_w ? " (prepacked weight)" : ""),
-                        ws);
+  std::string desc = kDesc[static_cast<int>(path)] + epi.describe() + (packed_w ? " (prepacked weight)" : "");
+  if (row_chunk < q.OH) desc += " (im2col in chunks of " + std::to_string(row_chunk) + " output rows: workspace limit)";
+  return make_fn_kernel(fn, desc, ws);
 }
 
 }  // namespace kiln::cpu

@@ -30,18 +30,20 @@ std::unique_ptr<Kernel> make_reduce_kernel(const Node& n, const Graph& g);
 std::unique_ptr<Kernel> make_softmax_kernel(const Node& n, const Graph& g);
 std::unique_ptr<Kernel> make_norm_kernel(const Node& n, const Graph& g);
 std::unique_ptr<Kernel> make_matmul_kernel(const Node& n, const Graph& g);
-std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g);
+// `workspace_limit`: the bytes of scratch the engine allows; im2col convs work in chunks of output
+// rows small enough to fit it.
+std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g, size_t workspace_limit);
 // A channels-last node (layout "nhwc": conv, max_pool, avg_pool) as the same node
+using KernelMaker = std::function<std::unique_ptr<Kernel>(const Node&, const Graph&)>;
 // channels-first, made by `make_first`, between transposes into and out of the workspace.
 // `moved` lists the inputs in [N, H, W, C] (the output always is).
 std::unique_ptr<Kernel> make_channels_last(const Node& n, const Graph& g, const std::vector<size_t>& moved,
-                                           std::unique_ptr<Kernel> (*make_first)(const Node&, const Graph&));
+                                           const KernelMaker& make_first);
 // The general form (layout.cpp): a node with a layout attribute run as the same node without it,
 // made by `make_inner`, on inputs `moved` permuted by `perm` (inner dim i = outer dim perm[i]);
 // the inner output is permuted back by perm's inverse. perm swaps two adjacent blocks of dims.
 std::unique_ptr<Kernel> make_relayout(const Node& n, const Graph& g, const std::vector<size_t>& moved,
-                                      const std::vector<int64_t>& perm,
-                                      std::unique_ptr<Kernel> (*make_inner)(const Node&, const Graph&));
+                                      const std::vector<int64_t>& perm, const KernelMaker& make_inner);
 std::unique_ptr<Kernel> make_pool_kernel(const Node& n, const Graph& g);
 std::unique_ptr<Kernel> make_shape_kernel(const Node& n, const Graph& g);
 std::unique_ptr<Kernel> make_gather_kernel(const Node& n, const Graph& g);

@@ -69,8 +69,7 @@ TensorType permuted(const TensorType& t, const std::vector<int64_t>& perm) {
 }  // namespace
 
 std::unique_ptr<Kernel> make_relayout(const Node& n, const Graph& g, const std::vector<size_t>& moved_inputs,
-                                      const std::vector<int64_t>& perm,
-                                      std::unique_ptr<Kernel> (*make_inner)(const Node&, const Graph&)) {
+                                      const std::vector<int64_t>& perm, const KernelMaker& make_inner) {
   std::vector<int64_t> inverse(perm.size());
   for (size_t i = 0; i < perm.size(); ++i) inverse[size_t(perm[i])] = int64_t(i);
   // The same node in its default layout, in a graph of its own.
@@ -133,7 +132,7 @@ std::unique_ptr<Kernel> make_relayout(const Node& n, const Graph& g, const std::
 }
 
 std::unique_ptr<Kernel> make_channels_last(const Node& n, const Graph& g, const std::vector<size_t>& moved_inputs,
-                                           std::unique_ptr<Kernel> (*make_first)(const Node&, const Graph&)) {
+                                           const KernelMaker& make_first) {
   for (size_t i : moved_inputs)
     if (i < n.inputs.size() && n.inputs[i] != kNoValue) (void)channels_first_view(g.type(n.inputs[i]));  // rank 4
   return make_relayout(n, g, moved_inputs, {0, 3, 1, 2}, make_first);
