@@ -58,6 +58,9 @@ _NOT_BUILD_SETTINGS = frozenset({
     "debug", "dryrun", "cache_built_engines", "reuse_cached_engines", "engine_cache_dir",
     "engine_cache_size", "engine_cache_key_file", "custom_engine_cache", "use_cuda_graphs", "share_weights",
     "device",  # the key has the device's kind and name instead: cuda:1 reuses cuda:0's engines
+    "mode",  # what a mode sets is in the fields it set
+    "timing_cache_path",  # a location, like engine_cache_dir
+    "autocast_calibration_dataloader",  # its effect is in the graph (the casts), which is keyed
 })
 
 _stats: dict[str, int] = {}

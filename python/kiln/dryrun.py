@@ -2,9 +2,12 @@
 
 Per graph it states the op totals and coverage, every op that stays in PyTorch with its count
 and reason, each block that would become an engine (inputs, outputs, op counts) and how the
-outcome changes with ``min_block_size``. The text is logged at INFO on ``kiln.dryrun``;
-``dryrun="path"`` writes it to that file (the first report of a process replaces the file,
-later ones are appended), ``dryrun="-"`` prints it to stdout.
+outcome changes with ``min_block_size``, and the build settings in force (with the torch.compile
+mode they came from). ``dryrun=True`` (or ``"-"``) prints it to stdout; ``dryrun="path"`` writes
+it to that file (the first report of a process replaces the file, later ones are appended). It
+is also logged on ``kiln.dryrun``: at DEBUG when printed (a logging setup showing INFO would
+otherwise show it twice), else at INFO (a file, or a report that ``debug`` asked for without a
+dry run).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import torch.fx as fx
 
 from kiln._logging import get_logger
 from kiln.partition import Block, PartitionResult
-from kiln.settings import CompilationSettings
+from kiln.settings import MODES, CompilationSettings
 
 log = get_logger("dryrun")
 
@@ -72,6 +75,16 @@ def _threshold_lines(result: PartitionResult, settings: CompilationSettings) -> 
     return lines
 
 
+def _settings_line(settings: CompilationSettings) -> str:
+    precisions = ", ".join(str(p).removeprefix("torch.") for p in sorted(settings.enabled_precisions, key=str))
+    text = (f"  build settings: optimization_level={settings.optimization_level}, "
+            f"use_cuda_graphs={settings.use_cuda_graphs}, enabled_precisions={{{precisions}}}")
+    if settings.mode is not None:
+        made = ", ".join(f"{k}={v}" for k, v in MODES[settings.mode].items()) or "Kiln's defaults"
+        text += f"; torch.compile mode {settings.mode!r} -> {made}"
+    return text
+
+
 def format_report(result: PartitionResult, settings: CompilationSettings, graph_name: str) -> str:
     supported_pct = 100.0 * result.supported_ops / result.total_ops if result.total_ops else 100.0
     built = not settings.builds_nothing
@@ -80,7 +93,8 @@ def format_report(result: PartitionResult, settings: CompilationSettings, graph_
              f"  supported ops: {result.supported_ops} ({supported_pct:.1f}%)",
              f"  coverage: {result.coverage:.1f}% ({result.ops_in_engines} of {result.total_ops} ops in "
              f"{len(result.blocks)} engine{'s' if len(result.blocks) != 1 else ''}"
-             f"{'' if built else ' with these settings'})"]
+             f"{'' if built else ' with these settings'})",
+             _settings_line(settings)]
     if result.unsupported:
         lines.append("  unsupported ops (run in PyTorch):")
         for name, (count, reasons) in sorted(result.unsupported.items(), key=lambda kv: (-kv[1][0], kv[0])):
@@ -104,13 +118,14 @@ def format_report(result: PartitionResult, settings: CompilationSettings, graph_
 
 
 def emit_report(text: str, settings: CompilationSettings) -> None:
-    log.info("%s", text)
     target = settings.dryrun
+    if target is True or target == "-":
+        log.debug("%s", text)
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+        return
+    log.info("%s", text)
     if isinstance(target, str):
-        if target == "-":
-            sys.stdout.write(text + "\n")
-            sys.stdout.flush()
-            return
         mode = "a" if target in _written else "w"
         _written.add(target)
         with open(target, mode, encoding="utf-8") as f:

@@ -20,6 +20,9 @@ took it (``load_state_dict``, ``copy_``) is refitted into them at the next call
 (kiln.refit.WeightWatch), or, with ``immutable_weights=True``, the call raises; with
 ``share_weights=False`` it is a snapshot and checks nothing.
 
+Options are Kiln's settings under Kiln's or Torch-TensorRT's names (kiln.settings); a
+torch.compile ``mode`` maps to settings too (kiln.settings.MODES).
+
 Kiln compiles for inference. With gradients required (grad mode on and an input or parameter
 requiring grad) the graph runs in eager PyTorch with a warning, or raises under
 ``require_full_compilation``.
@@ -269,11 +272,12 @@ def _needs_grad(examples: Sequence[Any]) -> bool:
 
 def kiln_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options: Any = None,
                  mode: str | None = None) -> Callable[..., Any]:
-    """Dynamo backend entry point (registered as "kiln")."""
-    if mode not in (None, "default"):
-        raise ValueError(f"torch.compile mode {mode!r} is not a Kiln mode; use options={{...}} "
-                         f"(mode may only be 'default')")
-    settings = settings_from_options(options)
+    """Dynamo backend entry point (registered as "kiln").
+
+    ``torch.compile(m, backend="kiln", mode=...)`` arrives here as ``mode`` (torch passes no
+    mode for "default", and refuses mode and options together: ``options={"mode": ...}`` combines
+    them). A mode sets the settings in kiln.settings.MODES."""
+    settings = settings_from_options(options, mode=mode) if mode is not None else settings_from_options(options)
     if _needs_grad(example_inputs):
         msg = ("Kiln compiles for inference only, but this graph needs gradients (grad mode is on and "
                "inputs or parameters require grad); run it under torch.no_grad() or torch.inference_mode()")

@@ -45,6 +45,7 @@ import torch.utils._pytree as pytree
 
 from kiln._logging import get_logger
 from kiln.settings import settings_from_options
+from kiln.trt_compat import ALIASES
 
 log = get_logger("mutable")
 
@@ -116,7 +117,9 @@ class MutableModule(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, **options: Any) -> None:
         super().__init__()
-        options.setdefault("immutable_weights", False)
+        if not any(k == "immutable_weights" or (k in ALIASES and ALIASES[k].field == "immutable_weights")
+                   for k in options):
+            options["immutable_weights"] = False
         self.model = model
         self.settings = settings_from_options(options)
         self.builds = 0

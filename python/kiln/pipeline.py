@@ -1,8 +1,9 @@
 """The compile pipeline after lowering, shared by kiln.compile (aot.py) and the Dynamo backend
 (dynamo.py).
 
-:func:`compile_lowered` asks the importers, partitions, reports (dry run) or describes and
-builds each block, and swaps each built block for a KilnEngineModule. With
+:func:`compile_lowered` rewrites the graph into mixed precision when ``enable_autocast`` asks
+(kiln/autocast.py), asks the importers, partitions, reports (dry run) or describes and builds
+each block, and swaps each built block for a KilnEngineModule. With
 ``reuse_cached_engines`` / ``cache_built_engines`` a block's engine comes from / goes to the
 engine cache (kiln/cached_build.py: a hit is loaded and refitted with the block's weights). A
 block whose build fails stays in PyTorch with a warning naming the cause, unless
@@ -30,6 +31,7 @@ import torch.utils._pytree as pytree
 
 from kiln import _C
 from kiln._logging import get_logger
+from kiln.autocast import apply_autocast
 from kiln.cached_build import CachedBuild, count
 from kiln.dryrun import emit_report, format_report
 from kiln.lowering import LoweredGraph
@@ -142,6 +144,8 @@ def compile_lowered(lowered: LoweredGraph, settings: CompilationSettings, device
     if not settings.builds_nothing:
         warm_up(device)  # overlaps the partitioning (a no-op when kiln.compile started it already)
     gm = lowered.gm
+    if getattr(settings, "enable_autocast", False):
+        apply_autocast(gm, settings)  # explicit casts: the engines are built as the graph is typed
     result = partition(gm, Capability(gm, settings), settings)
     if settings.builds_nothing or settings.debug:
         emit_report(format_report(result, settings, graph_name), settings)

@@ -107,8 +107,8 @@ def build_engine(description: Any, settings: CompilationSettings, device: str,
     """ImportGraph -> Engine (raises kiln.KilnError subclasses naming the cause). ``borrowed``:
     weights the engine may read in place (:func:`borrowable_weights`)."""
     network = _C.import_aten(description)
-    if device != "cpu":  # the timing cache lives beside the engine cache and is shared by every build
-        _C.set_timing_cache_path(os.path.join(settings.engine_cache_dir, "timing.cache"))
+    if device != "cpu":  # one timing cache (default: beside the engine cache) is shared by every build
+        _C.set_timing_cache_path(settings.timing_cache_path or os.path.join(settings.engine_cache_dir, "timing.cache"))
     return _C.Builder(builder_config(settings, device)).build(network, borrowed)
 
 

@@ -7,6 +7,11 @@ normalization and validation happen in ``__post_init__`` so that a settings obje
 exist in a valid state. An unknown key, a value of the wrong type or an impossible value raises
 ``ValueError`` naming the key (and, for unknown keys, listing the valid ones): an option is
 never silently ignored.
+
+Every Torch-TensorRT option is accepted under its Torch-TensorRT name too (kiln/trt_compat.py):
+aliases become these fields, and options that only mean something to TensorRT are named in one
+log line saying they have no effect. A torch.compile ``mode`` sets the fields listed in
+:data:`MODES`.
 """
 
 from __future__ import annotations
@@ -15,14 +20,16 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Union
 
 import torch
 
+from kiln import trt_compat
 from kiln.cache import EngineCache, default_cache_dir
 
-__all__ = ["CompilationSettings", "settings_from_options", "option_names"]
+__all__ = ["CompilationSettings", "settings_from_options", "option_names", "MODES"]
 
 # Compute precisions the builder understands (torch dtype -> canonical name).
 _PRECISIONS: dict[torch.dtype, str] = {
@@ -36,7 +43,23 @@ _PRECISION_ALIASES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
 }
 
+_REDUCED_PRECISIONS = (torch.float16, torch.bfloat16)
+
 MinBlockSize = Union[int, float]  # a positive int, or float("inf") to build nothing
+
+_DEFAULT_WORKSPACE = 1 << 30
+_DEFAULT_OPTIMIZATION_LEVEL = 3
+
+# torch.compile's mode strings -> the Kiln settings each one sets. Kiln's defaults already replay
+# one CUDA graph per engine call, so "reduce-overhead" only insists on it; "lite" (Inductor with
+# its optional passes off, for a quick compile) is the quickest build: no tactic timing.
+MODES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "lite": {"optimization_level": 0},
+    "reduce-overhead": {"use_cuda_graphs": True},
+    "max-autotune": {"optimization_level": 5, "use_cuda_graphs": True},
+    "max-autotune-no-cudagraphs": {"optimization_level": 5, "use_cuda_graphs": False},
+}
 
 
 def _default_cache_dir() -> str:
@@ -56,8 +79,22 @@ class CompilationSettings:
     pass_through_build_failures: raise when an engine fails to build (default: warn and run
         that block in PyTorch).
     truncate_double: build float64 tensors as float32 where the importers allow it.
-    optimization_level: 0 (fastest build) .. 5 (most tactic search).
-    workspace_size: bytes of scratch memory an engine may use.
+    optimization_level: 0 (fastest build) .. 5 (most tactic search); None means 3. On CUDA it
+        sets how many candidates each tactic search tries (include/kiln/build_policy.h):
+        level 0 times nothing and takes each search's first candidate (cuBLASLt's heuristic
+        choice, cuDNN's first plan, the generated attention kernel), levels 1..4 time 2, 4, 8
+        and 16 candidates (cuBLASLt algorithms, cuDNN convolution and attention plans), level 5
+        times every candidate, runtime-compiled cuDNN plans included. The CPU backend has one
+        kernel per op and searches nothing: there the level is recorded in the engine and
+        changes nothing else. The passes (folding, fusion, layout, memory planning) run at
+        every level.
+    workspace_size: bytes of scratch memory one execution context of an engine may use (0, as
+        in Torch-TensorRT, means the default, 1 GiB). The builder keeps every kernel within it:
+        cuBLASLt GEMMs are planned for at most this much, cuDNN convolution and attention plans
+        that need more are skipped, the unfused attention fallback splits it between its GEMMs
+        and its score buffer; a plan whose kernels still need more fails to build with an error
+        naming both sizes (that block then runs in PyTorch, or the build error is raised with
+        ``pass_through_build_failures``).
     allow_tf32: float32 matmuls, linears, attention and convolutions on CUDA may use TF32 tensor
         cores (10-bit mantissa products, float32 sums). False computes them in strict float32,
         at several times the cost. No effect on CPU.
@@ -68,11 +105,20 @@ class CompilationSettings:
         flash kernel and cuDNN's serve it: "auto" (timed against each other; at
         optimization_level 0 the generated one), "generated" or "cudnn" (that one, untimed; a
         build fails when cuDNN offers no plan).
-    device: "cpu", "cuda" or "cuda:N"; None builds for the device of the example inputs.
+    device: "cpu", "cuda", "cuda:N" or a GPU index; None builds for the device of the example inputs.
     debug: log every stage at DEBUG level.
     dryrun: True, or a file path: partition and report coverage, build nothing, run eagerly.
-        The report is logged at INFO on the ``kiln.dryrun`` logger; a path receives it as a
-        file; "-" prints it to stdout.
+        True (or "-") prints the report to stdout; a path receives it as a file (the first
+        report of a process replaces the file, later ones are appended). It is also logged on
+        the ``kiln.dryrun`` logger: at INFO when written to a file, at DEBUG when printed.
+    mode: the torch.compile mode these settings follow (torch.compile(..., mode=...), or this
+        option where torch.compile takes options): "default" (Kiln's defaults), "lite"
+        (optimization_level=0), "reduce-overhead" (CUDA graphs on, which is Kiln's default),
+        "max-autotune" (optimization_level=5, CUDA graphs on), "max-autotune-no-cudagraphs"
+        (optimization_level=5, CUDA graphs off). An option given that contradicts the mode is an
+        error; the dry-run report says what the mode set.
+    timing_cache_path: the file of tactic timings shared by every CUDA build (None: beside the
+        engine cache, ``<engine_cache_dir>/timing.cache``). No effect on CPU, which times nothing.
     cache_built_engines / reuse_cached_engines: store every engine Kiln builds in the engine
         cache / look each engine up there before building it. A hit is loaded and refitted with
         the current weights, so the cache needs mutable weights (docs/engine-cache.md).
@@ -101,6 +147,19 @@ class CompilationSettings:
         ``immutable_weights=True`` that call raises instead (docs/safety.md). False copies every
         weight, the engines' and those the PyTorch parts read, so that the compiled model is a
         snapshot of the model when it was compiled (calls check no weights).
+    enable_autocast: rewrite the graph before partitioning so that the ops it judges safe run in
+        ``autocast_low_precision_type`` and the rest in float32 (kiln/autocast.py). With a low
+        precision type, ``enabled_precisions`` must stay {torch.float32}: the autocast pass, not
+        the builder, chooses each op's precision. Without one (None) it changes nothing.
+    autocast_low_precision_type: torch.float16 or torch.bfloat16 (or "fp16", "bf16", ...), or None.
+    autocast_excluded_nodes: regular expressions; a node whose name matches one (re.search)
+        stays in float32. Kept as a sorted tuple of the patterns.
+    autocast_excluded_ops: ATen ops (named as in ``torch_executed_ops``) that stay in float32.
+    autocast_max_output_threshold: a node whose output reaches this magnitude stays in float32.
+    autocast_max_depth_of_reduction: a node fed by more chained reductions than this stays in
+        float32; None means no limit.
+    autocast_calibration_dataloader: an iterable of example inputs whose run measures each
+        node's output range for the threshold; None judges from the example inputs.
     """
 
     enabled_precisions: frozenset[torch.dtype] = frozenset({torch.float32})
@@ -109,8 +168,8 @@ class CompilationSettings:
     require_full_compilation: bool = False
     pass_through_build_failures: bool = False
     truncate_double: bool = False
-    optimization_level: int = 3
-    workspace_size: int = 1 << 30
+    optimization_level: int = _DEFAULT_OPTIMIZATION_LEVEL
+    workspace_size: int = _DEFAULT_WORKSPACE
     allow_tf32: bool = True
     exact_gelu: bool = False
     attention_tactic: str = "auto"
@@ -126,13 +185,35 @@ class CompilationSettings:
     custom_engine_cache: EngineCache | None = None
     use_cuda_graphs: bool = True
     share_weights: bool = True
+    mode: str | None = None
+    timing_cache_path: str | None = None
+    enable_autocast: bool = False
+    autocast_low_precision_type: torch.dtype | None = None
+    autocast_excluded_nodes: tuple[str, ...] = ()
+    autocast_excluded_ops: frozenset[str] = frozenset()
+    autocast_max_output_threshold: float = 512.0
+    autocast_max_depth_of_reduction: int | None = None
+    autocast_calibration_dataloader: Any | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             normalize = _NORMALIZERS[f.name]
             object.__setattr__(self, f.name, normalize(f.name, value))
+        self._apply_mode()
         self._check_combinations()
+
+    def _apply_mode(self) -> None:
+        """The mode's values go into fields left at their defaults; another value is an error."""
+        if self.mode is None:
+            return
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for name, value in MODES[self.mode].items():
+            current = getattr(self, name)
+            if current != value:
+                if current != defaults[name]:
+                    raise _mode_conflict(self.mode, name, current)
+                object.__setattr__(self, name, value)
 
     def _check_combinations(self) -> None:
         if (self.cache_built_engines or self.reuse_cached_engines) and self.immutable_weights:
@@ -150,6 +231,11 @@ class CompilationSettings:
         if self.require_full_compilation and math.isinf(self.min_block_size):
             raise ValueError("require_full_compilation=True contradicts min_block_size=inf "
                              "(which builds no engine)")
+        if self.enable_autocast and self.autocast_low_precision_type is not None and \
+                self.enabled_precisions != frozenset({torch.float32}):
+            raise ValueError(
+                "enable_autocast=True chooses each op's precision itself, so enabled_precisions must be "
+                f"{{torch.float32}}, got {sorted(_PRECISIONS[p] for p in self.enabled_precisions)}")
 
     @property
     def builds_nothing(self) -> bool:
@@ -157,9 +243,15 @@ class CompilationSettings:
         return bool(self.dryrun) or math.isinf(self.min_block_size)
 
     def replace(self, **changes: Any) -> CompilationSettings:
-        """A copy with some fields changed (validated like any construction)."""
-        _check_keys(changes)
-        return dataclasses.replace(self, **changes)
+        """A copy with some fields changed (validated like any construction); Torch-TensorRT's
+        names are accepted as in :func:`settings_from_options`."""
+        kiln_changes, ignored = trt_compat.translate(changes, _NORMALIZERS)
+        _check_keys(kiln_changes)
+        mode = kiln_changes.get("mode", self.mode)
+        _check_mode(mode, kiln_changes)
+        settings = dataclasses.replace(self, **kiln_changes)
+        trt_compat.log_ignored(ignored)
+        return settings
 
 
 def option_names() -> list[str]:
@@ -170,14 +262,33 @@ def _check_keys(options: Mapping[str, Any]) -> None:
     valid = option_names()
     for key in options:
         if not isinstance(key, str) or key not in valid:
-            close = difflib.get_close_matches(str(key), valid, n=1)
+            close = difflib.get_close_matches(str(key), valid + trt_compat.trt_option_names(), n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise ValueError(f"unknown Kiln option {key!r}{hint}; valid options: {', '.join(valid)}")
+            raise ValueError(f"unknown Kiln option {key!r}{hint}; valid options: {', '.join(valid)} "
+                             "(and Torch-TensorRT's names for them: docs/torch-tensorrt.md)")
+
+
+def _mode_conflict(mode: str, name: str, value: Any) -> ValueError:
+    return ValueError(f"torch.compile mode {mode!r} sets {name}={MODES[mode][name]!r}, but {name}={value!r} "
+                      "was given; drop one of them")
+
+
+def _check_mode(mode: Any, options: Mapping[str, Any]) -> None:
+    """Options given explicitly must agree with the mode (a value equal to the field's default
+    is indistinguishable from none once the settings exist, so it is checked here)."""
+    if not isinstance(mode, str) or mode not in MODES:
+        return  # not a mode: the field's own check reports it
+    for name, value in MODES[mode].items():
+        if name in options and _NORMALIZERS[name](name, options[name]) != value:
+            raise _mode_conflict(mode, name, options[name])
 
 
 def settings_from_options(options: Mapping[str, Any] | CompilationSettings | None = None,
                           **kwargs: Any) -> CompilationSettings:
-    """Merges an options mapping (or settings object) and keyword options into settings."""
+    """Merges an options mapping (or settings object) and keyword options into settings.
+
+    Keys are Kiln's field names or Torch-TensorRT's (kiln/trt_compat.py): aliases become
+    Kiln's fields, TensorRT-only options are accepted and named in one log line."""
     if isinstance(options, CompilationSettings):
         base = options
         merged: dict[str, Any] = dict(kwargs)
@@ -190,8 +301,12 @@ def settings_from_options(options: Mapping[str, Any] | CompilationSettings | Non
         if key in merged:
             raise ValueError(f"Kiln option {key!r} was given twice")
         merged[key] = value
-    _check_keys(merged)
-    return CompilationSettings(**merged)
+    kiln_options, ignored = trt_compat.translate(merged, _NORMALIZERS)
+    _check_keys(kiln_options)
+    _check_mode(kiln_options.get("mode"), kiln_options)
+    settings = CompilationSettings(**kiln_options)
+    trt_compat.log_ignored(ignored)
+    return settings
 
 
 # ---- per-field normalization -------------------------------------------------------------
@@ -228,18 +343,33 @@ def _min_block_size(key: str, value: Any) -> MinBlockSize:
     return int(value)
 
 
+def _as_dtype(item: Any) -> Any:
+    """A torch dtype from a dtype, a name ("fp16", "bfloat16", ...) or an object that converts
+    itself with ``.to(torch.dtype)`` (torch_tensorrt.dtype); anything else is returned as is."""
+    if isinstance(item, str):
+        return _PRECISION_ALIASES.get(item.lower(), item)
+    if not isinstance(item, (torch.dtype, torch.Tensor)) and callable(getattr(item, "to", None)):
+        try:
+            converted = item.to(torch.dtype)
+        except Exception:  # noqa: BLE001 - not a dtype-like object: reported by the caller
+            return item
+        return converted if isinstance(converted, torch.dtype) else item
+    return item
+
+
 def _precisions(key: str, value: Any) -> frozenset[torch.dtype]:
-    if isinstance(value, (torch.dtype, str)):
-        value = {value}
+    dtype_like = not isinstance(value, Iterable) and callable(getattr(value, "to", None))
+    if isinstance(value, (torch.dtype, str)) or dtype_like:
+        value = {value}  # one precision
     if not isinstance(value, Iterable):
         raise _type_error(key, "a set of torch dtypes", value)
     out: set[torch.dtype] = set()
     for item in value:
-        dt = _PRECISION_ALIASES.get(item.lower()) if isinstance(item, str) else item
+        dt = _as_dtype(item)
         if not isinstance(dt, torch.dtype) or dt not in _PRECISIONS:
             valid = ", ".join(f"torch.{n}" for n in _PRECISIONS.values())
             raise ValueError(f"Kiln option {key!r}: {item!r} is not a precision Kiln builds in; "
-                             f"valid: {valid}")
+                             f"valid: {valid} (Kiln has no int8 / float8 / float4 kernels)")
         out.add(dt)
     if not out:
         raise ValueError(f"Kiln option {key!r} must name at least one precision")
@@ -289,12 +419,21 @@ def _one_of(*names: str) -> Any:
 def _device(key: str, value: Any) -> str | None:
     if value is None:
         return None
+    if not isinstance(value, (str, torch.device, int)) and isinstance(getattr(value, "gpu_id", None), int):
+        # a torch_tensorrt.Device: its GPU, unless it names a DLA core
+        if "DLA" in str(getattr(value, "device_type", "")).upper():
+            raise ValueError(f"Kiln option {key!r} is {value!r}: Kiln builds for CUDA GPUs and the CPU, not DLA")
+        value = f"cuda:{value.gpu_id}"
+    dev: torch.device | None = None
     try:
-        dev = torch.device(value) if isinstance(value, (str, torch.device)) else None
+        if isinstance(value, int) and not isinstance(value, bool):
+            dev = torch.device("cuda", value)  # a GPU index, as torch_tensorrt.Device(gpu_id=N)
+        elif isinstance(value, (str, torch.device)):
+            dev = torch.device(value)
     except RuntimeError:
         dev = None
     if dev is None or dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"Kiln option {key!r} must be 'cpu', 'cuda' or 'cuda:N', got {value!r}")
+        raise ValueError(f"Kiln option {key!r} must be 'cpu', 'cuda', 'cuda:N' or a GPU index, got {value!r}")
     if dev.type == "cpu":
         if dev.index not in (None, 0):
             raise ValueError(f"Kiln option {key!r} is {value!r}, but the CPU is one device: use 'cpu'")
@@ -333,6 +472,67 @@ def _optional_file(key: str, value: Any) -> str | None:
     return os.fspath(value)
 
 
+def _or_default(check: Any, default: Any, *defaulted: Any) -> Any:
+    """``check`` after mapping the values in ``defaulted`` to ``default`` (Torch-TensorRT's
+    "let the builder choose": optimization_level=None, workspace_size=0)."""
+    def normalize(key: str, value: Any) -> Any:
+        if any(value is d or (type(value) is type(d) and value == d) for d in defaulted):
+            return default
+        return check(key, value)
+    return normalize
+
+
+def _mode(key: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in MODES:
+        raise ValueError(f"torch.compile mode {value!r} is not a mode Kiln knows; valid: "
+                         f"{', '.join(map(repr, MODES))} (or None)")
+    return value
+
+
+def _low_precision(key: str, value: Any) -> torch.dtype | None:
+    if value is None:
+        return None
+    dt = _as_dtype(value)
+    if dt not in _REDUCED_PRECISIONS:
+        raise ValueError(f"Kiln option {key!r} must be torch.float16 or torch.bfloat16 (or None), got {value!r}")
+    return dt
+
+
+def _patterns(key: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise _type_error(key, "a set of regular expressions (e.g. {'^conv1$', 'relu'})", value)
+    out: set[str] = set()
+    for item in value:
+        if not isinstance(item, str):
+            raise ValueError(f"Kiln option {key!r}: {item!r} is not a regular expression (a str)")
+        try:
+            re.compile(item)
+        except re.error as err:
+            raise ValueError(f"Kiln option {key!r}: {item!r} is not a valid regular expression ({err})") from None
+        out.add(item)
+    return tuple(sorted(out))
+
+
+def _positive_float(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _type_error(key, "a number", value)
+    if not value > 0:  # also rejects nan
+        raise ValueError(f"Kiln option {key!r} must be > 0, got {value}")
+    return float(value)
+
+
+def _optional_depth(key: str, value: Any) -> int | None:
+    return None if value is None else _int_in(0, None)(key, value)
+
+
+def _optional_iterable(key: str, value: Any) -> Any | None:
+    if value is not None and not isinstance(value, Iterable):
+        raise _type_error(key, "an iterable of example inputs (e.g. a DataLoader) or None", value)
+    return value
+
+
 _NORMALIZERS: dict[str, Any] = {
     "enabled_precisions": _precisions,
     "min_block_size": _min_block_size,
@@ -340,8 +540,8 @@ _NORMALIZERS: dict[str, Any] = {
     "require_full_compilation": _bool,
     "pass_through_build_failures": _bool,
     "truncate_double": _bool,
-    "optimization_level": _int_in(0, 5),
-    "workspace_size": _int_in(0, None),
+    "optimization_level": _or_default(_int_in(0, 5), _DEFAULT_OPTIMIZATION_LEVEL, None),
+    "workspace_size": _or_default(_int_in(0, None), _DEFAULT_WORKSPACE, 0),
     "allow_tf32": _bool,
     "exact_gelu": _bool,
     "attention_tactic": _one_of("auto", "generated", "cudnn"),
@@ -357,6 +557,15 @@ _NORMALIZERS: dict[str, Any] = {
     "custom_engine_cache": _engine_cache,
     "use_cuda_graphs": _bool,
     "share_weights": _bool,
+    "mode": _mode,
+    "timing_cache_path": _optional_file,
+    "enable_autocast": _bool,
+    "autocast_low_precision_type": _low_precision,
+    "autocast_excluded_nodes": _patterns,
+    "autocast_excluded_ops": _ops,
+    "autocast_max_output_threshold": _positive_float,
+    "autocast_max_depth_of_reduction": _optional_depth,
+    "autocast_calibration_dataloader": _optional_iterable,
 }
 
 assert set(_NORMALIZERS) == {f.name for f in dataclasses.fields(CompilationSettings)}

@@ -209,12 +209,14 @@ def test_min_block_size_keeps_small_graphs_in_pytorch() -> None:
     assert result.engines == 0 and result.ops_in_pytorch == {"aten.relu.default": 1}
 
 
-def test_dry_run_builds_nothing_and_reports(caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
-    with caplog.at_level(logging.INFO, logger="kiln.dryrun"):
+def test_dry_run_builds_nothing_and_reports(caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str],
+                                            tmp_path: Path) -> None:
+    with caplog.at_level(logging.DEBUG, logger="kiln.dryrun"):
         result = compile_and_compare(Broken().eval(), [torch.randn(4, 16)], options={"dryrun": True})
     assert result.engines == 0
     reports = [r.getMessage() for r in caplog.records if r.name == "kiln.dryrun"]
     assert len(reports) == 2  # one per graph
+    assert capsys.readouterr().out.count("Kiln dry run: graph") == 2  # dryrun=True prints them
     for text in reports:
         assert "total ops:" in text and "supported ops:" in text and "coverage: 100.0%" in text
         assert "engine 0:" in text and "inputs:" in text and "outputs:" in text
@@ -239,8 +241,8 @@ def test_dry_run_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_unknown_mode_is_rejected() -> None:
     torch._dynamo.reset()
-    fn = torch.compile(nn.ReLU(), backend="kiln", mode="max-autotune")
-    with pytest.raises(Exception, match="not a Kiln mode"):
+    fn = torch.compile(nn.ReLU(), backend="kiln", mode="turbo")
+    with pytest.raises(Exception, match="mode 'turbo' is not a mode Kiln knows"):
         with torch.no_grad():
             fn(torch.randn(3))
 

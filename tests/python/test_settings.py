@@ -65,7 +65,7 @@ def test_keyword_options_and_mapping_merge() -> None:
     ("torch_executed_ops", {"aten.add.NoSuchOverload"}, "no PyTorch op named"),
     ("torch_executed_ops", {"add"}, "not an op name"),
     ("torch_executed_ops", {3}, "not an op name"),
-    ("device", "mps", "'device' must be 'cpu', 'cuda' or 'cuda:N'"),
+    ("device", "mps", "'device' must be 'cpu', 'cuda', 'cuda:N' or a GPU index"),
     ("device", "gpu0", "'device' must be"),
     ("dryrun", 1, "'dryrun' must be a bool or a file path"),
     ("dryrun", "", "empty path"),
