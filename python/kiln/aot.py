@@ -16,7 +16,7 @@ uint8 buffer of the program.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,9 @@ from kiln import _C
 from kiln._logging import debug_logging, get_logger
 from kiln.archive import check_archive, engine_blobs
 from kiln.archive import check_engines as check_engines_of
+from kiln.control_flow import export_form
 from kiln.lowering import lower_exported_program, lower_module
+from kiln.outputs import OutputTemplate, output_hint, unregistered_output
 from kiln.pipeline import CompileSummary, compile_lowered, device_of, graph_runner, supported_targets, unflattener
 from kiln.refit import WeightWatch, follow_weights
 from kiln.runtime import KilnEngineModule, warm_up
@@ -49,19 +51,19 @@ class KilnModule(torch.nn.Module):
     """
 
     def __init__(self, gm: fx.GraphModule, in_spec: pytree.TreeSpec | None, out_spec: pytree.TreeSpec | None,
-                 immutable_weights: bool = False) -> None:
+                 immutable_weights: bool = False, out_template: OutputTemplate | None = None) -> None:
         super().__init__()
-        self.gm = gm
         self._in_spec = in_spec
         self._out_spec = out_spec
+        self._out_template = out_template
         self.immutable_weights = immutable_weights
         sources = gm.meta.pop("kiln_weight_sources", None) or {}  # not kept in meta, which pickles
         self.weight_watch: WeightWatch | None = WeightWatch(sources) if sources else None
         # Called with positional leaves only (the common case), flattening is the identity.
         self._positional = in_spec is not None and in_spec == pytree.tree_flatten(
             (tuple(range(in_spec.num_leaves)), {}))[1]
-        self._unflatten = unflattener(out_spec)
-        self._run = graph_runner(gm)
+        self._unflatten = self._output_builder()
+        self._use_graph(gm)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         watch = self.weight_watch
@@ -77,6 +79,19 @@ class KilnModule(torch.nn.Module):
                                  f"compiled for {self._in_spec}")
         return self._unflatten(self._run(*flat))
 
+    def _output_builder(self) -> Callable[[Sequence[Any]], Any]:
+        unflatten, template = unflattener(self._out_spec), self._out_template
+        if template is None:
+            return unflatten
+        return lambda flat: template.rebuild(unflatten(flat))
+
+    def _use_graph(self, gm: fx.GraphModule) -> None:
+        """Runs ``gm``. The runner is kept outside the module tree: as a second name of ``gm`` it
+        would give torch.export (kiln.save) every engine and constant twice."""
+        self.gm = gm
+        self._modules.pop("_run", None)
+        self.__dict__["_run"] = graph_runner(gm)
+
     def follow_weights(self) -> None:
         """Refits the engines now with the model's weights that changed in place (nothing when
         none did). Calls do this by themselves; see the class docstring."""
@@ -86,9 +101,10 @@ class KilnModule(torch.nn.Module):
     def __setstate__(self, state: dict[str, Any]) -> None:
         state.setdefault("immutable_weights", False)
         state.setdefault("weight_watch", None)
+        state.setdefault("_out_template", None)
         super().__setstate__(state)
-        self._unflatten = unflattener(self._out_spec)
-        self._run = graph_runner(self.gm)
+        self._unflatten = self._output_builder()
+        self._use_graph(self.gm)
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy is a snapshot: it holds the engines with the weights they have now (the model's
@@ -152,7 +168,7 @@ def compile(module: torch.nn.Module | torch.export.ExportedProgram, arg_inputs: 
         examples = [n.meta.get("val") for n in lowered.gm.graph.nodes if n.op == "placeholder"]
         device = device_of(settings, examples)
         gm = compile_lowered(lowered, settings, device, graph_name=type(module).__name__)
-    return KilnModule(gm, lowered.in_spec, lowered.out_spec, settings.immutable_weights)
+    return KilnModule(gm, lowered.in_spec, lowered.out_spec, settings.immutable_weights, lowered.out_template)
 
 
 def _engine_modules(module: torch.nn.Module) -> list[KilnEngineModule]:
@@ -168,12 +184,27 @@ def save(module: torch.nn.Module, path: str | os.PathLike[str], arg_inputs: Sequ
     engines = _engine_modules(module)
     if not engines:
         log.warning("kiln.save: the module contains no Kiln engine; saving a plain exported program")
+    swapped: list[tuple[KilnModule, fx.GraphModule]] = []
     try:
         for e in engines:
             e.set_exporting(True)
+        for m in list(module.modules()):
+            exported = export_form(m.gm) if isinstance(m, KilnModule) else None
+            if exported is not None:  # control flow: its branches take their tensors as operands
+                swapped.append((m, m.gm))
+                m._use_graph(exported)
         with torch.no_grad():
-            ep = torch.export.export(module, tuple(arg_inputs), kwarg_inputs or {}, strict=False)
+            try:
+                ep = torch.export.export(module, tuple(arg_inputs), kwarg_inputs or {}, strict=False)
+            except RuntimeError as err:
+                kind = unregistered_output(err)
+                if kind is None:
+                    raise
+                raise TypeError(f"kiln.save: the module returns a {kind}, which torch.export cannot save (it is "
+                                f"not a registered pytree); {output_hint(kind)}") from None
     finally:
+        for m, gm in swapped:
+            m._use_graph(gm)
         for e in engines:
             e.set_exporting(False)
     with open(os.fspath(path), "wb") as f:  # a file object: torch warns about a path not ending in .pt2

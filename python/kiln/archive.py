@@ -162,19 +162,47 @@ def check_archive(f: BinaryIO, path: str) -> None:
 
 
 def engine_blobs(ep: torch.export.ExportedProgram) -> list[tuple[torch.fx.Node, torch.Tensor]]:
-    """Every ``kiln::execute_engine`` call of the program with its engine bytes (uint8 tensor)."""
+    """Every ``kiln::execute_engine`` call of the program with its engine bytes (uint8 tensor),
+    those in the branches of a ``torch.cond`` included (their bytes are operands of the cond)."""
     sig = ep.graph_signature
     lookup = {**sig.inputs_to_buffers, **sig.inputs_to_parameters,
               **getattr(sig, "inputs_to_lifted_tensor_constants", {})}
-    found = []
-    for node in ep.graph.nodes:
-        if node.op == "call_function" and node.target == torch.ops.kiln.execute_engine.default:
-            target = lookup.get(getattr(node.args[1], "name", None))
-            blob = ep.state_dict.get(target) if target in ep.state_dict else ep.constants.get(target)
+
+    def state(name: str | None) -> Any:
+        target = lookup.get(name) if name is not None else None
+        return ep.state_dict.get(target) if target in ep.state_dict else ep.constants.get(target)
+
+    found: list[tuple[torch.fx.Node, torch.Tensor]] = []
+    _collect(ep.graph_module, lambda n: state(n.name) if n.op == "placeholder" else None, found, 0)
+    return found
+
+
+_MAX_NESTING = 64
+
+
+def _collect(gm: torch.fx.GraphModule, value_of: Any, found: list[tuple[torch.fx.Node, torch.Tensor]],
+             depth: int) -> None:
+    """Adds the engine calls of ``gm`` and of its conds' branches; ``value_of(node)`` is the
+    tensor a node of ``gm`` stands for, when it is a saved one."""
+    if depth > _MAX_NESTING:
+        raise _C.CorruptedError(f"kiln.load: the program nests more than {_MAX_NESTING} conds")
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target == torch.ops.kiln.execute_engine.default:
+            blob = value_of(node.args[1]) if len(node.args) > 1 and isinstance(node.args[1], torch.fx.Node) else None
             if not isinstance(blob, torch.Tensor) or blob.dtype != torch.uint8:
                 raise _C.CorruptedError(f"kiln.load: engine call {node.name} has no engine bytes")
             found.append((node, blob))
-    return found
+        elif node.target is torch.ops.higher_order.cond and len(node.args) == 4:
+            operands = list(node.args[3]) if isinstance(node.args[3], (list, tuple)) else []
+            for attr in node.args[1:3]:
+                branch = getattr(gm, str(attr.target), None) if isinstance(attr, torch.fx.Node) else None
+                if not isinstance(branch, torch.fx.GraphModule):
+                    raise _C.CorruptedError(f"kiln.load: the cond {node.name} has no branch graph {attr}")
+                inner = dict(zip([n for n in branch.graph.nodes if n.op == "placeholder"], operands))
+                _collect(branch, lambda n, inner=inner: value_of(inner[n]) if isinstance(inner.get(n), torch.fx.Node)
+                         else None, found, depth + 1)
 
 
 def check_engines(ep: torch.export.ExportedProgram, path: str) -> int:

@@ -41,11 +41,12 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from kiln._logging import get_logger
+from kiln.outputs import OutputTemplate, export_flat, output_hint, unregistered_output
 
 log = get_logger("lowering")
 
 __all__ = ["LoweredGraph", "lower_module", "lower_exported_program", "resolve_op",
-           "decomposition_table", "cleanup"]
+           "decomposition_table", "cleanup", "attr_name", "fetch_attr"]
 
 _IDENTITY_OPS = ("aten.detach.default", "aten.alias.default", "aten.lift_fresh.default",
                  "aten.lift_fresh_copy.default", "aten.clone.default")
@@ -58,6 +59,9 @@ class LoweredGraph:
     gm: fx.GraphModule
     in_spec: pytree.TreeSpec | None   # how (args, kwargs) flatten to the placeholders
     out_spec: pytree.TreeSpec | None  # how the flat outputs nest
+    # Rebuilds the module's output from the outputs nested by out_spec, when it holds objects
+    # torch.export cannot trace (kiln.outputs); None when out_spec says it all.
+    out_template: OutputTemplate | None = None
 
 
 def resolve_op(name: str) -> torch._ops.OpOverload | torch._ops.OpOverloadPacket | None:
@@ -163,6 +167,8 @@ def lower_exported_program(ep: torch.export.ExportedProgram, keep: Iterable[str]
         raise NotImplementedError("the program mutates its inputs or buffers in place "
                                   "(Kiln compiles pure inference graphs)")
     gm = _constants_to_attrs(ep, names or {})
+    from kiln.control_flow import prepare_subgraphs  # it builds on this module
+    prepare_subgraphs(gm, fold_weights)
     cleanup(gm, fold_weights)
     return LoweredGraph(gm, ep.call_spec.in_spec, ep.call_spec.out_spec)
 
@@ -170,10 +176,28 @@ def lower_exported_program(ep: torch.export.ExportedProgram, keep: Iterable[str]
 def lower_module(module: torch.nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None = None,
                  keep: Iterable[str] = (), names: dict[str, str] | None = None,
                  fold_weights: bool = False) -> LoweredGraph:
-    """torch.export (non-strict) the module on example inputs, then lower the program."""
+    """torch.export (non-strict) the module on example inputs, then lower the program.
+
+    An output that torch.export cannot flatten (an object of a type that is not a registered
+    pytree) is flattened by Kiln instead (kiln.outputs); ``out_template`` then rebuilds it."""
+    template = None
     with torch.no_grad(), _inference_mode_off():
-        ep = torch.export.export(module, tuple(args), kwargs or {}, strict=False)
-    return lower_exported_program(ep, keep, names, fold_weights)
+        try:
+            ep = torch.export.export(module, tuple(args), kwargs or {}, strict=False)
+        except RuntimeError as err:
+            kind = unregistered_output(err)
+            if kind is None:
+                raise
+            log.info("the module's output holds a %s, which is not a registered pytree: tracing again with "
+                     "Kiln flattening the output", kind)
+            try:
+                ep, template = export_flat(module, tuple(args), kwargs or {})
+            except TypeError as why:
+                raise TypeError(f"kiln.compile: the module returns a {kind}, which torch.export cannot trace as an "
+                                f"output and Kiln cannot take apart: {why}; {output_hint(kind)}") from None
+    lowered = lower_exported_program(ep, keep, names, fold_weights)
+    lowered.out_template = template
+    return lowered
 
 
 @contextlib.contextmanager
@@ -187,7 +211,16 @@ def _inference_mode_off() -> Any:
         yield
 
 
-def _attr_name(fqn: str, taken: set[str]) -> str:
+def fetch_attr(module: torch.nn.Module, target: str) -> Any:
+    """The attribute a get_attr or call_module node names ("a.b.c")."""
+    obj: Any = module
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def attr_name(fqn: str, taken: set[str]) -> str:
+    """A fresh attribute name for the constant or subgraph ``fqn`` (recorded in ``taken``)."""
     base = "_k_" + re.sub(r"[^0-9a-zA-Z_]", "_", fqn)
     name, i = base, 1
     while name in taken:
@@ -197,14 +230,17 @@ def _attr_name(fqn: str, taken: set[str]) -> str:
 
 
 def _constants_to_attrs(ep: torch.export.ExportedProgram, names: dict[str, str]) -> fx.GraphModule:
-    """Placeholders of parameters/buffers/constants -> get_attr nodes on a fresh root."""
+    """Placeholders of parameters/buffers/constants -> get_attr nodes on a fresh root (which
+    takes the program's own attributes: the subgraphs of higher-order ops such as torch.cond)."""
     from torch.export.graph_signature import InputKind
     graph = fx.Graph()
     graph.output(graph.graph_copy(ep.graph, {}))
     specs = ep.graph_signature.input_specs
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     assert len(specs) == len(placeholders), "export signature and graph disagree"
-    gm = fx.GraphModule(torch.nn.Module(), graph, class_name="KilnLoweredGraph")
+    attrs = {n.target: fetch_attr(ep.graph_module, str(n.target)) for n in graph.nodes
+             if n.op in ("get_attr", "call_module")}
+    gm = fx.GraphModule(attrs, graph, class_name="KilnLoweredGraph")
     taken: set[str] = set()
     sources: dict[str, torch.Tensor] = {}
     for spec, node in zip(specs, placeholders):
@@ -214,7 +250,7 @@ def _constants_to_attrs(ep: torch.export.ExportedProgram, names: dict[str, str])
             raise NotImplementedError(f"input {node.name} of kind {spec.kind.name} is not supported")
         target = spec.target
         tensor = ep.state_dict[target] if target in ep.state_dict else ep.constants[target]
-        attr = _attr_name(target, taken)
+        attr = attr_name(target, taken)
         gm.register_buffer(attr, tensor.detach())
         with graph.inserting_before(node):
             new = graph.get_attr(attr)
@@ -296,7 +332,7 @@ def _fold_constants(gm: fx.GraphModule, fold_weights: bool) -> None:
         srcs = node.all_input_nodes
         label = "+".join(s.meta.get("kiln_name", str(s.target)) for s in srcs)
         fqn = f"{label}:{node.target._opname}"
-        attr = _attr_name(fqn, taken)
+        attr = attr_name(fqn, taken)
         gm.register_buffer(attr, value.detach())
         with graph.inserting_before(node):
             new = graph.get_attr(attr)

@@ -13,7 +13,12 @@ Rules, in order:
 3. a block with fewer than ``min_block_size`` compute ops stays in PyTorch (a compute op is a
    call of an ATen overload that is not a view; views and getitems ride along for free);
 4. with ``require_full_compilation`` every op must end up in a block (``min_block_size`` does
-   not apply, there is nowhere to fall back to) or the function raises, naming the ops.
+   not apply, there is nowhere to fall back to) or the function raises, naming the ops. A
+   ``torch.cond`` is the exception: it stays as PyTorch's choice between its branches, which are
+   compiled as graphs of their own (kiln.control_flow), each under the same rule.
+
+Higher-order ops (``torch.cond``, ``while_loop``, ...) never go into an engine; the report
+gives them their own reason rather than the importers' answer.
 
 :func:`replace_block` then swaps a block's nodes for one call of a module (the engine).
 """
@@ -32,6 +37,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from kiln._logging import get_logger
+from kiln.control_flow import call_cond, higher_order_reason, is_cond, is_higher_order
 from kiln.settings import CompilationSettings
 
 log = get_logger("partition")
@@ -46,6 +52,10 @@ def op_name(node: fx.Node) -> str:
     target = node.target
     if isinstance(target, torch._ops.OpOverload):
         return str(target)
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return f"higher_order.{target.name()}"
+    if target is call_cond:
+        return "higher_order.cond"
     return getattr(target, "__qualname__", None) or str(target)
 
 
@@ -159,7 +169,8 @@ def partition(gm: fx.GraphModule, supports: SupportFn, settings: CompilationSett
     ok: set[fx.Node] = set()
     supported = 0
     for node in ops:
-        good, reason = supports(node)
+        good, reason = (False, higher_order_reason(node)) if is_higher_order(node) or is_cond(node) \
+            else supports(node)
         if not good:
             count, reasons = unsupported.get(op_name(node), (0, []))
             if reason not in reasons:
@@ -192,7 +203,9 @@ def partition(gm: fx.GraphModule, supports: SupportFn, settings: CompilationSett
 
 
 def _check_full(result: PartitionResult) -> None:
-    left = result.pytorch_ops()
+    inside = {n for b in result.blocks for n in b.nodes}
+    left = collections.Counter(op_name(n) for n in result.gm.graph.nodes
+                               if is_op(n) and n not in inside and not is_cond(n))
     if not left:
         return
     parts = []

@@ -33,6 +33,7 @@ from kiln import _C
 from kiln._logging import get_logger
 from kiln.autocast import apply_autocast
 from kiln.cached_build import CachedBuild, count
+from kiln.control_flow import add_subgraph_summaries, compile_subgraphs
 from kiln.dryrun import emit_report, format_report
 from kiln.lowering import LoweredGraph
 from kiln.partition import Block, is_op, op_name, partition, replace_block
@@ -144,13 +145,15 @@ def compile_lowered(lowered: LoweredGraph, settings: CompilationSettings, device
     if not settings.builds_nothing:
         warm_up(device)  # overlaps the partitioning (a no-op when kiln.compile started it already)
     gm = lowered.gm
-    if getattr(settings, "enable_autocast", False):
+    if settings.enable_autocast:
         apply_autocast(gm, settings)  # explicit casts: the engines are built as the graph is typed
     result = partition(gm, Capability(gm, settings), settings)
     if settings.builds_nothing or settings.debug:
         emit_report(format_report(result, settings, graph_name), settings)
+    inner = compile_subgraphs(gm, lambda sub, name: compile_lowered(sub, settings, device, f"{graph_name}/{name}"))
     if settings.builds_nothing:
-        gm.meta["kiln_summary"] = CompileSummary(graph_name, 0, collections.Counter(), result.pytorch_ops())
+        gm.meta["kiln_summary"] = add_subgraph_summaries(
+            CompileSummary(graph_name, 0, collections.Counter(), result.pytorch_ops()), inner)
         return gm
     built: list[tuple[Block, KilnEngineModule]] = []
     for i, block in enumerate(result.blocks):
@@ -176,7 +179,8 @@ def compile_lowered(lowered: LoweredGraph, settings: CompilationSettings, device
         in_engines.update(block.histogram())
     in_pytorch = collections.Counter(op_name(n) for n in gm.graph.nodes if is_op(n))
     seconds = time.perf_counter() - start
-    gm.meta["kiln_summary"] = CompileSummary(graph_name, len(built), in_engines, in_pytorch, seconds)
+    gm.meta["kiln_summary"] = add_subgraph_summaries(
+        CompileSummary(graph_name, len(built), in_engines, in_pytorch, seconds), inner)
     log.info("%s: %d engine(s), %d of %d ops in engines, %.3f s", graph_name, len(built),
              sum(in_engines.values()), result.total_ops, seconds)
     return gm
