@@ -18,21 +18,23 @@ a CPU.
 Per model: ``kiln.tune.inspect`` on the samples, its top-level submodules taking at least
 ``--min-share`` of the time are wrapped (all four stages of ``mixed``), and ``kiln.tune.tune``
 measures every backend on each (Kiln backends with ``enabled_precisions={dtype}`` and
-``min_block_size=1``). Then the whole model is timed eagerly and tuned (median of ``--runs``
-synchronized calls) and its output compared with eager's. For comparison, every backend is also
-timed on the whole model as one module (the best single backend; ``--no-single`` skips it). The
-tuning is saved (``kiln.tune.save`` into DIR/tuned/MODEL) and reloaded in a fresh process
-(``kiln.tune.load``, nothing tuned there), which reports each module's source, the load time, the
-latency and the error against eager. Results go to DIR/tune_models.json
-(every module's full tuning report) and DIR/tune_models.md (per model: eager and tuned ms, the
-speedup, the relative error; per wrapped module: the winner, why, and each candidate's status and
-median ms).
+``min_block_size=1``), then every backend on the whole model (the wrappers passing through) and the
+per-module choices together, and lifts the best whole-model backend to the root when it beats them
+(``compare_whole``; ``--no-single`` turns it off). The report's whole-model section gives the best
+single backend on the whole model and its latency; nothing is compiled twice for it. Then the
+whole model is timed eagerly and tuned (median of ``--runs`` synchronized calls) and its output
+compared with eager's. The tuning is saved (``kiln.tune.save`` into DIR/tuned/MODEL) and
+reloaded in a fresh process (``kiln.tune.load``, nothing tuned there), which reports each
+module's source and the whole-model choice's, the load time, the latency and the error against
+eager. Results go to DIR/tune_models.json (every module's full tuning report and the whole-model
+one) and DIR/tune_models.md (per model: eager and tuned ms, the speedup, the whole-model decision,
+the best single backend, the relative error; per wrapped module and for the whole model: the
+winner, why, and each candidate's status and median ms).
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import json
 import logging
@@ -188,6 +190,7 @@ class Result:
     single_ms: dict[str, float] = dataclasses.field(default_factory=dict)
     best_single: str = ""
     best_single_ms: float = math.nan
+    decision: str = ""
     reload: dict[str, Any] = dataclasses.field(default_factory=dict)
     wrapped: list[str] = dataclasses.field(default_factory=list)
     inspection: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -207,16 +210,15 @@ def prepare(name: str, args: argparse.Namespace, device: torch.device,
                    for s in samples]
 
 
-def best_single_backend(model: nn.Module, data: list[kt.Inputs], config: kt.TuneConfig, result: Result,
-                        args: argparse.Namespace, device: torch.device) -> None:
-    """Tunes the whole model as one module: every backend's latency on the whole model, and the best one."""
-    whole = kt.Module(model, name="whole model")
-    report = kt.tune(whole, data, config=config)
-    for c in report.modules[0].to_json()["candidates"]:
-        if c["status"] == "ok" and c["latency_ms"] is not None:
-            result.single_ms[c["backend"]] = c["latency_ms"]
-    result.best_single = whole.choice.name if whole.choice is not None else ""
-    result.best_single_ms = time_calls(whole, data, warmup=3, runs=args.runs, device=device).median_ms
+def best_single_backend(report: kt.TuneReport, result: Result) -> None:
+    """Every backend's latency on the whole model and the best one, from the tuning's whole-model section."""
+    if report.whole is None:
+        return
+    rows = [c for c in report.whole.candidates if c.ok and c.kind != kt.COMPOSED]
+    result.single_ms = {c.backend: c.latency_ms for c in rows}
+    best = min(rows, key=lambda c: c.latency_ms)
+    result.best_single, result.best_single_ms = best.backend, best.latency_ms
+    result.decision = report.whole.winner
 
 
 def reload_in_fresh_process(name: str, args: argparse.Namespace, saved: Path) -> dict[str, Any]:
@@ -241,10 +243,13 @@ def reload_only(name: str, args: argparse.Namespace, device: torch.device, dtype
         model = kt.load(model, args.reload)
         load_s = time.perf_counter() - start
         sources = {m.name: m.source for m in model.modules() if isinstance(m, kt.Module)}
+        root = kt.root_choice(model)
         out = first_output(model(*samples[0])).float()
         first_call_s = time.perf_counter() - start - load_s
         ms = time_calls(model, data, warmup=3, runs=args.runs, device=device).median_ms
-    return {"sources": sources, "load_s": load_s, "first_call_s": first_call_s, "ms": ms,
+    whole = None if root is None else {"choice": root.backend.name if root.backend is not None else kt.COMPOSED,
+                                       "source": root.source}
+    return {"sources": sources, "whole": whole, "load_s": load_s, "first_call_s": first_call_s, "ms": ms,
             "rel_err": relative_error(out, reference)}
 
 
@@ -252,7 +257,6 @@ def run_model(name: str, args: argparse.Namespace, device: torch.device, dtype: 
     result = Result(name, args.batch, args.dtype)
     model, samples = prepare(name, args, device, dtype)
     data = [kt.Inputs(tuple(s)) for s in samples]
-    whole_copy = copy.deepcopy(model) if args.single else None
     with torch.no_grad():
         reference = first_output(model(*samples[0])).float()
         result.eager_ms = time_calls(model, data, warmup=3, runs=args.runs, device=device).median_ms
@@ -266,19 +270,18 @@ def run_model(name: str, args: argparse.Namespace, device: torch.device, dtype: 
             return result
         kt.wrap(model, result.wrapped)
         config = kt.TuneConfig(backends=make_backends(args.backends.split(","), dtype), strategy=args.strategy,
-                               runs=args.runs, warmup=3, progress=not args.quiet, report=not args.quiet)
+                               runs=args.runs, warmup=3, compare_whole=args.single, progress=not args.quiet,
+                               report=not args.quiet)
         report = kt.tune(model, data, config=config)
         result.report = report.to_json()
-        result.tune_s = sum(m.tune_s for m in report.modules)
+        result.tune_s = sum(m.tune_s for m in report.modules + ([report.whole] if report.whole else []))
+        best_single_backend(report, result)
         result.rel_err = relative_error(first_output(model(*samples[0])).float(), reference)
         result.tuned_ms = time_calls(model, data, warmup=3, runs=args.runs, device=device).median_ms
         result.speedup = result.eager_ms / result.tuned_ms
         saved = Path(args.out) / "tuned" / name
         kt.save(model, saved)
         del model
-        if whole_copy is not None:
-            best_single_backend(whole_copy, data, config, result, args, device)
-            del whole_copy
     torch._dynamo.reset()
     result.reload = reload_in_fresh_process(name, args, saved)
     return result
@@ -288,19 +291,22 @@ def markdown(results: list[Result], header: str) -> str:
     def f(v: float, spec: str) -> str:
         return "" if v != v else format(v, spec)
 
-    lines = [header, "", "| model | batch | dtype | eager ms | tuned ms | speedup | best single backend (whole model) "
-             "| its ms | tuned vs best single | rel err | tune s | reloaded: ms, rel err, modules from file, load s "
-             "| wrapped |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [header, "", "| model | batch | dtype | eager ms | tuned ms | speedup | whole-model decision "
+             "| best single backend (whole model) | its ms | tuned vs best single | rel err | tune s "
+             "| reloaded: ms, rel err, modules from file, whole-model choice (source), load s | wrapped |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         rl = r.reload
         if "ms" in rl:
             from_file = sum(1 for s in rl["sources"].values() if s == "file")
-            reloaded = (f"{rl['ms']:.3f}, {rl['rel_err']:.1e}, {from_file} of {len(rl['sources'])}, "
+            whole = rl.get("whole")
+            root = f"{whole['choice']} ({whole['source']})" if whole else "-"
+            reloaded = (f"{rl['ms']:.3f}, {rl['rel_err']:.1e}, {from_file} of {len(rl['sources'])}, {root}, "
                         f"{rl['load_s']:.1f}")
         else:
             reloaded = rl.get("error", "")
         lines.append(f"| {r.model} | {r.batch} | {r.dtype} | {f(r.eager_ms, '.3f')} | {f(r.tuned_ms, '.3f')} | "
-                     f"{f(r.speedup, '.2f')} | {r.best_single} | {f(r.best_single_ms, '.3f')} | "
+                     f"{f(r.speedup, '.2f')} | {r.decision} | {r.best_single} | {f(r.best_single_ms, '.3f')} | "
                      f"{f(r.best_single_ms / r.tuned_ms, '.2f')} | {f(r.rel_err, '.1e')} | {f(r.tune_s, '.0f')} | "
                      f"{reloaded} | {', '.join(r.wrapped) or r.note} |")
     for r in results:
@@ -311,13 +317,18 @@ def markdown(results: list[Result], header: str) -> str:
         lines += ["", f"### {r.model}", "", "| module | share | winner | why | " + " | ".join(backends) + " |",
                   "|---|---|---|---|" + "---|" * len(backends)]
         shares = {s["name"]: s["share"] for s in r.inspection}
-        for m in modules:
+        whole = r.report.get("whole")
+        for m in modules + ([whole] if whole else []):
+            by_name = {c["backend"]: c for c in m["candidates"]}
             cells = []
-            for c in m["candidates"]:
-                ms = c["latency_ms"]
-                cells.append(f"{ms:.3f} ms" if c["status"] == "ok" and ms is not None else c["status"])
-            lines.append(f"| {m['name']} | {100 * shares.get(m['name'], 0):.0f}% | {m['winner']} | {m['reason']} | "
-                         + " | ".join(cells) + " |")
+            for backend in backends:
+                c = by_name.get(backend)
+                ms = c["latency_ms"] if c is not None else None
+                cells.append("" if c is None else f"{ms:.3f} ms" if c["status"] == "ok" and ms is not None
+                             else c["status"])
+            share = "100%" if m is whole else f"{100 * shares.get(m['name'], 0):.0f}%"
+            winner = m["winner"] + (" (superseded)" if m.get("superseded") else "")
+            lines.append(f"| {m['name']} | {share} | {winner} | {m['reason']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -336,7 +347,7 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="small models and inputs (a smoke check)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or tables on stderr")
     parser.add_argument("--no-single", dest="single", action="store_false",
-                        help="skip timing every backend on the whole model")
+                        help="no whole-model comparison (compare_whole=False): only per-module choices")
     parser.add_argument("--out", default=".")
     parser.add_argument("--reload", metavar="DIR", help=argparse.SUPPRESS)  # the fresh-process side
     args = parser.parse_args()

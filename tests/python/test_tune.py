@@ -1,5 +1,6 @@
 """kiln.tune: the wrapper, inspect / wrap, the strategies, the rejection of wrong, failing and slow
-candidates, the report, save / load (in a fresh process, and with a damaged artifact), the tuning
+candidates, the report, save / load (in a fresh process, and with a damaged artifact), the
+whole-model comparison (a backend lifted to the root, or the wrappers' choices kept), the tuning
 cache and the JIT hook (through KILN_TUNE=1 and through ``python -m kiln.tune.run``).
 
 Backends that measure deterministically are fakes defined here: a module that sleeps makes eager
@@ -31,7 +32,8 @@ import kiln
 import kiln.tune as kt
 import kiln.tune.hook
 from kiln.tune.inputs import Inputs
-from kiln.tune.results import CandidateResult
+from kiln.tune.results import COMPOSED, CandidateResult
+from kiln.tune.root import Runner
 
 TESTS = Path(__file__).resolve().parent
 
@@ -78,7 +80,8 @@ class Slow(nn.Module):
         return torch.tanh(self.fc(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time.sleep(self.delay)
+        if self.delay:  # none: nothing that Dynamo cannot trace
+            time.sleep(self.delay)
         return self.compute(x)
 
 
@@ -90,6 +93,34 @@ class Outer(nn.Module):
 
     def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
         return self.post(self.slow(x)) * scale
+
+
+GLUE_S = 0.05
+
+
+class Glued(nn.Module):
+    """Slow glue around a quick submodule: the forward sleeps ``GLUE_S`` outside ``slow`` when it
+    runs eagerly (counted in ``glue_runs``); compiled whole (Dynamo, torch.export), the sleep is gone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.slow = Slow(0.0)
+        self.post = nn.Linear(8, 2)
+        self.glue_runs = 0
+
+    def compute(self, x: torch.Tensor) -> torch.Tensor:
+        return self.post(self.slow(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.compiler.is_compiling():
+            self.glue_runs += 1
+            time.sleep(GLUE_S)
+        return self.compute(x)
+
+
+def make_glued() -> Glued:
+    torch.manual_seed(0)
+    return Glued().eval()
 
 
 # ---- fake backends -----------------------------------------------------------------------------
@@ -107,6 +138,18 @@ class Wrong(kt.Backend):
         return lambda *args, **kwargs: module(*args, **kwargs) + 1.0
 
 
+class WrongOnWhole(kt.Backend):
+    """The module itself, but fast and wrong on a whole model: the kind of backend the whole-model
+    comparison must reject rather than lift."""
+
+    kind = "test-wrong-on-whole"
+
+    def compile(self, module: nn.Module, samples: Sequence[Inputs]) -> Callable[..., Any]:
+        if isinstance(module, Runner):
+            return lambda x: module.model.compute(x) * 2.0
+        return module
+
+
 class Raising(kt.Backend):
     """Fails to compile."""
 
@@ -118,7 +161,8 @@ class Raising(kt.Backend):
 
 
 class Scaled(kt.Backend):
-    """The module's result times (1 + rel); ``fast`` skips Slow's sleep, ``delay`` adds one."""
+    """The module's result times (1 + rel); ``fast`` skips the sleeps (a module's ``compute``; on the
+    whole model, the model's), ``delay`` adds one."""
 
     kind = "test-scaled"
 
@@ -129,7 +173,8 @@ class Scaled(kt.Backend):
 
     def compile(self, module: nn.Module, samples: Sequence[Inputs]) -> Callable[..., Any]:
         COMPILES[self.name] += 1
-        run = module.compute if self.fast else module
+        target = module.model if isinstance(module, Runner) else module
+        run = target.compute if self.fast else module
 
         def call(x: torch.Tensor) -> torch.Tensor:
             if self.delay:
@@ -144,7 +189,7 @@ class Scaled(kt.Backend):
         return frozenset({getattr(torch, self.precision)}) if self.precision else frozenset()
 
 
-QUICK = dict(runs=3, warmup=1, progress=False, report=False)
+QUICK = dict(runs=3, warmup=1, progress=False, report=False, compare_whole=False)
 
 
 def quick(**changes: Any) -> kt.TuneConfig:
@@ -554,6 +599,191 @@ def test_tuned_module_copies_and_pickles() -> None:
     for twin in (copy.deepcopy(mod), pickle.loads(pickle.dumps(mod))):
         assert twin.choice == Scaled(1e-6, fast=True) and twin._choice.fn is None
         torch.testing.assert_close(twin(x), mod(x))  # compiled again at the first call
+
+
+# ---- the whole model ---------------------------------------------------------------------------
+
+def _call(model: Glued, x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """The output, and whether the eager glue ran (False: the call went to a whole-model choice)."""
+    before = model.glue_runs
+    with torch.no_grad():
+        out = model(x)
+    return out, model.glue_runs != before
+
+
+def test_a_faster_whole_model_backend_is_lifted_to_the_root_and_a_wrong_one_rejected() -> None:
+    model = make_glued()
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        expected = model.compute(x)
+    kt.wrap(model, "slow")
+    backends = ["eager", Scaled(1e-6, fast=True, name="fast"), WrongOnWhole(name="broken")]
+    config = quick(backends=backends, compare_whole=True, reject_slower_than_eager=False)  # slow is quick: a tie
+    report = kt.tune(model, [x], config=config)
+    whole = report.whole
+    assert whole is not None and whole.name == "whole model" and report.lifted
+    assert statuses(whole) == {"eager": "ok", "fast": "ok", "broken": "wrong", COMPOSED: "ok"}
+    assert whole.candidate("broken").reason.startswith("error ") and whole.candidate("broken").error > 0.1
+    assert whole.winner == "fast" and whole.reason.startswith("lifted to the root: ")
+    composed, fast = whole.candidate(COMPOSED), whole.candidate("fast")
+    assert composed.latency_ms >= GLUE_S * 1e3 > fast.latency_ms  # the glue sleeps between the wrappers
+    slow = report["slow"]  # the wrapper keeps its own results and choice (broken is right on a module)
+    assert statuses(slow) == {"eager": "ok", "fast": "ok", "broken": "ok"} and model.slow.choice.name == slow.winner
+    assert model.slow.superseded and model.slow.report.superseded.startswith("by fast on the whole model: ")
+    root = kt.root_choice(model)
+    assert root is not None and root.lifted and root.backend == Scaled(1e-6, fast=True, name="fast")
+    assert root.source == "tuned" and model.__dict__["forward"] is root
+    out, glued = _call(model, x)
+    torch.testing.assert_close(out, expected * (1 + 1e-6))
+    assert not glued  # the call went to the whole-model choice
+    table = report.table()
+    assert "kiln.tune: whole model (tuned; 1 sample(s): float32[4, 8]; strategy min_latency)" in table
+    assert "decision: fast: lifted to the root: " in table and "superseded: by fast on the whole model" in table
+    again = kt.TuneReport.from_json(json.loads(json.dumps(report.to_json())))
+    assert again.to_json() == report.to_json() and again.lifted and again.whole.candidate(COMPOSED).kind == COMPOSED
+    assert kt.report(model).to_json() == {**report.to_json(), "device": kt.report(model).device}
+    for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        twin_root = kt.root_choice(twin)
+        assert twin_root is not None and twin_root.model is twin and twin_root.fn is None and twin.slow.superseded
+        out, glued = _call(twin, x)  # compiled again at the first call
+        torch.testing.assert_close(out, expected * (1 + 1e-6))
+        assert not glued
+
+    # Without the comparison (or tuned again): the lift is undone, the wrappers' own choices run.
+    report = kt.tune(model, [x], config=config.replace(compare_whole=False))
+    assert report.whole is None and not report.lifted and kt.root_choice(model) is None
+    assert "forward" not in model.__dict__ and not model.slow.superseded and model.slow.report.superseded == ""
+    out, glued = _call(model, x)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert glued
+    assert kt.tune(model, [x], config=config).whole.winner == "fast"
+    assert kt.root_choice(model).lifted and model.slow.superseded
+
+
+def test_the_wrappers_choices_are_kept_when_they_beat_the_whole_model() -> None:
+    model = Outer().eval()  # slow sleeps; on it, "fast" skips the sleep; Outer has no compute() for the whole
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        expected = model.post(model.slow.compute(x) * (1 + 1e-3))
+    kt.wrap(model, "slow")
+    backends = ["eager", Scaled(1e-3, fast=True, name="fast"), Scaled(delay=0.02, name="sleepy")]
+    report = kt.tune(model, [x], config=quick(backends=backends, compare_whole=True))
+    whole = report.whole
+    assert statuses(whole) == {"eager": "ok", "fast": "failed", "sleepy": "slower", COMPOSED: "ok"}
+    assert whole.winner == COMPOSED and not report.lifted and whole.reason.startswith("kept: ")
+    assert whole.candidate(COMPOSED).latency_ms < whole.candidate("eager").latency_ms
+    assert report["slow"].winner == "fast" and not model.slow.superseded and report["slow"].superseded == ""
+    root = kt.root_choice(model)
+    assert root is not None and not root.lifted and root.report is whole and "forward" not in model.__dict__
+    with torch.no_grad():
+        out = model(x)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)  # the wrapper's choice ran
+    with pytest.raises(ValueError, match="'compare_whole' must be a bool"):
+        quick(compare_whole="yes")
+
+
+def test_dynamo_compiles_the_whole_model_through_passing_wrappers() -> None:
+    model = make_glued()
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        expected = model.compute(x)
+    kt.wrap(model, "slow", strategy=kt.OneBackend(Scaled(1e-6, fast=True, name="fast")))
+    jit = kt.KilnJit({"min_block_size": 1}, fullgraph=True)  # fullgraph: a graph break through a wrapper fails
+    report = kt.tune(model, [x], config=quick(backends=["eager", jit], compare_whole=True,
+                                              reject_slower_than_eager=False))
+    assert statuses(report.whole) == {"eager": "ok", "kiln-jit": "ok", COMPOSED: "ok"}
+    assert report.whole.winner == "kiln-jit" and kt.root_choice(model).backend == jit
+    with torch._dynamo.config.patch(error_on_recompile=True):  # the lifted program serves the calls as compiled
+        for _ in range(2):
+            out, glued = _call(model, x)
+            torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+            assert not glued
+
+
+def _lifted_aot(tmp_path: Path) -> tuple[Glued, list[torch.Tensor], Path]:
+    model = make_glued()
+    torch.save(model.state_dict(), tmp_path / "weights.pt")
+    kt.wrap(model, "slow", strategy=kt.OneBackend(Scaled(1e-6, fast=True, name="fast")))
+    data = [torch.randn(4, 8)]
+    report = kt.tune(model, data, config=quick(backends=["eager", kt.KilnAot({"min_block_size": 1})],
+                                               compare_whole=True, reject_slower_than_eager=False))
+    assert report.whole.winner == "kiln-aot" and model.slow.superseded
+    kt.save(model, tmp_path / "tuned")
+    return model, data, tmp_path / "tuned"
+
+
+def test_a_lifted_kiln_aot_choice_saves_and_loads_in_a_fresh_process(tmp_path: Path) -> None:
+    _, data, saved = _lifted_aot(tmp_path)
+    manifest = json.loads((saved / "tune.json").read_text())
+    root, slow = manifest["root"], manifest["modules"]["slow"]
+    assert root["choice"]["kind"] == "kiln-aot" and root["source"] == "tuned" and root["report"]["winner"] == "kiln-aot"
+    assert [a["file"] for a in root["artifacts"]] == ["artifacts/root.0.pt2"] and len(root["artifacts"][0]["sha256"]) == 64
+    assert slow["superseded"] is True and slow["artifacts"] == [] and slow["choice"]["name"] == "fast"
+    torch.save(data[0], tmp_path / "x.pt")
+    script = textwrap.dedent(f"""
+        import json, logging, sys, torch
+        logging.basicConfig(level=logging.INFO)
+        sys.path.insert(0, {str(TESTS)!r})
+        import kiln.tune as kt
+        from test_tune import Glued
+        torch.set_num_threads(1)
+        model = Glued().eval()
+        model.load_state_dict(torch.load({str(tmp_path / 'weights.pt')!r}))
+        x = torch.load({str(tmp_path / 'x.pt')!r})
+        with torch.no_grad():
+            expected = model.compute(x)
+            model = kt.load(model, {str(saved)!r})
+            root = kt.root_choice(model)
+            loaded = root.fn is not None
+            out = model(x)
+        print(json.dumps({{"diff": (out - expected).abs().max().item(), "artifact_loaded": loaded,
+                          "glue_runs": model.glue_runs,
+                          "root": [root.backend.kind, root.source, root.report.source, root.report.winner],
+                          "slow": [model.slow.source, model.slow.choice.name, model.slow.superseded]}}))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == {"diff": result["diff"], "artifact_loaded": True, "glue_runs": 0,
+                      "root": ["kiln-aot", "file", "file", "kiln-aot"], "slow": ["file", "fast", True]}
+    assert result["diff"] < 1e-5
+    assert "kiln.tune [" not in proc.stderr and "kiln.tune: whole model ->" not in proc.stderr
+    assert "1 module(s) restored, 0 re-tuned" in proc.stderr
+
+
+def test_a_damaged_or_missing_root_artifact_is_tuned_again(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    _, data, saved = _lifted_aot(tmp_path)
+    with torch.no_grad():
+        expected = make_glued().compute(data[0])
+    artifact = saved / "artifacts" / "root.0.pt2"
+    blob = bytearray(artifact.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    artifact.write_bytes(bytes(blob))
+    with caplog.at_level(logging.WARNING, logger="kiln.tune"):
+        fresh = kt.load(make_glued(), saved, data)
+    assert "artifact artifacts/root.0.pt2 is damaged (SHA-256 mismatch); re-tuning the model" in caplog.text
+    root = kt.root_choice(fresh)
+    assert root.source == "tuned" and root.backend.kind == "kiln-aot" and root.fn is not None
+    assert fresh.slow.superseded and fresh.slow.source == "tuned"
+    out, glued = _call(fresh, data[0])
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert not glued
+
+    artifact.unlink()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="kiln.tune"):
+        fresh = kt.load(make_glued(), saved)  # no data: tuned at its first call
+    assert "artifact artifacts/root.0.pt2 is missing; re-tuning the model" in caplog.text
+    assert "the model is tuned at its first call" in caplog.text
+    assert kt.root_choice(fresh).retune and fresh.slow.choice is None and not fresh.slow.superseded
+    with pytest.raises(ValueError, match="the model is tuned again at its next call"):
+        kt.save(fresh, tmp_path / "again")
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(data[0]), expected, atol=1e-5, rtol=1e-5)
+    root = kt.root_choice(fresh)
+    assert not root.retune and root.source == "tuned" and root.backend.kind == "kiln-aot" and fresh.slow.superseded
+    with pytest.raises(ValueError, match="a backend on the whole model supersedes the wrappers"):
+        kt.tune(fresh, data, config=quick(), modules=["slow"])
 
 
 # ---- the JIT hook ------------------------------------------------------------------------------

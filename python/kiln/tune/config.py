@@ -9,6 +9,8 @@ Fields (defaults in brackets):
                              [float64 1e-6, float32 3e-3, float16 1e-2, bfloat16 5e-2]
     reject_slower_than_eager reject a candidate slower than eager [true]
     slower_margin            ... by more than this fraction of eager's time [0.0]
+    compare_whole            also time every candidate on the whole model and lift the best to the root
+                             when it beats the wrappers' choices together [true]
     progress, report         progress bar / result table on stderr [true, true]
     report_path              where the JIT hook writes the JSON report at exit [none]
     cache, cache_dir         reuse and store choices in the tuning cache [false; true under the JIT hook],
@@ -71,6 +73,7 @@ class TuneConfig:
     tolerances: Mapping[str, float] = dataclasses.field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
     reject_slower_than_eager: bool = True
     slower_margin: float = 0.0
+    compare_whole: bool = True
     progress: bool = True
     report: bool = True
     report_path: str | None = None
@@ -105,7 +108,7 @@ class TuneConfig:
                 raise ValueError(f"kiln.tune config: tolerance for {key!r} must be a number >= 0, got {value!r}")
             tolerances[key] = float(value)
         set_(self, "tolerances", tolerances)
-        for key in ("reject_slower_than_eager", "progress", "report", "cache"):
+        for key in ("reject_slower_than_eager", "compare_whole", "progress", "report", "cache"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"kiln.tune config: {key!r} must be a bool, got {getattr(self, key)!r}")
         margin = self.slower_margin

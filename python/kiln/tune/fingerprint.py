@@ -3,7 +3,8 @@ the device and the software versions.
 
 The structure digest covers every submodule's path, class and ``extra_repr`` (layer sizes and
 options) and every parameter's and buffer's name, shape and dtype, not their values: a choice of
-backend carries over to other weights of the same model. The weights digest covers the values,
+backend carries over to other weights of the same model. A kiln.tune wrapper counts by its name,
+not by its choice. The weights digest covers the values,
 for artifacts that hold a copy of them.
 """
 
@@ -17,6 +18,8 @@ from typing import Any
 
 import torch
 
+from kiln.tune.module import Module
+
 __all__ = ["structure_digest", "weights_digest", "versions", "device_name", "sha256_file"]
 
 
@@ -28,7 +31,9 @@ def _class_name(obj: Any) -> str:
 def structure_digest(module: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for name, sub in module.named_modules():
-        h.update(f"module {name} {_class_name(sub)} {sub.extra_repr()}\n".encode())
+        # A kiln.tune wrapper's extra_repr tells its choice, which is not structure.
+        text = f"name={sub.name!r}" if isinstance(sub, Module) else sub.extra_repr()
+        h.update(f"module {name} {_class_name(sub)} {text}\n".encode())
     for kind, tensors in (("param", module.named_parameters()), ("buffer", module.named_buffers())):
         for name, t in tensors:
             h.update(f"{kind} {name} {list(t.shape)} {t.dtype}\n".encode())

@@ -5,6 +5,7 @@ Lifecycle of a wrapper::
     untuned --kiln.tune.tune / first calls (tune_on_call) / tuning cache--> tuned (source tuned|cache)
     untuned --kiln.tune.load, artifacts sound--> tuned (source file)
     untuned --kiln.tune.load, artifact missing or damaged--> untuned, tune_on_call (re-tuned at its first call)
+    tuned --a whole-model backend lifted to the root (kiln.tune.tune, compare_whole)--> superseded
 
 An untuned wrapper runs its module eagerly; while ``kiln.tune.tune`` runs the model it records
 the inputs it sees (the tuning samples). A tuned one calls the compiled form of the chosen
@@ -113,6 +114,7 @@ class Module(torch.nn.Module):
         self._choice: Choice | None = None
         self._recorder: _Recorder | None = None
         self._pending: list[Inputs] = []
+        self._passthrough = False
         self.register_state_dict_post_hook(_strip_prefix)
         self.register_load_state_dict_pre_hook(_add_prefix)
 
@@ -131,9 +133,25 @@ class Module(torch.nn.Module):
         """Where the choice came from: "tuned", "cache", "file" (None while untuned)."""
         return self._choice.source if self._choice is not None else None
 
+    @property
+    def superseded(self) -> bool:
+        """True when a backend on the whole model replaced this wrapper's choice: calls pass through."""
+        return self._passthrough
+
     def set_choice(self, choice: Choice | None) -> None:
         self._choice = choice
         self._pending = []
+        self._passthrough = False
+
+    def supersede(self, why: str) -> None:
+        """Passes calls through from now on (until tuned again); the report keeps ``why``. The
+        compiled form is released: nothing calls it."""
+        if self._choice is not None:
+            self._choice.fn = None
+            if self._choice.report is not None:
+                self._choice.report.superseded = why
+        self._pending = []
+        self._passthrough = True
 
     def strategy_and_candidates(self, config: TuneConfig) -> tuple[Strategy, list[Backend]]:
         strategy = self.strategy if self.strategy is not None else config.strategy_obj
@@ -142,6 +160,8 @@ class Module(torch.nn.Module):
 
     # ---- calls ----
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self._passthrough:  # first: whole-model backends trace this while the wrapper passes through
+            return self.module(*args, **kwargs)
         if self._recorder is not None:
             self._recorder.add(args, kwargs)
             return self.module(*args, **kwargs)
@@ -186,4 +206,4 @@ class Module(torch.nn.Module):
 
     def extra_repr(self) -> str:
         chosen = f", choice={self.choice.name!r} ({self.source})" if self.choice is not None else ""
-        return f"name={self.name!r}{chosen}"
+        return f"name={self.name!r}{chosen}{', superseded' if self.superseded else ''}"

@@ -5,6 +5,11 @@ Candidate statuses: ``ok`` (accepted; eager is always ok: it is the reference), 
 outputs differ from eager's beyond the tolerance), ``failed`` (compiling or running raised),
 ``slower`` (slower than eager), ``unavailable`` (cannot run on this device) and ``skipped``
 (not measured: an earlier backend already works under the first-that-works strategy).
+
+A model whose wrapped submodules were tuned together also gets a whole-model section
+(``TuneReport.whole``, a ModuleReport named "whole model"): every candidate backend on the whole
+model (the wrappers passing through), one row ``per-module`` for the wrappers' own choices run
+together, and the decision: ``per-module`` kept, or a backend lifted to the root.
 """
 
 from __future__ import annotations
@@ -17,9 +22,11 @@ import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-__all__ = ["CandidateResult", "ModuleReport", "TuneReport", "Progress", "STATUSES"]
+__all__ = ["CandidateResult", "ModuleReport", "TuneReport", "Progress", "STATUSES", "COMPOSED", "WHOLE"]
 
 STATUSES = ("ok", "wrong", "failed", "slower", "unavailable", "skipped")
+COMPOSED = "per-module"  # the whole-model report's row (and winner) for the wrappers' own choices together
+WHOLE = "whole model"  # the whole-model report's name
 FORMAT = "kiln.tune.report/1"
 
 
@@ -70,7 +77,8 @@ class CandidateResult:
 @dataclasses.dataclass
 class ModuleReport:
     """One module's tuning. ``source``: ``tuned`` (measured now), ``cache`` (the tuning cache's
-    choice, checked against eager) or ``file`` (restored by kiln.tune.load)."""
+    choice, checked against eager) or ``file`` (restored by kiln.tune.load). ``superseded``: why
+    a backend on the whole model replaced this choice ("" while it stands)."""
 
     name: str
     strategy: dict[str, Any]
@@ -81,6 +89,7 @@ class ModuleReport:
     signatures: list[str] = dataclasses.field(default_factory=list)
     candidates: list[CandidateResult] = dataclasses.field(default_factory=list)
     tune_s: float = float("nan")
+    superseded: str = ""
 
     def candidate(self, backend: str) -> CandidateResult:
         for c in self.candidates:
@@ -107,11 +116,18 @@ class ModuleReport:
 
 @dataclasses.dataclass
 class TuneReport:
-    """Every tuned module's report, with the device and versions they were measured on."""
+    """Every tuned module's report, with the device and versions they were measured on, and the
+    whole-model comparison (None when it was not made)."""
 
     modules: list[ModuleReport] = dataclasses.field(default_factory=list)
     device: str = ""
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
+    whole: ModuleReport | None = None
+
+    @property
+    def lifted(self) -> bool:
+        """True when a backend on the whole model replaced the wrappers' choices."""
+        return self.whole is not None and self.whole.winner != COMPOSED
 
     def __getitem__(self, name: str) -> ModuleReport:
         for m in self.modules:
@@ -121,7 +137,8 @@ class TuneReport:
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "device": self.device, "versions": self.versions,
-                "modules": [m.to_json() for m in self.modules]}
+                "modules": [m.to_json() for m in self.modules],
+                "whole": self.whole.to_json() if self.whole is not None else None}
 
     def save_json(self, path: str | os.PathLike[str]) -> None:
         with open(path, "w") as f:
@@ -132,11 +149,12 @@ class TuneReport:
     def from_json(cls, data: Mapping[str, Any]) -> TuneReport:
         if data.get("format") != FORMAT:
             raise ValueError(f"kiln.tune: not a tuning report (format {data.get('format')!r}, expected {FORMAT!r})")
+        whole = data.get("whole")
         return cls([ModuleReport.from_json(m) for m in data.get("modules", [])], str(data.get("device", "")),
-                   dict(data.get("versions", {})))
+                   dict(data.get("versions", {})), ModuleReport.from_json(whole) if whole else None)
 
     def table(self) -> str:
-        return "\n\n".join(m.table() for m in self.modules)
+        return "\n\n".join(m.table() for m in self.modules + ([self.whole] if self.whole is not None else []))
 
     def __str__(self) -> str:
         return self.table()
@@ -160,7 +178,10 @@ def _module_table(report: ModuleReport) -> str:
     lines = [head]
     for r in rows:
         lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths)) + "  " + r[-1])
-    lines.append(f"  winner: {report.winner}: {report.reason}")
+    lines.append(f"  {'decision' if report.name == WHOLE else 'winner'}: "
+                 f"{report.winner}: {report.reason}")
+    if report.superseded:
+        lines.append(f"  superseded: {report.superseded}")
     return "\n".join(line.rstrip() for line in lines)
 
 

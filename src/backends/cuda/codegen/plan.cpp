@@ -322,6 +322,22 @@ uint32_t blocks_for(int64_t n, int64_t per_block) {
   return uint32_t(std::clamp<int64_t>(b, 1, kMaxBlocks));
 }
 
+SplitPlan split_rows(int64_t rows, int64_t row_len, int64_t quantum, int64_t stat_bytes, const Target& t) {
+  SplitPlan p;
+  p.chunk = row_len;
+  if (t.sms <= 0 || rows <= 0 || rows >= 2 * t.sms || row_len < kSplitMinRow) return p;
+  const int64_t q = std::max<int64_t>(quantum, 1);
+  const int64_t want = std::min((4 * t.sms + rows - 1) / rows, row_len / kSplitMinChunk);
+  if (want < 2) return p;
+  const int64_t chunk = ((row_len + want - 1) / want + q - 1) / q * q;
+  const int64_t splits = (row_len + chunk - 1) / chunk;
+  const uint64_t bytes =
+      (uint64_t(rows) * uint64_t(splits) * uint64_t(std::max<int64_t>(stat_bytes, 1)) + 255) / 256 * 256;
+  if (splits < 2 || bytes > t.workspace_limit) return p;
+  p.splits = splits, p.chunk = chunk, p.workspace = bytes;
+  return p;
+}
+
 namespace {
 
 // One fill launch writing `bytes` bytes as words of w bytes (its kernel added to source once).

@@ -196,6 +196,46 @@ Generated generate_shape(const Node& n, const Graph& g);
 Generated generate_gather(const Node& n, const Graph& g);
 Generated generate_generator(const Node& n, const Graph& g);
 
+// ---- few long rows: splitting a row across blocks ---------------------------------------
+// The norm, reduce and softmax generators give each row (a group of group_norm, a reduced
+// output, a softmax row) one block. When the rows are few and long that leaves most
+// multiprocessors idle, so split_rows cuts each row into chunks of one block each: a first
+// kernel writes each chunk's statistics to the workspace (Plan::workspace, which the engine
+// sizes and allocates before it runs, so nothing is allocated at run time), a second combines
+// a row's chunks and writes the row.
+//
+// What a generator that splits rows needs of the build: the multiprocessors of the device the
+// engine is built for (make_<family>_kernel reads them from the device) and the most
+// workspace a kernel may use (KernelOptions::workspace_limit).
+struct Target {
+  int64_t sms = kLargeGpuSms;
+  uint64_t workspace_limit = uint64_t(1) << 30;
+};
+constexpr int64_t kSplitMinRow = 8192;     // shorter rows keep one block
+constexpr int64_t kSplitMinChunk = 2048;   // elements a block of a split row gets at least
+constexpr uint32_t kSplitThreads = 256;    // threads of a split row's blocks
+// A row of `row_len` elements in `splits` chunks of `chunk` (a multiple of the quantum; the
+// last chunk may be shorter, none is empty), whose statistics take `workspace` bytes. splits is
+// 1 (chunk row_len, workspace 0) when the row stays on one block.
+struct SplitPlan {
+  int64_t splits = 1;
+  int64_t chunk = 0;
+  uint64_t workspace = 0;
+  bool split() const { return splits > 1; }
+};
+// The rule: split when the rows are fewer than two per multiprocessor (one block each leaves
+// multiprocessors idle or unevenly loaded) and each row has at least kSplitMinRow elements;
+// then into enough chunks for about four blocks per multiprocessor in all, each of at least
+// kSplitMinChunk elements, rounded up to a multiple of `quantum` (the elements of one vector
+// load). Each chunk's statistics take stat_bytes; no split when rows * splits * stat_bytes
+// (rounded up to 256) is over t.workspace_limit.
+SplitPlan split_rows(int64_t rows, int64_t row_len, int64_t quantum, int64_t stat_bytes, const Target& t);
+
+// The family generators for a given target (the overloads above use Target{}: a large GPU).
+Generated generate_reduce(const Node& n, const Graph& g, const Target& t);
+Generated generate_softmax(const Node& n, const Graph& g, const Target& t);
+Generated generate_norm(const Node& n, const Graph& g, const Target& t);
+
 // A fill of `count` elements of `esz` bytes with the bit pattern `bits` (low esz bytes), into
 // output `out` at byte offset 0: used by full and by empty reductions. Appends its kernel
 // (cuh/plan_fill.cuh) to `source` (once per word size) and its launch to `plan`.

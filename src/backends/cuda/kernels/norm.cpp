@@ -7,6 +7,12 @@
 //   group_norm: one 512-thread block per (sample, group), whose elements are contiguous:
 //               sum, squared deviations, then the write with the channel's weight and bias
 //               (norm_group.cuh, which also serves layer_norm's long rows).
+//   few long rows (layer_norm's long rows and group_norm, when plan.h's split_rows splits them:
+//               fewer rows than two per multiprocessor, each of at least kSplitMinRow elements):
+//               each row in chunks of a 256-thread block each; a first kernel writes each
+//               chunk's mean and squared deviations to the workspace, a second combines the
+//               row's chunks and writes its chunk, with vectors of up to 16 bytes
+//               (norm_split.cuh). Other shapes keep the kernels above.
 //   batch_norm: a per-channel kernel folds the running statistics into scale and shift (in
 //               the workspace, f64 arithmetic as on the CPU), then y = x * scale + shift
 //               (norm_batch.cuh).
@@ -18,6 +24,7 @@
 #include "src/backends/cuda/codegen/embedded.h"
 #include "src/backends/cuda/codegen/plan.h"
 #include "src/backends/cuda/codegen/prelude.h"
+#include "src/backends/cuda/device/cuda_util.h"
 #include "src/backends/cuda/kernels.h"
 
 namespace kiln::cuda {
@@ -62,6 +69,56 @@ std::string group_kernel(bool layer, bool w, bool b) {
          std::string(embedded_source("norm_group.cuh"));
 }
 
+// The split kernels kg_norm_split_stats_v<vec> and kg_norm_split_apply_v<vec> (norm_split.cuh).
+std::string split_kernels(bool layer, bool w, bool b, int vec, int esz) {
+  return define("KG_LAYER", layer) + define("KG_HAS_W", w) + define("KG_HAS_B", b) + define("KG_V", vec) +
+         define("KG_VW", word_type(vec * esz)) + std::string(embedded_source("norm_split.cuh"));
+}
+
+// The split plan of `rows` contiguous groups of len elements, x of esz-byte elements loaded in
+// the widest vectors that divide len, with each chunk's two statistics in A (f64 for f64 x, else
+// f32).
+SplitPlan norm_split(int64_t rows, int64_t len, int esz, bool f64, const Target& t) {
+  return split_rows(rows, len, split_row(len, 1, esz).vec, 2 * (f64 ? 8 : 4), t);
+}
+
+// The two launches of a split norm over `rows` contiguous groups of len elements (group_norm:
+// G groups of Cg channels of S elements; layer_norm: G = 1, Cg = len, S = 1), appending their
+// kernels to gn.source, and the vector width they load with.
+int add_split(Generated& gn, const Node& n, bool layer, int esz, int64_t rows, int64_t len, int64_t G, int64_t Cg,
+              int64_t S, double eps, const SplitPlan& sp) {
+  const bool w = present(n, 1), b = present(n, 2);
+  const int vec = split_row(len, 1, esz).vec;
+  const uint32_t blocks = blocks_for(rows * sp.splits, 1);
+  auto stats = [&](int v) {
+    gn.source += split_kernels(layer, w, b, v, esz);
+    Launch l("kg_norm_split_stats_v" + std::to_string(v), blocks, kSplitThreads);
+    l.in(0).ws().i64(rows).i64(len).i64(sp.splits).i64(sp.chunk);
+    return l;
+  };
+  auto apply = [&](int v) {
+    Launch l("kg_norm_split_apply_v" + std::to_string(v), blocks, kSplitThreads);
+    l.in(0).opt_in(n, 1).opt_in(n, 2).ws().out(0).i64(rows).i64(len).i64(sp.splits).i64(sp.chunk).i64(G).i64(Cg).i64(S);
+    l.f64(eps);
+    return l;
+  };
+  Launch first = stats(vec), second = apply(vec);
+  if (vec > 1) {
+    with_fallback(first, uint32_t(vec * esz), stats(1));
+    with_fallback(second, uint32_t(vec * esz), apply(1));
+  }
+  gn.plan.launches.push_back(std::move(first));
+  gn.plan.launches.push_back(std::move(second));
+  gn.plan.workspace = sp.workspace;
+  return vec;
+}
+
+// " (split: <splits> blocks per <what> of <chunk> elements, <vec>-wide loads)".
+std::string split_describe(const char* what, const SplitPlan& sp, int vec) {
+  return " (split: " + std::to_string(sp.splits) + " blocks per " + what + " of " + std::to_string(sp.chunk) +
+         " elements, " + std::to_string(vec) + "-wide loads)";
+}
+
 std::string batch_kernels(bool w, bool b) {
   return define("KG_HAS_W", w) + define("KG_HAS_B", b) + std::string(embedded_source("norm_batch.cuh"));
 }
@@ -86,7 +143,9 @@ std::optional<std::string> why_not_norm(const Node& n, const Graph& g) {
   return std::nullopt;
 }
 
-Generated generate_norm(const Node& n, const Graph& g) {
+Generated generate_norm(const Node& n, const Graph& g) { return generate_norm(n, g, Target{}); }
+
+Generated generate_norm(const Node& n, const Graph& g, const Target& t) {
   if (const auto why = why_not_norm(n, g)) KILN_FAIL(kUnsupported, *why);
   const TensorType& xt = g.type(n.inputs[0]);
   const auto shape = xt.shape();
@@ -130,6 +189,10 @@ Generated generate_norm(const Node& n, const Graph& g) {
       gn.plan.launches.push_back(std::move(l));
       gn.plan.describe =
           desc + (warp ? " (warp" : " (block") + " per row in registers, " + std::to_string(vec) + "-wide loads)";
+    } else if (const SplitPlan sp = norm_split(rows, D, esz, xt.dtype == DType::kF64, t); sp.split()) {
+      gn.source = head;
+      const int vec = add_split(gn, n, true, esz, rows, D, 1, D, 1, eps, sp);
+      gn.plan.describe = desc + split_describe("row", sp, vec);
     } else {
       gn.source = head + group_kernel(true, w, b);
       Launch l("kg_group_norm", blocks_for(rows, 1), kBlockThreads);
@@ -148,6 +211,12 @@ Generated generate_norm(const Node& n, const Graph& g) {
     head += param_defs(n, g, 1);
     if (!w) head += "typedef float T_p0;\n";
     if (!b) head += "typedef float T_p1;\n";
+    if (const SplitPlan sp = norm_split(N * G, Cg * S, esz, xt.dtype == DType::kF64, t); sp.split()) {
+      gn.source = head;
+      const int vec = add_split(gn, n, false, esz, N * G, Cg * S, G, Cg, S, eps, sp);
+      gn.plan.describe = desc + split_describe("group", sp, vec);
+      return gn;
+    }
     gn.source = head + group_kernel(false, w, b);
     Launch l("kg_group_norm", blocks_for(N * G, 1), kBlockThreads);
     l.in(0).opt_in(n, 1).opt_in(n, 2).out(0).i64(N * G).i64(Cg * S).i64(G).i64(Cg).i64(S).f64(eps);
@@ -181,9 +250,11 @@ bool supports_norm(const Node& n, const Graph& g, std::string* why) {
   return gen::supported(gen::why_not_norm(n, g), why);
 }
 
-std::unique_ptr<Kernel> make_norm_kernel(const Node& n, const Graph& g, const KernelOptions&, const Bytes* state) {
+std::unique_ptr<Kernel> make_norm_kernel(const Node& n, const Graph& g, const KernelOptions& options,
+                                         const Bytes* state) {
   if (state) return gen::build({}, gen::what_of(n), state);
-  return gen::build(gen::generate_norm(n, g), gen::what_of(n), nullptr);
+  const gen::Target t{current_device().sm_count, options.workspace_limit};
+  return gen::build(gen::generate_norm(n, g, t), gen::what_of(n), nullptr);
 }
 
 }  // namespace kiln::cuda

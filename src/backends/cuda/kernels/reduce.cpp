@@ -11,7 +11,12 @@
 //            per block, 32 to 256 threads splitting the reduction with up to four words in
 //            flight each (reduce_cols_vec.cuh); else 32 consecutive outputs per block, 8 or 32
 //            rows of threads splitting the reduction, combined through shared memory
-//            (reduce_cols.cuh).
+//            (reduce_cols.cuh);
+//   few long rows: when plan.h's split_rows splits the outputs of a rows reduction (fewer than
+//            two per multiprocessor, each of at least kSplitMinRow elements), each output's
+//            elements in chunks of a 256-thread block each, which write their chunk's result
+//            (a variance: its mean and squared deviations) to the workspace
+//            (reduce_split.cuh), then a block per output combines them (reduce_split_done.cuh).
 // The numbers of kept and reduced dims are part of the source (they unroll); extents and
 // strides are arguments. Floating sums accumulate in f32 (f64 for f64), integer sums in 64
 // bits, wrapping like the CPU; max / min propagate NaN; reduce_var is two-pass (mean, then
@@ -24,6 +29,7 @@
 #include "src/backends/cuda/codegen/embedded.h"
 #include "src/backends/cuda/codegen/plan.h"
 #include "src/backends/cuda/codegen/prelude.h"
+#include "src/backends/cuda/device/cuda_util.h"
 #include "src/backends/cuda/kernels.h"
 #include "src/common/element_access.h"
 #include "src/ops/access.h"
@@ -128,7 +134,9 @@ std::optional<std::string> why_not_reduce(const Node& n, const Graph& g) {
   return std::nullopt;
 }
 
-Generated generate_reduce(const Node& n, const Graph& g) {
+Generated generate_reduce(const Node& n, const Graph& g) { return generate_reduce(n, g, Target{}); }
+
+Generated generate_reduce(const Node& n, const Graph& g, const Target& t) {
   if (const auto why = why_not_reduce(n, g)) KILN_FAIL(kUnsupported, *why);
   if (n.op == OpKind::kArgmax) return gen_argmax(n, g);
   const TensorType& xt = g.type(n.inputs[0]);
@@ -161,7 +169,32 @@ Generated generate_reduce(const Node& n, const Graph& g) {
 
   gn.source = source_head() + type_defs("x", dt) + common_defs(n.op, dt, L, mode) +
               std::string(embedded_source("reduce_common.cuh"));
-  if (L.inner_reduced) {
+  // Few long rows, split across blocks (plan.h's split_rows); a chunk's result is one A (f32 for
+  // f32 / f16 / bf16, else 8 bytes), two for a variance.
+  const int64_t a_bytes = is_floating(dt) && dt != DType::kF64 ? 4 : 8;
+  const SplitPlan sp = L.inner_reduced
+                           ? split_rows(L.outputs, L.count, word_elements(L, dt), (mode == 2 ? 2 : 1) * a_bytes, t)
+                           : SplitPlan{};
+  if (sp.split()) {
+    const int vec = word_elements(L, dt);
+    const uint32_t blocks = blocks_for(L.outputs * sp.splits, 1);
+    auto chunks = [&](int v) {
+      gn.source += define("KG_V", v) + std::string(embedded_source("reduce_split.cuh"));
+      Launch l("kg_reduce_split_v" + std::to_string(v), blocks, kSplitThreads);
+      l.in(0).ws().val(side).i64(L.outputs).i64(L.inner).i64(L.count).i64(sp.splits).i64(sp.chunk);
+      return l;
+    };
+    Launch first = chunks(vec);
+    if (vec > 1) with_fallback(first, 16, chunks(1));
+    gn.source += std::string(embedded_source("reduce_split_done.cuh"));
+    Launch done("kg_reduce_split_done", blocks_for(L.outputs, 1), kSplitThreads);
+    done.ws().out(0).i64(L.outputs).i64(sp.splits).i64(sp.chunk).i64(L.count).f64(correction);
+    gn.plan.launches.push_back(std::move(first));
+    gn.plan.launches.push_back(std::move(done));
+    gn.plan.workspace = sp.workspace;
+    gn.plan.describe = desc + " (split: " + std::to_string(sp.splits) + " blocks per output of " +
+                       std::to_string(sp.chunk) + " elements, " + std::to_string(vec) + "-wide loads)";
+  } else if (L.inner_reduced) {
     const int vec = word_elements(L, dt);
     const bool block = L.count > 2048;
     const int64_t nro = L.count / L.inner;
@@ -208,9 +241,11 @@ bool supports_reduce(const Node& n, const Graph& g, std::string* why) {
   return gen::supported(gen::why_not_reduce(n, g), why);
 }
 
-std::unique_ptr<Kernel> make_reduce_kernel(const Node& n, const Graph& g, const KernelOptions&, const Bytes* state) {
+std::unique_ptr<Kernel> make_reduce_kernel(const Node& n, const Graph& g, const KernelOptions& options,
+                                           const Bytes* state) {
   if (state) return gen::build({}, gen::what_of(n), state);
-  return gen::build(gen::generate_reduce(n, g), gen::what_of(n), nullptr);
+  const gen::Target t{current_device().sm_count, options.workspace_limit};
+  return gen::build(gen::generate_reduce(n, g, t), gen::what_of(n), nullptr);
 }
 
 }  // namespace kiln::cuda
