@@ -102,10 +102,18 @@ if(KILN_HAVE_CUDA AND KILN_CUDA_SOURCES)
     VERBATIM)
   target_sources(kiln PRIVATE ${_kiln_embedded})
   target_compile_definitions(kiln PUBLIC KILN_WITH_CUDA=1)
-  # PUBLIC: the tests of the CUDA backend include its headers (src/backends/cuda/**.h).
-  target_include_directories(kiln SYSTEM PUBLIC ${KILN_CUDART_INCLUDE} ${KILN_CUBLASLT_INCLUDE}
-                             ${KILN_NVRTC_INCLUDE} ${KILN_CUDNN_INCLUDE} ${KILN_CUDA_CRT_INCLUDE})
-  target_link_libraries(kiln PUBLIC ${KILN_CUDART_LIB} ${KILN_CUBLASLT_LIB} ${KILN_NVRTC_LIB} ${KILN_CUDNN_LIB})
+  # PUBLIC in the build tree: the tests of the CUDA backend include its headers
+  # (src/backends/cuda/**.h). The installed headers (include/kiln) include none of them.
+  foreach(inc ${KILN_CUDART_INCLUDE} ${KILN_CUBLASLT_INCLUDE} ${KILN_NVRTC_INCLUDE} ${KILN_CUDNN_INCLUDE}
+              ${KILN_CUDA_CRT_INCLUDE})
+    target_include_directories(kiln SYSTEM PUBLIC $<BUILD_INTERFACE:${inc}>)
+  endforeach()
+  # The installed package links the same libraries through imported targets that its
+  # KilnConfig.cmake makes where the consumer has them (cmake/install.cmake).
+  foreach(part CUDART CUBLASLT NVRTC CUDNN)
+    string(TOLOWER ${part} name)
+    target_link_libraries(kiln PUBLIC $<BUILD_INTERFACE:${KILN_${part}_LIB}> $<INSTALL_INTERFACE:Kiln::${name}>)
+  endforeach()
   # Installed binaries (kiln._C, kiln-run) find the libraries where the build found them; a
   # library in the interpreter's site-packages (a wheel's) also relative to kiln/, so that a
   # wheel built here works in another environment with the same wheels.

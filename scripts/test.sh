@@ -21,6 +21,13 @@ cmake --build build/asan -j "$JOBS" --target fuzz_engine_reader
 ASAN_OPTIONS=allocator_may_return_null=1 build/asan/fuzz_engine_reader --mutate 1 "${KILN_FUZZ_ITERATIONS:-20000}" \
   --keep build/asan/fuzz_last_input.bin
 
+# Deployment without Python: examples/cpp builds against the C++ package the install put in the
+# Python package (find_package(Kiln)) and runs a bundle that Python wrote, checked against eager.
+cmake -S examples/cpp -B build/example -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$(${PYTHON:-python3} -m kiln.cmake_prefix)" >/dev/null
+cmake --build build/example -j "$JOBS"
+${PYTHON:-python3} examples/cpp/check_bundle.py build/example/run_bundle
+
 # The installed package is what the Python tests import (run from outside the source tree).
 export KILN_BUILD_DIR="$PWD/build/tests"
 (cd tests/python && ${PYTHON:-python3} -m pytest -q -p no:cacheprovider .)

@@ -1,13 +1,15 @@
-// Fuzzing the engine file reader and everything a loaded engine does: any input must either be
-// refused with a kiln::Error or load, and a loaded engine must then create a context, execute
-// on random inputs, refit its weights and execute again, each step either working or throwing
-// a kiln::Error. Anything else (a crash, a sanitizer report, another exception) is a bug.
+// Fuzzing the engine file and bundle readers and everything a loaded engine does: any input must
+// either be refused with a kiln::Error or load, and a loaded engine must then create a context,
+// execute on random inputs, refit its weights and execute again (a loaded bundle: run once on
+// random inputs), each step either working or throwing a kiln::Error. Anything else (a crash, a
+// sanitizer report, another exception) is a bug. Engine files and bundles are told apart by
+// their magic (tools/fuzz_bundle.h).
 //
 // With clang it is a libFuzzer binary:
 //   cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DKILN_BUILD_FUZZ=ON
 //         -DKILN_SANITIZE=address,undefined -DKILN_BUILD_PYTHON=OFF   (one command)
 //   ninja -C build-fuzz fuzz_engine_reader && build-fuzz/fuzz_engine_reader corpus/
-// Seed the corpus with engine files each prefixed by one mode byte (`--write-seeds DIR` below
+// Seed the corpus with engine files and bundles each prefixed by one mode byte (`--write-seeds DIR` below
 // writes them). Even mode bytes feed the rest as is (magic, size and checksum checks); odd ones
 // first repair the size field and the checksum, so that mutations reach the parser behind them.
 //
@@ -16,20 +18,22 @@
 //   fuzz_engine_reader FILE...        replay inputs (mode byte first), e.g. a finding
 //   fuzz_engine_reader --mutate SEED ITERATIONS [--keep FILE] [--write-seeds DIR]
 //       builds its own valid engines (tools/fuzz_engine.h: conv, linear, pointwise, slice,
-//       attention and gather networks), then mutates them deterministically from SEED.
+//       attention and gather networks) and bundles of them (tools/fuzz_bundle.h), then mutates
+//       them deterministically from SEED.
 //       --keep writes each input to FILE before running it, so that an input that kills the
 //       process (a sanitizer report) can be replayed.
 #include <cstddef>
 #include <cstdint>
 
 #include "kiln/kiln.h"
+#include "tools/fuzz_bundle.h"
 #include "tools/fuzz_engine.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   kiln::Bytes file(data + 1, data + size);
   if (data[0] & 1) kiln::fuzz::reseal(file);
-  kiln::fuzz::run_one(file);
+  kiln::fuzz::run_any(file);
   return 0;
 }
 
@@ -83,19 +87,23 @@ int replay(int argc, char** argv) {
 
 int mutate_loop(uint64_t seed, uint64_t iterations, const std::string& keep, const std::string& seeds_dir) {
   const auto start = std::chrono::steady_clock::now();
-  const std::vector<Bytes> seeds = fuzz::seed_files();
+  std::vector<Bytes> seeds = fuzz::seed_files();
+  const size_t engines = seeds.size();
+  for (Bytes& b : fuzz::seed_bundles()) seeds.push_back(std::move(b));
   if (!seeds_dir.empty())
     for (size_t i = 0; i < seeds.size(); ++i)
       if (!write_file(seeds_dir + "/seed" + std::to_string(i) + ".bin", 1, seeds[i])) {
         std::fprintf(stderr, "fuzz_engine_reader: cannot write into %s\n", seeds_dir.c_str());
         return 1;
       }
-  for (size_t i = 0; i < seeds.size(); ++i) {  // the unmutated engines load, run and refit cleanly
+  for (size_t i = 0; i < seeds.size(); ++i) {  // the unmutated engines load, run and refit cleanly; bundles run
     try {
       fuzz::Rng r{i};
-      fuzz::exercise(Engine::deserialize(seeds[i].data(), seeds[i].size()), r);
+      if (i < engines) fuzz::exercise(Engine::deserialize(seeds[i].data(), seeds[i].size()), r);
+      else fuzz::exercise(Bundle::deserialize(seeds[i].data(), seeds[i].size()), r);
     } catch (const Error& e) {
-      std::fprintf(stderr, "fuzz_engine_reader: seed engine %zu fails: %s\n", i, e.what());
+      std::fprintf(stderr, "fuzz_engine_reader: seed %s %zu fails: %s\n", i < engines ? "engine" : "bundle", i,
+                   e.what());
       return 1;
     }
   }
@@ -106,7 +114,7 @@ int mutate_loop(uint64_t seed, uint64_t iterations, const std::string& keep, con
     fuzz::mutate(file, seeds, rng);
     if (!keep.empty()) write_file(keep, 0, file);
     try {
-      loaded += fuzz::run_one(file);
+      loaded += fuzz::run_any(file);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "fuzz_engine_reader: iteration %llu (seed %llu) threw a non-Kiln exception: %s\n",
                    static_cast<unsigned long long>(it), static_cast<unsigned long long>(seed), e.what());
@@ -116,7 +124,7 @@ int mutate_loop(uint64_t seed, uint64_t iterations, const std::string& keep, con
     }
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("fuzz_engine_reader: %llu mutations of %zu engines from seed %llu, %llu loaded, %.1f s: ok\n",
+  std::printf("fuzz_engine_reader: %llu mutations of %zu engines and bundles from seed %llu, %llu loaded, %.1f s: ok\n",
               static_cast<unsigned long long>(iterations), seeds.size(), static_cast<unsigned long long>(seed),
               static_cast<unsigned long long>(loaded), s);
   return 0;

@@ -1,8 +1,13 @@
-// kiln-run: load a Kiln engine file, run it on random or given inputs, report latency and
-// throughput, and optionally write the outputs as .npy files.
+// kiln-run: load a Kiln engine file or bundle, run it on random or given inputs, report latency
+// and throughput, and optionally write the outputs as .npy files.
 //
-//   kiln-run ENGINE [--inputs a.npy,b.npy] [--iterations N] [--warmup N] [--outputs DIR]
+//   kiln-run FILE [--inputs a.npy,b.npy] [--iterations N] [--warmup N] [--outputs DIR]
 //            [--threads N] [--device cpu|cuda:N] [--seed N] [--info]
+//
+// FILE is an engine file (Engine::save, kiln.extract_engines) or a bundle (kiln.save(...,
+// output_format="kiln_bundle"), kiln/bundle.h), told apart by their magic; an engine runs as a
+// bundle of one call. A program saved by kiln.save as a torch.export archive is refused with a
+// message saying how to save a bundle instead.
 //
 // Random inputs are deterministic (a fixed generator, not the C++ library's distributions,
 // so every platform draws the same numbers): floats uniform in [-1, 1], integers in [0, 3],
@@ -17,9 +22,11 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "kiln/bundle.h"
 #include "kiln/kiln.h"
 #include "src/serialize/engine_file.h"
 #include "src/serialize/input_file.h"
@@ -29,20 +36,21 @@
 namespace {
 
 constexpr const char* kUsage =
-    "usage: kiln-run ENGINE [--inputs a.npy,b.npy] [--iterations N] [--warmup N] [--outputs DIR]\n"
+    "usage: kiln-run FILE [--inputs a.npy,b.npy] [--iterations N] [--warmup N] [--outputs DIR]\n"
     "                [--threads N] [--device cpu|cuda:N] [--seed N] [--info]\n"
-    "  --inputs      one .npy per engine input, in order (default: random inputs)\n"
+    "  FILE          an engine file or a Kiln bundle (kiln.save(..., output_format=\"kiln_bundle\"))\n"
+    "  --inputs      one .npy per input, in order (default: random inputs)\n"
     "  --iterations  timed runs (default 100)   --warmup  untimed runs first (default 10)\n"
     "  --outputs     write each output to DIR/out<i>_<name>.npy\n"
-    "  --threads     CPU worker threads          --device  default: the engine file's backend\n"
-    "  --info        print the engine's plan and build log, then exit\n";
+    "  --threads     CPU worker threads          --device  default: the engines' backend\n"
+    "  --info        print the plans and build logs, then exit\n";
 
 struct UsageError {
   std::string message;
 };
 
 struct Options {
-  std::string engine;
+  std::string file;
   std::vector<std::string> inputs;
   int64_t iterations = 100, warmup = 10, threads = 0;
   uint64_t seed = 0;
@@ -98,13 +106,13 @@ Options parse_args(int argc, char** argv) {
       o.info = true;
     } else if (a.rfind("-", 0) == 0 && a.size() > 1) {
       throw UsageError{"unknown option '" + args[i] + "'"};
-    } else if (o.engine.empty()) {
-      o.engine = a;
+    } else if (o.file.empty()) {
+      o.file = a;
     } else {
-      throw UsageError{"more than one engine file given ('" + o.engine + "', '" + a + "')"};
+      throw UsageError{"more than one file given ('" + o.file + "', '" + a + "')"};
     }
   }
-  if (o.engine.empty()) throw UsageError{"no engine file given"};
+  if (o.file.empty()) throw UsageError{"no engine file or bundle given"};
   return o;
 }
 
@@ -120,31 +128,15 @@ std::string file_safe(const std::string& name) {
 
 std::string describe(const kiln::IOTensor& t) { return t.name + ": " + t.type.to_string(); }
 
-int run(const Options& o) {
-  if (o.threads > 0) setenv("KILN_NUM_THREADS", std::to_string(o.threads).c_str(), 1);
-  const kiln::serialize::InputFile file(o.engine, "engine file");
-  const std::unique_ptr<uint8_t[]> bytes = file.read_all();
-  std::shared_ptr<kiln::Engine> engine;
-  kiln::serialize::EngineFileHeader header;
-  kiln::Device device;
-  try {
-    header = kiln::serialize::read_engine_header(bytes.get(), file.size());
-    device = !o.device.empty()          ? kiln::Device::parse(o.device)
-             : header.backend == "cuda" ? kiln::Device{kiln::DeviceType::kCUDA, 0}
-                                        : kiln::Device{};
-    engine = kiln::Engine::deserialize(bytes.get(), file.size(), device);
-  } catch (const kiln::Error& e) {
-    const std::string what = e.what();  // "[code] cause": keep the cause, name the file
-    throw kiln::Error(e.code(), what.substr(what.find("] ") + 2) + " (engine file '" + o.engine + "')");
-  }
-  const kiln::Graph& g = engine->graph();
-
-  std::printf("engine: %s (%zu bytes, Kiln %s, %s device '%s')\n", o.engine.c_str(), file.size(),
-              header.kiln_version.c_str(), header.backend.c_str(), header.device_name.c_str());
+// An engine's inputs, outputs and weights (all with --info, else the first 20).
+void print_engine(const kiln::Engine& engine, bool all) {
+  const kiln::Graph& g = engine.graph();
   std::printf("inputs:\n");
-  for (size_t i = 0; i < engine->inputs().size(); ++i) std::printf("  %zu %s\n", i, describe(engine->inputs()[i]).c_str());
+  for (size_t i = 0; i < engine.inputs().size(); ++i)
+    std::printf("  %zu %s\n", i, describe(engine.inputs()[i]).c_str());
   std::printf("outputs:\n");
-  for (size_t i = 0; i < engine->outputs().size(); ++i) std::printf("  %zu %s\n", i, describe(engine->outputs()[i]).c_str());
+  for (size_t i = 0; i < engine.outputs().size(); ++i)
+    std::printf("  %zu %s\n", i, describe(engine.outputs()[i]).c_str());
   size_t weight_bytes = 0, shown = 0, nweights = 0;
   for (kiln::ValueId c : g.constants()) {
     nweights += g.value(c).is_weight ? 1 : 0;
@@ -154,32 +146,125 @@ int run(const Options& o) {
   for (kiln::ValueId c : g.constants()) {
     const kiln::Value& v = g.value(c);
     if (!v.is_weight) continue;
-    if (!o.info && shown == 20) {
+    if (!all && shown == 20) {
       std::printf("  ... %zu more (--info lists all)\n", nweights - shown);
       break;
     }
     std::printf("  %s: %s\n", v.name.c_str(), v.type.to_string().c_str());
     ++shown;
   }
-  if (o.info) {
-    std::printf("plan (%zu nodes, arena %zu bytes, workspace %zu bytes):\n%s", g.nodes().size(),
-                engine->memory_plan().arena_bytes, engine->workspace_size(), g.to_string().c_str());
-    std::printf("build log:\n%s", engine->build_log().c_str());
-    return 0;
-  }
+}
 
-  // Host inputs: given files (checked against the engine) or random.
+void print_plan(const kiln::Engine& engine) {
+  const kiln::Graph& g = engine.graph();
+  std::printf("plan (%zu nodes, arena %zu bytes, workspace %zu bytes):\n%s", g.nodes().size(),
+              engine.memory_plan().arena_bytes, engine.workspace_size(), g.to_string().c_str());
+  std::printf("build log:\n%s", engine.build_log().c_str());
+}
+
+// "args_0" for a program input, "step 1 output 0 'y'" for an engine output.
+std::string value_text(const kiln::Bundle& b, const kiln::BundleRef& r) {
+  if (r.step < 0) return b.inputs()[r.index].name;
+  const kiln::BundleStep& s = b.program().steps[size_t(r.step)];
+  return "step " + std::to_string(r.step) + " output " + std::to_string(r.index) + " '" +
+         b.engines()[s.engine]->outputs()[r.index].name + "'";
+}
+
+void print_bundle(const kiln::Bundle& b, bool all) {
+  std::printf("inputs:\n");
+  for (size_t i = 0; i < b.inputs().size(); ++i) std::printf("  %zu %s\n", i, describe(b.inputs()[i]).c_str());
+  std::printf("outputs:\n");
+  for (size_t i = 0; i < b.outputs().size(); ++i)
+    std::printf("  %zu %s = %s\n", i, describe(b.outputs()[i]).c_str(),
+                value_text(b, b.program().outputs[i].ref).c_str());
+  std::printf("steps:\n");
+  for (size_t s = 0; s < b.program().steps.size(); ++s) {
+    const kiln::BundleStep& step = b.program().steps[s];
+    std::string args;
+    for (const kiln::BundleRef& a : step.args) args += (args.empty() ? "" : ", ") + value_text(b, a);
+    std::printf("  %zu %s: engine %u (%s)\n", s, step.name.c_str(), step.engine, args.c_str());
+  }
+  for (size_t i = 0; i < b.engines().size(); ++i) {
+    std::printf("engine %zu:\n", i);
+    print_engine(*b.engines()[i], all);
+    if (all) print_plan(*b.engines()[i]);
+  }
+}
+
+// Names the file in a Kiln error's message, keeping its code.
+[[noreturn]] void rethrow_naming(const kiln::Error& e, const std::string& kind, const std::string& path) {
+  const std::string what = e.what();  // "[code] cause": keep the cause, name the file
+  throw kiln::Error(e.code(), what.substr(what.find("] ") + 2) + " (" + kind + " '" + path + "')");
+}
+
+bool has_zip_magic(const uint8_t* p, size_t n) {
+  return n >= 4 && p[0] == 'P' && p[1] == 'K' && p[2] == 3 && p[3] == 4;
+}
+
+struct Program {
+  std::shared_ptr<kiln::Bundle> bundle;
+  const char* kind;  // "engine" or "bundle", for messages
+};
+
+// Loads an engine file (as a bundle of one call) or a bundle, and prints what it holds.
+Program load(const Options& o) {
+  const kiln::serialize::InputFile file(o.file, "engine file or bundle");
+  const std::unique_ptr<uint8_t[]> bytes = file.read_all();
+  const std::optional<kiln::Device> device =
+      o.device.empty() ? std::nullopt : std::optional<kiln::Device>(kiln::Device::parse(o.device));
+  KILN_CHECK(!has_zip_magic(bytes.get(), file.size()), kInvalidArgument, "'", o.file,
+             "' is a zip archive (a program saved by kiln.save as a torch.export program?), which kiln-run cannot "
+             "read: save the program with kiln.save(..., output_format=\"kiln_bundle\"), or write its engines out "
+             "with kiln.extract_engines");
+  if (kiln::Bundle::has_bundle_magic(bytes.get(), file.size())) {
+    std::shared_ptr<kiln::Bundle> b;
+    try {
+      b = kiln::Bundle::deserialize(bytes.get(), file.size(), device);
+    } catch (const kiln::Error& e) {
+      rethrow_naming(e, "bundle", o.file);
+    }
+    std::printf("bundle: %s (%zu bytes, Kiln %s, %zu engine%s, %zu step%s, on %s)\n", o.file.c_str(), file.size(),
+                b->kiln_version().c_str(), b->engines().size(), b->engines().size() == 1 ? "" : "s",
+                b->program().steps.size(), b->program().steps.size() == 1 ? "" : "s", b->device().to_string().c_str());
+    print_bundle(*b, o.info);
+    return {b, "bundle"};
+  }
+  std::shared_ptr<kiln::Engine> engine;
+  kiln::serialize::EngineFileHeader header;
+  try {
+    header = kiln::serialize::read_engine_header(bytes.get(), file.size());
+    const kiln::Device d = device                     ? *device
+                           : header.backend == "cuda" ? kiln::Device{kiln::DeviceType::kCUDA, 0}
+                                                      : kiln::Device{};
+    engine = kiln::Engine::deserialize(bytes.get(), file.size(), d);
+  } catch (const kiln::Error& e) {
+    rethrow_naming(e, "engine file", o.file);
+  }
+  std::printf("engine: %s (%zu bytes, Kiln %s, %s device '%s')\n", o.file.c_str(), file.size(),
+              header.kiln_version.c_str(), header.backend.c_str(), header.device_name.c_str());
+  print_engine(*engine, o.info);
+  if (o.info) print_plan(*engine);
+  return {kiln::Bundle::of_engine(std::move(engine)), "engine"};
+}
+
+int run(const Options& o) {
+  if (o.threads > 0) setenv("KILN_NUM_THREADS", std::to_string(o.threads).c_str(), 1);
+  const Program loaded = load(o);
+  if (o.info) return 0;
+  const std::shared_ptr<kiln::Bundle>& program = loaded.bundle;
+  const kiln::Device device = program->device();
+
+  // Host inputs: given files (checked against the program) or random.
   std::vector<kiln::Bytes> host_in;
-  const auto& want = engine->inputs();
+  const auto& want = program->inputs();
   if (!o.inputs.empty()) {
-    KILN_CHECK(o.inputs.size() == want.size(), kInvalidArgument, "the engine takes ", want.size(),
+    KILN_CHECK(o.inputs.size() == want.size(), kInvalidArgument, "the ", loaded.kind, " takes ", want.size(),
                " inputs, --inputs gives ", o.inputs.size(), " files");
     for (size_t i = 0; i < want.size(); ++i) {
       kiln::npy::Array a = kiln::npy::read_file(o.inputs[i]);
       kiln::TensorType got(a.dtype, a.shape);
-      KILN_CHECK(a.dtype == want[i].type.dtype && a.shape == want[i].type.shape(), kInvalidArgument, "input ", i,
-                 " '", want[i].name, "' must be ", want[i].type.to_string(), ", '", o.inputs[i], "' holds ",
-                 got.to_string());
+      KILN_CHECK(a.dtype == want[i].type.dtype && a.shape == want[i].type.shape(), kInvalidArgument, "input ", i, " '",
+                 want[i].name, "' must be ", want[i].type.to_string(), ", '", o.inputs[i], "' holds ", got.to_string());
       host_in.push_back(std::move(a.data));
     }
   } else {
@@ -198,13 +283,13 @@ int run(const Options& o) {
     be.copy_from_host(dev_in.back().get(), host_in[i].data(), host_in[i].size(), nullptr);
     in_ptrs.push_back(dev_in.back().get());
   }
-  for (const auto& out : engine->outputs()) {
+  for (const auto& out : program->outputs()) {
     dev_out.push_back(be.allocate(out.type.nbytes()));
     out_ptrs.push_back(dev_out.back().get());
   }
   be.synchronize(nullptr);
 
-  auto ctx = engine->create_execution_context();
+  auto ctx = program->create_context();
   auto once = [&] {
     ctx->execute(in_ptrs, out_ptrs, nullptr);
     be.synchronize(nullptr);
@@ -237,13 +322,14 @@ int run(const Options& o) {
     std::error_code ec;
     std::filesystem::create_directories(o.outputs, ec);
     KILN_CHECK(!ec, kIo, "cannot create output directory '", o.outputs, "': ", ec.message());
-    for (size_t i = 0; i < engine->outputs().size(); ++i) {
-      const auto& out = engine->outputs()[i];
+    for (size_t i = 0; i < program->outputs().size(); ++i) {
+      const auto& out = program->outputs()[i];
       kiln::Bytes host(out.type.nbytes());
       be.copy_to_host(host.data(), dev_out[i].get(), host.size(), nullptr);
       be.synchronize(nullptr);
-      std::string path = (std::filesystem::path(o.outputs) / ("out" + std::to_string(i) + "_" + file_safe(out.name) +
-                                                              ".npy")).string();
+      std::string path =
+          (std::filesystem::path(o.outputs) / ("out" + std::to_string(i) + "_" + file_safe(out.name) + ".npy"))
+              .string();
       kiln::npy::write_file(path, out.type.dtype, out.type.shape(), host.data(), host.size());
       std::printf("wrote %s\n", path.c_str());
     }

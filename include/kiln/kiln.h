@@ -3,6 +3,7 @@
 
 #include "kiln/backend.h"
 #include "kiln/builder.h"
+#include "kiln/bundle.h"
 #include "kiln/dtype.h"
 #include "kiln/engine.h"
 #include "kiln/errors.h"

@@ -17,6 +17,8 @@
 //
 // unary (x) -> same shape/dtype. gelu: approximate: "none" | "tanh". clamp: min, max (float,
 //   each optional). leaky_relu: negative_slope (float). logical_not: bool -> bool.
+//   sign: -1, 0 or 1 (+0 for NaN and for -0), floating or integer. floor, ceil, round (half to
+//   even), trunc: floating only (importers pass integer tensors through unchanged).
 // binary (a, b) -> numpy broadcasting; a and b have one dtype (importers cast). eq..ge,
 //   logical_*: -> bool. div on integers truncates toward zero. pow: float only.
 // where (cond: bool, a, b) -> broadcast of the three; dtype of a.
@@ -70,75 +72,80 @@ enum class OpFamily : uint8_t {
 };
 
 // X(enum, name, family, min_inputs, max_inputs)
-#define KILN_OP_LIST(X)                                   \
-  X(kRelu, "relu", kUnary, 1, 1)                          \
-  X(kGelu, "gelu", kUnary, 1, 1)                          \
-  X(kSilu, "silu", kUnary, 1, 1)                          \
-  X(kSigmoid, "sigmoid", kUnary, 1, 1)                    \
-  X(kTanh, "tanh", kUnary, 1, 1)                          \
-  X(kExp, "exp", kUnary, 1, 1)                            \
-  X(kLog, "log", kUnary, 1, 1)                            \
-  X(kSqrt, "sqrt", kUnary, 1, 1)                          \
-  X(kRsqrt, "rsqrt", kUnary, 1, 1)                        \
-  X(kNeg, "neg", kUnary, 1, 1)                            \
-  X(kAbs, "abs", kUnary, 1, 1)                            \
-  X(kErf, "erf", kUnary, 1, 1)                            \
-  X(kHardswish, "hardswish", kUnary, 1, 1)                \
-  X(kHardsigmoid, "hardsigmoid", kUnary, 1, 1)            \
-  X(kReciprocal, "reciprocal", kUnary, 1, 1)              \
-  X(kSin, "sin", kUnary, 1, 1)                            \
-  X(kCos, "cos", kUnary, 1, 1)                            \
-  X(kLogicalNot, "logical_not", kUnary, 1, 1)             \
-  X(kClamp, "clamp", kUnary, 1, 1)                        \
-  X(kLeakyRelu, "leaky_relu", kUnary, 1, 1)               \
-  X(kAdd, "add", kBinary, 2, 2)                           \
-  X(kSub, "sub", kBinary, 2, 2)                           \
-  X(kMul, "mul", kBinary, 2, 2)                           \
-  X(kDiv, "div", kBinary, 2, 2)                           \
-  X(kPow, "pow", kBinary, 2, 2)                           \
-  X(kMaximum, "maximum", kBinary, 2, 2)                   \
-  X(kMinimum, "minimum", kBinary, 2, 2)                   \
-  X(kEq, "eq", kBinary, 2, 2)                             \
-  X(kNe, "ne", kBinary, 2, 2)                             \
-  X(kLt, "lt", kBinary, 2, 2)                             \
-  X(kLe, "le", kBinary, 2, 2)                             \
-  X(kGt, "gt", kBinary, 2, 2)                             \
-  X(kGe, "ge", kBinary, 2, 2)                             \
-  X(kLogicalAnd, "logical_and", kBinary, 2, 2)            \
-  X(kLogicalOr, "logical_or", kBinary, 2, 2)              \
-  X(kWhere, "where", kWhere, 3, 3)                        \
-  X(kCast, "cast", kCast, 1, 1)                           \
-  X(kReduceSum, "reduce_sum", kReduce, 1, 1)              \
-  X(kReduceMean, "reduce_mean", kReduce, 1, 1)            \
-  X(kReduceMax, "reduce_max", kReduce, 1, 1)              \
-  X(kReduceMin, "reduce_min", kReduce, 1, 1)              \
-  X(kReduceVar, "reduce_var", kReduce, 1, 1)              \
-  X(kArgmax, "argmax", kReduce, 1, 1)                     \
-  X(kSoftmax, "softmax", kSoftmax, 1, 1)                  \
-  X(kLogSoftmax, "log_softmax", kSoftmax, 1, 1)           \
-  X(kBatchNorm, "batch_norm", kNorm, 3, 5)                \
-  X(kLayerNorm, "layer_norm", kNorm, 1, 3)                \
-  X(kGroupNorm, "group_norm", kNorm, 1, 3)                \
-  X(kMatmul, "matmul", kMatmul, 2, 2)                     \
-  X(kLinear, "linear", kMatmul, 2, 4)                     \
-  X(kConv, "conv", kConv, 2, 4)                           \
-  X(kConvTranspose, "conv_transpose", kConv, 2, 3)        \
-  X(kMaxPool, "max_pool", kPool, 1, 1)                    \
-  X(kAvgPool, "avg_pool", kPool, 1, 1)                    \
-  X(kAdaptiveAvgPool, "adaptive_avg_pool", kPool, 1, 1)   \
-  X(kReshape, "reshape", kShape, 1, 1)                    \
-  X(kPermute, "permute", kShape, 1, 1)                    \
-  X(kExpand, "expand", kShape, 1, 1)                      \
-  X(kSlice, "slice", kShape, 1, 1)                        \
-  X(kConcat, "concat", kShape, 1, -1)                     \
-  X(kSplit, "split", kShape, 1, 1)                        \
-  X(kPad, "pad", kShape, 1, 1)                            \
-  X(kCopy, "copy", kShape, 1, 1)                          \
-  X(kGather, "gather", kGather, 2, 2)                     \
-  X(kIndexSelect, "index_select", kGather, 2, 2)          \
-  X(kSdpa, "sdpa", kAttention, 3, 4)                      \
-  X(kArange, "arange", kGenerator, 0, 0)                  \
-  X(kFull, "full", kGenerator, 0, 0)                      \
+#define KILN_OP_LIST(X)                                 \
+  X(kRelu, "relu", kUnary, 1, 1)                        \
+  X(kGelu, "gelu", kUnary, 1, 1)                        \
+  X(kSilu, "silu", kUnary, 1, 1)                        \
+  X(kSigmoid, "sigmoid", kUnary, 1, 1)                  \
+  X(kTanh, "tanh", kUnary, 1, 1)                        \
+  X(kExp, "exp", kUnary, 1, 1)                          \
+  X(kLog, "log", kUnary, 1, 1)                          \
+  X(kSqrt, "sqrt", kUnary, 1, 1)                        \
+  X(kRsqrt, "rsqrt", kUnary, 1, 1)                      \
+  X(kNeg, "neg", kUnary, 1, 1)                          \
+  X(kAbs, "abs", kUnary, 1, 1)                          \
+  X(kErf, "erf", kUnary, 1, 1)                          \
+  X(kHardswish, "hardswish", kUnary, 1, 1)              \
+  X(kHardsigmoid, "hardsigmoid", kUnary, 1, 1)          \
+  X(kReciprocal, "reciprocal", kUnary, 1, 1)            \
+  X(kSin, "sin", kUnary, 1, 1)                          \
+  X(kCos, "cos", kUnary, 1, 1)                          \
+  X(kLogicalNot, "logical_not", kUnary, 1, 1)           \
+  X(kClamp, "clamp", kUnary, 1, 1)                      \
+  X(kLeakyRelu, "leaky_relu", kUnary, 1, 1)             \
+  X(kSign, "sign", kUnary, 1, 1)                        \
+  X(kFloor, "floor", kUnary, 1, 1)                      \
+  X(kCeil, "ceil", kUnary, 1, 1)                        \
+  X(kRound, "round", kUnary, 1, 1)                      \
+  X(kTrunc, "trunc", kUnary, 1, 1)                      \
+  X(kAdd, "add", kBinary, 2, 2)                         \
+  X(kSub, "sub", kBinary, 2, 2)                         \
+  X(kMul, "mul", kBinary, 2, 2)                         \
+  X(kDiv, "div", kBinary, 2, 2)                         \
+  X(kPow, "pow", kBinary, 2, 2)                         \
+  X(kMaximum, "maximum", kBinary, 2, 2)                 \
+  X(kMinimum, "minimum", kBinary, 2, 2)                 \
+  X(kEq, "eq", kBinary, 2, 2)                           \
+  X(kNe, "ne", kBinary, 2, 2)                           \
+  X(kLt, "lt", kBinary, 2, 2)                           \
+  X(kLe, "le", kBinary, 2, 2)                           \
+  X(kGt, "gt", kBinary, 2, 2)                           \
+  X(kGe, "ge", kBinary, 2, 2)                           \
+  X(kLogicalAnd, "logical_and", kBinary, 2, 2)          \
+  X(kLogicalOr, "logical_or", kBinary, 2, 2)            \
+  X(kWhere, "where", kWhere, 3, 3)                      \
+  X(kCast, "cast", kCast, 1, 1)                         \
+  X(kReduceSum, "reduce_sum", kReduce, 1, 1)            \
+  X(kReduceMean, "reduce_mean", kReduce, 1, 1)          \
+  X(kReduceMax, "reduce_max", kReduce, 1, 1)            \
+  X(kReduceMin, "reduce_min", kReduce, 1, 1)            \
+  X(kReduceVar, "reduce_var", kReduce, 1, 1)            \
+  X(kArgmax, "argmax", kReduce, 1, 1)                   \
+  X(kSoftmax, "softmax", kSoftmax, 1, 1)                \
+  X(kLogSoftmax, "log_softmax", kSoftmax, 1, 1)         \
+  X(kBatchNorm, "batch_norm", kNorm, 3, 5)              \
+  X(kLayerNorm, "layer_norm", kNorm, 1, 3)              \
+  X(kGroupNorm, "group_norm", kNorm, 1, 3)              \
+  X(kMatmul, "matmul", kMatmul, 2, 2)                   \
+  X(kLinear, "linear", kMatmul, 2, 4)                   \
+  X(kConv, "conv", kConv, 2, 4)                         \
+  X(kConvTranspose, "conv_transpose", kConv, 2, 3)      \
+  X(kMaxPool, "max_pool", kPool, 1, 1)                  \
+  X(kAvgPool, "avg_pool", kPool, 1, 1)                  \
+  X(kAdaptiveAvgPool, "adaptive_avg_pool", kPool, 1, 1) \
+  X(kReshape, "reshape", kShape, 1, 1)                  \
+  X(kPermute, "permute", kShape, 1, 1)                  \
+  X(kExpand, "expand", kShape, 1, 1)                    \
+  X(kSlice, "slice", kShape, 1, 1)                      \
+  X(kConcat, "concat", kShape, 1, -1)                   \
+  X(kSplit, "split", kShape, 1, 1)                      \
+  X(kPad, "pad", kShape, 1, 1)                          \
+  X(kCopy, "copy", kShape, 1, 1)                        \
+  X(kGather, "gather", kGather, 2, 2)                   \
+  X(kIndexSelect, "index_select", kGather, 2, 2)        \
+  X(kSdpa, "sdpa", kAttention, 3, 4)                    \
+  X(kArange, "arange", kGenerator, 0, 0)                \
+  X(kFull, "full", kGenerator, 0, 0)                    \
   X(kFusedPointwise, "fused_pointwise", kFused, 1, -1)
 
 enum class OpKind : uint16_t {

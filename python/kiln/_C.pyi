@@ -908,6 +908,65 @@ def import_aten(graph: ImportGraph) -> Graph:
 def supported_aten_targets() -> list[str]:
     """Every ATen overload with an importer, sorted."""
 
+def write_bundle(engines: Sequence[bytes | bytearray | memoryview | numpy.ndarray], inputs: Sequence[tuple[str, DType, Sequence[int]]], steps: Sequence[tuple[str, int, Sequence[tuple[int, int]]]], outputs: Sequence[tuple[str, tuple[int, int], DType, Sequence[int]]]) -> bytes:
+    """
+    The bytes of a Kiln bundle: engine files, the program's inputs (name, dtype, shape), its steps (name, engine index, arguments) and outputs (name, value, dtype, shape). A value is (-1, i): program input i, or (s, k): output k of step s. Raises InvalidArgumentError naming what does not fit the engines.
+    """
+
+class Bundle:
+    """A Kiln bundle: engines and the glue that calls them (kiln/bundle.h)."""
+
+    @staticmethod
+    def load(path: str | os.PathLike, device: str | None = None) -> Bundle:
+        """
+        Loads a bundle file on `device` (None: the device kind its engines were built for, device 0); raises an EngineFileError subclass naming the problem.
+        """
+
+    @staticmethod
+    def deserialize(data: bytes | bytearray | memoryview, device: str | None = None) -> Bundle: ...
+
+    @property
+    def inputs(self) -> list[IOTensor]: ...
+
+    @property
+    def outputs(self) -> list[IOTensor]: ...
+
+    @property
+    def engines(self) -> list[Engine]: ...
+
+    @property
+    def device(self) -> str: ...
+
+    @property
+    def kiln_version(self) -> str: ...
+
+    @property
+    def steps(self) -> list[tuple[str, int, list[tuple[int, int]]]]:
+        """
+        Each engine call: (name, engine index, arguments as (-1, input) or (step, output)).
+        """
+
+    def create_context(self, use_graphs: bool = True) -> BundleContext:
+        """
+        A context with its own buffers; use_graphs replays captured CUDA graphs per engine call.
+        """
+
+    def run(self, inputs: Sequence[numpy.ndarray]) -> list[numpy.ndarray]:
+        """
+        Runs on CPU arrays in the bundle's input order (a context made for the call); returns numpy arrays.
+        """
+
+class BundleContext:
+    """Runs a bundle; one call at a time per context."""
+
+    def run(self, inputs: Sequence[numpy.ndarray]) -> list[numpy.ndarray]:
+        """Runs on CPU arrays in the bundle's input order; returns numpy arrays."""
+
+    def execute_ptrs(self, input_ptrs: Sequence[int], output_ptrs: Sequence[int], stream: int | None = 0) -> None:
+        """
+        Runs on raw addresses of dense buffers on the bundle's device, in its input/output order.
+        """
+
 def checksum64(address: int, nbytes: int) -> int:
     """
     The engine file checksum (checksum64) of `nbytes` bytes at a host address: a fast fingerprint.

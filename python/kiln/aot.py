@@ -29,9 +29,10 @@ from kiln._logging import debug_logging, get_logger
 from kiln.archive import check_archive, engine_blobs
 from kiln.archive import check_engines as check_engines_of
 from kiln.control_flow import export_form
-from kiln.lowering import lower_exported_program, lower_module
+from kiln.lowering import export_module, lower_exported_program
 from kiln.outputs import OutputTemplate, output_hint, unregistered_output
 from kiln.pipeline import CompileSummary, compile_lowered, device_of, graph_runner, supported_targets, unflattener
+from kiln.program_cache import ProgramCache
 from kiln.refit import WeightWatch, follow_weights
 from kiln.runtime import KilnEngineModule, warm_up
 from kiln.settings import CompilationSettings, settings_from_options
@@ -158,26 +159,45 @@ def compile(module: torch.nn.Module | torch.export.ExportedProgram, arg_inputs: 
                 warm_up(device_of(settings, list(arg_inputs)))
             except ValueError:
                 pass  # inputs on several devices: reported below, after lowering
+        template: OutputTemplate | None = None
         if isinstance(module, torch.export.ExportedProgram):
-            lowered = lower_exported_program(module, keep, fold_weights=settings.immutable_weights)
+            ep = module
         else:
             if arg_inputs is None:
                 raise ValueError("kiln.compile needs arg_inputs (example inputs) to trace a module")
-            lowered = lower_module(module, list(arg_inputs), kwarg_inputs, keep,
-                                     fold_weights=settings.immutable_weights)
+            ep, template = export_module(module, list(arg_inputs), kwarg_inputs)
+        graph_name = type(module).__name__
+        # A program cache hit (kiln/program_cache.py) skips lowering, partitioning and building;
+        # a program whose output Kiln flattens itself (kiln/outputs.py) is not cached.
+        programs = ProgramCache.for_exported_program(ep, keep, settings, graph_name) if template is None else None
+        hit = programs.load({**ep.constants, **ep.state_dict}) if programs is not None else None
+        if hit is not None:
+            return KilnModule(hit.gm, ep.call_spec.in_spec, ep.call_spec.out_spec, settings.immutable_weights)
+        lowered = lower_exported_program(ep, keep, fold_weights=settings.immutable_weights)
         examples = [n.meta.get("val") for n in lowered.gm.graph.nodes if n.op == "placeholder"]
         device = device_of(settings, examples)
-        gm = compile_lowered(lowered, settings, device, graph_name=type(module).__name__)
-    return KilnModule(gm, lowered.in_spec, lowered.out_spec, settings.immutable_weights, lowered.out_template)
+        gm = programs.compile(lowered, device) if programs is not None else \
+            compile_lowered(lowered, settings, device, graph_name=graph_name)
+    return KilnModule(gm, lowered.in_spec, lowered.out_spec, settings.immutable_weights, template)
 
 
 def _engine_modules(module: torch.nn.Module) -> list[KilnEngineModule]:
     return [m for m in module.modules() if isinstance(m, KilnEngineModule)]
 
 
+_OUTPUT_FORMATS = ("exported_program", "kiln_bundle")
+
+
 def save(module: torch.nn.Module, path: str | os.PathLike[str], arg_inputs: Sequence[Any],
-         kwarg_inputs: dict[str, Any] | None = None) -> torch.export.ExportedProgram:
-    """Exports a compiled module (engines as kiln::execute_engine calls) and saves it."""
+         kwarg_inputs: dict[str, Any] | None = None, *,
+         output_format: str = "exported_program") -> torch.export.ExportedProgram:
+    """Exports a compiled module (engines as kiln::execute_engine calls) and saves it: as a
+    torch.export program read by kiln.load (``output_format="exported_program"``), or as a Kiln
+    bundle that kiln-run and the C++ runtime run without Python (``"kiln_bundle"``, kiln/bundle.py:
+    raises kiln.UnsupportedError naming any op left to PyTorch)."""
+    if output_format not in _OUTPUT_FORMATS:
+        raise ValueError(f"kiln.save: unknown output_format {output_format!r}; expected one of "
+                         f"{', '.join(repr(f) for f in _OUTPUT_FORMATS)}")
     for m in module.modules():
         if isinstance(m, KilnModule):
             m.follow_weights()  # the engines saved hold the model's current weights
@@ -207,6 +227,9 @@ def save(module: torch.nn.Module, path: str | os.PathLike[str], arg_inputs: Sequ
             m._use_graph(gm)
         for e in engines:
             e.set_exporting(False)
+    if output_format == "kiln_bundle":
+        from kiln.bundle import write_bundle  # kiln.bundle calls save for a module
+        return write_bundle(ep, path)
     with open(os.fspath(path), "wb") as f:  # a file object: torch warns about a path not ending in .pt2
         torch.export.save(ep, f)
     return ep

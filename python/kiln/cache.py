@@ -6,6 +6,11 @@ shared storage, and hand an instance to Kiln with :func:`set_engine_cache` (or t
 ``custom_engine_cache`` setting where it exists). :class:`DiskEngineCache` is the default: one
 file per entry in a directory, with a byte budget, each entry authenticated (kiln/cache_auth.py).
 
+A store may also keep compiled programs (kiln/program_cache.py: the partitioned graph of a
+compilation, naming its engines by their keys) with ``read_program`` / ``put_program``; the base
+class keeps none. :class:`DiskEngineCache` keeps them as ``<key>.prog`` files beside the engines,
+tagged like them (under the name ``program:<key>``, so neither kind of entry verifies as the other).
+
 Entry lifecycle in a DiskEngineCache::
 
     absent --put--> engine + tag written to a temp file --os.replace--> present (use time = now)
@@ -118,6 +123,17 @@ class EngineCache(abc.ABC):
         data = self.get(key)
         return None if data is None else EntryBytes(data, False, f"{self!r} entry {key}")
 
+    def read_program(self, key: str) -> EntryBytes | None:
+        """A cached program's bytes (kiln/program_cache.py), or None; raises UnusableEntry for an
+        entry that is present but must not be used. The default store keeps no programs."""
+        return None
+
+    def put_program(self, key: str, data: bytes) -> None:  # noqa: B027 (optional: the default keeps none)
+        """Stores a compiled program under ``key``; stores that keep none ignore it."""
+
+    def remove_program(self, key: str) -> None:  # noqa: B027 (optional)
+        """Drops a program entry (a damaged one is removed through this)."""
+
 
 class CacheEntry(NamedTuple):
     key: str
@@ -133,6 +149,7 @@ class DiskEngineCache(EngineCache):
     nothing is stored."""
 
     SUFFIX = ".kiln"
+    PROGRAM_SUFFIX = ".prog"
 
     def __init__(self, directory: str | os.PathLike[str] | None = None, size_bytes: int = 5 << 30,
                  key_path: str | os.PathLike[str] | None = None) -> None:
@@ -153,14 +170,20 @@ class DiskEngineCache(EngineCache):
     def read_entry(self, key: str) -> EntryBytes | None:
         """The entry's engine bytes, read once into memory and returned only when its tag
         verifies; None when absent or when this cache has no usable key."""
-        path = self._path(key)
+        return self._read_sealed(self._path(key), key)
+
+    def read_program(self, key: str) -> EntryBytes | None:
+        """A program entry's bytes, verified like an engine's (its tag names ``program:<key>``)."""
+        return self._read_sealed(self._path(key, self.PROGRAM_SUFFIX), f"program:{key}")
+
+    def _read_sealed(self, path: Path, name: str) -> EntryBytes | None:
         if not os.path.lexists(path):
             return None
         secret = self._secret()
         if secret is None:
             return None
         try:
-            data = read_sealed(path, key, secret, self.size_bytes + TRAILER_SIZE)
+            data = read_sealed(path, name, secret, self.size_bytes + TRAILER_SIZE)
         except FileNotFoundError:
             return None  # removed by another process in between
         self._touch(path)
@@ -178,14 +201,20 @@ class DiskEngineCache(EngineCache):
         return None if entry is None else entry.data
 
     def put(self, key: str, data: bytes) -> None:
-        path = self._path(key)
+        self._put_sealed(self._path(key), key, data)
+
+    def put_program(self, key: str, data: bytes) -> None:
+        self._put_sealed(self._path(key, self.PROGRAM_SUFFIX), f"program:{key}", data)
+
+    def _put_sealed(self, path: Path, name: str, data: bytes) -> None:
+        """Writes ``data`` and its tag (over ``name``) to a temporary file renamed to ``path``."""
         if len(data) > self.size_bytes:
             log.info("engine cache: %s (%d bytes) exceeds the budget of %d bytes; not stored",
-                     key, len(data), self.size_bytes)
+                     name, len(data), self.size_bytes)
             return
         secret = self._secret()
         if secret is None:
-            raise KeyProblem(f"no usable key for the engine cache in {self.directory}; {key} not stored")
+            raise KeyProblem(f"no usable key for the engine cache in {self.directory}; {name} not stored")
         view = memoryview(data).cast("B")
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = self.directory / f".tmp-{os.getpid()}-{uuid.uuid4().hex}"
@@ -194,7 +223,7 @@ class DiskEngineCache(EngineCache):
             with os.fdopen(fd, "wb") as f, TagHasher(len(view)) as hasher:
                 hasher.feed_all(view)  # hashed on worker threads while the file is written
                 f.write(view)
-                f.write(TAG_MAGIC + hasher.tag(secret, key))
+                f.write(TAG_MAGIC + hasher.tag(secret, name))
             os.replace(tmp, path)
         finally:
             with contextlib.suppress(FileNotFoundError):
@@ -203,7 +232,12 @@ class DiskEngineCache(EngineCache):
         self.evict()
 
     def remove(self, key: str) -> None:
-        path = self._path(key)
+        self._unlink(self._path(key))
+
+    def remove_program(self, key: str) -> None:
+        self._unlink(self._path(key, self.PROGRAM_SUFFIX))
+
+    def _unlink(self, path: Path) -> None:
         try:
             path.unlink()
         except FileNotFoundError:
@@ -213,54 +247,65 @@ class DiskEngineCache(EngineCache):
 
     # -- inspection and maintenance --
     def entries(self) -> list[CacheEntry]:
-        """Every entry, least recently used first."""
-        found: list[CacheEntry] = []
+        """Every engine entry, least recently used first."""
+        return [e for e, suffix in self._scan() if suffix == self.SUFFIX]
+
+    def program_entries(self) -> list[CacheEntry]:
+        """Every program entry, least recently used first."""
+        return [e for e, suffix in self._scan() if suffix == self.PROGRAM_SUFFIX]
+
+    def _scan(self) -> list[tuple[CacheEntry, str]]:
+        """Engine and program entries with their suffixes, least recently used first."""
+        found: list[tuple[CacheEntry, str]] = []
         try:
             names = os.listdir(self.directory)
         except FileNotFoundError:
             return []
         for name in names:
-            if not name.endswith(self.SUFFIX) or name.startswith("."):
+            suffix = next((s for s in (self.SUFFIX, self.PROGRAM_SUFFIX) if name.endswith(s)), None)
+            if suffix is None or name.startswith("."):
                 continue
             try:
                 st = os.stat(self.directory / name)
             except FileNotFoundError:
                 continue  # removed by another process meanwhile
-            size = max(0, st.st_size - TRAILER_SIZE)  # the engine's bytes, without its tag
-            found.append(CacheEntry(name[: -len(self.SUFFIX)], size, st.st_mtime_ns))
-        return sorted(found, key=lambda e: (e.used_ns, e.key))
+            size = max(0, st.st_size - TRAILER_SIZE)  # the entry's bytes, without its tag
+            found.append((CacheEntry(name[: -len(suffix)], size, st.st_mtime_ns), suffix))
+        return sorted(found, key=lambda f: (f[0].used_ns, f[0].key, f[1]))
 
     def total_bytes(self) -> int:
-        return sum(e.size for e in self.entries())
+        """The bytes the budget counts: every engine and program entry, without their tags."""
+        return sum(e.size for e, _ in self._scan())
 
     def evict(self) -> list[str]:
-        """Removes least recently used entries until the budget holds; returns their keys."""
+        """Removes least recently used entries (engines and programs) until the budget holds;
+        returns their keys."""
         evicted: list[str] = []
         with self._locked() as held:
             if not held:
                 return evicted
-            entries = self.entries()
-            total = sum(e.size for e in entries)
-            for entry in entries:
+            entries = self._scan()
+            total = sum(e.size for e, _ in entries)
+            for entry, suffix in entries:
                 if total <= self.size_bytes:
                     break
-                self.remove(entry.key)
+                self._unlink(self._path(entry.key, suffix))
                 total -= entry.size
                 evicted.append(entry.key)
-                log.info("engine cache: evicted %s (%d bytes, least recently used)", entry.key, entry.size)
+                log.info("engine cache: evicted %s%s (%d bytes, least recently used)", entry.key, suffix, entry.size)
             self._remove_stale_temps()
         return evicted
 
     def clear(self) -> None:
         with self._locked():
-            for entry in self.entries():
-                self.remove(entry.key)
+            for entry, suffix in self._scan():
+                self._unlink(self._path(entry.key, suffix))
 
     # -- helpers --
-    def _path(self, key: str) -> Path:
+    def _path(self, key: str, suffix: str = SUFFIX) -> Path:
         if not isinstance(key, str) or not _KEY.match(key):
             raise ValueError(f"engine cache key {key!r} must be 1-128 letters, digits, '_' or '-'")
-        return self.directory / f"{key}{self.SUFFIX}"
+        return self.directory / f"{key}{suffix}"
 
     def _now_ns(self) -> int:
         # Strictly increasing within a process: two uses in one clock tick still order.

@@ -23,21 +23,29 @@ per weight its name, dtype and shape, and checksums of the bytes, computed where
 live); when the entry is authenticated and the block's weights have the same fingerprint (the
 same model in a new process) the refit would change nothing and is skipped. An unauthenticated
 entry (a custom store's) is always refitted: its label could be forged. The fingerprint is
-computed on a worker thread while the engine is deserialized (which releases the GIL). An entry
+computed on a worker thread while the entry is read and the engine deserialized (both release
+the GIL); for a store that only hands out unauthenticated entries, once the entry is read. An entry
 that cannot be read, verified, deserialized, checked or refitted is removed and counts as a
 miss; the compilation then builds.
 Nothing here raises into a compilation because of the cache: failures are logged.
+
+A program cache hit (kiln/program_cache.py) knows its engines' keys without a description:
+:meth:`CachedBuild.for_key` loads one from its key and the weights' names, dtypes and shapes.
+While a :func:`recording` is active (the program cache compiling a graph), every engine loaded
+from or stored into the cache is noted with its key, and the counters of that compilation are
+kept apart, so that the program can name its engines and knows when a block failed to build.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import hashlib
 import platform
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -48,7 +56,8 @@ from kiln.cache import EngineCache, UnusableEntry, engine_cache_for, log
 from kiln.settings import CompilationSettings
 from kiln.translate import BlockDescription, canonical_description
 
-__all__ = ["CachedBuild", "engine_cache_key", "cache_stats", "reset_cache_stats", "count"]
+__all__ = ["CachedBuild", "EngineRecord", "WeightSpec", "engine_cache_key", "cache_stats", "reset_cache_stats",
+           "count", "recording"]
 
 _KEY_FORMAT = "kiln-engine-cache-2"  # 2: the build policy is in the settings, no environment
 # Settings that change which blocks exist (already in the description), where engines are
@@ -65,17 +74,72 @@ _NOT_BUILD_SETTINGS = frozenset({
 
 _stats: dict[str, int] = {}
 _stats_lock = threading.Lock()
-_STAT_NAMES = ("builds", "hits", "misses", "stored", "refits", "refits_skipped", "rejected")
+_STAT_NAMES = ("builds", "build_failures", "hits", "misses", "stored", "refits", "refits_skipped", "rejected",
+               "lowerings", "program_hits", "program_misses", "programs_stored", "programs_rejected")
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightSpec:
+    """A model weight an engine takes: its name, the dtype the engine takes it in, the dtype the
+    model holds it in (float64 with truncate_double) and its shape."""
+
+    name: str
+    dtype: torch.dtype
+    source_dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+@dataclasses.dataclass
+class EngineRecord:
+    """An engine that is in the cache, as a recording saw it: the engine object, its key and weights."""
+
+    engine: Any
+    key: str
+    weights: list[WeightSpec]
+
+
+@dataclasses.dataclass
+class _Recording:
+    engines: list[EngineRecord] = dataclasses.field(default_factory=list)
+    counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    unusable: frozenset[str] = frozenset()  # keys already found missing or unusable: misses without a look
+
+
+_recording: contextvars.ContextVar[_Recording | None] = contextvars.ContextVar("kiln_cache_recording", default=None)
+
+
+@contextlib.contextmanager
+def recording(unusable: frozenset[str] = frozenset()) -> Iterator[_Recording]:
+    """Notes, in this context, every engine loaded from or stored into the cache (``engines``)
+    and the counters (``counts``) of what happens meanwhile. Lookups of the keys ``unusable``
+    (found missing or unusable a moment ago) are misses without reading the store again."""
+    rec = _Recording(unusable=unusable)
+    token = _recording.set(rec)
+    try:
+        yield rec
+    finally:
+        _recording.reset(token)
 
 
 def count(name: str, n: int = 1) -> None:
     with _stats_lock:
         _stats[name] = _stats.get(name, 0) + n
+    rec = _recording.get()
+    if rec is not None:
+        rec.counts[name] = rec.counts.get(name, 0) + n
+
+
+def _record(engine: Any, key: str, weights: list[WeightSpec]) -> None:
+    rec = _recording.get()
+    if rec is not None:
+        rec.engines.append(EngineRecord(engine, key, weights))
 
 
 def cache_stats() -> dict[str, int]:
-    """Process-wide counters: engines built, cache hits / misses / stores, refits on a hit, and
-    entries rejected as damaged or foreign."""
+    """Process-wide counters: engines built (and blocks whose build failed), cache hits / misses /
+    stores, refits on a hit, entries rejected as damaged or foreign; and for the program cache
+    (kiln/program_cache.py) the graphs lowered by compilations that use it, its hits, misses,
+    stores and rejected entries."""
     with _stats_lock:
         return {name: _stats.get(name, 0) for name in _STAT_NAMES}
 
@@ -125,10 +189,9 @@ def engine_cache_key(description: BlockDescription | Any, settings: CompilationS
     return h.hexdigest()
 
 
-def _weights_of(description: BlockDescription) -> dict[str, torch.Tensor]:
-    """The block's current model weights by name (the refit's input): the model's own tensors,
-    converted only where the description truncates float64."""
-    return {c.name: c.source.detach().to(c.dtype) for c in description.constants if c.weight}
+def weight_specs(description: BlockDescription) -> list[WeightSpec]:
+    """The model weights of a block's description."""
+    return [WeightSpec(c.name, c.dtype, c.source.dtype, tuple(c.shape)) for c in description.constants if c.weight]
 
 
 def current_streams(weights: Mapping[str, torch.Tensor]) -> dict[str, Any]:
@@ -175,19 +238,35 @@ class CachedBuild:
     """One block's dealings with the cache: ``load`` on reuse, ``store`` after a build."""
 
     def __init__(self, description: BlockDescription, settings: CompilationSettings, device: str, name: str) -> None:
-        self.description = description
+        self._setup(engine_cache_for(settings), engine_cache_key(description, settings, device), device, name,
+                    weight_specs(description), {c.name: c.source for c in description.constants if c.weight})
+
+    @classmethod
+    def for_key(cls, store: EngineCache, key: str, device: str, name: str, specs: list[WeightSpec],
+                sources: Mapping[str, torch.Tensor]) -> CachedBuild:
+        """The engine cached under ``key`` whose weights ``specs`` are the tensors ``sources``
+        (by name, as the model holds them)."""
+        cached = cls.__new__(cls)
+        cached._setup(store, key, device, name, specs, sources)
+        return cached
+
+    def _setup(self, store: EngineCache, key: str, device: str, name: str, specs: list[WeightSpec],
+               sources: Mapping[str, torch.Tensor]) -> None:
         self.device = device
         self.name = name
-        self.store_: EngineCache = engine_cache_for(settings)
-        self.key = engine_cache_key(description, settings, device)
+        self.store_ = store
+        self.key = key
+        self.specs = specs
+        self._sources = sources
         self._weights: dict[str, torch.Tensor] | None = None
         self._fingerprint: str | None = None
         self._pending: Future[str] | None = None  # the fingerprint, being computed
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """The block's current model weights by name (computed once)."""
+        """The block's current model weights by name (the refit's input): the model's own tensors,
+        converted only where the description truncates float64 (computed once)."""
         if self._weights is None:
-            self._weights = _weights_of(self.description)
+            self._weights = {s.name: self._sources[s.name].detach().to(s.dtype) for s in self.specs}
         return self._weights
 
     def fingerprint(self) -> str:
@@ -225,6 +304,13 @@ class CachedBuild:
         happens to the file later changes nothing here); any failure to read, verify,
         deserialize or refit it is a logged miss."""
         start = time.perf_counter()
+        rec = _recording.get()
+        if rec is not None and self.key in rec.unusable:
+            count("misses")
+            log.info("engine cache miss for %s (key %s, unusable a moment ago)", self.name, self.key[:16])
+            return None
+        if type(self.store_).read_entry is not EngineCache.read_entry:
+            self._start_fingerprint()  # a store that may authenticate: the label is likely compared
         try:
             entry = self.store_.read_entry(self.key)
         except UnusableEntry as err:
@@ -254,6 +340,7 @@ class CachedBuild:
             count("misses")
             return None
         count("hits")
+        _record(module.engine, self.key, self.specs)
         log.info("engine cache hit for %s (key %s, %d bytes%s): read %.3f s, load %.3f s, refit %.3f s",
                  self.name, self.key[:16], len(entry.data), ", authenticated" if entry.authenticated else "",
                  read - start, loaded - read, time.perf_counter() - loaded)
@@ -303,4 +390,5 @@ class CachedBuild:
             log.warning("engine cache: could not store the engine of %s: %s", self.name, err)
             return
         count("stored")
+        _record(engine, self.key, self.specs)
         log.info("engine cache: stored %s (key %s, %d bytes)", self.name, self.key[:16], len(data))

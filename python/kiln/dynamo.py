@@ -44,6 +44,7 @@ import torch.fx as fx
 from kiln._logging import debug_logging, get_logger
 from kiln.lowering import lower_module
 from kiln.pipeline import LIVE_GRAPHS, compile_lowered, device_of, graph_runner, supported_targets, unflattener
+from kiln.program_cache import ProgramCache
 from kiln.refit import WeightWatch, follow_weights
 from kiln.settings import CompilationSettings, settings_from_options
 
@@ -221,20 +222,29 @@ class KilnDynamoGraph:
             wrapper.register_buffer(attr, t)
         inputs = [args[i] for i in self.input_idx]
         with debug_logging(self.settings.debug):
-            try:
-                lowered = lower_module(wrapper, inputs, None, supported_targets(), names=names,
-                                       fold_weights=self.settings.immutable_weights)
-            except Exception as err:  # noqa: BLE001 - any graph export cannot take runs eagerly
-                if self.settings.require_full_compilation:
-                    raise
-                warnings.warn(f"Kiln could not lower {self.name} ({type(err).__name__}: {err}); "
-                              "running it in eager PyTorch", RuntimeWarning, stacklevel=3)
-                return _Built(constants, None, self.gm.forward)
-            device = device_of(self.settings, inputs + list(constants))
-            compiled = compile_lowered(lowered, self.settings, device, self.name)
+            # A program cache hit (kiln/program_cache.py) skips lowering, partitioning and building.
+            programs = ProgramCache.for_dynamo_graph(self.gm, args, self.kinds, self.constant_names,
+                                                     supported_targets(), self.settings, self.name)
+            hit = programs.load({names[a]: t for a, t in wrapper_buffers.items()}) if programs is not None else None
+            if hit is not None:
+                compiled, out_spec = hit.gm, hit.out_spec
+            else:
+                try:
+                    lowered = lower_module(wrapper, inputs, None, supported_targets(), names=names,
+                                           fold_weights=self.settings.immutable_weights)
+                except Exception as err:  # noqa: BLE001 - any graph export cannot take runs eagerly
+                    if self.settings.require_full_compilation:
+                        raise
+                    warnings.warn(f"Kiln could not lower {self.name} ({type(err).__name__}: {err}); "
+                                  "running it in eager PyTorch", RuntimeWarning, stacklevel=3)
+                    return _Built(constants, None, self.gm.forward)
+                device = device_of(self.settings, inputs + list(constants))
+                compiled = programs.compile(lowered, device) if programs is not None else \
+                    compile_lowered(lowered, self.settings, device, self.name)
+                out_spec = lowered.out_spec
         if self.settings.builds_nothing:
             return _Built(constants, None, self.gm.forward)
-        unflatten, graph, pick = unflattener(lowered.out_spec), graph_runner(compiled), self.input_idx
+        unflatten, graph, pick = unflattener(out_spec), graph_runner(compiled), self.input_idx
         # The weights to follow: the model's own tensors as the frame passes them (the wrapper's
         # buffers are detached views: they share the version counter, not a `.data` swap), then
         # any weight the graph held itself.

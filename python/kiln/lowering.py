@@ -45,7 +45,7 @@ from kiln.outputs import OutputTemplate, export_flat, output_hint, unregistered_
 
 log = get_logger("lowering")
 
-__all__ = ["LoweredGraph", "lower_module", "lower_exported_program", "resolve_op",
+__all__ = ["LoweredGraph", "export_module", "lower_module", "lower_exported_program", "resolve_op",
            "decomposition_table", "cleanup", "attr_name", "fetch_attr"]
 
 _IDENTITY_OPS = ("aten.detach.default", "aten.alias.default", "aten.lift_fresh.default",
@@ -176,14 +176,22 @@ def lower_exported_program(ep: torch.export.ExportedProgram, keep: Iterable[str]
 def lower_module(module: torch.nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None = None,
                  keep: Iterable[str] = (), names: dict[str, str] | None = None,
                  fold_weights: bool = False) -> LoweredGraph:
-    """torch.export (non-strict) the module on example inputs, then lower the program.
+    """torch.export (non-strict) the module on example inputs, then lower the program."""
+    ep, template = export_module(module, args, kwargs)
+    lowered = lower_exported_program(ep, keep, names, fold_weights)
+    lowered.out_template = template
+    return lowered
+
+
+def export_module(module: torch.nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None = None
+                  ) -> tuple[torch.export.ExportedProgram, OutputTemplate | None]:
+    """torch.export (non-strict) of the module on example inputs, for inference.
 
     An output that torch.export cannot flatten (an object of a type that is not a registered
-    pytree) is flattened by Kiln instead (kiln.outputs); ``out_template`` then rebuilds it."""
-    template = None
+    pytree) is flattened by Kiln instead (kiln.outputs); the template returned then rebuilds it."""
     with torch.no_grad(), _inference_mode_off():
         try:
-            ep = torch.export.export(module, tuple(args), kwargs or {}, strict=False)
+            return torch.export.export(module, tuple(args), kwargs or {}, strict=False), None
         except RuntimeError as err:
             kind = unregistered_output(err)
             if kind is None:
@@ -191,13 +199,10 @@ def lower_module(module: torch.nn.Module, args: Sequence[Any], kwargs: dict[str,
             log.info("the module's output holds a %s, which is not a registered pytree: tracing again with "
                      "Kiln flattening the output", kind)
             try:
-                ep, template = export_flat(module, tuple(args), kwargs or {})
+                return export_flat(module, tuple(args), kwargs or {})
             except TypeError as why:
                 raise TypeError(f"kiln.compile: the module returns a {kind}, which torch.export cannot trace as an "
                                 f"output and Kiln cannot take apart: {why}; {output_hint(kind)}") from None
-    lowered = lower_exported_program(ep, keep, names, fold_weights)
-    lowered.out_template = template
-    return lowered
 
 
 @contextlib.contextmanager

@@ -125,6 +125,7 @@ def _build_block(gm: fx.GraphModule, block: Block, settings: CompilationSettings
         count("builds")
         _check_engine(engine, block, settings)
     except (_C.KilnError, EncodeError) as err:
+        count("build_failures")
         if settings.pass_through_build_failures or settings.require_full_compilation:
             raise
         ops = ", ".join(f"{k} x{v}" for k, v in block.histogram().most_common())

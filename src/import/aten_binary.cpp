@@ -1,6 +1,6 @@
 // Importers of binary pointwise overloads: arithmetic (add, sub, rsub, mul, div with rounding
-// modes, integer floor_divide / remainder / fmod, pow, maximum, minimum), comparisons, logical
-// and bitwise ops on bool, where and masked_fill.
+// modes (floor on integers only), integer floor_divide / remainder / fmod, pow, maximum,
+// minimum), comparisons, logical and bitwise ops on bool, where and masked_fill.
 //
 // Kiln's binary ops take one dtype, so operands are cast to a common dtype first. For
 // arithmetic that is the FX output's dtype (PyTorch's promotion already decided it); for
@@ -55,12 +55,14 @@ std::vector<ValueId> convert_rsub(ImportContext& cx) {
 
 std::string rounding_mode(const NodeArgs& args) { return args.get_string(kKwOnly, "rounding_mode", ""); }
 
+// Floating division rounds in trunc mode only: PyTorch's floor mode on floats is not floor(a / b)
+// (it corrects a / b by fmod), which Kiln has no op for.
 void check_div_mode(const NodeArgs& args) {
   const std::string mode = rounding_mode(args);
   if (mode.empty()) return;
   if (mode != "trunc" && mode != "floor") reject("div rounding_mode '", mode, "'");
-  if (!is_integral(args.out().dtype))
-    reject("div rounding_mode '", mode, "' on ", dtype_name(args.out().dtype), " (only integer division is supported)");
+  if (mode == "floor" && !is_integral(args.out().dtype))
+    reject("div rounding_mode 'floor' on ", dtype_name(args.out().dtype), " (only integer division is supported)");
 }
 
 // Integer division. Kiln's div truncates; floor division subtracts one where the remainder is
@@ -82,11 +84,20 @@ DivMod int_divmod(ImportContext& cx, ValueId a, ValueId b, bool floor) {
           cx.add(OpKind::kAdd, {r, cx.add(OpKind::kMul, {cx.cast(adjust, dt), b})})};
 }
 
+// div with rounding_mode: trunc of floats is trunc(a / b), as PyTorch computes it (in f32 for f16
+// and bf16, so that the quotient is not rounded before it is truncated); Kiln's integer div
+// truncates already.
 std::vector<ValueId> convert_div_mode(ImportContext& cx) {
   const DType dt = cx.args.out().dtype;
   ValueId a = operand(cx, 0, "self", dt);
   ValueId b = operand(cx, 1, "other", dt);
-  if (rounding_mode(cx.args) != "floor") return {cx.add(OpKind::kDiv, {a, b})};
+  const std::string mode = rounding_mode(cx.args);
+  if (mode == "trunc" && is_floating(dt)) {
+    const DType math = dt == DType::kF64 ? DType::kF64 : DType::kF32;
+    ValueId q = cx.add(OpKind::kDiv, {cx.cast(a, math), cx.cast(b, math)});
+    return {cx.cast(cx.add(OpKind::kTrunc, {q}), dt)};
+  }
+  if (mode != "floor") return {cx.add(OpKind::kDiv, {a, b})};
   return {int_divmod(cx, a, b, true).quotient};
 }
 

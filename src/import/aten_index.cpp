@@ -1,4 +1,5 @@
-// Importers of indexing overloads: embedding, index_select, gather and index.Tensor.
+// Importers of indexing overloads: embedding, index_select, gather, index.Tensor and
+// _unsafe_index.Tensor.
 //
 // index.Tensor (advanced indexing x[i0, i1, ...]) is taken when its index tensors are integer
 // and sit on adjacent dims (None entries before them stand for ":"). k index tensors on dims
@@ -9,6 +10,12 @@
 // shape depends on the data. The kernel checks the combined index against the merged dim, so
 // an out-of-range entry in any but the first of several index tensors is not caught (PyTorch
 // raises; Kiln reads another element of the same tensor, never outside it).
+//
+// _unsafe_index.Tensor is index.Tensor without PyTorch's bounds check: what the Core ATen
+// decompositions of bilinear and bicubic interpolation index with (index tensors [Ho, 1] and
+// [Wo] on the last two dims, so one index_select of Ho * Wo entries of the flattened plane,
+// whose linear index the builder folds to a constant). It imports the same way; Kiln's kernels
+// keep their own range check.
 #include <algorithm>
 
 #include "src/import/import_context.h"
@@ -131,6 +138,7 @@ std::vector<ImportEntry> index_importers() {
       {"aten.index_select.default", nullptr, &convert_index_select},
       {"aten.gather.default", nullptr, &convert_gather},
       {"aten.index.Tensor", &check_index, &convert_index},
+      {"aten._unsafe_index.Tensor", &check_index, &convert_index},
   };
 }
 

@@ -1,8 +1,13 @@
 // Importers of unary pointwise overloads: activations, math functions, clamp and its
-// spellings (hardtanh, relu6, clamp_min, clamp_max, clamp.Tensor), logical_not.
+// spellings (hardtanh, relu6, clamp_min, clamp_max, clamp.Tensor), logical_not, sign and the
+// rounding functions (floor, ceil, round, round.decimals, trunc).
 //
 // Kiln's unary ops keep their input's dtype, while PyTorch promotes some of them (exp of an
-// int tensor is float): the input is cast to the FX output's dtype first.
+// int tensor is float): the input is cast to the FX output's dtype first. floor, ceil, round
+// and trunc of an integer tensor, and sign of a bool one, are the identity in PyTorch, so they
+// import as the input itself.
+#include <cmath>
+
 #include "src/import/import_context.h"
 
 namespace kiln::aten {
@@ -82,6 +87,34 @@ std::vector<ValueId> convert_logical_not(ImportContext& cx) {
   return {cx.cast(cx.add(OpKind::kLogicalNot, {x}), cx.args.out().dtype)};
 }
 
+// floor, ceil, round, trunc: the identity on integer and bool tensors.
+template <OpKind K>
+std::vector<ValueId> convert_rounding(ImportContext& cx) {
+  ValueId x = self_as_out(cx);
+  return {is_floating(cx.type(x).dtype) ? cx.add(K, {x}) : x};
+}
+
+// sign and sgn (the same on real tensors); bool stays bool (its sign is itself).
+std::vector<ValueId> convert_sign(ImportContext& cx) {
+  ValueId x = self_as_out(cx);
+  return {cx.type(x).dtype == DType::kBool ? x : cx.add(OpKind::kSign, {x})};
+}
+
+// round.decimals(self, *, decimals): as PyTorch, in the op-math type (f32 for f16 / bf16)
+// with s = 10^|decimals| rounded to it: round(x * s) / s, or round(x / s) * s when decimals < 0.
+std::vector<ValueId> convert_round_decimals(ImportContext& cx) {
+  const DType dt = cx.args.out().dtype;
+  ValueId x = self_as_out(cx);
+  if (!is_floating(dt)) return {x};
+  const int64_t decimals = cx.args.get_int(kKwOnly, "decimals", 0);
+  if (decimals == 0) return {cx.add(OpKind::kRound, {x})};
+  const DType math = dt == DType::kF64 ? DType::kF64 : DType::kF32;
+  ValueId s = cx.scalar(std::pow(10.0, double(decimals < 0 ? -decimals : decimals)), math);
+  const OpKind in = decimals < 0 ? OpKind::kDiv : OpKind::kMul, out = decimals < 0 ? OpKind::kMul : OpKind::kDiv;
+  ValueId r = cx.add(OpKind::kRound, {cx.add(in, {cx.cast(x, math), s})});
+  return {cx.cast(cx.add(out, {r, s}), dt)};
+}
+
 void check_bitwise_not(const NodeArgs& args) {
   DType dt = args.tensor_arg(0, "self").dtype;
   if (dt != DType::kBool) reject("bitwise_not of ", dtype_name(dt), " (only bool is supported)");
@@ -115,6 +148,13 @@ std::vector<ImportEntry> pointwise_importers() {
       {"aten.clamp_max.default", nullptr, &convert_clamp_max},
       {"aten.hardtanh.default", nullptr, &convert_hardtanh},
       {"aten.relu6.default", nullptr, &convert_relu6},
+      {"aten.sign.default", nullptr, &convert_sign},
+      {"aten.sgn.default", nullptr, &convert_sign},
+      {"aten.floor.default", nullptr, &convert_rounding<OpKind::kFloor>},
+      {"aten.ceil.default", nullptr, &convert_rounding<OpKind::kCeil>},
+      {"aten.round.default", nullptr, &convert_rounding<OpKind::kRound>},
+      {"aten.round.decimals", nullptr, &convert_round_decimals},
+      {"aten.trunc.default", nullptr, &convert_rounding<OpKind::kTrunc>},
       {"aten.logical_not.default", nullptr, &convert_logical_not},
       {"aten.bitwise_not.default", &check_bitwise_not, &convert_logical_not},
   };

@@ -236,6 +236,12 @@ KILN_PW_INLINE T unary_value(T x, const UnaryParams& p) {
       return t > T(p.hi) ? T(p.hi) : t;
     }
     if constexpr (K == OpKind::kLeakyRelu) return x < T(0) ? x * T(p.slope) : x;
+    // (0 < x) - (x < 0), as PyTorch: NaN and -0 give +0.
+    if constexpr (K == OpKind::kSign) return (x > T(0) ? T(1) : T(0)) - (x < T(0) ? T(1) : T(0));
+    if constexpr (K == OpKind::kFloor) return std::floor(x);
+    if constexpr (K == OpKind::kCeil) return std::ceil(x);
+    if constexpr (K == OpKind::kRound) return std::nearbyint(x);  // half to even (default rounding mode)
+    if constexpr (K == OpKind::kTrunc) return std::trunc(x);
   } else {
     using U = std::make_unsigned_t<T>;
     if constexpr (K == OpKind::kRelu || K == OpKind::kAbs) {
@@ -245,6 +251,10 @@ KILN_PW_INLINE T unary_value(T x, const UnaryParams& p) {
     }
     if constexpr (K == OpKind::kNeg) return static_cast<T>(U(0) - static_cast<U>(x));
     if constexpr (K == OpKind::kLogicalNot) return x == T(0) ? T(1) : T(0);
+    if constexpr (K == OpKind::kSign) {
+      if constexpr (std::is_signed_v<T>) return static_cast<T>((x > T(0)) - (x < T(0)));
+      else return x != T(0) ? T(1) : T(0);
+    }
     if constexpr (K == OpKind::kClamp) {
       const T t = x < int_bound<T>(p.lo, true) ? int_bound<T>(p.lo, true) : x;
       return t > int_bound<T>(p.hi, false) ? int_bound<T>(p.hi, false) : t;
@@ -289,11 +299,12 @@ template <typename T>
 inline T where_value(bool cond, T a, T b) { return cond ? a : b; }
 
 // X(kind) for every op of a family; int-capable subsets for integer element types.
-#define KILN_PW_UNARY_OPS(X)                                                                       \
-  X(kRelu) X(kGelu) X(kSilu) X(kSigmoid) X(kTanh) X(kExp) X(kLog) X(kSqrt) X(kRsqrt) X(kNeg) X(kAbs) \
-  X(kErf) X(kHardswish) X(kHardsigmoid) X(kReciprocal) X(kSin) X(kCos) X(kLogicalNot) X(kClamp)    \
-  X(kLeakyRelu)
-#define KILN_PW_UNARY_INT_OPS(X) X(kRelu) X(kNeg) X(kAbs) X(kClamp) X(kLogicalNot)
+#define KILN_PW_UNARY_OPS(X)                                                                                      \
+  X(kRelu)                                                                                                        \
+  X(kGelu) X(kSilu) X(kSigmoid) X(kTanh) X(kExp) X(kLog) X(kSqrt) X(kRsqrt) X(kNeg) X(kAbs) X(kErf) X(kHardswish) \
+      X(kHardsigmoid) X(kReciprocal) X(kSin) X(kCos) X(kLogicalNot) X(kClamp) X(kLeakyRelu) X(kSign) X(kFloor)    \
+          X(kCeil) X(kRound) X(kTrunc)
+#define KILN_PW_UNARY_INT_OPS(X) X(kRelu) X(kNeg) X(kAbs) X(kClamp) X(kLogicalNot) X(kSign)
 #define KILN_PW_ARITH_OPS(X) X(kAdd) X(kSub) X(kMul) X(kDiv) X(kMaximum) X(kMinimum)
 #define KILN_PW_COMPARE_OPS(X) X(kEq) X(kNe) X(kLt) X(kLe) X(kGt) X(kGe) X(kLogicalAnd) X(kLogicalOr)
 

@@ -11,7 +11,7 @@
 namespace kiln {
 
 // Added an op? Follow the checklist at the top of include/kiln/ops.h, then bump this.
-inline constexpr int kExpectedOpCount = 69;
+inline constexpr int kExpectedOpCount = 74;
 static_assert(kNumOps == kExpectedOpCount, "op list changed: follow the checklist in include/kiln/ops.h");
 
 namespace {

@@ -27,6 +27,7 @@ void bind_builder(nb::module_& m);  // builder.cpp: BuilderConfig, Builder
 void bind_engine(nb::module_& m);   // engine.cpp: IOTensor, Engine, ExecutionContext
 void bind_import(nb::module_& m);   // import.cpp: Import* structures, can_import, import_aten
 void bind_refit(nb::module_& m);    // refit.cpp: Refitter
+void bind_bundle(nb::module_& m);   // bundle.cpp: write_bundle, Bundle, BundleContext
 
 // numpy dtype (anything numpy.dtype() accepts) -> DType; throws kUnsupported for a dtype
 // Kiln has no equivalent of.

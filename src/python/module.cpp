@@ -190,6 +190,7 @@ NB_MODULE(_C, m) {
   kp::bind_engine(m);
   kp::bind_import(m);
   kp::bind_refit(m);
+  kp::bind_bundle(m);
   m.def("checksum64", [](nanobind::handle address, size_t nbytes) {
           const auto* p = static_cast<const uint8_t*>(kp::pointer_from_int(address, "address"));
           nanobind::gil_scoped_release release;

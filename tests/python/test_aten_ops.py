@@ -97,6 +97,7 @@ BOOL2 = [lambda g: A(g.b(2, 3), g.b(2, 3)), lambda g: A(g.b(4, 1), g.b(5))]
 RED = [lambda g: A(g.r(3, 4, 5)), lambda g: A(g.r(7))]
 BOOLRED = [lambda g: A(g.b(3, 4)), lambda g: A(g.b(5))]
 X4 = [lambda g: A(g.r(2, 3, 4, 5))]
+HALVES = [lambda g: A(g.r(2, 3, 4) * 4), lambda g: A(torch.arange(-12, 13).to(g.dtype) / 2)]  # ties for round
 
 CASES: dict[str, Case] = {
     # --- unary ---
@@ -118,6 +119,10 @@ CASES: dict[str, Case] = {
     "aten.clamp_max.default": Case([lambda g: A(g.r(3, 5), -0.1)]),
     "aten.logical_not.default": Case([lambda g: A(g.b(3, 4)), lambda g: A(g.r(5))], half=False),
     "aten.bitwise_not.default": Case([lambda g: A(g.b(3, 4)), lambda g: A(g.i(50, 6))], half=False),
+    "aten.sign.default": Case(U + [lambda g: A(g.i(9, 7) - 4)]), "aten.sgn.default": Case(U),
+    "aten.floor.default": Case(HALVES), "aten.ceil.default": Case(HALVES),
+    "aten.round.default": Case(HALVES), "aten.trunc.default": Case(HALVES),
+    "aten.round.decimals": Case([lambda g: A(g.r(3, 5) * 100, decimals=1), lambda g: A(g.r(7) * 500, decimals=-2)]),
     # --- binary ---
     "aten.add.Tensor": Case(BIN + [lambda g: A(g.r(2, 3), g.r(3), alpha=2.0)]),
     "aten.add.Scalar": Case([lambda g: A(g.r(2, 3), 1.5), lambda g: A(g.r(4), 2, alpha=3)]),
@@ -283,6 +288,8 @@ CASES: dict[str, Case] = {
     "aten.index_select.default": Case([lambda g: A(g.r(5, 6), 0, g.i(5, 4)), lambda g: A(g.r(3, 5, 2), 1, g.i(5, 7))]),
     "aten.gather.default": Case([lambda g: A(g.r(4, 5), 1, g.i(5, 4, 3)), lambda g: A(g.r(4, 5), 0, g.i(4, 2, 5))]),
     "aten.index.Tensor": Case([lambda g: A(g.r(5, 6), [g.i(5, 3)]), lambda g: A(g.r(4, 5, 6), [None, g.i(5, 2, 3)])]),
+    "aten._unsafe_index.Tensor": Case([lambda g: A(g.r(2, 3, 4, 6), [None, None, g.i(4, 5, 1), g.i(6, 7)]),
+                                       lambda g: A(g.r(5, 6), [g.i(5, 3)])]),
     # --- generators and casts ---
     "aten.arange.default": Case([lambda g: A(10), lambda g: A(7, dtype=torch.float32)], half=False),
     "aten.arange.start": Case([lambda g: A(2, 9)], half=False),

@@ -429,10 +429,18 @@ case("full", [], {"shape": [4], "value": 7.0, "dtype": DType.i32}, lambda: torch
 case("full", [], {"shape": [2, 2], "value": 1.0, "dtype": DType.bool},
      lambda: torch.full((2, 2), True), "bool")
 
+# ---- sign and rounding (after the rest, so that the cases above keep their random data) ----
+for _name, _fn in {"sign": torch.sign, "floor": torch.floor, "ceil": torch.ceil, "round": torch.round,
+                   "trunc": torch.trunc}.items():
+    case(_name, [r(4, 9, scale=4.0)], {}, _fn)
+    case(_name, [ints(33, lo=-12, hi=13).to(f32) / 2], {}, _fn, "halves")  # round: ties to even
+case("sign", [ints(4, 5)], {}, torch.sign, "i64")
+case("sign", [ints(9, dtype=i8)], {}, torch.sign, "i8")
+
 # ---- 16-bit floats: a subset of the table, re-run in f16 (and a few in bf16) ---------------
 _F16_OPS = {"relu", "gelu", "silu", "sigmoid", "tanh", "exp", "add", "mul", "div", "maximum", "softmax",
             "layer_norm", "matmul", "linear", "conv", "reduce_sum", "reduce_mean", "where", "max_pool",
-            "avg_pool", "concat", "permute", "batch_norm", "sdpa"}
+            "avg_pool", "concat", "permute", "batch_norm", "sdpa", "floor", "round"}
 _BF16_OPS = {"relu", "add", "mul", "matmul", "softmax", "layer_norm"}
 _f32_cases = [c for c in CASES if any(t is not None and t.dtype == f32 for t in c.inputs)]
 for _op in sorted(_F16_OPS):

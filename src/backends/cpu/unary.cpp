@@ -17,7 +17,9 @@ constexpr int64_t kBlock = 1024;
 bool cheap(OpKind op) {
   return op == OpKind::kRelu || op == OpKind::kNeg || op == OpKind::kAbs || op == OpKind::kClamp ||
          op == OpKind::kLeakyRelu || op == OpKind::kLogicalNot || op == OpKind::kHardswish ||
-         op == OpKind::kHardsigmoid || op == OpKind::kReciprocal || op == OpKind::kSqrt || op == OpKind::kRsqrt;
+         op == OpKind::kHardsigmoid || op == OpKind::kReciprocal || op == OpKind::kSqrt || op == OpKind::kRsqrt ||
+         op == OpKind::kSign || op == OpKind::kFloor || op == OpKind::kCeil || op == OpKind::kRound ||
+         op == OpKind::kTrunc;
 }
 
 template <typename T>

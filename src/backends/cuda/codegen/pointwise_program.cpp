@@ -77,7 +77,8 @@ bool op_supported(OpKind op, DType in, std::string* why) {
   if (op == OpKind::kCopy || fam == OpFamily::kCast || fam == OpFamily::kWhere) return true;
   if (fam == OpFamily::kUnary) {
     if (is_floating(in) || op == OpKind::kLogicalNot) return true;
-    const bool int_ok = op == OpKind::kRelu || op == OpKind::kNeg || op == OpKind::kAbs || op == OpKind::kClamp;
+    const bool int_ok =
+        op == OpKind::kRelu || op == OpKind::kNeg || op == OpKind::kAbs || op == OpKind::kClamp || op == OpKind::kSign;
     if (int_ok && in != DType::kBool) return true;
     return fail(why, std::string(op_name(op)) + " on " + dtype_name(in) + " has no CUDA kernel (floating only)");
   }

@@ -132,6 +132,19 @@ std::string step_code(const Step& s, const std::vector<DType>& dtype, const std:
       case OpKind::kCos: e = cat(fn("cos", in), "(", x, ")"); break;
       case OpKind::kLogicalNot: e = cat("((", R, ")(", x, " == 0))"); break;
       case OpKind::kLeakyRelu: e = cat("kiln_leaky_relu(", x, ", ", flit(p.slope, in), ")"); break;
+      case OpKind::kSign:  // (0 < x) - (x < 0): NaN and -0 give +0, as the CPU
+        if (fl) {
+          const std::string zero = flit(0.0, in), one = flit(1.0, in);
+          e = cat("((", x, " > ", zero, " ? ", one, " : ", zero, ") - (", x, " < ", zero, " ? ", one, " : ", zero,
+                  "))");
+        } else {
+          e = in == DType::kU8 ? cat("(", x, " != 0)") : cat("((", x, " > 0) - (", x, " < 0))");
+        }
+        break;
+      case OpKind::kFloor: e = cat(fn("floor", in), "(", x, ")"); break;
+      case OpKind::kCeil: e = cat(fn("ceil", in), "(", x, ")"); break;
+      case OpKind::kRound: e = cat(fn("rint", in), "(", x, ")"); break;  // half to even
+      case OpKind::kTrunc: e = cat(fn("trunc", in), "(", x, ")"); break;
       case OpKind::kClamp: {
         // min(max(x, lo), hi): an absent (infinite) bound never changes x, NaN included.
         std::string lo, hi;

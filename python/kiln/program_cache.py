@@ -1,0 +1,773 @@
+"""The program cache: a compiled graph kept next to its engines, so that a process whose engines
+are cached skips lowering, partitioning and describing as well.
+
+A compilation that uses the engine cache (``reuse_cached_engines`` / ``cache_built_engines``)
+also looks up, and stores, its *program*: the graph that :func:`kiln.pipeline.compile_lowered`
+makes (engines as calls of modules, the rest as ATen calls), each engine named by its engine
+cache key. The program's key is a SHA-256 over what was captured, never over anything cheaper:
+
+* kiln.compile: the ExportedProgram torch.export made (torch.export still runs): every node's op,
+  name, target, arguments and value metadata (dtype, shape, strides, device), the graph
+  signature, the call specs, every parameter's and buffer's metadata and the bytes of every
+  other constant;
+* torch.compile: the graph Dynamo captured (Dynamo still traces): every node's op, name,
+  target, arguments and example value metadata, the bytes of the graph's own tensor
+  constants, which arguments are weights (and their names), the metadata of every argument
+  and the values of the non-tensor ones;
+* either way: every setting except where the cache lives and whether it is used, PyTorch's
+  version, Kiln's code (the bytes of its Python modules and of its extension, so that a rebuilt
+  or edited Kiln lowers and partitions again), the device (with its index, and its name), the
+  ops Kiln's importers take, and PyTorch's scaled-dot-product backend switches.
+
+A graph whose targets are not PyTorch's own (a function of the user's, an op of a namespace
+other than ``aten`` / ``prims``, whose Python decomposition could change without the graph
+changing), which calls submodules or has symbolic shapes is not cached (logged; the
+compilation lowers as usual). The weights' values are not in the key: a hit takes them from
+the model by name (the engines get them through the engine cache: loaded, and refitted unless
+the authenticated entry's weights label matches).
+
+A program entry is JSON (nodes, targets as op names resolved in ``torch.ops.aten`` / ``prims``,
+arguments as tagged plain values) followed by the bytes of the non-weight constants that the
+parts run in PyTorch read; nothing in it is unpickled or evaluated. The default store
+(kiln.DiskEngineCache) keeps it as ``<key>.prog``, tagged and verified like an engine entry
+(kiln/cache_auth.py). A program that cannot be read, verified or decoded is removed with a
+warning and compiled again; one whose engine is missing or unusable, or whose weights no
+longer fit, is a miss. Nothing here raises into a compilation.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import hashlib
+import json
+import operator
+import re
+import struct
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from kiln import _C
+from kiln.cache import EngineCache, UnusableEntry, engine_cache_for, log
+from kiln.cached_build import CachedBuild, WeightSpec, count, device_name, recording
+from kiln.lowering import LoweredGraph
+from kiln.pipeline import CompileSummary, compile_lowered, device_of
+from kiln.runtime import KilnEngineModule, build_policy, warm_up
+from kiln.settings import CompilationSettings
+from kiln.translate import torch_dtype
+
+__all__ = ["ProgramCache", "CachedProgram", "Uncacheable", "exported_program_key", "dynamo_graph_key"]
+
+_KEY_FORMAT = "kiln-program-cache-1"
+_MAGIC = b"KILNPRG1"
+_HEADER = struct.Struct("<8sQ")  # magic, bytes of JSON; the constants' bytes follow the JSON
+_OP_NAMESPACES = frozenset({"aten", "prims"})
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Settings that change where engines and programs are kept, whether the cache is used or what
+# is logged, but never the program compiled.
+_NOT_PROGRAM_SETTINGS = frozenset({
+    "debug", "dryrun", "cache_built_engines", "reuse_cached_engines", "engine_cache_dir", "engine_cache_size",
+    "engine_cache_key_file", "custom_engine_cache",
+})
+
+
+class Uncacheable(Exception):
+    """A graph the program cache cannot key exactly or store (the message says why)."""
+
+
+class DamagedProgram(Exception):
+    """A program entry that does not decode to a program."""
+
+
+class _WeightsDiffer(Exception):
+    """The model's weights do not fit the cached program (a miss, not a damaged entry)."""
+
+
+class CachedProgram(NamedTuple):
+    """A program cache hit: the compiled graph module and, for a Dynamo graph, its outputs' spec."""
+
+    gm: fx.GraphModule
+    out_spec: pytree.TreeSpec | None
+
+
+# ---- the key --------------------------------------------------------------------------------
+
+def _settings_text(settings: CompilationSettings) -> str:
+    parts = []
+    for f in dataclasses.fields(settings):
+        if f.name in _NOT_PROGRAM_SETTINGS:
+            continue
+        value = getattr(settings, f.name)
+        if isinstance(value, (frozenset, set)):
+            value = sorted(str(v) for v in value)
+        parts.append(f"{f.name}={value!r}")
+    return ";".join(parts)
+
+
+def _tensor_meta(t: torch.Tensor) -> str:
+    if t.layout != torch.strided:
+        raise Uncacheable(f"a {t.layout} tensor")
+    shape, strides = tuple(t.shape), t.stride()
+    if not all(type(d) is int for d in (*shape, *strides)):
+        raise Uncacheable("symbolic shapes")
+    return f"tensor({t.dtype},{list(shape)},{list(strides)},{t.device},{t.requires_grad})"
+
+
+def _tensor_bytes(t: torch.Tensor) -> bytes:
+    """The tensor's values (dense, on the host) as bytes."""
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+
+
+def _canon(v: Any) -> str:
+    """A deterministic text of a graph argument or value; Uncacheable for anything it cannot
+    describe exactly."""
+    if isinstance(v, fx.Node):
+        return f"%{v.name}"
+    if v is None or isinstance(v, bool):
+        return repr(v)
+    if isinstance(v, int):
+        return f"i{int(v)}"
+    if isinstance(v, float):
+        return f"f{float(v).hex()}"
+    if isinstance(v, str):
+        return "s" + repr(v)
+    if isinstance(v, (list, tuple)):
+        return ("L[" if isinstance(v, list) else "T[") + ",".join(_canon(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "D{" + ",".join(f"{_canon(k)}:{_canon(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, slice):
+        return f"slice({_canon(v.start)},{_canon(v.stop)},{_canon(v.step)})"
+    if v is Ellipsis:
+        return "..."
+    if isinstance(v, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+        return f"{type(v).__name__}:{v}"
+    if isinstance(v, torch.Tensor):
+        return _tensor_meta(v)
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise Uncacheable("symbolic shapes")
+    raise Uncacheable(f"an argument of type {type(v).__module__}.{type(v).__qualname__}")
+
+
+def _target_name(target: Any) -> str:
+    """A call target as text: an ATen / prims op, or a function of PyTorch or Python's own."""
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        namespace = target.namespace if isinstance(target, torch._ops.OpOverload) else str(target).split(".")[0]
+        if namespace not in _OP_NAMESPACES:
+            raise Uncacheable(f"it calls {target} (only ops of {sorted(_OP_NAMESPACES)} are keyed)")
+        return f"op:{target}"
+    qualname = getattr(target, "__qualname__", None)
+    module = getattr(target, "__module__", None)
+    if isinstance(qualname, str) and getattr(target, "__objclass__", None) in (torch._C.TensorBase, torch.Tensor):
+        return f"tensor:{qualname}"
+    python = module in ("_operator", "operator", "math", "builtins")
+    if isinstance(module, str) and isinstance(qualname, str) and (
+            python or module == "torch" or module.startswith("torch.")):
+        return f"fn:{module}.{qualname}"
+    raise Uncacheable(f"it calls {target!r}, not a function of PyTorch's own")
+
+
+@functools.lru_cache(maxsize=1)
+def kiln_code_digest() -> str:
+    """A SHA-256 over Kiln's own code: its package's Python modules and its extension (once per
+    process): the version string does not change when either is edited or rebuilt."""
+    h = hashlib.sha256()
+    package = Path(__file__).resolve().parent
+    for path in sorted([*package.glob("*.py"), Path(_C.__file__).resolve()]):
+        h.update(f"{path.name}\0".encode())
+        h.update(hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def _key_prefix(kind: str, settings: CompilationSettings, device: str, keep: Sequence[str]) -> Any:
+    h = hashlib.sha256()
+    sdpa = [f() for f in (torch.backends.cuda.flash_sdp_enabled, torch.backends.cuda.mem_efficient_sdp_enabled,
+                          torch.backends.cuda.math_sdp_enabled, torch.backends.cuda.cudnn_sdp_enabled)]
+    for text in (_KEY_FORMAT, kind, torch.__version__, _C.__version__, kiln_code_digest(), device,
+                 device_name(device), _settings_text(settings), "\n".join(sorted(keep)), f"sdpa={sdpa}"):
+        h.update(text.encode())
+        h.update(b"\0")
+    return h
+
+
+def _line(h: Any, text: str) -> None:
+    h.update(text.encode())
+    h.update(b"\n")
+
+
+def exported_program_key(ep: torch.export.ExportedProgram, keep: Sequence[str], settings: CompilationSettings,
+                         device: str) -> str:
+    """The program key of an ExportedProgram (see the module docstring); Uncacheable when it
+    cannot be made exactly."""
+    if ep.range_constraints:
+        raise Uncacheable("symbolic shapes")
+    h = _key_prefix("export", settings, device, keep)
+    for spec in (*ep.graph_signature.input_specs, *ep.graph_signature.output_specs):
+        _line(h, repr(spec))
+    _line(h, f"in {ep.call_spec.in_spec}")
+    _line(h, f"out {ep.call_spec.out_spec}")
+    for node in ep.graph.nodes:
+        if node.op == "call_function":
+            target = _target_name(node.target)
+        elif node.op in ("placeholder", "output"):
+            target = str(node.target)
+        else:
+            raise Uncacheable(f"a {node.op} node ({node.name})")
+        _line(h, f"{node.op} {node.name} {target} {_canon(node.args)} {_canon(node.kwargs)} "
+                 f"{_canon(node.meta.get('val'))}")
+    for name, t in ep.state_dict.items():  # the weights' values are the model's, taken at a hit
+        _line(h, f"state {name} {_tensor_meta(t)} {isinstance(t, torch.nn.Parameter)}")
+    for name, c in ep.constants.items():
+        if not isinstance(c, torch.Tensor):
+            raise Uncacheable(f"constant {name} is a {type(c).__name__}")
+        _line(h, f"constant {name} {_tensor_meta(c)} {hashlib.sha256(_tensor_bytes(c)).hexdigest()}")
+    return h.hexdigest()
+
+
+def _attr(gm: fx.GraphModule, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def dynamo_graph_key(gm: fx.GraphModule, args: Sequence[Any], kinds: Sequence[str], constant_names: Mapping[int, str],
+                     keep: Sequence[str], settings: CompilationSettings, device: str) -> str:
+    """The program key of a graph Dynamo captured, called with ``args`` (``kinds``: "constant",
+    "input" or "value" per argument; ``constant_names``: the weights' names by argument index)."""
+    h = _key_prefix("dynamo", settings, device, keep)
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            target = _target_name(node.target)
+        elif node.op in ("placeholder", "output", "call_method"):
+            target = str(node.target)
+        elif node.op == "get_attr":
+            value = _attr(gm, str(node.target))
+            if not isinstance(value, torch.Tensor):
+                raise Uncacheable(f"it holds a {type(value).__name__} ({node.target})")
+            target = f"{node.target} {_tensor_meta(value)} {hashlib.sha256(_tensor_bytes(value)).hexdigest()}"
+        else:
+            raise Uncacheable(f"a {node.op} node ({node.name})")
+        _line(h, f"{node.op} {node.name} {target} {_canon(node.args)} {_canon(node.kwargs)} "
+                 f"{_canon(node.meta.get('example_value'))}")
+    for i, (kind, arg) in enumerate(zip(kinds, args, strict=True)):
+        _line(h, f"arg {i} {kind} {constant_names.get(i, '')!r} {_canon(arg)}")
+    return h.hexdigest()
+
+
+def dynamo_out_spec(gm: fx.GraphModule) -> pytree.TreeSpec:
+    """How the flat outputs of the lowered Dynamo graph nest: the structure of its output node."""
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    return pytree.tree_flatten(output.args[0])[1]
+
+
+# ---- the entry: encoding and decoding --------------------------------------------------------
+
+def _encode(v: Any) -> Any:
+    if isinstance(v, fx.Node):
+        return {"n": v.name}
+    if v is None or isinstance(v, (bool, str)):
+        return v
+    if isinstance(v, int):
+        return int(v)
+    if isinstance(v, float):
+        return {"f": float(v).hex()}
+    if isinstance(v, list):
+        return {"l": [_encode(x) for x in v]}
+    if isinstance(v, tuple):
+        return {"t": [_encode(x) for x in v]}
+    if isinstance(v, dict) and all(isinstance(k, str) for k in v):
+        return {"d": {k: _encode(x) for k, x in v.items()}}
+    for tag, kind in (("dtype", torch.dtype), ("layout", torch.layout), ("memory_format", torch.memory_format)):
+        if isinstance(v, kind):
+            return {tag: str(v).removeprefix("torch.")}
+    if isinstance(v, torch.device):
+        return {"device": str(v)}
+    raise Uncacheable(f"an argument of type {type(v).__module__}.{type(v).__qualname__} in the compiled graph")
+
+
+def _torch_attr(name: Any, kind: type) -> Any:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise DamagedProgram(f"{name!r} is not a {kind.__name__} name")
+    value = getattr(torch, name, None)
+    if not isinstance(value, kind):
+        raise DamagedProgram(f"torch.{name} is not a {kind.__name__}")
+    return value
+
+
+def _decode(v: Any, nodes: Mapping[str, fx.Node]) -> Any:
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if not isinstance(v, dict) or len(v) != 1:
+        raise DamagedProgram(f"an argument {str(v)[:60]} of no known form")
+    ((tag, x),) = v.items()
+    if tag == "n":
+        if x not in nodes:
+            raise DamagedProgram(f"an argument names {str(x)[:60]}, which no node before it is")
+        return nodes[x]
+    if tag == "f" and isinstance(x, str):
+        return float.fromhex(x)
+    if tag in ("l", "t") and isinstance(x, list):
+        items = [_decode(i, nodes) for i in x]
+        return items if tag == "l" else tuple(items)
+    if tag == "d" and isinstance(x, dict):
+        return {k: _decode(i, nodes) for k, i in x.items()}
+    if tag == "dtype":
+        return _torch_attr(x, torch.dtype)
+    if tag == "layout":
+        return _torch_attr(x, torch.layout)
+    if tag == "memory_format":
+        return _torch_attr(x, torch.memory_format)
+    if tag == "device" and isinstance(x, str):
+        return torch.device(x)
+    raise DamagedProgram(f"an argument {str(v)[:60]} of no known form")
+
+
+def _op_target(name: Any) -> Any:
+    """"aten.add.Tensor" -> torch.ops.aten.add.Tensor; "getitem" -> operator.getitem."""
+    if name == "getitem":
+        return operator.getitem
+    parts = name.split(".") if isinstance(name, str) else []
+    if len(parts) != 3 or parts[0] not in _OP_NAMESPACES or not all(_NAME.match(p) for p in parts):
+        raise DamagedProgram(f"the target {str(name)[:60]} is not an op of {sorted(_OP_NAMESPACES)}")
+    try:
+        op = getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])
+    except (AttributeError, RuntimeError):
+        raise DamagedProgram(f"PyTorch has no op {name}") from None
+    if not isinstance(op, torch._ops.OpOverload):
+        raise DamagedProgram(f"{name} is not an op overload")
+    return op
+
+
+_DTYPE_NAMES = {str(dt).removeprefix("torch."): dt for dt in
+                (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16,
+                 torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)}
+
+
+def _dtype(name: Any) -> torch.dtype:
+    if not isinstance(name, str) or name not in _DTYPE_NAMES:
+        raise DamagedProgram(f"{str(name)[:40]} is not a dtype")
+    return _DTYPE_NAMES[name]
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = str(dtype).removeprefix("torch.")
+    if name not in _DTYPE_NAMES:
+        raise Uncacheable(f"a constant of dtype {dtype}")
+    return name
+
+
+def _shape(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(type(d) is int and d >= 0 for d in value):
+        raise DamagedProgram(f"{str(value)[:60]} is not a shape")
+    return tuple(value)
+
+
+def _engine_entry(attr: str, module: KilnEngineModule, key: str, weights: list[WeightSpec],
+                  graph_name: str) -> dict[str, Any]:
+    suffix = f" of {graph_name}"
+    return {
+        "attr": attr, "key": key,
+        "label": module.name[: -len(suffix)] if module.name.endswith(suffix) else module.name,
+        "inputs": [_dtype_name(dt) for dt in module._in_cast], "outputs": [_dtype_name(dt) for dt in module._out_cast],
+        "io": {"inputs": [[_dtype_name(dt), list(s)] for s, dt in module._in],
+               "outputs": [[_dtype_name(dt), list(s)] for s, dt in module._out]},
+        "weights": [[w.name, _dtype_name(w.dtype), _dtype_name(w.source_dtype), list(w.shape)] for w in weights],
+        "truncated": sorted(module.truncated_weights),
+    }
+
+
+def encode_program(gm: fx.GraphModule, engines: Mapping[str, tuple[str, list[WeightSpec]]], key: str,
+                   graph_name: str) -> bytes:
+    """The entry of a graph compile_lowered made. ``engines``: per engine attribute its cache key
+    and weights. Raises Uncacheable for a graph it cannot describe."""
+    blob = bytearray()
+    nodes: list[list[Any]] = []
+    buffers: dict[str, dict[str, Any]] = {}
+    modules: list[dict[str, Any]] = []
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            if node.target is operator.getitem:
+                target = "getitem"
+            elif isinstance(node.target, torch._ops.OpOverload) and node.target.namespace in _OP_NAMESPACES:
+                target = str(node.target)
+            else:
+                raise Uncacheable(f"the compiled graph calls {node.target}")
+        elif node.op == "call_module":
+            target = str(node.target)
+            module = gm.get_submodule(target)
+            if not isinstance(module, KilnEngineModule) or target not in engines:
+                raise Uncacheable(f"the compiled graph calls the module {target}, not an engine of the cache")
+            modules.append(_engine_entry(target, module, *engines[target], graph_name))
+        elif node.op == "get_attr":
+            target = str(node.target)
+            if target not in buffers:
+                buffers[target] = _buffer_entry(node, getattr(gm, target), blob)
+        elif node.op in ("placeholder", "output"):
+            target = str(node.target)
+        else:
+            raise Uncacheable(f"a {node.op} node in the compiled graph")
+        nodes.append([node.op, node.name, target, _encode(node.args), _encode(node.kwargs)])
+    summary: CompileSummary = gm.meta["kiln_summary"]
+    sources = gm.meta.get("kiln_weight_sources")
+    doc = {
+        "format": _KEY_FORMAT, "key": key, "nodes": nodes, "buffers": buffers, "engines": modules,
+        "summary": {"in_engines": dict(summary.ops_in_engines), "in_pytorch": dict(summary.ops_in_pytorch)},
+        "weight_sources": None if sources is None else sorted(sources),
+    }
+    text = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+    return _HEADER.pack(_MAGIC, len(text)) + text + bytes(blob)
+
+
+def _buffer_entry(node: fx.Node, value: torch.Tensor, blob: bytearray) -> dict[str, Any]:
+    name = node.meta.get("kiln_name")
+    if not isinstance(name, str) or not isinstance(value, torch.Tensor):
+        raise Uncacheable(f"constant {node.target} has no name")
+    entry: dict[str, Any] = {"name": name, "dtype": _dtype_name(value.dtype), "shape": list(value.shape)}
+    if node.meta.get("kiln_weight", False):
+        entry["weight"] = True  # the model's, taken by name at a hit
+        return entry
+    data = _tensor_bytes(value)
+    entry.update(weight=False, offset=len(blob), nbytes=len(data), device=str(value.device))
+    blob += data
+    return entry
+
+
+class _Decoded(NamedTuple):
+    doc: dict[str, Any]
+    blob: memoryview
+
+
+def _parse(data: bytes | bytearray | memoryview, key: str) -> _Decoded:
+    view = memoryview(data).cast("B")
+    if len(view) < _HEADER.size:
+        raise DamagedProgram(f"{len(view)} bytes, less than a header")
+    magic, length = _HEADER.unpack_from(view, 0)
+    if magic != _MAGIC or length > len(view) - _HEADER.size:
+        raise DamagedProgram("no program header")
+    try:
+        doc = json.loads(bytes(view[_HEADER.size:_HEADER.size + length]))
+    except (ValueError, RecursionError) as err:
+        raise DamagedProgram(f"its JSON does not parse ({err})") from None
+    if not isinstance(doc, dict) or doc.get("format") != _KEY_FORMAT or doc.get("key") != key:
+        raise DamagedProgram("another format or another key's program")
+    for field, kind in (("nodes", list), ("buffers", dict), ("engines", list), ("summary", dict)):
+        if not isinstance(doc.get(field), kind):
+            raise DamagedProgram(f"no {field}")
+    return _Decoded(doc, view[_HEADER.size + length:])
+
+
+# ---- the cache ----------------------------------------------------------------------------------
+
+def _uses_cache(settings: CompilationSettings) -> bool:
+    return (settings.reuse_cached_engines or settings.cache_built_engines) and not settings.builds_nothing
+
+
+class ProgramCache:
+    """One graph's dealings with the program cache: ``load`` before lowering, ``compile`` (which
+    compiles the lowered graph and stores the program) after."""
+
+    def __init__(self, key: str, settings: CompilationSettings, device: str, graph_name: str,
+                 out_spec: pytree.TreeSpec | None = None) -> None:
+        self.key = key
+        self.settings = settings
+        self.device = device
+        self.graph_name = graph_name
+        self.out_spec = out_spec
+        self.store: EngineCache = engine_cache_for(settings)
+        self._unusable: set[str] = set()  # engine keys a hit found missing or unusable
+
+    @classmethod
+    def for_exported_program(cls, ep: torch.export.ExportedProgram, keep: Sequence[str],
+                             settings: CompilationSettings, graph_name: str) -> ProgramCache | None:
+        """The program cache of kiln.compile's ExportedProgram, or None (not used, or no key)."""
+        if not _uses_cache(settings):
+            return None
+        try:
+            user = set(ep.graph_signature.user_inputs)
+            examples = [n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder" and n.name in user]
+            device = device_of(settings, examples)
+            return cls(exported_program_key(ep, keep, settings, device), settings, device, graph_name)
+        except Exception as err:  # noqa: BLE001 - the cache never fails a compilation
+            _not_keyed(graph_name, err)
+            return None
+
+    @classmethod
+    def for_dynamo_graph(cls, gm: fx.GraphModule, args: Sequence[Any], kinds: Sequence[str],
+                         constant_names: Mapping[int, str], keep: Sequence[str], settings: CompilationSettings,
+                         graph_name: str) -> ProgramCache | None:
+        """The program cache of a Dynamo graph called with ``args``, or None."""
+        if not _uses_cache(settings):
+            return None
+        try:
+            device = device_of(settings, [a for a in args if isinstance(a, torch.Tensor)])
+            return cls(dynamo_graph_key(gm, args, kinds, constant_names, keep, settings, device), settings, device,
+                       graph_name, dynamo_out_spec(gm))
+        except Exception as err:  # noqa: BLE001
+            _not_keyed(graph_name, err)
+            return None
+
+    # -- the hit --
+    def load(self, weights: Mapping[str, torch.Tensor]) -> CachedProgram | None:
+        """The compiled graph from the cache, its engines loaded (and refitted where the weights
+        differ) and its weights taken from ``weights`` (the model's tensors by name); None on a miss."""
+        if not self.settings.reuse_cached_engines:
+            return None
+        start = time.perf_counter()
+        warm_up(self.device)  # the device's libraries set themselves up while the entries are read
+        try:
+            entry = self.store.read_program(self.key)
+        except UnusableEntry as err:
+            self._reject(str(err))
+            entry = None
+        except Exception as err:  # noqa: BLE001 - a user store must not break compilation
+            log.warning("program cache: %r failed to read %s: %s: %s", self.store, self.key, type(err).__name__, err)
+            entry = None
+        if entry is None:
+            return self._miss("no entry")
+        try:
+            program = _parse(entry.data, self.key)
+            specs = self._engine_specs(program.doc)
+            buffers = self._buffers(program, weights)
+            sources = self._sources(program.doc, weights)
+            graph = self._graph(program.doc, buffers, {s["attr"] for s in specs})
+            summary = program.doc["summary"]
+            in_engines, in_pytorch = (collections.Counter({str(k): int(v) for k, v in summary[f].items()})
+                                      for f in ("in_engines", "in_pytorch"))
+            for spec in specs:
+                for w in spec["weights"]:
+                    _weight(weights, w.name, w.source_dtype, w.shape)
+        except _WeightsDiffer as err:
+            return self._miss(str(err))
+        except Exception as err:  # noqa: BLE001 - whatever a damaged entry makes the decoding raise
+            self._reject(f"{entry.source} is damaged ({type(err).__name__}: {err})")
+            return self._miss("a damaged entry")
+        engines = self._load_engines(specs, weights)
+        if engines is None:
+            return self._miss("an engine is not in the cache")
+        try:
+            gm = self._module(graph, buffers, engines, sources)
+        except Exception as err:  # noqa: BLE001
+            self._reject(f"{entry.source} cannot be used ({type(err).__name__}: {err})")
+            return self._miss("an unusable entry")
+        gm.meta["kiln_summary"] = CompileSummary(self.graph_name, len(engines), in_engines, in_pytorch,
+                                                 time.perf_counter() - start)
+        count("program_hits")
+        log.info("program cache hit for %s (key %s): %d engine(s), %.3f s", self.graph_name, self.key[:16],
+                 len(engines), time.perf_counter() - start)
+        return CachedProgram(gm, self.out_spec)
+
+    def _engine_specs(self, doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+        specs = []
+        for e in doc["engines"]:
+            if not isinstance(e, dict) or not isinstance(e.get("key"), str) or not isinstance(e.get("attr"), str) \
+                    or not _NAME.match(e["attr"]) or not isinstance(e.get("label"), str):
+                raise DamagedProgram("an engine without key, attribute or label")
+            weights = [WeightSpec(str(w[0]), _dtype(w[1]), _dtype(w[2]), _shape(w[3])) for w in e["weights"]]
+            io = {kind: [(_dtype(d), _shape(s)) for d, s in e["io"][kind]] for kind in ("inputs", "outputs")}
+            truncated = e["truncated"]
+            if not isinstance(truncated, list) or not all(isinstance(t, str) for t in truncated):
+                raise DamagedProgram("a malformed list of truncated weights")
+            specs.append(dict(attr=e["attr"], key=e["key"], label=e["label"], weights=weights, io=io,
+                              inputs=[_dtype(d) for d in e["inputs"]], outputs=[_dtype(d) for d in e["outputs"]],
+                              truncated=frozenset(truncated)))
+        return specs
+
+    def _buffers(self, program: _Decoded,
+                 weights: Mapping[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, str, bool]]:
+        """Per attribute of the graph: its tensor, name and whether it is a model weight."""
+        out: dict[str, tuple[torch.Tensor, str, bool]] = {}
+        for attr, b in program.doc["buffers"].items():
+            if not isinstance(b, dict) or not isinstance(b.get("name"), str) or not _NAME.match(str(attr)):
+                raise DamagedProgram(f"a malformed constant {str(attr)[:60]}")
+            dtype, shape = _dtype(b["dtype"]), _shape(b["shape"])
+            if b["weight"] is True:
+                t = _weight(weights, b["name"], dtype, shape).detach()
+            else:
+                offset, nbytes = b["offset"], b["nbytes"]
+                if type(offset) is not int or type(nbytes) is not int or offset < 0 or nbytes < 0 \
+                        or offset + nbytes > len(program.blob):
+                    raise DamagedProgram(f"constant {b['name']} lies outside the entry")
+                numel = 1
+                for d in shape:
+                    numel *= d
+                if numel * dtype.itemsize != nbytes:
+                    raise DamagedProgram(f"constant {b['name']} has {nbytes} bytes for {dtype} {list(shape)}")
+                raw = bytearray(program.blob[offset:offset + nbytes])
+                flat = torch.frombuffer(raw, dtype=torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8)
+                t = flat.view(dtype).reshape(shape).to(torch.device(b["device"]))
+            if not self.settings.share_weights:
+                t = t.clone()
+            out[attr] = (t, b["name"], b["weight"] is True)
+        return out
+
+    def _sources(self, doc: Mapping[str, Any], weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+        """The weights the compiled graph follows (None: it follows none)."""
+        names = doc.get("weight_sources")
+        if names is None or not self.settings.share_weights:
+            return None
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise DamagedProgram("a malformed list of weights")
+        missing = [n for n in names if n not in weights]
+        if missing:
+            raise _WeightsDiffer(f"the model has no weight {missing[0]}")
+        return {n: weights[n] for n in names}
+
+    def _load_engines(self, specs: list[dict[str, Any]],
+                      weights: Mapping[str, torch.Tensor]) -> dict[str, KilnEngineModule] | None:
+        """Every engine of the program from the engine cache (several at once), or None when one
+        is missing or unusable (the engine cache logs why and removes a bad entry)."""
+
+        def load(spec: dict[str, Any]) -> KilnEngineModule | None:
+            name = f"{spec['label']} of {self.graph_name}"
+            cached = CachedBuild.for_key(self.store, spec["key"], self.device, name, spec["weights"], weights)
+
+            def make_module(engine: Any) -> KilnEngineModule:
+                module = KilnEngineModule(engine, self.device, spec["inputs"], spec["outputs"], name=name,
+                                          use_cuda_graphs=self.settings.use_cuda_graphs)
+                module.truncated_weights = spec["truncated"]
+                return module
+
+            def check(engine: Any) -> None:
+                if engine.policy != build_policy(self.settings):
+                    raise _C.InternalError(f"engine was built with {engine.policy!r}, the settings ask for "
+                                           f"{build_policy(self.settings)!r}")
+                for kind, ios in (("inputs", engine.inputs), ("outputs", engine.outputs)):
+                    got = [(torch_dtype(io.dtype), tuple(io.shape)) for io in ios]
+                    if got != spec["io"][kind]:
+                        raise _C.InternalError(f"engine {kind} are {got}, the program's {spec['io'][kind]}")
+            return cached.load(make_module, check)
+
+        if len(specs) > 1:
+            with ThreadPoolExecutor(min(len(specs), 4), thread_name_prefix="kiln-program-load") as pool:
+                modules = list(pool.map(load, specs))
+        else:
+            modules = [load(s) for s in specs]
+        if any(m is None for m in modules):
+            self._unusable.update(s["key"] for s, m in zip(specs, modules) if m is None)
+            return None
+        return {s["attr"]: m for s, m in zip(specs, modules) if m is not None}
+
+    def _graph(self, doc: Mapping[str, Any], buffers: Mapping[str, tuple[torch.Tensor, str, bool]],
+               engines: set[str]) -> fx.Graph:
+        """The program's graph, every node checked: ATen / prims ops, getitem, the program's own
+        engines and constants, placeholders and one output, each argument naming nodes before it."""
+        graph = fx.Graph()
+        nodes: dict[str, fx.Node] = {}
+        for item in doc["nodes"]:
+            if not isinstance(item, list) or len(item) != 5 or not isinstance(item[1], str) or item[1] in nodes:
+                raise DamagedProgram("a malformed node")
+            op, name, target, args, kwargs = item
+            args, kwargs = _decode(args, nodes), _decode(kwargs, nodes)
+            if not isinstance(args, tuple) or not isinstance(kwargs, dict):
+                raise DamagedProgram(f"node {name}: malformed arguments")
+            if op == "call_function":
+                node = graph.create_node(op, _op_target(target), args, kwargs, name)
+            elif op == "call_module" and target in engines or op == "get_attr" and target in buffers:
+                node = graph.create_node(op, target, args, kwargs, name)
+                if op == "get_attr":
+                    _, kiln_name, weight = buffers[target]
+                    node.meta.update(kiln_name=kiln_name, kiln_weight=weight)
+            elif op == "placeholder" and isinstance(target, str) and _NAME.match(target) and not args and not kwargs:
+                node = graph.create_node(op, target, (), {}, name)
+            elif op == "output" and len(args) == 1 and not kwargs:
+                node = graph.create_node(op, "output", args, {}, name)
+            else:
+                raise DamagedProgram(f"node {name}: {str(op)[:20]} {str(target)[:60]} is not a node of a program")
+            nodes[name] = node
+        graph.lint()
+        return graph
+
+    @staticmethod
+    def _module(graph: fx.Graph, buffers: Mapping[str, tuple[torch.Tensor, str, bool]],
+                engines: Mapping[str, KilnEngineModule], sources: dict[str, torch.Tensor] | None) -> fx.GraphModule:
+        root = torch.nn.Module()
+        for attr, (t, _, _) in buffers.items():
+            root.register_buffer(attr, t)
+        for attr, module in engines.items():
+            root.add_module(attr, module)
+        gm = fx.GraphModule(root, graph, class_name="KilnLoweredGraph")
+        if sources is not None:
+            gm.meta["kiln_weight_sources"] = sources
+        return gm
+
+    # -- the miss --
+    def compile(self, lowered: LoweredGraph, device: str) -> fx.GraphModule:
+        """compile_lowered, noting the engines the cache holds, then stores the program (with
+        ``cache_built_engines``) unless a block failed to build, an engine is not in the cache
+        or the graph cannot be described."""
+        count("lowerings")
+        with recording(frozenset(self._unusable)) as rec:
+            gm = compile_lowered(lowered, self.settings, device, self.graph_name)
+        if not self.settings.cache_built_engines:
+            return gm
+        why = ""
+        if device != self.device:
+            why = f"it was keyed for {self.device}, compiled for {device}"
+        elif rec.counts.get("build_failures"):
+            why = "a block failed to build"
+        elif self.out_spec is not None and lowered.out_spec != self.out_spec:
+            why = "its outputs nest otherwise than the captured graph's"
+        if why:
+            log.info("program cache: %s not stored: %s", self.graph_name, why)
+            return gm
+        by_engine = {id(r.engine): (r.key, r.weights) for r in rec.engines}
+        engines = {}
+        for attr, module in gm.named_children():
+            if isinstance(module, KilnEngineModule):
+                if id(module.engine) not in by_engine:
+                    log.info("program cache: %s not stored: %s's engine is not in the cache", self.graph_name, attr)
+                    return gm
+                engines[attr] = by_engine[id(module.engine)]
+        try:
+            data = encode_program(gm, engines, self.key, self.graph_name)
+            self.store.put_program(self.key, data)
+        except Uncacheable as err:
+            log.info("program cache: %s not stored: %s", self.graph_name, err)
+            return gm
+        except Exception as err:  # noqa: BLE001 - a full disk must not fail the compilation
+            log.warning("program cache: could not store the program of %s: %s: %s", self.graph_name,
+                        type(err).__name__, err)
+            return gm
+        count("programs_stored")
+        log.info("program cache: stored %s (key %s, %d bytes, %d engine(s))", self.graph_name, self.key[:16],
+                 len(data), len(engines))
+        return gm
+
+    def _miss(self, why: str) -> None:
+        count("program_misses")
+        log.info("program cache miss for %s (key %s): %s", self.graph_name, self.key[:16], why)
+        return None
+
+    def _reject(self, why: str) -> None:
+        count("programs_rejected")
+        log.warning("program cache: entry %s for %s: %s; removing it and compiling the graph again",
+                    self.key[:16], self.graph_name, why)
+        try:
+            self.store.remove_program(self.key)
+        except Exception as err:  # noqa: BLE001
+            log.warning("program cache: %r failed to remove %s: %s", self.store, self.key, err)
+
+
+def _weight(weights: Mapping[str, torch.Tensor], name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    t = weights.get(name)
+    if not isinstance(t, torch.Tensor):
+        raise _WeightsDiffer(f"the model has no weight {name}")
+    if t.dtype != dtype or tuple(t.shape) != shape:
+        raise _WeightsDiffer(f"weight {name} is {t.dtype} {list(t.shape)}, the program's {dtype} {list(shape)}")
+    return t
+
+
+def _not_keyed(graph_name: str, err: Exception) -> None:
+    if isinstance(err, Uncacheable):
+        log.info("program cache: %s is compiled without it: %s", graph_name, err)
+    else:
+        log.warning("program cache: no key for %s (%s: %s); compiling without it", graph_name, type(err).__name__, err)
