@@ -299,11 +299,12 @@ template <typename T>
 inline T where_value(bool cond, T a, T b) { return cond ? a : b; }
 
 // X(kind) for every op of a family; int-capable subsets for integer element types.
-#define KILN_PW_UNARY_OPS(X)                                                                                      \
-  X(kRelu)                                                                                                        \
-  X(kGelu) X(kSilu) X(kSigmoid) X(kTanh) X(kExp) X(kLog) X(kSqrt) X(kRsqrt) X(kNeg) X(kAbs) X(kErf) X(kHardswish) \
-      X(kHardsigmoid) X(kReciprocal) X(kSin) X(kCos) X(kLogicalNot) X(kClamp) X(kLeakyRelu) X(kSign) X(kFloor)    \
-          X(kCeil) X(kRound) X(kTrunc)
+// clang-format off
+#define KILN_PW_UNARY_OPS(X)                                                                          \
+  X(kRelu) X(kGelu) X(kSilu) X(kSigmoid) X(kTanh) X(kExp) X(kLog) X(kSqrt) X(kRsqrt) X(kNeg) X(kAbs) \
+  X(kErf) X(kHardswish) X(kHardsigmoid) X(kReciprocal) X(kSin) X(kCos) X(kLogicalNot) X(kClamp)     \
+  X(kLeakyRelu) X(kSign) X(kFloor) X(kCeil) X(kRound) X(kTrunc)
+// clang-format on
 #define KILN_PW_UNARY_INT_OPS(X) X(kRelu) X(kNeg) X(kAbs) X(kClamp) X(kLogicalNot) X(kSign)
 #define KILN_PW_ARITH_OPS(X) X(kAdd) X(kSub) X(kMul) X(kDiv) X(kMaximum) X(kMinimum)
 #define KILN_PW_COMPARE_OPS(X) X(kEq) X(kNe) X(kLt) X(kLe) X(kGt) X(kGe) X(kLogicalAnd) X(kLogicalOr)
