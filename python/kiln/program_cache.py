@@ -532,7 +532,8 @@ class ProgramCache:
             log.warning("program cache: %r failed to read %s: %s: %s", self.store, self.key, type(err).__name__, err)
             entry = None
         if entry is None:
-            return self._miss("no entry")
+            self._miss("no entry")
+            return None
         try:
             program = _parse(entry.data, self.key)
             specs = self._engine_specs(program.doc)
@@ -546,18 +547,22 @@ class ProgramCache:
                 for w in spec["weights"]:
                     _weight(weights, w.name, w.source_dtype, w.shape)
         except _WeightsDiffer as err:
-            return self._miss(str(err))
+            self._miss(str(err))
+            return None
         except Exception as err:  # noqa: BLE001 - whatever a damaged entry makes the decoding raise
             self._reject(f"{entry.source} is damaged ({type(err).__name__}: {err})")
-            return self._miss("a damaged entry")
+            self._miss("a damaged entry")
+            return None
         engines = self._load_engines(specs, weights)
         if engines is None:
-            return self._miss("an engine is not in the cache")
+            self._miss("an engine is not in the cache")
+            return None
         try:
             gm = self._module(graph, buffers, engines, sources)
         except Exception as err:  # noqa: BLE001
             self._reject(f"{entry.source} cannot be used ({type(err).__name__}: {err})")
-            return self._miss("an unusable entry")
+            self._miss("an unusable entry")
+            return None
         gm.meta["kiln_summary"] = CompileSummary(self.graph_name, len(engines), in_engines, in_pytorch,
                                                  time.perf_counter() - start)
         count("program_hits")
@@ -745,7 +750,6 @@ class ProgramCache:
     def _miss(self, why: str) -> None:
         count("program_misses")
         log.info("program cache miss for %s (key %s): %s", self.graph_name, self.key[:16], why)
-        return None
 
     def _reject(self, why: str) -> None:
         count("programs_rejected")
