@@ -145,8 +145,18 @@ def _check_examples(arg_inputs: Any, kwarg_inputs: Any) -> None:
 
 def compile(module: torch.nn.Module | torch.export.ExportedProgram, arg_inputs: Sequence[Any] | None = None,
             kwarg_inputs: dict[str, Any] | None = None, *, settings: CompilationSettings | None = None,
-            **options: Any) -> KilnModule:
-    """Compiles a module (exported with torch.export on ``arg_inputs``) or an ExportedProgram."""
+            inputs: Sequence[Any] | None = None, ir: str = "default", **options: Any) -> KilnModule:
+    """Compiles a module (exported with torch.export on ``arg_inputs``) or an ExportedProgram.
+
+    ``inputs`` and ``ir`` take ``torch_tensorrt.compile``'s spelling: ``inputs`` is ``arg_inputs``
+    (example tensors), and ``ir`` may be "default" or "dynamo" (this torch.export path)."""
+    if ir not in ("default", "dynamo"):
+        raise ValueError(f"kiln.compile: ir={ir!r} is not supported; kiln.compile is the torch.export (\"dynamo\") "
+                         "path, and torch.compile(module, backend=\"kiln\") is the torch_compile one")
+    if inputs is not None:
+        if arg_inputs is not None:
+            raise ValueError("kiln.compile: give the example inputs once, as arg_inputs or as inputs")
+        arg_inputs = inputs
     settings = settings_from_options(settings, **options)
     if not isinstance(module, (torch.nn.Module, torch.export.ExportedProgram)):
         raise TypeError(f"kiln.compile compiles a torch.nn.Module or a torch.export.ExportedProgram, "

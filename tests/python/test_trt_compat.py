@@ -482,3 +482,15 @@ def test_docs_table_names_every_option() -> None:
 def test_mutable_module_takes_the_refit_alias(refittable: bool) -> None:
     module = kiln.MutableModule(torch.nn.Linear(3, 3), make_refittable=refittable)
     assert module.settings.immutable_weights is (not refittable)
+
+
+def test_kiln_compile_takes_torch_tensorrt_compile_keywords() -> None:
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(6, 5), nn.ReLU()).eval(), torch.randn(3, 6)
+    compiled = kiln.compile(model, ir="dynamo", inputs=[x], min_block_size=1)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    with pytest.raises(ValueError, match="ir='ts' is not supported"):
+        kiln.compile(model, ir="ts", inputs=[x])
+    with pytest.raises(ValueError, match="once, as arg_inputs or as inputs"):
+        kiln.compile(model, [x], inputs=[x])
