@@ -157,10 +157,11 @@ def device_name(device: str) -> str:
     return f"cpu {platform.machine()}"
 
 
-def _settings_text(settings: CompilationSettings) -> str:
+def settings_text(settings: CompilationSettings, skip: frozenset[str] = _NOT_BUILD_SETTINGS) -> str:
+    """The settings as key text: every field but those in ``skip``, sets sorted."""
     parts = []
     for f in dataclasses.fields(settings):
-        if f.name in _NOT_BUILD_SETTINGS:
+        if f.name in skip:
             continue
         value = getattr(settings, f.name)
         if isinstance(value, (frozenset, set)):
@@ -174,7 +175,7 @@ def engine_cache_key(description: BlockDescription | Any, settings: CompilationS
     without weight bytes, or an ImportGraph with them) under these settings."""
     h = hashlib.sha256()
     kind = device.partition(":")[0]
-    for text in (_KEY_FORMAT, _C.__version__, kind, device_name(device), _settings_text(settings)):
+    for text in (_KEY_FORMAT, _C.__version__, kind, device_name(device), settings_text(settings)):
         h.update(text.encode())
         h.update(b"\0")
     if isinstance(description, BlockDescription):

@@ -38,7 +38,6 @@ longer fit, is a miss. Nothing here raises into a compilation.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import functools
 import hashlib
 import json
@@ -57,7 +56,7 @@ import torch.utils._pytree as pytree
 
 from kiln import _C
 from kiln.cache import EngineCache, UnusableEntry, engine_cache_for, log
-from kiln.cached_build import CachedBuild, WeightSpec, count, device_name, recording
+from kiln.cached_build import CachedBuild, WeightSpec, count, device_name, recording, settings_text
 from kiln.lowering import LoweredGraph
 from kiln.pipeline import CompileSummary, compile_lowered, device_of
 from kiln.runtime import KilnEngineModule, build_policy, warm_up
@@ -99,18 +98,6 @@ class CachedProgram(NamedTuple):
 
 
 # ---- the key --------------------------------------------------------------------------------
-
-def _settings_text(settings: CompilationSettings) -> str:
-    parts = []
-    for f in dataclasses.fields(settings):
-        if f.name in _NOT_PROGRAM_SETTINGS:
-            continue
-        value = getattr(settings, f.name)
-        if isinstance(value, (frozenset, set)):
-            value = sorted(str(v) for v in value)
-        parts.append(f"{f.name}={value!r}")
-    return ";".join(parts)
-
 
 def _tensor_meta(t: torch.Tensor) -> str:
     if t.layout != torch.strided:
@@ -192,7 +179,8 @@ def _key_prefix(kind: str, settings: CompilationSettings, device: str, keep: Seq
     sdpa = [f() for f in (torch.backends.cuda.flash_sdp_enabled, torch.backends.cuda.mem_efficient_sdp_enabled,
                           torch.backends.cuda.math_sdp_enabled, torch.backends.cuda.cudnn_sdp_enabled)]
     for text in (_KEY_FORMAT, kind, torch.__version__, _C.__version__, kiln_code_digest(), device,
-                 device_name(device), _settings_text(settings), "\n".join(sorted(keep)), f"sdpa={sdpa}"):
+                 device_name(device), settings_text(settings, _NOT_PROGRAM_SETTINGS), "\n".join(sorted(keep)),
+                 f"sdpa={sdpa}"):
         h.update(text.encode())
         h.update(b"\0")
     return h
