@@ -322,6 +322,11 @@ uint32_t blocks_for(int64_t n, int64_t per_block) {
   return uint32_t(std::clamp<int64_t>(b, 1, kMaxBlocks));
 }
 
+std::string SplitPlan::describe(const char* what, int vec) const {
+  return " (split: " + std::to_string(splits) + " blocks per " + what + " of " + std::to_string(chunk) + " elements, " +
+         std::to_string(vec) + "-wide loads)";
+}
+
 SplitPlan split_rows(int64_t rows, int64_t row_len, int64_t quantum, int64_t stat_bytes, const Target& t) {
   SplitPlan p;
   p.chunk = row_len;

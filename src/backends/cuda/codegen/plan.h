@@ -222,6 +222,8 @@ struct SplitPlan {
   int64_t chunk = 0;
   uint64_t workspace = 0;
   bool split() const { return splits > 1; }
+  // " (split: <splits> blocks per <what> of <chunk> elements, <vec>-wide loads)", for a plan's description.
+  std::string describe(const char* what, int vec) const;
 };
 // The rule: split when the rows are fewer than two per multiprocessor (one block each leaves
 // multiprocessors idle or unevenly loaded) and each row has at least kSplitMinRow elements;

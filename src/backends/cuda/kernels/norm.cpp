@@ -113,12 +113,6 @@ int add_split(Generated& gn, const Node& n, bool layer, int esz, int64_t rows, i
   return vec;
 }
 
-// " (split: <splits> blocks per <what> of <chunk> elements, <vec>-wide loads)".
-std::string split_describe(const char* what, const SplitPlan& sp, int vec) {
-  return " (split: " + std::to_string(sp.splits) + " blocks per " + what + " of " + std::to_string(sp.chunk) +
-         " elements, " + std::to_string(vec) + "-wide loads)";
-}
-
 std::string batch_kernels(bool w, bool b) {
   return define("KG_HAS_W", w) + define("KG_HAS_B", b) + std::string(embedded_source("norm_batch.cuh"));
 }
@@ -192,7 +186,7 @@ Generated generate_norm(const Node& n, const Graph& g, const Target& t) {
     } else if (const SplitPlan sp = norm_split(rows, D, esz, xt.dtype == DType::kF64, t); sp.split()) {
       gn.source = head;
       const int vec = add_split(gn, n, true, esz, rows, D, 1, D, 1, eps, sp);
-      gn.plan.describe = desc + split_describe("row", sp, vec);
+      gn.plan.describe = desc + sp.describe("row", vec);
     } else {
       gn.source = head + group_kernel(true, w, b);
       Launch l("kg_group_norm", blocks_for(rows, 1), kBlockThreads);
@@ -214,7 +208,7 @@ Generated generate_norm(const Node& n, const Graph& g, const Target& t) {
     if (const SplitPlan sp = norm_split(N * G, Cg * S, esz, xt.dtype == DType::kF64, t); sp.split()) {
       gn.source = head;
       const int vec = add_split(gn, n, false, esz, N * G, Cg * S, G, Cg, S, eps, sp);
-      gn.plan.describe = desc + split_describe("group", sp, vec);
+      gn.plan.describe = desc + sp.describe("group", vec);
       return gn;
     }
     gn.source = head + group_kernel(false, w, b);

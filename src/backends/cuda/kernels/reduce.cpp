@@ -192,8 +192,7 @@ Generated generate_reduce(const Node& n, const Graph& g, const Target& t) {
     gn.plan.launches.push_back(std::move(first));
     gn.plan.launches.push_back(std::move(done));
     gn.plan.workspace = sp.workspace;
-    gn.plan.describe = desc + " (split: " + std::to_string(sp.splits) + " blocks per output of " +
-                       std::to_string(sp.chunk) + " elements, " + std::to_string(vec) + "-wide loads)";
+    gn.plan.describe = desc + sp.describe("output", vec);
   } else if (L.inner_reduced) {
     const int vec = word_elements(L, dt);
     const bool block = L.count > 2048;

@@ -120,8 +120,7 @@ Generated generate_softmax(const Node& n, const Graph& g, const Target& t) {
     gn.plan.launches.push_back(std::move(first));
     gn.plan.launches.push_back(std::move(second));
     gn.plan.workspace = sp.workspace;
-    gn.plan.describe = desc + " (split: " + std::to_string(sp.splits) + " blocks per row of " +
-                       std::to_string(sp.chunk) + " elements, " + std::to_string(vec) + "-wide loads)";
+    gn.plan.describe = desc + sp.describe("row", vec);
   } else if (inner == 1) {
     gn.source += define("KG_LOG", log) + std::string(embedded_source("softmax_long.cuh"));
     Launch l("kg_softmax_long", blocks_for(outer, 1), 1024);
