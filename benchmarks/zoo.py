@@ -766,6 +766,46 @@ def write_docs(table: str, path: Path = DOCS) -> None:
     path.write_text(text[:start + len(DOCS_START)] + "\n" + table + text[end:])
 
 
+def shard_slice(spec: str) -> slice:
+    """`I/N` (0 <= I < N) as the slice that takes every N-th model from the I-th."""
+    m = re.fullmatch(r"(\d+)/(\d+)", spec.strip())
+    if not m or not int(m.group(1)) < int(m.group(2)):
+        raise SystemExit(f"--shard {spec!r}: expected I/N with 0 <= I < N, e.g. 0/4")
+    return slice(int(m.group(1)), None, int(m.group(2)))
+
+
+def join_rows(rows: list[Row], more: list[Row]) -> list[Row]:
+    """`rows` with `more` added; a row of `more` replaces one of `rows` with the same key."""
+    keys = {r.key for r in more}
+    return [r for r in rows if r.key not in keys] + more
+
+
+def merge(folders: list[Path], out: Path, baseline_dir: Path, docs: bool) -> int:
+    """Joins the results of runs made side by side (--shard) into one table, and the
+    reduce-overhead rows they measured into the stored baselines of `baseline_dir`."""
+    rows: list[Row] = []
+    header: dict[str, Any] | None = None
+    for folder in folders:
+        found = json.loads((folder / "zoo.json").read_text())
+        rows = join_rows(rows, [Row.from_dict(r) for r in found["rows"]])
+        header = header or found["header"]
+        header["stopped"] = header.get("stopped") or found["header"].get("stopped", False)
+        for path in sorted((folder / "baseline").glob("*.json")):
+            measured = json.loads(path.read_text())
+            stored = Baseline(baseline_dir / path.name, measured["device"])
+            stored.data["rows"].update(measured["rows"])
+            stored.write()
+            log.info("%d reduce-overhead rows of %s joined into %s", len(measured["rows"]), folder, stored.path)
+    if header is None:
+        raise SystemExit("--merge: no folder given")
+    header["shards"] = len(folders)
+    table = write_results(out, rows, header)
+    if docs:
+        write_docs(table)
+    log.info("\n%s", table)
+    return 0
+
+
 def parse_list(text: str, valid: dict[str, str] | None = None, what: str = "") -> list[str]:
     items = [x.strip() for x in text.split(",") if x.strip()]
     if valid is None:
@@ -798,7 +838,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "path's compile then finds the first's timing-cache entries)")
     parser.add_argument("--out", default="zoo-results", help="folder of zoo.json and zoo.md")
     parser.add_argument("--resume", action="store_true", help="keep the rows of OUT/zoo.json, run the rest")
-    parser.add_argument("--resume-from", metavar="JSON", help="keep the rows of this zoo.json, run the rest")
+    parser.add_argument("--resume-from", metavar="JSON", help="keep the rows of these zoo.json files "
+                        "(comma-separated), run the rest")
+    parser.add_argument("--shard", metavar="I/N", help="only models I, I+N, I+2N, ... of the selection (0-based): "
+                        "one of N runs side by side, e.g. one per GPU (scripts/zoo_gpus.sh)")
+    parser.add_argument("--merge", metavar="DIR", help="run nothing: join the zoo.json of these OUT folders "
+                        "(comma-separated) into --out, and their measured reduce-overhead rows into "
+                        "--baseline-dir")
     parser.add_argument("--write-docs", action="store_true", help=f"also write the table into {DOCS}")
     parser.add_argument("--list", action="store_true", help="list the zoo and exit")
     parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
@@ -821,6 +867,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.runs = args.runs or (50 if on_gpu else 5)
     args.warmup = args.warmup if args.warmup is not None else (10 if on_gpu else 2)
     models = zoo_models.select(args.models)
+    if args.shard:
+        models = models[shard_slice(args.shard)]
     batches = [int(b) for b in parse_list(args.batches)]
     dtypes = parse_list(args.dtypes, DTYPE_ALIASES, "dtype")
     paths = parse_list(args.paths, {k: k for k in PATHS}, "path")
@@ -841,11 +889,14 @@ def main(argv: Sequence[str] | None = None) -> int:
               "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "stopped": False}
 
     out = Path(args.out)
+    if args.merge:
+        return merge([Path(d) for d in parse_list(args.merge)], out, Path(args.baseline_dir), args.write_docs)
     rows: list[Row] = []
-    earlier = Path(args.resume_from) if args.resume_from else out / "zoo.json" if args.resume else None
-    if earlier is not None and (args.resume_from or earlier.exists()):
-        rows = [Row.from_dict(r) for r in json.loads(earlier.read_text())["rows"]]
-        log.info("resuming: %d rows kept from %s", len(rows), earlier)
+    earlier = [Path(p) for p in parse_list(args.resume_from)] if args.resume_from else \
+        [out / "zoo.json"] if args.resume and (out / "zoo.json").exists() else []
+    for path in earlier:
+        rows = join_rows(rows, [Row.from_dict(r) for r in json.loads(path.read_text())["rows"]])
+        log.info("resuming: rows kept from %s (%d in all)", path, len(rows))
     have = {r.key for r in rows}
 
     runner = Runner(args, device, header, out, rows, baseline, anchors, deadline)
