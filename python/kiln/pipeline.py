@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import operator
+import re
 import time
 import warnings
 import weakref
@@ -93,6 +94,23 @@ def _truncated(constants: Sequence[Any]) -> frozenset[str]:
                      if c.weight and c.source.dtype == torch.float64 and c.dtype == torch.float32)
 
 
+class _NodeFailed(Exception):
+    """A block's build failed on one node that the error names: the block is partitioned again
+    without it."""
+
+    def __init__(self, node: fx.Node, err: Exception) -> None:
+        super().__init__(str(err))
+        self.node, self.err = node, err
+
+
+def _node_named_in(block: Block, err: Exception) -> fx.Node | None:
+    """The node of `block` that a build error names ("... (node 'NAME') ..."), if any."""
+    found = re.search(r"\(node '([^']+)'\)", str(err))
+    if found is None:
+        return None
+    return next((n for n in block.nodes if n.name == found.group(1)), None)
+
+
 def _build_block(gm: fx.GraphModule, block: Block, settings: CompilationSettings, device: str,
                  name: str) -> KilnEngineModule | None:
     """The engine module of one block: from the engine cache (refitted) or freshly built."""
@@ -128,6 +146,9 @@ def _build_block(gm: fx.GraphModule, block: Block, settings: CompilationSettings
         count("build_failures")
         if settings.pass_through_build_failures or settings.require_full_compilation:
             raise
+        node = _node_named_in(block, err)
+        if node is not None and block.num_ops > 1:
+            raise _NodeFailed(node, err) from err
         ops = ", ".join(f"{k} x{v}" for k, v in block.histogram().most_common())
         msg = f"Kiln could not build {name} ({ops}); running it in PyTorch: {err}"
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
@@ -139,6 +160,22 @@ def _build_block(gm: fx.GraphModule, block: Block, settings: CompilationSettings
     return make_module(engine)
 
 
+def _build_blocks(gm: fx.GraphModule, blocks: Sequence[Block], settings: CompilationSettings, device: str,
+                  graph_name: str, modules: dict[tuple[fx.Node, ...], KilnEngineModule | None]
+                  ) -> list[tuple[Block, KilnEngineModule]]:
+    """Each block with its engine module (blocks that fail to build are left out), taken from
+    `modules` where an earlier attempt built the same nodes, else built and added there."""
+    built: list[tuple[Block, KilnEngineModule]] = []
+    for i, block in enumerate(blocks):
+        key = tuple(block.nodes)
+        if key not in modules:
+            modules[key] = _build_block(gm, block, settings, device, f"engine {i} of {graph_name}")
+        module = modules[key]
+        if module is not None:
+            built.append((block, module))
+    return built
+
+
 def compile_lowered(lowered: LoweredGraph, settings: CompilationSettings, device: str,
                     graph_name: str = "graph") -> fx.GraphModule:
     """Partitions the lowered graph and replaces each buildable block by an engine module."""
@@ -148,7 +185,12 @@ def compile_lowered(lowered: LoweredGraph, settings: CompilationSettings, device
     gm = lowered.gm
     if settings.enable_autocast:
         apply_autocast(gm, settings)  # explicit casts: the engines are built as the graph is typed
-    result = partition(gm, Capability(gm, settings), settings)
+    capability = Capability(gm, settings)
+    left_out: dict[fx.Node, str] = {}  # nodes whose engine build failed: they stay in PyTorch
+
+    def supports(node: fx.Node) -> tuple[bool, str]:
+        return (False, left_out[node]) if node in left_out else capability(node)
+    result = partition(gm, supports, settings)
     if settings.builds_nothing or settings.debug:
         emit_report(format_report(result, settings, graph_name), settings)
     inner = compile_subgraphs(gm, lambda sub, name: compile_lowered(sub, settings, device, f"{graph_name}/{name}"))
@@ -156,11 +198,21 @@ def compile_lowered(lowered: LoweredGraph, settings: CompilationSettings, device
         gm.meta["kiln_summary"] = add_subgraph_summaries(
             CompileSummary(graph_name, 0, collections.Counter(), result.pytorch_ops()), inner)
         return gm
-    built: list[tuple[Block, KilnEngineModule]] = []
-    for i, block in enumerate(result.blocks):
-        module = _build_block(gm, block, settings, device, f"engine {i} of {graph_name}")
-        if module is not None:
-            built.append((block, module))
+    # A block whose build fails on one node it names is partitioned again without that node;
+    # blocks that come out the same are not built again.
+    modules: dict[tuple[fx.Node, ...], KilnEngineModule | None] = {}
+    while True:
+        try:
+            built = _build_blocks(gm, result.blocks, settings, device, graph_name, modules)
+            break
+        except _NodeFailed as failed:
+            why = f"its engine could not be built: {failed.err}"
+            msg = (f"Kiln could not build node '{failed.node.name}' ({op_name(failed.node)}) of {graph_name}; "
+                   f"it runs in PyTorch and the rest is built: {failed.err}")
+            warnings.warn(msg, RuntimeWarning, stacklevel=2)
+            log.warning("%s", msg)
+            left_out[failed.node] = why
+            result = partition(gm, supports, settings)
     remap: dict[fx.Node, fx.Node] = {}
     for i, (block, module) in enumerate(built):
         block.inputs = [remap.get(n, n) for n in block.inputs]

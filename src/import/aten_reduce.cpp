@@ -133,8 +133,20 @@ std::vector<ValueId> convert_any(ImportContext& cx) {
 }
 
 // cumsum(self, dim, *, dtype=None): a matmul with an upper-triangular matrix of ones over the
-// scanned dim (moved last). Integer outputs are summed in f64, exact below 2^53.
+// scanned dim (moved last). Integer outputs are summed in f64, exact below 2^53, or in f32 where
+// the inputs are small integers (see below).
 constexpr int64_t kMaxCumsumLength = 4096;  // the n x n constant stays below 128 MiB
+
+// Whether every element of `v` is an integer of magnitude at most 255: a bool or 8-bit integer,
+// or a cast of one (a padding mask made with `.ne(pad).int()`). Sums of up to kMaxCumsumLength of
+// them stay below 2^24, exact in f32, which every backend's matmul takes (f64 not everywhere).
+bool small_integers(const Graph& g, ValueId v) {
+  const Value& value = g.value(v);
+  const DType dt = value.type.dtype;
+  if (dt == DType::kBool || dt == DType::kI8 || dt == DType::kU8) return true;
+  const Node* p = value.producer;
+  return !is_floating(dt) && p != nullptr && p->op == OpKind::kCast && small_integers(g, p->inputs[0]);
+}
 
 ValueId triangle_of_ones(ImportContext& cx, int64_t n, DType dt) {
   TensorType t(dt, {n, n});
@@ -160,7 +172,7 @@ std::vector<ValueId> convert_cumsum(ImportContext& cx) {
   const int64_t axis = normalize_dim(cx.args.get_int(1, "dim"), rank);
   const int64_t n = shape[size_t(axis)];
   if (n > kMaxCumsumLength) reject("cumsum over ", n, " elements (at most ", kMaxCumsumLength, ")");
-  const DType compute = is_floating(out) ? out : DType::kF64;
+  const DType compute = is_floating(out) ? out : small_integers(cx.graph, x) ? DType::kF32 : DType::kF64;
   std::vector<int64_t> perm;
   for (int64_t d = 0; d < rank; ++d) {
     if (d != axis) perm.push_back(d);

@@ -206,4 +206,34 @@ TEST(ImportNumerics, SliceScatterCopyAndCumsum) {
   }
 }
 
+// An integer cumsum sums in f32 where its inputs are small integers (a mask cast to int, as
+// position ids are made from a padding mask), in f64 otherwise; both give exact sums.
+TEST(ImportNumerics, IntegerCumsumOfAMaskSumsInF32) {
+  auto matmul_dtypes = [](const Graph& g) {
+    std::vector<DType> found;
+    for (const auto& n : g.nodes())
+      if (n->op == OpKind::kMatmul) found.push_back(g.value(n->outputs[0]).type.dtype);
+    return found;
+  };
+  Fx masked;
+  int32_t ids = masked.input("ids", DType::kI64, {2, 7});
+  int32_t ne = masked.node("aten.ne.Scalar", {T(ids), I(1)}, DType::kBool, {2, 7});
+  int32_t as_int = masked.node("aten._to_copy.default", {T(ne)}, DType::kI32, {2, 7}, {{"dtype", D(DType::kI32)}});
+  masked.output(masked.node("aten.cumsum.default", {T(as_int), I(1)}, DType::kI64, {2, 7}), "positions");
+  EXPECT_EQ(matmul_dtypes(import_aten(masked.g)), std::vector<DType>{DType::kF32});
+  std::vector<int64_t> idv(14);
+  std::mt19937 rng(3);
+  for (int64_t& v : idv) v = int64_t(rng() % 3);
+  std::vector<int64_t> pos = from_bytes<int64_t>(run(masked, {to_bytes(idv)})[0]);
+  for (int r = 0; r < 2; ++r) {
+    int64_t sum = 0;
+    for (int c = 0; c < 7; ++c) EXPECT_EQ(pos[size_t(r * 7 + c)], sum += idv[size_t(r * 7 + c)] != 1 ? 1 : 0);
+  }
+
+  Fx wide;
+  int32_t big = wide.input("x", DType::kI64, {2, 7});
+  wide.output(wide.node("aten.cumsum.default", {T(big), I(1)}, DType::kI64, {2, 7}), "sums");
+  EXPECT_EQ(matmul_dtypes(import_aten(wide.g)), std::vector<DType>{DType::kF64});
+}
+
 }  // namespace

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -188,6 +189,33 @@ def test_build_failure_falls_back_to_pytorch_with_a_warning(monkeypatch: pytest.
     assert len(messages) == 1
     assert "aten.sigmoid.default" in messages[0] and "no kernel for this case" in messages[0]
     assert result.engines == 0 and result.ops_in_pytorch["aten.sigmoid.default"] == 1
+
+
+@pytest.mark.parametrize("via", ["dynamo", "aot"])
+def test_a_node_that_fails_to_build_is_left_out_and_the_rest_built(monkeypatch: pytest.MonkeyPatch,
+                                                                   via: str) -> None:
+    real = kiln.pipeline.build_engine
+    failed: list[str] = []
+
+    def build(description: Any, settings: Any, device: str, borrowed: Any = None) -> Any:
+        for node in description.nodes:
+            if node.target == "aten.sigmoid.default":
+                failed.append(node.name)
+                raise kiln.UnsupportedError(f"[unsupported] backend cpu cannot run sigmoid (node '{node.name}'): "
+                                            "no kernel for this case")
+        return real(description, settings, device, borrowed)
+    monkeypatch.setattr(kiln.pipeline, "build_engine", build)
+    with pytest.warns(RuntimeWarning) as record:
+        result = compile_and_compare(MLP().eval(), [torch.randn(4, 16)], options={"min_block_size": 1}, via=via)
+    messages = [str(w.message) for w in record if "Kiln could not build" in str(w.message)]
+    graph = r"graph \d+" if via == "dynamo" else "MLP"
+    assert len(messages) == 1 and re.fullmatch(
+        f"Kiln could not build node '{failed[0]}' \\(aten.sigmoid.default\\) of {graph}; it runs in PyTorch and "
+        f"the rest is built: \\[unsupported\\] backend cpu cannot run sigmoid \\(node '{failed[0]}'\\): no kernel "
+        "for this case", messages[0]), messages
+    assert len(failed) == 1  # tried once, then partitioned around
+    assert result.ops_in_pytorch == {"aten.sigmoid.default": 1}
+    assert result.engines == 2  # the ops before and after the sigmoid
 
 
 def test_pass_through_build_failures_raises(monkeypatch: pytest.MonkeyPatch) -> None:
