@@ -134,6 +134,7 @@ else:
     from .aot import compile, extract_engines, load, save
     from .archive import UnsafeFileError
     from .cache import DiskEngineCache, EngineCache
+    from .dynamic import Input, ShapeRangeError
     from .dynamo import kiln_backend
     from .mutable import MutableModule
     from .refit import refit  # the function; "from kiln.refit import ..." still reaches the module
@@ -152,5 +153,5 @@ else:
     _register_backend()
     from . import tune  # after the backend is registered: KILN_TUNE=1 installs its hook on import
 
-    __all__ += ["CompilationSettings", "DiskEngineCache", "EngineCache", "MutableModule", "UnsafeFileError", "compile",
-                "extract_engines", "kiln_backend", "load", "refit", "save", "tune"]
+    __all__ += ["CompilationSettings", "DiskEngineCache", "EngineCache", "Input", "MutableModule", "ShapeRangeError",
+                "UnsafeFileError", "compile", "extract_engines", "kiln_backend", "load", "refit", "save", "tune"]

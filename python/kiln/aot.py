@@ -29,6 +29,7 @@ from kiln._logging import debug_logging, get_logger
 from kiln.archive import check_archive, engine_blobs
 from kiln.archive import check_engines as check_engines_of
 from kiln.control_flow import export_form
+from kiln.dynamic import compile_dynamic, dynamic_program_of, input_dynamic_shapes, is_dynamic
 from kiln.lowering import export_module, lower_exported_program
 from kiln.outputs import OutputTemplate, output_hint, unregistered_output
 from kiln.pipeline import CompileSummary, compile_lowered, device_of, graph_runner, supported_targets, unflattener
@@ -145,11 +146,16 @@ def _check_examples(arg_inputs: Any, kwarg_inputs: Any) -> None:
 
 def compile(module: torch.nn.Module | torch.export.ExportedProgram, arg_inputs: Sequence[Any] | None = None,
             kwarg_inputs: dict[str, Any] | None = None, *, settings: CompilationSettings | None = None,
-            inputs: Sequence[Any] | None = None, ir: str = "default", **options: Any) -> KilnModule:
+            inputs: Sequence[Any] | None = None, ir: str = "default", dynamic_shapes: Any = None,
+            **options: Any) -> KilnModule:
     """Compiles a module (exported with torch.export on ``arg_inputs``) or an ExportedProgram.
 
     ``inputs`` and ``ir`` take ``torch_tensorrt.compile``'s spelling: ``inputs`` is ``arg_inputs``
-    (example tensors), and ``ir`` may be "default" or "dynamo" (this torch.export path)."""
+    (example tensors, or ``kiln.Input`` min/opt/max shapes), and ``ir`` may be "default" or
+    "dynamo" (this torch.export path). ``dynamic_shapes`` is torch.export's: the sizes it names
+    (``torch.export.Dim("b", min=1, max=32)``, ``Dim.AUTO``, ...) stay symbolic, and the program
+    serves every size in their ranges (kiln/dynamic.py; so does an ExportedProgram with symbolic
+    sizes)."""
     if ir not in ("default", "dynamo"):
         raise ValueError(f"kiln.compile: ir={ir!r} is not supported; kiln.compile is the torch.export (\"dynamo\") "
                          "path, and torch.compile(module, backend=\"kiln\") is the torch_compile one")
@@ -161,6 +167,17 @@ def compile(module: torch.nn.Module | torch.export.ExportedProgram, arg_inputs: 
     if not isinstance(module, (torch.nn.Module, torch.export.ExportedProgram)):
         raise TypeError(f"kiln.compile compiles a torch.nn.Module or a torch.export.ExportedProgram, "
                         f"got a {type(module).__name__}")
+    if isinstance(arg_inputs, (list, tuple)):
+        arg_inputs, input_shapes = input_dynamic_shapes(
+            arg_inputs, settings.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if input_shapes is not None:
+            if dynamic_shapes is not None:
+                raise ValueError("kiln.compile: give the dynamic shapes once, as dynamic_shapes or as kiln.Input "
+                                 "ranges in the inputs")
+            dynamic_shapes = input_shapes
+    if dynamic_shapes is not None and isinstance(module, torch.export.ExportedProgram):
+        raise ValueError("kiln.compile: dynamic_shapes is for a module that kiln.compile exports; an "
+                         "ExportedProgram keeps the dynamic shapes it was exported with")
     _check_examples(arg_inputs, kwarg_inputs)
     with debug_logging(settings.debug), torch.no_grad():
         keep = supported_targets()
@@ -175,8 +192,17 @@ def compile(module: torch.nn.Module | torch.export.ExportedProgram, arg_inputs: 
         else:
             if arg_inputs is None:
                 raise ValueError("kiln.compile needs arg_inputs (example inputs) to trace a module")
-            ep, template = export_module(module, list(arg_inputs), kwarg_inputs)
+            ep, template = export_module(module, list(arg_inputs), kwarg_inputs, dynamic_shapes)
         graph_name = type(module).__name__
+        if dynamic_shapes is not None and not is_dynamic(ep.graph_module):
+            log.warning("kiln.compile: torch.export made every dynamic dim static (it specializes an example size "
+                        "of 0 or 1, and a dim the program fixes); the program serves the example's shapes only")
+        if is_dynamic(ep.graph_module):  # one symbolic program; the program cache keeps static ones
+            lowered = lower_exported_program(ep, keep, fold_weights=settings.immutable_weights)
+            examples = [n.meta.get("val") for n in lowered.gm.graph.nodes if n.op == "placeholder"]
+            gm = compile_dynamic(lowered, settings, device_of(settings, examples), graph_name,
+                                 lowered.range_constraints)
+            return KilnModule(gm, lowered.in_spec, lowered.out_spec, settings.immutable_weights, template)
         # A program cache hit (kiln/program_cache.py) skips lowering, partitioning and building;
         # a program whose output Kiln flattens itself (kiln/outputs.py) is not cached.
         programs = ProgramCache.for_exported_program(ep, keep, settings, graph_name) if template is None else None
@@ -208,6 +234,11 @@ def save(module: torch.nn.Module, path: str | os.PathLike[str], arg_inputs: Sequ
     if output_format not in _OUTPUT_FORMATS:
         raise ValueError(f"kiln.save: unknown output_format {output_format!r}; expected one of "
                          f"{', '.join(repr(f) for f in _OUTPUT_FORMATS)}")
+    if dynamic_program_of(module) is not None:
+        raise _C.UnsupportedError(
+            "kiln.save: the module is a dynamic-shape program (compiled with dynamic_shapes or kiln.Input ranges), "
+            "which kiln.save cannot save yet (its engines are per concrete shape); compile it with static shapes to "
+            "save it, or call kiln.compile with dynamic_shapes again in the process that serves it")
     for m in module.modules():
         if isinstance(m, KilnModule):
             m.follow_weights()  # the engines saved hold the model's current weights

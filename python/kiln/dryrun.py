@@ -3,7 +3,8 @@
 Per graph it states the op totals and coverage, every op that stays in PyTorch with its count
 and reason, each block that would become an engine (inputs, outputs, op counts) and how the
 outcome changes with ``min_block_size``, and the build settings in force (with the torch.compile
-mode they came from). ``dryrun=True`` (or ``"-"``) prints it to stdout; ``dryrun="path"`` writes
+mode they came from); for a dynamic program, each input with symbolic sizes and the range and
+opt value of each symbol. ``dryrun=True`` (or ``"-"``) prints it to stdout; ``dryrun="path"`` writes
 it to that file (the first report of a process replaces the file, later ones are appended). It
 is also logged on ``kiln.dryrun``: at DEBUG when printed (a logging setup showing INFO would
 otherwise show it twice), else at INFO (a file, or a report that ``debug`` asked for without a
@@ -15,6 +16,7 @@ from __future__ import annotations
 import collections
 import math
 import sys
+from collections.abc import Sequence
 
 import torch
 import torch.fx as fx
@@ -85,7 +87,10 @@ def _settings_line(settings: CompilationSettings) -> str:
     return text
 
 
-def format_report(result: PartitionResult, settings: CompilationSettings, graph_name: str) -> str:
+def format_report(result: PartitionResult, settings: CompilationSettings, graph_name: str,
+                  dynamic_inputs: Sequence[str] | None = None) -> str:
+    """The report of one graph; ``dynamic_inputs`` (kiln.dynamic) lists each input with symbolic
+    sizes and its symbols' ranges."""
     supported_pct = 100.0 * result.supported_ops / result.total_ops if result.total_ops else 100.0
     built = not settings.builds_nothing
     lines = [f"Kiln dry run: {graph_name}",
@@ -95,6 +100,9 @@ def format_report(result: PartitionResult, settings: CompilationSettings, graph_
              f"{len(result.blocks)} engine{'s' if len(result.blocks) != 1 else ''}"
              f"{'' if built else ' with these settings'})",
              _settings_line(settings)]
+    if dynamic_inputs:
+        lines.append("  dynamic shapes (partitioned once; engines built per concrete size in these ranges):")
+        lines.extend(f"    {text}" for text in dynamic_inputs)
     if result.unsupported:
         lines.append("  unsupported ops (run in PyTorch):")
         for name, (count, reasons) in sorted(result.unsupported.items(), key=lambda kv: (-kv[1][0], kv[0])):

@@ -9,11 +9,16 @@ kiln.compile (kiln.pipeline.compile_lowered), engine cache included: with ``reus
 a new process (or a ``torch._dynamo.reset()``) finds the engines built before and refits the
 current weights into them; the weights' names are stable across processes, so they match.
 
-Shapes are static. A new input shape or dtype fails Dynamo's guards and Dynamo calls the
+With static shapes a new input shape or dtype fails Dynamo's guards and Dynamo calls the
 backend again; a shape seen before hits Dynamo's cache. When Dynamo hands over a graph with
-symbolic sizes (its automatic dynamic shapes after a recompile; ``dynamic=False`` avoids
-that), Kiln specializes it: it builds one engine set per concrete input signature on first
-sight and reuses it afterwards.
+symbolic sizes (``dynamic=True``, ``torch._dynamo.mark_dynamic(x, dim, min=, max=)``, or its
+automatic dynamic shapes after a recompile; ``dynamic=False`` avoids them), Kiln exports it
+once with matching dynamic shapes (each symbol's range from Dynamo's ShapeEnv, an unbounded max
+clamped to the ``dynamic_max_size`` setting) and compiles one symbolic program
+(kiln/dynamic.py): lowered and partitioned once, with engines built per concrete size on first
+sight. A size outside the program's range (above ``dynamic_max_size``), or a graph that cannot
+be exported with dynamic shapes, gets one engine set per concrete input signature instead
+(logged), as for a static graph.
 
 The compiled graph follows the model's weights: a weight changed in place since the engines
 took it (``load_state_dict``, ``copy_``) is refitted into them at the next call
@@ -41,7 +46,9 @@ from typing import Any, NamedTuple
 import torch
 import torch.fx as fx
 
+from kiln import _C
 from kiln._logging import debug_logging, get_logger
+from kiln.dynamic import ShapeRangeError, compile_dynamic, finite_bound
 from kiln.lowering import lower_module
 from kiln.pipeline import LIVE_GRAPHS, compile_lowered, device_of, graph_runner, supported_targets, unflattener
 from kiln.program_cache import ProgramCache
@@ -116,7 +123,9 @@ class _GraphAsModule(torch.nn.Module):
 
     def forward(self, *tensors: torch.Tensor) -> Any:
         it = iter(tensors)
-        args = [next(it) if kind == "input" else getattr(self, value) if kind == "constant" else value
+        # "size": a size Dynamo passes as an int argument, read from the tensor input it came from.
+        args = [next(it) if kind == "input" else getattr(self, value) if kind == "constant"
+                else tensors[value[0]].shape[value[1]] if kind == "size" else value
                 for kind, value in self.layout]
         return self.gm(*args)
 
@@ -158,10 +167,17 @@ class KilnDynamoGraph:
         self.constant_idx = sorted(self.constant_names)
         self._constants_of = _tuple_getter(self.constant_idx)
         self.input_idx = [i for i, k in enumerate(self.kinds) if k == "input"]
+        # Python floats that Dynamo passes as 0-dim tensors (dynamic=True): the symbolic program
+        # takes them as the values they have, and is keyed by them.
+        self.float_idx = [i for i in self.input_idx
+                          if getattr(placeholders[i].meta.get("grapharg"), "pass_arg_as_tensor", False)]
+        self.tensor_idx = [i for i in self.input_idx if i not in self.float_idx]
         self.dynamic = any(isinstance(e, _SYM) for e in examples) or any(
             isinstance(s, torch.SymInt) for p in placeholders
             for s in getattr(p.meta.get("example_value"), "shape", ()))
         self.compiled: OrderedDict[Any, _Built] = OrderedDict()
+        # Dynamic: one symbolic program per set of constants, until one cannot be made.
+        self.symbolic = self.dynamic
         self._last: _Built | None = None
         LIVE_GRAPHS.add(self)
         if not self.dynamic:
@@ -178,15 +194,17 @@ class KilnDynamoGraph:
         """The compiled graph modules of the live specializations, oldest first."""
         return [gm for _, gm, _ in self.built()]
 
-    def _key(self, args: Sequence[Any], constants: tuple[torch.Tensor, ...]) -> Any:
+    def _key(self, args: Sequence[Any], constants: tuple[torch.Tensor, ...], static: bool = False) -> Any:
+        if self.dynamic and self.symbolic and not static:
+            return "symbolic", tuple(id(c) for c in constants), tuple(args[i].item() for i in self.float_idx)
         shapes = None if not self.dynamic else tuple(
             (tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else a
             for k, a in zip(self.kinds, args) if k != "constant")
         return shapes, tuple(id(c) for c in constants)
 
-    def _lookup(self, args: Sequence[Any]) -> _Built:
+    def _lookup(self, args: Sequence[Any], static: bool = False) -> _Built:
         constants = tuple(args[i] for i in self.constant_idx)
-        key = self._key(args, constants)
+        key = self._key(args, constants, static)
         built = self.compiled.get(key)
         if built is not None:
             self.compiled.move_to_end(key)
@@ -196,13 +214,117 @@ class KilnDynamoGraph:
             log.info("%s: building for %s", self.name,
                      "other constant tensors (another module instance)" if same_shapes
                      else f"a new input signature {key[0]}")
-        built = self._specialize(args, constants)
+        built = self._specialize(args, constants, symbolic=key[0] == "symbolic")
+        if key[0] == "symbolic" and self.float_idx:
+            log.info("%s: symbolic program for the float arguments %s", self.name, key[2])
+        key = self._key(args, constants, static)  # a symbolic program that failed: per signature
         self.compiled[key] = built
         if len(self.compiled) > _MAX_SPECIALIZATIONS:
             self.compiled.popitem(last=False)
         return built
 
-    def _specialize(self, args: Sequence[Any], constants: tuple[torch.Tensor, ...]) -> _Built:
+    def _dynamic_shapes(self, inputs: Sequence[torch.Tensor]) -> tuple[list[tuple[str, Any]], tuple[Any, ...]]:
+        """The "size" layout entries of the int arguments and torch.export's dynamic_shapes of the
+        tensor inputs: per symbol an automatic dynamic dim with its ShapeEnv range (an unbounded
+        max clamped to ``dynamic_max_size``). NotImplementedError for a graph that cannot be
+        exported so."""
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        fakes = [placeholders[i].meta.get("example_value") for i in self.tensor_idx]
+        where: dict[Any, tuple[int, int]] = {}  # symbol -> (input position, dim)
+        dims: dict[Any, Any] = {}
+        specs: list[Any] = []
+        for pos, (fake, real) in enumerate(zip(fakes, inputs)):
+            if not isinstance(fake, torch.Tensor):
+                raise NotImplementedError("an input has no example value")
+            spec: dict[int, Any] = {}
+            for d, size in enumerate(fake.shape):
+                if not isinstance(size, torch.SymInt):
+                    continue
+                expr = size.node.expr
+                if not expr.is_symbol:
+                    spec[d] = torch.export.Dim.AUTO
+                    continue
+                where.setdefault(expr, (pos, d))
+                if expr not in dims:
+                    vr = size.node.shape_env.var_to_range.get(expr)
+                    lo = (finite_bound(vr.lower) if vr is not None else None) or 0
+                    hi = finite_bound(vr.upper) if vr is not None else None
+                    if hi is None:  # unbounded: clamped, sizes beyond are built per signature
+                        hi = max(self.settings.dynamic_max_size, int(real.shape[d]))
+                    # AUTO: export may narrow the range where the graph needs it (a pooled size that
+                    # must not reach 1); a size outside it is then built per signature.
+                    dims[expr] = torch.export.Dim.AUTO(min=lo, max=hi)
+                spec[d] = dims[expr]
+            specs.append(spec or None)
+        sizes: list[tuple[str, Any]] = []
+        for kind, p in zip(self.kinds, placeholders):
+            if kind != "value":
+                continue
+            value = p.meta.get("example_value")
+            if isinstance(value, (torch.SymFloat, torch.SymBool)):
+                raise NotImplementedError("a symbolic float or bool argument")
+            if isinstance(value, torch.SymInt):
+                if value.node.expr not in where:
+                    raise NotImplementedError(f"the size argument {value.node.expr} is no input's size by itself")
+                sizes.append(("size", where[value.node.expr]))
+        return sizes, (tuple(specs),)  # the wrapper takes its tensors as *tensors
+
+    def _specialize(self, args: Sequence[Any], constants: tuple[torch.Tensor, ...], symbolic: bool = False) -> _Built:
+        if symbolic:
+            try:
+                return self._specialize_symbolic(args, constants)
+            except Exception as err:  # noqa: BLE001 - any failure: engines per concrete signature instead
+                if self.settings.require_full_compilation and isinstance(err, _C.UnsupportedError):
+                    raise
+                self.symbolic = False
+                log.info("%s: no symbolic program (%s: %s); building per input signature", self.name,
+                         type(err).__name__, err)
+        return self._specialize_static(args, constants)
+
+    def _specialize_symbolic(self, args: Sequence[Any], constants: tuple[torch.Tensor, ...]) -> _Built:
+        """One program for every size in the symbols' ranges (kiln/dynamic.py)."""
+        wrapper, names, _ = self._wrapper(args, constants)
+        inputs = [args[i] for i in self.tensor_idx]
+        sizes, dynamic_shapes = self._dynamic_shapes(inputs)
+        size_iter = iter(sizes)
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        layout = []
+        for i, (entry, kind, p) in enumerate(zip(wrapper.layout, self.kinds, placeholders)):
+            if kind == "value" and isinstance(p.meta.get("example_value"), torch.SymInt):
+                entry = next(size_iter)
+            elif i in self.float_idx:
+                entry = ("value", args[i].detach().clone())  # a constant of the program
+            layout.append(entry)
+        wrapper.layout = layout
+        with debug_logging(self.settings.debug):
+            lowered = lower_module(wrapper, _unmarked(inputs), None, supported_targets(), names=names,
+                                   fold_weights=self.settings.immutable_weights, dynamic_shapes=dynamic_shapes)
+            device = device_of(self.settings, inputs + list(constants))
+            compiled = compile_dynamic(lowered, self.settings, device, self.name, lowered.range_constraints)
+            shapes = compiled.meta.get("kiln_dynamic")
+            if shapes is not None:  # errors name the inputs as the frame does (L['x'] -> x)
+                shapes.names = [_ROOT.sub(r"\1", _source_path(placeholders[i]) or placeholders[i].name)
+                                for i in self.tensor_idx]
+        if self.settings.builds_nothing:
+            return _Built(constants, None, self.gm.forward)
+        unflatten, graph, pick = unflattener(lowered.out_spec), graph_runner(compiled), self.tensor_idx
+        sources = {self.constant_names[i]: t for i, t in zip(self.constant_idx, constants)} \
+            if self.settings.share_weights else {}
+        for name, t in (compiled.meta.pop("kiln_weight_sources", None) or {}).items():
+            sources.setdefault(name, t)
+
+        def run(*args: Any) -> Any:
+            try:
+                return unflatten(graph(*[args[i] for i in pick]))
+            except ShapeRangeError as err:  # beyond the clamped range: this signature statically
+                log.info("%s: %s; building this input signature statically", self.name, err)
+                return self._lookup(args, static=True).run(*args)
+        return _Built(constants, compiled, run, WeightWatch(sources) if sources else None)
+
+    def _wrapper(self, args: Sequence[Any], constants: tuple[torch.Tensor, ...]
+                 ) -> tuple[_GraphAsModule, dict[str, str], dict[str, torch.Tensor]]:
+        """The graph as a module of its tensor inputs (constants as buffers, other arguments
+        fixed), the engine name of each buffer, and the buffers."""
         layout: list[tuple[str, Any]] = []
         wrapper_buffers: dict[str, torch.Tensor] = {}
         names: dict[str, str] = {}
@@ -220,6 +342,11 @@ class KilnDynamoGraph:
         wrapper = _GraphAsModule(self.gm, layout)
         for attr, t in wrapper_buffers.items():
             wrapper.register_buffer(attr, t)
+        return wrapper, names, wrapper_buffers
+
+    def _specialize_static(self, args: Sequence[Any], constants: tuple[torch.Tensor, ...]) -> _Built:
+        wrapper, names, wrapper_buffers = self._wrapper(args, constants)
+        by_index = dict(zip(self.constant_idx, constants))
         inputs = [args[i] for i in self.input_idx]
         with debug_logging(self.settings.debug):
             # A program cache hit (kiln/program_cache.py) skips lowering, partitioning and building.
@@ -230,7 +357,7 @@ class KilnDynamoGraph:
                 compiled, out_spec = hit.gm, hit.out_spec
             else:
                 try:
-                    lowered = lower_module(wrapper, inputs, None, supported_targets(), names=names,
+                    lowered = lower_module(wrapper, _unmarked(inputs), None, supported_targets(), names=names,
                                            fold_weights=self.settings.immutable_weights)
                 except Exception as err:  # noqa: BLE001 - any graph export cannot take runs eagerly
                     if self.settings.require_full_compilation:
@@ -274,6 +401,13 @@ class KilnDynamoGraph:
         if built.watch is not None and built.watch.changed():
             self._follow(built)
         return built.run(*args)
+
+
+def _unmarked(inputs: Sequence[Any]) -> list[Any]:
+    """The inputs without the dynamic-dim marks of torch._dynamo.mark_dynamic (kept as attributes
+    of the tensor object, which torch.export would also honour): the export's own dynamic shapes
+    (or none) decide."""
+    return [t.detach() if isinstance(t, torch.Tensor) else t for t in inputs]
 
 
 def _needs_grad(examples: Sequence[Any]) -> bool:

@@ -62,6 +62,8 @@ class LoweredGraph:
     # Rebuilds the module's output from the outputs nested by out_spec, when it holds objects
     # torch.export cannot trace (kiln.outputs); None when out_spec says it all.
     out_template: OutputTemplate | None = None
+    # torch.export's range of each symbolic size (symbol -> ValueRanges); empty for static shapes.
+    range_constraints: dict[Any, Any] = dataclasses.field(default_factory=dict)
 
 
 def resolve_op(name: str) -> torch._ops.OpOverload | torch._ops.OpOverloadPacket | None:
@@ -123,7 +125,10 @@ def _decomposes_into(node: fx.Node, decomp: Callable[..., Any], keep: set[str]) 
         v = n.meta.get("val")
         if not isinstance(v, torch.Tensor):
             raise TypeError("non-tensor input")
-        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+        # A symbolic size is traced at its example value: the ops a decomposition produces do not
+        # depend on the sizes.
+        return torch.empty_strided([_hint(s) for s in v.shape], [_hint(s) for s in v.stride()], dtype=v.dtype,
+                                   device="meta")
 
     try:
         args, kwargs = pytree.tree_map_only(fx.Node, meta, (node.args, node.kwargs))
@@ -140,6 +145,13 @@ def _decomposes_into(node: fx.Node, decomp: Callable[..., Any], keep: set[str]) 
     except Exception:  # noqa: BLE001 - any failure means: leave the op whole
         return False
     return all(str(n.target) in keep for n in traced.graph.nodes if n.op == "call_function" and not is_getitem(n))
+
+
+def _hint(size: Any) -> int:
+    if isinstance(size, torch.SymInt):
+        from torch.fx.experimental.symbolic_shapes import hint_int
+        return hint_int(size)
+    return int(size)
 
 
 def _decompose(ep: torch.export.ExportedProgram, keep: set[str]) -> torch.export.ExportedProgram:
@@ -170,31 +182,41 @@ def lower_exported_program(ep: torch.export.ExportedProgram, keep: Iterable[str]
     from kiln.control_flow import prepare_subgraphs  # it builds on this module
     prepare_subgraphs(gm, fold_weights)
     cleanup(gm, fold_weights)
-    return LoweredGraph(gm, ep.call_spec.in_spec, ep.call_spec.out_spec)
+    return LoweredGraph(gm, ep.call_spec.in_spec, ep.call_spec.out_spec,
+                        range_constraints=dict(ep.range_constraints))
 
 
 def lower_module(module: torch.nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None = None,
                  keep: Iterable[str] = (), names: dict[str, str] | None = None,
-                 fold_weights: bool = False) -> LoweredGraph:
-    """torch.export (non-strict) the module on example inputs, then lower the program."""
-    ep, template = export_module(module, args, kwargs)
+                 fold_weights: bool = False, dynamic_shapes: Any = None) -> LoweredGraph:
+    """torch.export (non-strict) the module on example inputs (with torch.export's
+    ``dynamic_shapes``, if given), then lower the program."""
+    ep, template = export_module(module, args, kwargs, dynamic_shapes)
     lowered = lower_exported_program(ep, keep, names, fold_weights)
     lowered.out_template = template
     return lowered
 
 
-def export_module(module: torch.nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None = None
-                  ) -> tuple[torch.export.ExportedProgram, OutputTemplate | None]:
-    """torch.export (non-strict) of the module on example inputs, for inference.
+def export_module(module: torch.nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None = None,
+                  dynamic_shapes: Any = None) -> tuple[torch.export.ExportedProgram, OutputTemplate | None]:
+    """torch.export (non-strict) of the module on example inputs, for inference; with
+    ``dynamic_shapes`` (torch.export's), the sizes they name stay symbolic (kiln.dynamic).
 
     An output that torch.export cannot flatten (an object of a type that is not a registered
     pytree) is flattened by Kiln instead (kiln.outputs); the template returned then rebuilds it."""
     with torch.no_grad(), _inference_mode_off():
         try:
+            if dynamic_shapes is not None:
+                from kiln.dynamic import export_dynamic  # it builds on this module
+                return export_dynamic(module, tuple(args), kwargs or {}, dynamic_shapes), None
             return torch.export.export(module, tuple(args), kwargs or {}, strict=False), None
         except RuntimeError as err:
             kind = unregistered_output(err)
-            if kind is None:
+            if kind is None or dynamic_shapes is not None:
+                if kind is not None:
+                    raise TypeError(f"kiln.compile: the module returns a {kind}, which torch.export cannot trace as "
+                                    f"an output; with dynamic shapes Kiln does not flatten it itself: "
+                                    f"{output_hint(kind)}") from None
                 raise
             log.info("the module's output holds a %s, which is not a registered pytree: tracing again with "
                      "Kiln flattening the output", kind)

@@ -111,9 +111,11 @@ def _node_named_in(block: Block, err: Exception) -> fx.Node | None:
     return next((n for n in block.nodes if n.name == found.group(1)), None)
 
 
-def _build_block(gm: fx.GraphModule, block: Block, settings: CompilationSettings, device: str,
-                 name: str) -> KilnEngineModule | None:
-    """The engine module of one block: from the engine cache (refitted) or freshly built."""
+def build_block(gm: fx.GraphModule, block: Block, settings: CompilationSettings, device: str,
+                 name: str, split: bool = False) -> KilnEngineModule | None:
+    """The engine module of one block: from the engine cache (refitted) or freshly built; None
+    (with a warning) when it cannot be built. With `split`, a failure on one node that the error
+    names raises _NodeFailed instead, for the caller to partition again without that node."""
     truncated: frozenset[str] = frozenset()
 
     def make_module(engine: Any) -> KilnEngineModule:
@@ -146,8 +148,8 @@ def _build_block(gm: fx.GraphModule, block: Block, settings: CompilationSettings
         count("build_failures")
         if settings.pass_through_build_failures or settings.require_full_compilation:
             raise
-        node = _node_named_in(block, err)
-        if node is not None and block.num_ops > 1:
+        node = _node_named_in(block, err) if split else None
+        if split and node is not None and block.num_ops > 1:
             raise _NodeFailed(node, err) from err
         ops = ", ".join(f"{k} x{v}" for k, v in block.histogram().most_common())
         msg = f"Kiln could not build {name} ({ops}); running it in PyTorch: {err}"
@@ -169,7 +171,7 @@ def _build_blocks(gm: fx.GraphModule, blocks: Sequence[Block], settings: Compila
     for i, block in enumerate(blocks):
         key = tuple(block.nodes)
         if key not in modules:
-            modules[key] = _build_block(gm, block, settings, device, f"engine {i} of {graph_name}")
+            modules[key] = build_block(gm, block, settings, device, f"engine {i} of {graph_name}", split=True)
         module = modules[key]
         if module is not None:
             built.append((block, module))

@@ -160,6 +160,13 @@ class CompilationSettings:
         float32; None means no limit.
     autocast_calibration_dataloader: an iterable of example inputs whose run measures each
         node's output range for the threshold; None judges from the example inputs.
+    specialization_cache_size: how many concrete shapes of a dynamic program (kiln.dynamic) keep
+        their engines at once; the least recently used beyond it is dropped (built again if its
+        shape comes back). An int >= 1, default 8.
+    dynamic_max_size: the largest size served for a dynamic dim whose range has no upper bound
+        (a torch.export Dim without max, Dynamo's automatic dynamic shapes). An int >= 2,
+        default 4096; a larger size is outside the program's range (kiln.compile raises,
+        torch.compile builds that shape statically).
     """
 
     enabled_precisions: frozenset[torch.dtype] = frozenset({torch.float32})
@@ -194,6 +201,8 @@ class CompilationSettings:
     autocast_max_output_threshold: float = 512.0
     autocast_max_depth_of_reduction: int | None = None
     autocast_calibration_dataloader: Any | None = None
+    specialization_cache_size: int = 8
+    dynamic_max_size: int = 4096
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -566,6 +575,8 @@ _NORMALIZERS: dict[str, Any] = {
     "autocast_max_output_threshold": _positive_float,
     "autocast_max_depth_of_reduction": _optional_depth,
     "autocast_calibration_dataloader": _optional_iterable,
+    "specialization_cache_size": _int_in(1, None),
+    "dynamic_max_size": _int_in(2, None),
 }
 
 assert set(_NORMALIZERS) == {f.name for f in dataclasses.fields(CompilationSettings)}

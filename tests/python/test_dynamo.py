@@ -18,8 +18,10 @@ import torch
 import torch.nn as nn
 
 import kiln
+import kiln.dynamic
 import kiln.dynamo
 import kiln.pipeline
+import kiln.runtime
 from harness import compile_and_compare
 
 torch.manual_seed(0)
@@ -137,7 +139,7 @@ def test_recompiles_only_for_new_shapes_and_dtypes() -> None:
         assert len(calls) == 3
 
 
-def test_symbolic_graphs_are_specialized_per_shape() -> None:
+def test_symbolic_graphs_build_one_program_with_engines_per_shape() -> None:
     graphs: list[Any] = []
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
@@ -152,8 +154,11 @@ def test_symbolic_graphs_are_specialized_per_shape() -> None:
             x = torch.randn(batch, 16)
             torch.testing.assert_close(fn(x), m(x))
     assert len(graphs) == 1 and graphs[0].dynamic
-    assert len(graphs[0].graph_modules) == 3  # batch 2, 5, 7: one build each
-    assert all(gm.meta["kiln_summary"].engines == 1 for gm in graphs[0].graph_modules)
+    assert len(graphs[0].graph_modules) == 1  # one symbolic program
+    table = kiln.dynamic.dynamic_program_of(graphs[0].graph_modules[0])
+    assert sorted(s.binding[next(iter(s.binding))] for s in table.live.values()) == [2, 5, 7]
+    engines = [m for m in graphs[0].graph_modules[0].modules() if isinstance(m, kiln.runtime.KilnEngineModule)]
+    assert len(engines) == 3  # batch 2, 5, 7: one engine each
 
 
 def test_gradients_required_runs_eagerly_with_a_warning() -> None:

@@ -1,0 +1,729 @@
+"""Dynamic shapes: one symbolic program, engines specialized per concrete shape.
+
+A graph exported with dynamic shapes (``kiln.compile(..., dynamic_shapes=...)``, ``kiln.Input``
+ranges, or a Dynamo graph with symbolic sizes) is lowered and partitioned once, on its symbolic
+form. What runs is the *glue*: the symbolic graph with each block replaced by a
+:class:`DynamicBlock`, so the PyTorch parts run any shape. Its first node is a call of
+:class:`Specializations`, which binds the symbols from the inputs' sizes, checks each against
+its range (:class:`ShapeRangeError` names the input, the dim, the value and the range) and
+returns the :class:`Specialization` for those sizes: per block the engine built for them, from
+a concrete copy of the block (every symbolic shape and size evaluated, see
+:func:`specialize_nodes`) described and built by the existing path (kiln.pipeline, engine cache
+included, so cached engines are found per shape). A block that fails to build at some shape runs
+that concrete copy in PyTorch for it.
+
+Specializations are kept in a least-recently-used map of ``specialization_cache_size`` entries
+(kiln.settings); the one for the example inputs' sizes (the *opt* shape) is built at compile
+time, the others on the first call that needs them (one log line each). A block whose
+symbols take the same values in two specializations shares one engine between them.
+
+Which ops go into blocks is decided once, at the opt shape: the importers are asked about a
+concrete copy of the whole graph. A block that the importers take at the opt shape but refuse
+at another runs in PyTorch at that shape (with the build failure's warning).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import sympy  # type: ignore[import-untyped]
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from kiln import _C
+from kiln._logging import get_logger
+from kiln.dryrun import emit_report, format_report
+from kiln.lowering import LoweredGraph
+from kiln.partition import Block, PartitionResult, is_op, op_name, partition, replace_block
+from kiln.pipeline import CompileSummary, build_block
+from kiln.runtime import warm_up
+from kiln.settings import CompilationSettings
+from kiln.translate import Capability
+
+log = get_logger("dynamic")
+
+__all__ = ["Input", "ShapeRangeError", "SymbolRange", "ProgramShapes", "Specializations", "DynamicBlock",
+           "compile_dynamic", "is_dynamic", "specialize_nodes", "input_dynamic_shapes"]
+
+_SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+_SCALAR_REASON = "a symbolic size or scalar: PyTorch computes it from the inputs' sizes"
+
+
+class ShapeRangeError(ValueError):
+    """An input's size is outside the range a dynamic program was compiled for."""
+
+
+# ---- kiln.Input ---------------------------------------------------------------------------
+
+def _shape(what: str, value: Any) -> tuple[int, ...]:
+    if isinstance(value, torch.Size):
+        value = tuple(value)
+    if not isinstance(value, (tuple, list)) or not all(isinstance(d, int) and not isinstance(d, bool)
+                                                       for d in value):
+        raise ValueError(f"kiln.Input: {what} must be a tuple of ints, got {value!r}")
+    if any(d < 0 for d in value):
+        raise ValueError(f"kiln.Input: {what} {tuple(value)} has a negative size")
+    return tuple(value)
+
+
+class Input:
+    """One input of ``kiln.compile(inputs=[...])`` given by its shapes instead of an example,
+    as ``torch_tensorrt.Input``: ``Input(min_shape=..., opt_shape=..., max_shape=..., dtype=...)``
+    for a dynamic input (each dim whose min and max differ is dynamic, with that range), or
+    ``Input(shape=..., dtype=...)`` for a static one. The example Kiln traces with is a random
+    tensor of ``opt_shape``, which is also the shape whose engines are built at compile time."""
+
+    def __init__(self, min_shape: Sequence[int] | None = None, opt_shape: Sequence[int] | None = None,
+                 max_shape: Sequence[int] | None = None, *, shape: Sequence[int] | None = None,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device | None = None) -> None:
+        if shape is not None:
+            if min_shape is not None or opt_shape is not None or max_shape is not None:
+                raise ValueError("kiln.Input: give shape (a static input) or min_shape, opt_shape and max_shape, "
+                                 "not both")
+            self.min_shape = self.opt_shape = self.max_shape = _shape("shape", shape)
+        else:
+            if min_shape is None or opt_shape is None or max_shape is None:
+                raise ValueError("kiln.Input: give min_shape, opt_shape and max_shape (or shape for a static input)")
+            self.min_shape, self.opt_shape, self.max_shape = (
+                _shape("min_shape", min_shape), _shape("opt_shape", opt_shape), _shape("max_shape", max_shape))
+            if not len(self.min_shape) == len(self.opt_shape) == len(self.max_shape):
+                raise ValueError(f"kiln.Input: min_shape {self.min_shape}, opt_shape {self.opt_shape} and max_shape "
+                                 f"{self.max_shape} have different numbers of dims")
+            for d, (lo, opt, hi) in enumerate(zip(self.min_shape, self.opt_shape, self.max_shape)):
+                if not lo <= opt <= hi:
+                    raise ValueError(f"kiln.Input: dim {d} needs min <= opt <= max, got {lo}, {opt}, {hi}")
+        dt = getattr(dtype, "to", None)
+        if not isinstance(dtype, torch.dtype) and callable(dt):  # a torch_tensorrt.dtype
+            dtype = dtype.to(torch.dtype)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"kiln.Input: dtype must be a torch.dtype, got {dtype!r}")
+        self.dtype = dtype
+        self.device = None if device is None else torch.device(device)
+
+    @property
+    def dynamic_dims(self) -> dict[int, tuple[int, int]]:
+        """dim -> (min, max) of each dynamic dim."""
+        return {d: (lo, hi) for d, (lo, hi) in enumerate(zip(self.min_shape, self.max_shape)) if lo != hi}
+
+    def example(self, device: str | torch.device | None = None) -> torch.Tensor:
+        """A random tensor of ``opt_shape`` (values of no consequence for tracing)."""
+        dev = self.device or torch.device(device or "cpu")
+        if self.dtype.is_floating_point or self.dtype.is_complex:
+            return torch.randn(self.opt_shape, dtype=self.dtype, device=dev)
+        if self.dtype == torch.bool:
+            return torch.ones(self.opt_shape, dtype=torch.bool, device=dev)
+        return torch.zeros(self.opt_shape, dtype=self.dtype, device=dev)
+
+    def __repr__(self) -> str:
+        if self.min_shape == self.max_shape:
+            return f"kiln.Input(shape={self.opt_shape}, dtype={self.dtype})"
+        return (f"kiln.Input(min_shape={self.min_shape}, opt_shape={self.opt_shape}, max_shape={self.max_shape}, "
+                f"dtype={self.dtype})")
+
+
+def _input_like(value: Any) -> bool:
+    """A kiln.Input, or an object shaped like torch_tensorrt.Input (min/opt/max shapes)."""
+    return isinstance(value, Input) or all(hasattr(value, a) for a in ("min_shape", "opt_shape", "max_shape")) \
+        and not isinstance(value, torch.Tensor)
+
+
+def _as_input(value: Any) -> Input:
+    if isinstance(value, Input):
+        return value
+    shapes = [tuple(getattr(value, a)) for a in ("min_shape", "opt_shape", "max_shape")]
+    if not all(shapes):  # a static torch_tensorrt.Input keeps its shape in .shape
+        static = tuple(getattr(value, "shape", ()) or ())
+        return Input(shape=static, dtype=getattr(value, "dtype", torch.float32))
+    return Input(*shapes, dtype=getattr(value, "dtype", torch.float32))
+
+
+def input_dynamic_shapes(arg_inputs: Sequence[Any], device: str | None) -> tuple[list[Any], Any]:
+    """Example tensors for ``arg_inputs`` with kiln.Input specs replaced by tensors of their opt
+    shape, and the torch.export dynamic_shapes they call for (None when none is dynamic).
+
+    Each dynamic dim gets a Dim of its own; where the program needs two of them equal (a mask
+    and the ids it masks), torch.export's suggested fix unifies them (see :func:`export_dynamic`)."""
+    examples: list[Any] = []
+    shapes: list[Any] = []
+    dynamic = False
+    for i, value in enumerate(arg_inputs):
+        if not _input_like(value):
+            examples.append(value)
+            shapes.append(None)
+            continue
+        spec = _as_input(value)
+        examples.append(spec.example(device))
+        dims = {d: torch.export.Dim(f"input{i}_dim{d}", min=lo, max=hi) for d, (lo, hi) in spec.dynamic_dims.items()}
+        dynamic = dynamic or bool(dims)
+        shapes.append(dims or None)
+    return examples, (tuple(shapes) if dynamic else None)
+
+
+def export_dynamic(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                   dynamic_shapes: Any) -> torch.export.ExportedProgram:
+    """torch.export (non-strict) with dynamic shapes; a constraint violation whose fix torch.export
+    suggests (two dims that must be equal, a dim that is really static) is fixed and exported again."""
+    from torch.export.dynamic_shapes import refine_dynamic_shapes_from_suggested_fixes
+    from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
+    try:
+        return torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+    except (torch._dynamo.exc.UserError, ConstraintViolationError) as err:
+        if "Suggested fixes" not in str(err):
+            raise
+        head, tail = str(err).split("Suggested fixes:", 1)
+        fixes = []
+        for line in tail.strip("\n").splitlines():  # the fixes end at the first line that is not one
+            if " = " not in line:
+                break
+            fixes.append(line.strip())
+        refined = refine_dynamic_shapes_from_suggested_fixes(head + "Suggested fixes:\n" + "\n".join(fixes),
+                                                             dynamic_shapes)
+        log.info("torch.export refined the dynamic shapes: %s", "; ".join(fixes))
+        return torch.export.export(module, args, kwargs, dynamic_shapes=refined, strict=False)
+
+
+# ---- symbols ------------------------------------------------------------------------------
+
+def _expr(size: Any) -> sympy.Expr:
+    return size.node.expr if isinstance(size, _SYM_TYPES) else sympy.Integer(int(size))
+
+
+def symbolic_tensor(val: Any) -> bool:
+    return isinstance(val, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride()))
+
+
+def is_dynamic(gm: fx.GraphModule) -> bool:
+    """Whether any input of the graph has a symbolic size."""
+    return any(symbolic_tensor(n.meta.get("val")) for n in gm.graph.nodes if n.op == "placeholder")
+
+
+def _scalar_node(node: fx.Node) -> bool:
+    """A call producing a (symbolic) Python scalar: a size, a product of sizes, a comparison."""
+    val = node.meta.get("val")
+    return node.op == "call_function" and isinstance(val, (*_SYM_TYPES, int, float, bool))
+
+
+def _shape_env(gm: fx.GraphModule) -> Any:
+    for n in gm.graph.nodes:
+        val = n.meta.get("val")
+        for s in (*val.shape, *val.stride()) if isinstance(val, torch.Tensor) else ():
+            if isinstance(s, torch.SymInt):
+                return s.node.shape_env
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class SymbolRange:
+    """One symbol of a dynamic program: its range and its opt value (built at compile time)."""
+
+    symbol: sympy.Symbol
+    min: int
+    max: int
+    opt: int
+
+    @property
+    def name(self) -> str:
+        return str(self.symbol)
+
+    def text(self) -> str:
+        return f"{self.name} in {self.min}..{self.max} (opt {self.opt})"
+
+
+Binding = dict[sympy.Symbol, int]
+
+
+def _sympy_binding(binding: Binding) -> dict[sympy.Symbol, sympy.Integer]:
+    return {s: sympy.Integer(v) for s, v in binding.items()}
+
+
+def evaluate(value: Any, binding: Binding) -> Any:
+    """A symbolic scalar (or a plain one) under the binding, as a Python int, float or bool."""
+    if isinstance(value, (bool, int, float)) and not isinstance(value, _SYM_TYPES):
+        return value
+    expr = value.node.expr if isinstance(value, _SYM_TYPES) else value
+    out = sympy.sympify(expr).xreplace(_sympy_binding(binding))
+    if not out.is_number:
+        raise _C.UnsupportedError(f"kiln: the size {expr} depends on {sorted(map(str, out.free_symbols))}, which no "
+                                  "input size determines (a data-dependent size)")
+    if isinstance(value, torch.SymBool) or out in (sympy.true, sympy.false):
+        return bool(out)
+    if isinstance(value, torch.SymFloat):
+        return float(out)
+    return int(out)
+
+
+class ProgramShapes:
+    """The symbols of a dynamic program and where the inputs carry them: binds them from a call's
+    inputs and checks every input dim against what the program was compiled for."""
+
+    def __init__(self, placeholders: Sequence[fx.Node], ranges: dict[sympy.Symbol, SymbolRange]) -> None:
+        self.names = [p.name for p in placeholders]
+        self.dims: list[list[sympy.Expr] | None] = [
+            [_expr(s) for s in p.meta["val"].shape] if isinstance(p.meta.get("val"), torch.Tensor) else None
+            for p in placeholders]
+        self.ranges = ranges
+        # Per symbol, the first (input, dim) that is that symbol alone: where its value is read.
+        self.sources: dict[sympy.Symbol, tuple[int, int]] = {}
+        for i, dims in enumerate(self.dims):
+            for d, e in enumerate(dims or ()):
+                if isinstance(e, sympy.Symbol) and e not in self.sources:
+                    self.sources[e] = (i, d)
+        missing = [s for s in ranges if s not in self.sources]
+        if missing:
+            raise _C.UnsupportedError(f"kiln: the symbolic sizes {sorted(map(str, missing))} are no input's size by "
+                                      "themselves (only in expressions), so no call can bind them")
+        self.symbols = sorted(ranges, key=lambda s: self.sources[s])
+
+    def describe_inputs(self) -> list[str]:
+        """Per dynamic input: its name, sizes and the ranges of its symbols (the dry-run report)."""
+        lines = []
+        for name, dims in zip(self.names, self.dims):
+            if dims is None or all(e.is_number for e in dims):
+                continue
+            syms = sorted({s for e in dims for s in e.free_symbols}, key=str)
+            ranges = ", ".join(self.ranges[s].text() for s in syms if s in self.ranges)
+            lines.append(f"{name}: [{', '.join(str(e) for e in dims)}] with {ranges}")
+        return lines
+
+    def opt_binding(self) -> Binding:
+        return {s: self.ranges[s].opt for s in self.symbols}
+
+    def bind(self, args: Sequence[Any]) -> Binding:
+        """The symbols' values for these inputs; ShapeRangeError for a size out of its range or not
+        what the program needs."""
+        binding: Binding = {}
+        for s in self.symbols:
+            i, d = self.sources[s]
+            a = args[i]
+            if not isinstance(a, torch.Tensor) or a.dim() != len(self.dims[i] or ()):
+                self._check_rank(args, i)
+            size = int(a.shape[d])
+            r = self.ranges[s]
+            if not r.min <= size <= r.max:
+                raise ShapeRangeError(f"kiln: input '{self.names[i]}' dim {d} is {size}, outside the range "
+                                      f"{r.min}..{r.max} this program was compiled for")
+            binding[s] = size
+        for i, dims in enumerate(self.dims):
+            if dims is None:
+                continue
+            self._check_rank(args, i)
+            shape = args[i].shape
+            for d, e in enumerate(dims):
+                if self.sources.get(e) == (i, d):
+                    continue
+                want = int(e) if e.is_number else evaluate(e, binding)
+                if int(shape[d]) == want:
+                    continue
+                if e.is_number:
+                    raise ShapeRangeError(f"kiln: input '{self.names[i]}' dim {d} is {shape[d]}, this program was "
+                                          f"compiled for {want}")
+                if isinstance(e, sympy.Symbol):
+                    j, k = self.sources[e]
+                    raise ShapeRangeError(f"kiln: input '{self.names[i]}' dim {d} is {shape[d]}, but this program "
+                                          f"needs it equal to input '{self.names[j]}' dim {k} ({want})")
+                raise ShapeRangeError(f"kiln: input '{self.names[i]}' dim {d} is {shape[d]}, but this program needs "
+                                      f"{e} = {want} there")
+        return binding
+
+    def _check_rank(self, args: Sequence[Any], i: int) -> None:
+        dims = self.dims[i] or []
+        a = args[i]
+        if not isinstance(a, torch.Tensor):
+            raise ShapeRangeError(f"kiln: input '{self.names[i]}' is a {type(a).__name__}, this program was compiled "
+                                  "for a tensor")
+        if a.dim() != len(dims):
+            raise ShapeRangeError(f"kiln: input '{self.names[i]}' has {a.dim()} dims, this program was compiled for "
+                                  f"{len(dims)}")
+
+
+def symbol_ranges(gm: fx.GraphModule, constraints: dict[Any, Any] | None,
+                  max_size: int) -> dict[sympy.Symbol, SymbolRange]:
+    """Each symbol of the graph's inputs with its range (torch.export's range constraints, else the
+    ShapeEnv's) and opt value (its example size). An unbounded max becomes ``max_size`` (logged)."""
+    env = _shape_env(gm)
+    symbols = sorted({s for n in gm.graph.nodes if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)
+                      for d in n.meta["val"].shape for s in _expr(d).free_symbols}, key=str)
+    out: dict[sympy.Symbol, SymbolRange] = {}
+    for s in symbols:
+        vr = (constraints or {}).get(s)
+        if vr is None and env is not None:
+            vr = env.var_to_range.get(s)
+        lo = (finite_bound(vr.lower) if vr is not None else None) or 0
+        hi_value = finite_bound(vr.upper) if vr is not None else None
+        hints = getattr(env, "backed_var_to_val", None) if env is not None else None
+        if hints is None and env is not None:
+            hints = env.var_to_val
+        opt = int(hints[s]) if hints is not None and s in hints else lo
+        if hi_value is None:
+            hi = max(max_size, opt)
+            log.info("symbol %s has no upper bound; serving sizes up to %d (setting dynamic_max_size)", s, hi)
+        else:
+            hi = hi_value
+        out[s] = SymbolRange(s, lo, hi, min(max(opt, lo), hi))
+    return out
+
+
+def finite_bound(v: Any) -> int | None:
+    """A range bound as an int; None for an infinite one (torch's int_oo, sympy's oo)."""
+    if v is None or getattr(v, "is_finite", True) is False or getattr(v, "is_infinite", False):
+        return None
+    try:
+        return int(v)
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        return None
+
+
+# ---- concrete copies ----------------------------------------------------------------------
+
+_FAKE: list[Any] = []
+
+
+def _fake_mode() -> Any:
+    if not _FAKE:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        _FAKE.append(FakeTensorMode())
+    return _FAKE[0]
+
+
+def concrete_value(val: Any, binding: Binding) -> Any:
+    """A node's ``meta["val"]`` with every symbolic size evaluated: a FakeTensor of concrete shape
+    and strides, a tuple of them, or a Python scalar."""
+    if isinstance(val, torch.Tensor):
+        if not symbolic_tensor(val):
+            return val
+        shape = [evaluate(s, binding) for s in val.shape]
+        stride = [evaluate(s, binding) for s in val.stride()]
+        with _fake_mode():
+            return torch.empty_strided(shape, stride, dtype=val.dtype, device=val.device)
+    if isinstance(val, (tuple, list)):
+        return type(val)(concrete_value(v, binding) for v in val)
+    if isinstance(val, _SYM_TYPES):
+        return evaluate(val, binding)
+    return val
+
+
+def specialize_nodes(src: fx.GraphModule, inputs: Sequence[fx.Node], nodes: Iterable[fx.Node], outputs: Any,
+                     binding: Binding, name: str = "KilnSpecialized", lenient: bool = False
+                     ) -> tuple[fx.GraphModule, dict[fx.Node, fx.Node]]:
+    """A concrete copy of part of ``src``: ``inputs`` become placeholders, ``nodes`` are copied with
+    every symbolic scalar they read (a node outside or inside, e.g. ``sym_size``) replaced by its
+    value under ``binding`` and every ``meta["val"]`` made concrete; the output is ``outputs``
+    (nodes, nested in tuples and lists). Constants are shared with ``src``. ``lenient`` leaves out
+    the nodes that cannot be made concrete (data-dependent sizes) and those reading them."""
+    graph = fx.Graph()
+    env: dict[fx.Node, Any] = {}
+    for node in inputs:
+        new = graph.placeholder(node.name)
+        new.meta.update(node.meta)
+        new.meta["val"] = concrete_value(node.meta.get("val"), binding)
+        env[node] = new
+
+    def lookup(n: fx.Node) -> Any:
+        if n in env:
+            return env[n]
+        if _scalar_node(n):  # a size computed outside the copied part
+            env[n] = evaluate(n.meta["val"], binding)
+            return env[n]
+        raise KeyError(f"{n.name} is read by the copied nodes but not copied")
+
+    for node in nodes:
+        if node in env:
+            continue
+        try:
+            if _scalar_node(node):
+                env[node] = evaluate(node.meta["val"], binding)
+                continue
+            val = concrete_value(node.meta.get("val"), binding)
+            new = graph.node_copy(node, lookup)
+        except (KeyError, _C.UnsupportedError):
+            if not lenient:
+                raise
+            continue
+        new.args, new.kwargs = pytree.tree_map_only(_SYM_TYPES, lambda v: evaluate(v, binding), (new.args, new.kwargs))
+        new.meta["val"] = val
+        env[node] = new
+    graph.output(pytree.tree_map_only(fx.Node, lookup, outputs))
+    gm = fx.GraphModule(src, graph, class_name=name)
+    return gm, {k: v for k, v in env.items() if isinstance(v, fx.Node)}
+
+
+# ---- specializations ----------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _BlockSource:
+    """One block of the symbolic program, as the nodes of the untouched symbolic graph."""
+
+    index: int
+    block: Block
+    tensor_inputs: list[fx.Node]
+    symbols: tuple[sympy.Symbol, ...]  # the symbols its concrete copy depends on
+    histogram: collections.Counter[str]
+
+
+class Specialization:
+    """The engines (or concrete PyTorch copies) of every block for one binding of the symbols."""
+
+    def __init__(self, binding: Binding, runners: list[torch.nn.Module], block_keys: list[tuple[int, ...]],
+                 engines: int, seconds: float) -> None:
+        self.binding = binding
+        self.runners = runners
+        self.block_keys = block_keys
+        self.engines = engines
+        self.seconds = seconds
+
+    def text(self) -> str:
+        return ", ".join(f"{s}={v}" for s, v in self.binding.items())
+
+
+class DynamicBlock(torch.nn.Module):
+    """A block of the glue graph: runs the current specialization's engine for it."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.index = index
+
+    def forward(self, spec: Specialization, *inputs: torch.Tensor) -> Any:
+        return spec.runners[self.index](*inputs)
+
+
+class Specializations(torch.nn.Module):
+    """The first call of the glue graph: binds the symbols from the inputs and returns the
+    specialization for them, building it on first sight (least recently used evicted beyond
+    ``specialization_cache_size``). The live specializations' engines are submodules, so that
+    refit, weight following and ``engines()`` find them."""
+
+    def __init__(self, source: fx.GraphModule, shapes: ProgramShapes, blocks: list[_BlockSource],
+                 settings: CompilationSettings, device: str, graph_name: str) -> None:
+        super().__init__()
+        self.__dict__["source"] = source  # not a submodule: its constants are the glue's own
+        self.__dict__["blocks"] = blocks
+        self.shapes = shapes
+        self.settings = settings
+        self.device = device
+        self.graph_name = graph_name
+        self.capacity = settings.specialization_cache_size
+        self.live: collections.OrderedDict[tuple[int, ...], Specialization] = collections.OrderedDict()
+        self.by_shapes: dict[tuple[Any, ...], Specialization] = {}  # the inputs' shapes -> their specialization
+        self._newest: Specialization | None = None
+        self.built = torch.nn.ModuleDict()  # spec name -> its runners
+        self._names: dict[int, str] = {}
+        self._count = 0
+        self._lock = threading.RLock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_lock", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+
+    @staticmethod
+    def _key(args: Sequence[Any]) -> tuple[Any, ...]:
+        return tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args)
+
+    def forward(self, *args: Any) -> Specialization:
+        key = self._key(args)
+        spec = self.by_shapes.get(key)
+        if spec is not None:
+            if self._newest is not spec:
+                with self._lock:
+                    bkey = self._binding_key(spec.binding)
+                    if bkey in self.live:
+                        self.live.move_to_end(bkey)
+                    self._newest = spec
+            return spec
+        binding = self.shapes.bind(args)
+        with self._lock:
+            bkey = self._binding_key(binding)
+            spec = self.live.get(bkey)
+            if spec is None:
+                spec = self.specialize(binding)
+                self.add(spec)
+            else:
+                self.live.move_to_end(bkey)
+            self.by_shapes[key] = spec
+            self._newest = spec
+            return spec
+
+    def _binding_key(self, binding: Binding) -> tuple[int, ...]:
+        return tuple(binding[s] for s in self.shapes.symbols)
+
+    def add(self, spec: Specialization) -> None:
+        """Keeps ``spec`` as the most recently used, dropping the least recently used beyond the
+        capacity."""
+        self.live[self._binding_key(spec.binding)] = spec
+        name = f"s{self._count}"
+        self._count += 1
+        self._names[id(spec)] = name
+        self.built[name] = torch.nn.ModuleList(spec.runners)
+        while len(self.live) > self.capacity:
+            _, old = self.live.popitem(last=False)
+            del self.built[self._names.pop(id(old))]
+            for k in [k for k, v in self.by_shapes.items() if v is old]:
+                del self.by_shapes[k]
+            log.info("%s: dropped the specialization for %s (least recently used; specialization_cache_size=%d)",
+                     self.graph_name, old.text(), self.capacity)
+
+    def specialize(self, binding: Binding) -> Specialization:
+        """Builds (or shares) every block's engine for this binding of the symbols."""
+        start = time.perf_counter()
+        runners: list[torch.nn.Module] = []
+        keys: list[tuple[int, ...]] = []
+        built = 0
+        shared = {(b.index, k): spec.runners[b.index] for spec in self.live.values()
+                  for b, k in zip(self.blocks, spec.block_keys)}
+        for b in self.blocks:
+            key = tuple(binding[s] for s in b.symbols)
+            keys.append(key)
+            runner = shared.get((b.index, key))
+            if runner is None:
+                runner, ok = self._build(b, binding)
+                built += ok
+            runners.append(runner)
+        seconds = time.perf_counter() - start
+        spec = Specialization(dict(binding), runners, keys, built, seconds)
+        log.info("%s: new specialization %s: %d engine(s) built in %.3f s (%d of %d kept)", self.graph_name,
+                 spec.text(), built, seconds, min(len(self.live) + 1, self.capacity), self.capacity)
+        return spec
+
+    def _build(self, b: _BlockSource, binding: Binding) -> tuple[torch.nn.Module, bool]:
+        block = b.block
+        gm, env = specialize_nodes(self.source, b.tensor_inputs, [*block.constants, *block.nodes],
+                                   tuple(block.outputs), binding,
+                                   "KilnBlock")
+        concrete = Block([env[n] for n in block.nodes if n in env], [env[n] for n in b.tensor_inputs],
+                         [env[n] for n in block.constants], [env[n] for n in block.outputs])
+        text = ", ".join(f"{s}={binding[s]}" for s in b.symbols)
+        name = f"engine {b.index} of {self.graph_name}" + (f" [{text}]" if text else "")
+        module = build_block(gm, concrete, self.settings, self.device, name)
+        if module is None:
+            return gm, False  # the concrete copy runs in PyTorch at this shape
+        return module, True
+
+
+def _symbols_of(nodes: Iterable[fx.Node]) -> set[sympy.Symbol]:
+    out: set[sympy.Symbol] = set()
+    for n in nodes:
+        for v in pytree.tree_leaves(n.meta.get("val")):
+            if isinstance(v, torch.Tensor):
+                for s in (*v.shape, *v.stride()):
+                    out |= _expr(s).free_symbols
+            elif isinstance(v, _SYM_TYPES):
+                out |= v.node.expr.free_symbols
+    return out
+
+
+# ---- compile ------------------------------------------------------------------------------
+
+def _check_full(result: PartitionResult) -> None:
+    inside = {n for b in result.blocks for n in b.nodes}
+    left = collections.Counter(op_name(n) for n in result.gm.graph.nodes
+                               if is_op(n) and n not in inside and not _scalar_node(n))
+    if left:
+        raise _C.UnsupportedError("require_full_compilation=True, but these ops would run in PyTorch: "
+                                  + ", ".join(f"{k} x{v}" for k, v in sorted(left.items())))
+
+
+def compile_dynamic(lowered: LoweredGraph, settings: CompilationSettings, device: str, graph_name: str = "graph",
+                    constraints: dict[Any, Any] | None = None) -> fx.GraphModule:
+    """The glue graph of a lowered symbolic graph (see the module docstring): partitioned once,
+    with the opt shape's engines built now (none in a dry run, which returns the graph to run
+    in PyTorch). Its meta has ``kiln_summary`` (blocks counted as engines) and
+    ``kiln_weight_sources``."""
+    start = time.perf_counter()
+    gm = lowered.gm
+    if not settings.builds_nothing:
+        warm_up(device)
+    if settings.enable_autocast:
+        from kiln.autocast import apply_autocast
+        apply_autocast(gm, settings)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    ranges = symbol_ranges(gm, constraints, settings.dynamic_max_size)
+    shapes = ProgramShapes(placeholders, ranges)
+    opt = shapes.opt_binding()
+    # The importers are asked once, about the whole graph at the opt shape.
+    body = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    whole, node_map = specialize_nodes(gm, placeholders, body, (), opt, lenient=True)
+    capability = Capability(whole, settings)
+
+    def supports(node: fx.Node) -> tuple[bool, str]:
+        if _scalar_node(node):
+            return False, _SCALAR_REASON
+        copy = node_map.get(node)
+        if copy is None:
+            return False, "a data-dependent size (or an input of one): runs in PyTorch"
+        return capability(copy)
+
+    part_settings = settings.replace(require_full_compilation=False, min_block_size=1) \
+        if settings.require_full_compilation else settings
+    result = partition(gm, supports, part_settings)
+    if settings.require_full_compilation:
+        _check_full(result)
+    if settings.builds_nothing or settings.debug:
+        emit_report(format_report(result, settings, graph_name, dynamic_inputs=shapes.describe_inputs()), settings)
+    sources = gm.meta.pop("kiln_weight_sources", None) or {}
+    if settings.builds_nothing:
+        gm.meta["kiln_summary"] = CompileSummary(graph_name, 0, collections.Counter(), result.pytorch_ops())
+        return gm
+    if not settings.share_weights:
+        for attr, buffer in list(gm.named_buffers(recurse=False)):
+            gm.register_buffer(attr, buffer.clone())  # a snapshot: engines and PyTorch parts
+        sources = {}
+    blocks = []
+    for i, block in enumerate(result.blocks):
+        tensors = [n for n in block.inputs if not _scalar_node(n)]
+        syms = _symbols_of([*block.inputs, *block.nodes])
+        blocks.append(_BlockSource(i, block, tensors, tuple(s for s in shapes.symbols if s in syms), block.histogram()))
+    # The glue: a copy of the symbolic graph with each block a DynamicBlock call.
+    graph = fx.Graph()
+    val_map: dict[fx.Node, fx.Node] = {}
+    graph.output(graph.graph_copy(gm.graph, val_map))
+    glue = fx.GraphModule(gm, graph, class_name="KilnDynamicGraph")
+    table = Specializations(gm, shapes, blocks, settings, device, graph_name)
+    glue.add_submodule("_kiln_specializations", table)
+    inputs = [val_map[p] for p in placeholders]
+    with graph.inserting_after(inputs[-1] if inputs else next(iter(graph.nodes))):
+        spec_node = graph.call_module("_kiln_specializations", tuple(inputs))
+    remap: dict[fx.Node, fx.Node] = {}
+    for b in blocks:
+        mapped = Block([val_map[n] for n in b.block.nodes], [spec_node] + [remap.get(val_map[n], val_map[n])
+                                                                           for n in b.tensor_inputs],
+                       [val_map[n] for n in b.block.constants], [val_map[n] for n in b.block.outputs])
+        replace_block(glue, mapped, f"_kiln_block_{b.index}", DynamicBlock(b.index), remap)
+    graph.eliminate_dead_code()
+    used = {n.target for n in graph.nodes if n.op == "get_attr"}
+    for attr, _ in list(glue.named_buffers(recurse=False)):
+        if attr not in used:
+            delattr(glue, attr)
+    glue.recompile()
+    # The opt shape's engines are built now.
+    table.add(table.specialize(opt))
+    in_engines: collections.Counter[str] = collections.Counter()
+    for b in blocks:
+        in_engines.update(b.histogram)
+    in_pytorch = collections.Counter(op_name(n) for n in graph.nodes if is_op(n))
+    seconds = time.perf_counter() - start
+    glue.meta["kiln_summary"] = CompileSummary(graph_name, len(blocks), in_engines, in_pytorch, seconds)
+    glue.meta["kiln_weight_sources"] = sources
+    glue.meta["kiln_dynamic"] = shapes
+    log.info("%s: dynamic program, %d block(s), %d of %d ops in engines, symbols %s; opt shape built in %.3f s",
+             graph_name, len(blocks), sum(in_engines.values()), result.total_ops,
+             ", ".join(shapes.ranges[s].text() for s in shapes.symbols), seconds)
+    return glue
+
+
+def dynamic_program_of(module: torch.nn.Module) -> Specializations | None:
+    """The Specializations table of a compiled dynamic program inside ``module`` (None if none)."""
+    for m in module.modules():
+        if isinstance(m, Specializations):
+            return m
+    return None
+
