@@ -52,6 +52,7 @@ __all__ = ["Input", "ShapeRangeError", "SymbolRange", "ProgramShapes", "Speciali
            "compile_dynamic", "is_dynamic", "specialize_nodes", "input_dynamic_shapes"]
 
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+_SIZE = sympy.Symbol("size", integer=True, positive=True)  # an input dim's value, in solved sizes
 _SCALAR_REASON = "a symbolic size or scalar: PyTorch computes it from the inputs' sizes"
 
 
@@ -268,17 +269,28 @@ class ProgramShapes:
             [_expr(s) for s in p.meta["val"].shape] if isinstance(p.meta.get("val"), torch.Tensor) else None
             for p in placeholders]
         self.ranges = ranges
-        # Per symbol, the first (input, dim) that is that symbol alone: where its value is read.
+        # Per symbol, where its value is read: the first (input, dim) that is that symbol alone, else
+        # one whose size is an expression of that symbol alone, solved for it (`inverse`, in _SIZE).
         self.sources: dict[sympy.Symbol, tuple[int, int]] = {}
+        self.inverse: dict[sympy.Symbol, sympy.Expr] = {}
         for i, dims in enumerate(self.dims):
             for d, e in enumerate(dims or ()):
                 if isinstance(e, sympy.Symbol) and e not in self.sources:
                     self.sources[e] = (i, d)
-        missing = [s for s in ranges if s not in self.sources]
-        if missing:
-            raise _C.UnsupportedError(f"kiln: the symbolic sizes {sorted(map(str, missing))} are no input's size by "
-                                      "themselves (only in expressions), so no call can bind them")
-        self.symbols = sorted(ranges, key=lambda s: self.sources[s])
+        for i, dims in enumerate(self.dims):
+            for d, e in enumerate(dims or ()):
+                (s,) = e.free_symbols if len(e.free_symbols) == 1 else (None,)
+                if s is not None and s in ranges and s not in self.sources:
+                    solved = sympy.solve(sympy.Eq(e, _SIZE), s)
+                    if len(solved) == 1:
+                        self.sources[s], self.inverse[s] = (i, d), solved[0]
+        unbound = sorted(map(str, (s for s in ranges if s not in self.sources)))
+        if unbound:
+            # Sizes of intermediate values only: a block whose shapes need one cannot be specialized
+            # (evaluate() names it); the others build as usual.
+            log.info("symbolic sizes %s are no input's size: not bound by calls", unbound)
+        self.ranges = {s: r for s, r in ranges.items() if s in self.sources}
+        self.symbols = sorted(self.ranges, key=lambda s: self.sources[s])
 
     def describe_inputs(self) -> list[str]:
         """Per dynamic input: its name, sizes and the ranges of its symbols (the dry-run report)."""
@@ -304,11 +316,13 @@ class ProgramShapes:
             if not isinstance(a, torch.Tensor) or a.dim() != len(self.dims[i] or ()):
                 self._check_rank(args, i)
             size = int(a.shape[d])
+            value = size if s not in self.inverse else evaluate(self.inverse[s], {_SIZE: size})
             r = self.ranges[s]
-            if not r.min <= size <= r.max:
-                raise ShapeRangeError(f"kiln: input '{self.names[i]}' dim {d} is {size}, outside the range "
-                                      f"{r.min}..{r.max} this program was compiled for")
-            binding[s] = size
+            if not r.min <= value <= r.max:
+                what, of = (f"{size}", "") if s not in self.inverse else (f"{size} ({s} = {value})", f" of {s}")
+                raise ShapeRangeError(f"kiln: input '{self.names[i]}' dim {d} is {what}, outside the range "
+                                      f"{r.min}..{r.max}{of} this program was compiled for")
+            binding[s] = value
         for i, dims in enumerate(self.dims):
             if dims is None:
                 continue

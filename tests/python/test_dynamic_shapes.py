@@ -397,3 +397,19 @@ def test_torch_compile_beyond_dynamic_max_size_builds_statically(dynamo_lowering
     assert dynamo_lowerings[0] == 2  # the symbolic program, then 11 statically
     assert any("outside the range 2..8 this program was compiled for; building this input signature statically"
                in r.getMessage() for r in caplog.records)
+
+
+def test_a_size_that_is_an_expression_of_a_symbol_is_solved_for_it() -> None:
+    torch.manual_seed(0)
+    model = Reshaper().eval()
+    half = Dim("half", min=2, max=4)
+    with torch.no_grad():
+        compiled = kiln.compile(model, [torch.randn(4, 4, 12)], dynamic_shapes=({0: 2 * half},), min_block_size=1)
+        for batch in (4, 6, 8):
+            x = torch.randn(batch, 4, 12)
+            _close(compiled(x), model(x))
+        with pytest.raises(kiln.ShapeRangeError, match=r"^kiln: input 'x' dim 0 is 10 \((s\d+) = 5\), outside the "
+                           r"range 2\.\.4 of \1 this program was compiled for$"):
+            compiled(torch.randn(10, 4, 12))
+        with pytest.raises(kiln.ShapeRangeError, match=r"^kiln: input 'x' dim 0 is 5, but this program needs"):
+            compiled(torch.randn(5, 4, 12))
