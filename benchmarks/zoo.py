@@ -799,6 +799,8 @@ def merge(folders: list[Path], out: Path, baseline_dir: Path, docs: bool) -> int
     if header is None:
         raise SystemExit("--merge: no folder given")
     header["shards"] = len(folders)
+    header["baseline_note"] = (f"joined from {len(folders)} runs (zoo.py --merge); where measured, in those runs "
+                               "(ro rows marked stored: benchmarks/zoo_baseline)")
     table = write_results(out, rows, header)
     if docs:
         write_docs(table)
