@@ -2,7 +2,8 @@
 
     python3 benchmarks/gpu_profile.py --model resnet50 --batch 32 --dtype fp16 [--top 25] [--backend kiln|ro]
 
-Builds the model as benchmarks/gpu_models.py does (random weights), compiles it with Kiln
+Builds the model as benchmarks/gpu_models.py does, or a model of the zoo as benchmarks/zoo.py
+does (random weights), compiles it with Kiln
 (`use_cuda_graphs=False`, so every kernel launch is visible to the profiler) or with inductor,
 runs a few forwards under torch.profiler and prints, per kernel name, its calls and device
 microseconds per forward, largest first, with the sum against the forward's CUDA-event time.
@@ -16,6 +17,7 @@ import logging
 
 import torch
 
+import zoo_models  # type: ignore[import-not-found]
 from gpu_models import DTYPES, median_ms, model_on_gpu  # type: ignore[import-not-found]
 
 log = logging.getLogger("kiln.bench.gpu_profile")
@@ -38,7 +40,12 @@ def main() -> None:
         logging.getLogger("kiln.compile").addHandler(handler)
         logging.getLogger("kiln.compile").setLevel(logging.DEBUG)
     dtype = DTYPES[args.dtype]
-    model, inputs = model_on_gpu(args.model, args.batch, dtype)
+    if args.model in zoo_models.MODELS:  # any zoo model, built as benchmarks/zoo.py builds it
+        model, inputs = zoo_models.MODELS[args.model].create_randomized(args.batch, device="cuda")
+        model = model.to(dtype)
+        inputs = [x.cuda().to(dtype) if x.is_floating_point() else x.cuda() for x in inputs]
+    else:
+        model, inputs = model_on_gpu(args.model, args.batch, dtype)
     if args.backend == "kiln":
         fn = torch.compile(model, backend="kiln", options={"enabled_precisions": {dtype}, "min_block_size": 1,
                                                            "use_cuda_graphs": False})
