@@ -17,8 +17,10 @@ processes on one empty cache directory of its own (``cache_built_engines`` and
 
 Each child reports, in seconds: ``import`` (``import torch`` and ``import kiln``); ``model``
 (importing torchvision / transformers and making the model: not Kiln's); then, from the
-``kiln.compile`` / ``torch.compile`` call on, ``capture`` (torch.export of the model for aot;
-Dynamo's own tracing and guards for dynamo: the first call less everything measured inside it),
+``kiln.compile`` / ``torch.compile`` call on, ``capture`` (torch.export of the model for aot,
+none when the module key finds the program; Dynamo's own tracing and guards for dynamo: the
+first call less everything measured inside it), ``key`` (the program cache's keys: the module
+key and, after torch.export, the ExportedProgram's for aot; the Dynamo graph's for dynamo),
 ``lowering`` (the Dynamo graph's torch.export for dynamo, decomposition and clean-ups; none on a
 program hit), ``compile`` (Kiln's part: partitioning, describing and building on a miss, decoding
 the program on a hit; without the engine loads), ``engines`` (loading engines from the cache:
@@ -51,7 +53,7 @@ from typing import Any  # noqa: E402
 
 log = logging.getLogger("kiln.bench.first_call")
 
-STAGES = ("import", "model", "capture", "lowering", "compile", "engines", "first run", "first output")
+STAGES = ("import", "model", "capture", "key", "lowering", "compile", "engines", "first run", "first output")
 
 
 def tolerance(device: str, precision: str) -> float:
@@ -145,6 +147,10 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     for owner in (kiln.aot, kiln.dynamo, kiln.program_cache):
         clock.wrap(owner, "compile_lowered", "compile")
     clock.wrap(kiln.program_cache.ProgramCache, "load", "program")
+    clock.wrap(kiln.program_cache.WarmStart, "load", "program")
+    for name in ("for_exported_program", "for_dynamo_graph"):
+        clock.wrap(kiln.program_cache.ProgramCache, name, "key")
+    clock.wrap(kiln.program_cache.WarmStart, "for_module", "key")
     clock.wrap(kiln.cached_build.CachedBuild, "load", "engines")
     clock.wrap(kiln.pipeline, "build_engine", "build")
     clock.wrap(kiln.dynamo.KilnDynamoGraph, "__call__", "first run")
@@ -174,13 +180,15 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         got = first_tensor(out).float()
         ref = first_tensor(model(*inputs)).float()
     s = clock.seconds
-    inside = s.get("export", 0.0) + s.get("lowering", 0.0) + s.get("compile", 0.0) + s.get("program", 0.0)
+    inside = s.get("export", 0.0) + s.get("key", 0.0) + s.get("lowering", 0.0) + s.get("compile", 0.0) + \
+        s.get("program", 0.0)
     if args.path == "aot":
         stages["capture"] = s.get("export", 0.0)
         stages["lowering"] = s.get("lowering", 0.0)
     else:  # the Dynamo graph's export is part of lowering it; Dynamo's tracing is what is left
         stages["lowering"] = s.get("export", 0.0) + s.get("lowering", 0.0)
         stages["capture"] = stages["first output"] - inside - s.get("first run", 0.0)
+    stages["key"] = s.get("key", 0.0)
     stages["engines"] = s.get("engines", 0.0) + s.get("build", 0.0)
     stages["compile"] = s.get("compile", 0.0) + s.get("program", 0.0) - stages["engines"]
     stages["first run"] = s.get("first run", 0.0)
@@ -227,7 +235,8 @@ def table(rows: list[tuple[str, str, str, dict[str, float]]], device: str) -> st
         cells = " | ".join(f"**{stages[k]:.2f}**" if k == "first output" else f"{stages[k]:.2f}" for k in STAGES)
         lines.append(f"| {model} | {path} | {phase} | {cells} |")
     return "\n".join(lines) + f"\n\nSeconds, device {device}. " + (
-        "capture: torch.export (aot) or Dynamo's tracing (dynamo); lowering: decomposition and clean-ups (and the "
+        "capture: torch.export (aot; none on a module key hit) or Dynamo's tracing (dynamo); key: the program "
+        "cache's keys; lowering: decomposition and clean-ups (and the "
         "Dynamo graph's export); compile: Kiln's part without the engines; engines: building (cold) or loading "
         "them from the cache; first output: from the compile call to the first output.\n")
 

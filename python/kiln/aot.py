@@ -33,7 +33,7 @@ from kiln.dynamic import compile_dynamic, dynamic_program_of, input_dynamic_shap
 from kiln.lowering import export_module, lower_exported_program
 from kiln.outputs import OutputTemplate, output_hint, unregistered_output
 from kiln.pipeline import CompileSummary, compile_lowered, device_of, graph_runner, supported_targets, unflattener
-from kiln.program_cache import ProgramCache
+from kiln.program_cache import ProgramCache, WarmStart
 from kiln.refit import WeightWatch, follow_weights
 from kiln.runtime import KilnEngineModule, warm_up
 from kiln.settings import CompilationSettings, settings_from_options
@@ -187,11 +187,20 @@ def compile(module: torch.nn.Module | torch.export.ExportedProgram, arg_inputs: 
             except ValueError:
                 pass  # inputs on several devices: reported below, after lowering
         template: OutputTemplate | None = None
+        warm: WarmStart | None = None
         if isinstance(module, torch.export.ExportedProgram):
             ep = module
         else:
             if arg_inputs is None:
                 raise ValueError("kiln.compile needs arg_inputs (example inputs) to trace a module")
+            # Warm start: a program found by the module's own key skips torch.export as well
+            # (static programs: the program cache keeps no dynamic ones).
+            if dynamic_shapes is None:
+                warm = WarmStart.for_module(module, list(arg_inputs), kwarg_inputs, keep, settings,
+                                            type(module).__name__)
+                warm_hit = warm.load() if warm is not None else None
+                if warm_hit is not None:
+                    return KilnModule(warm_hit.gm, warm_hit.in_spec, warm_hit.out_spec, settings.immutable_weights)
             ep, template = export_module(module, list(arg_inputs), kwarg_inputs, dynamic_shapes)
         graph_name = type(module).__name__
         if dynamic_shapes is not None and not is_dynamic(ep.graph_module):
@@ -205,15 +214,20 @@ def compile(module: torch.nn.Module | torch.export.ExportedProgram, arg_inputs: 
             return KilnModule(gm, lowered.in_spec, lowered.out_spec, settings.immutable_weights, template)
         # A program cache hit (kiln/program_cache.py) skips lowering, partitioning and building;
         # a program whose output Kiln flattens itself (kiln/outputs.py) is not cached.
-        programs = ProgramCache.for_exported_program(ep, keep, settings, graph_name) if template is None else None
+        programs = None if template is not None else warm.program_cache(ep, keep) if warm is not None else \
+            ProgramCache.for_exported_program(ep, keep, settings, graph_name)
         hit = programs.load({**ep.constants, **ep.state_dict}) if programs is not None else None
         if hit is not None:
+            if warm is not None:
+                warm.remember(programs, ep)
             return KilnModule(hit.gm, ep.call_spec.in_spec, ep.call_spec.out_spec, settings.immutable_weights)
         lowered = lower_exported_program(ep, keep, fold_weights=settings.immutable_weights)
         examples = [n.meta.get("val") for n in lowered.gm.graph.nodes if n.op == "placeholder"]
         device = device_of(settings, examples)
         gm = programs.compile(lowered, device) if programs is not None else \
             compile_lowered(lowered, settings, device, graph_name=graph_name)
+        if warm is not None:
+            warm.remember(programs, ep)
     return KilnModule(gm, lowered.in_spec, lowered.out_spec, settings.immutable_weights, template)
 
 

@@ -19,6 +19,14 @@ cache key. The program's key is a SHA-256 over what was captured, never over any
   or edited Kiln lowers and partitions again), the device (with its index, and its name), the
   ops Kiln's importers take, and PyTorch's scaled-dot-product backend switches.
 
+kiln.compile of a module also keys the module itself before torch.export traces it (the module
+key, :func:`module_key`: the module tree and its plain attributes, its classes' and functions'
+source files, the example inputs' metadata and the same settings; docs/engine-cache.md says
+what it covers and misses). A small entry under it names the program key and keeps the call
+specs (:class:`WarmStart`): a hit loads the program without exporting. A module it cannot
+describe exactly (hooks, a class defined in a function, an attribute of unknown kind, ...) is
+exported as before; the setting ``module_key=False`` turns the module key off.
+
 A graph whose targets are not PyTorch's own (a function of the user's, an op of a namespace
 other than ``aten`` / ``prims``, whose Python decomposition could change without the graph
 changing), which calls submodules or has symbolic shapes is not cached (logged; the
@@ -38,13 +46,18 @@ longer fit, is a miss. Nothing here raises into a compilation.
 from __future__ import annotations
 
 import collections
+import enum
 import functools
 import hashlib
 import json
+import logging
 import operator
+import os
 import re
 import struct
+import sys
 import time
+import types
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -63,7 +76,8 @@ from kiln.runtime import KilnEngineModule, build_policy, warm_up
 from kiln.settings import CompilationSettings
 from kiln.translate import torch_dtype
 
-__all__ = ["ProgramCache", "CachedProgram", "Uncacheable", "exported_program_key", "dynamo_graph_key"]
+__all__ = ["ProgramCache", "CachedProgram", "Uncacheable", "WarmStart", "exported_program_key", "dynamo_graph_key",
+           "module_key"]
 
 _KEY_FORMAT = "kiln-program-cache-1"
 _MAGIC = b"KILNPRG1"
@@ -74,7 +88,7 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # is logged, but never the program compiled.
 _NOT_PROGRAM_SETTINGS = frozenset({
     "debug", "dryrun", "cache_built_engines", "reuse_cached_engines", "engine_cache_dir", "engine_cache_size",
-    "engine_cache_key_file", "custom_engine_cache",
+    "engine_cache_key_file", "custom_engine_cache", "module_key",
 })
 
 
@@ -472,6 +486,8 @@ class ProgramCache:
         self.out_spec = out_spec
         self.store: EngineCache = engine_cache_for(settings)
         self._unusable: set[str] = set()  # engine keys a hit found missing or unusable
+        self.in_store = False  # the program is in the cache: found there, or stored
+        self.looked_up = False  # load already answered a miss (WarmStart): it is not read again
 
     @classmethod
     def for_exported_program(cls, ep: torch.export.ExportedProgram, keep: Sequence[str],
@@ -507,7 +523,7 @@ class ProgramCache:
     def load(self, weights: Mapping[str, torch.Tensor]) -> CachedProgram | None:
         """The compiled graph from the cache, its engines loaded (and refitted where the weights
         differ) and its weights taken from ``weights`` (the model's tensors by name); None on a miss."""
-        if not self.settings.reuse_cached_engines:
+        if not self.settings.reuse_cached_engines or self.looked_up:
             return None
         start = time.perf_counter()
         warm_up(self.device)  # the device's libraries set themselves up while the entries are read
@@ -554,6 +570,7 @@ class ProgramCache:
         gm.meta["kiln_summary"] = CompileSummary(self.graph_name, len(engines), in_engines, in_pytorch,
                                                  time.perf_counter() - start)
         count("program_hits")
+        self.in_store = True
         log.info("program cache hit for %s (key %s): %d engine(s), %.3f s", self.graph_name, self.key[:16],
                  len(engines), time.perf_counter() - start)
         return CachedProgram(gm, self.out_spec)
@@ -731,6 +748,7 @@ class ProgramCache:
                         type(err).__name__, err)
             return gm
         count("programs_stored")
+        self.in_store = True
         log.info("program cache: stored %s (key %s, %d bytes, %d engine(s))", self.graph_name, self.key[:16],
                  len(data), len(engines))
         return gm
@@ -763,3 +781,411 @@ def _not_keyed(graph_name: str, err: Exception) -> None:
         log.info("program cache: %s is compiled without it: %s", graph_name, err)
     else:
         log.warning("program cache: no key for %s (%s: %s); compiling without it", graph_name, type(err).__name__, err)
+
+
+# ---- warm start without torch.export: the module key -----------------------------------------
+
+_MODULE_KEY_FORMAT = "kiln-module-key-1"
+_POINTER_MAGIC = b"KILNMOD1"
+_MODULE_STATE = frozenset(vars(torch.nn.Module()))  # every module's own: tensors, children, hooks, training
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                 "_global_backward_pre_hooks")
+_MAX_VALUES = 200_000  # plain values described per key; a module with more is not keyed
+_VERSIONED = frozenset({"torch", "builtins", *sys.stdlib_module_names})  # keyed by their version
+
+
+@functools.lru_cache(maxsize=4096)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    """The SHA-256 of a file's contents (size and mtime only key this process's memo of it)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+class _Describer:
+    """Deterministic text of a module tree's plain state. Notes the source files of the code it
+    meets (classes, functions, modules: see ``note_code``); raises Uncacheable for a value it
+    cannot describe exactly."""
+
+    def __init__(self, modules: Mapping[int, str]) -> None:
+        self.modules = modules  # id of every module of the tree -> its name
+        self.files: dict[str, str] = {}  # source file -> the Python module it is
+        self.noted: set[str] = set()
+        self.classes: dict[type, str] = {}
+        self.seen: dict[int, int] = {}  # objects described (by id) -> order of first sight
+        self.alive: list[Any] = []  # the objects seen, held so that their ids stay theirs
+        self.values = 0
+
+    # -- code --
+    def _module_file(self, name: str) -> None:
+        if name in self.noted or name.partition(".")[0] in _VERSIONED:
+            return
+        self.noted.add(name)
+        mod = sys.modules.get(name)
+        path = getattr(mod, "__file__", None)
+        if not isinstance(path, str) or not Path(path).is_file():
+            raise Uncacheable(f"Python module {name} has no source file")
+        self.files[path] = name
+
+    def note_code(self, module_name: str) -> None:
+        """Notes the file of a Python module and of every module its globals come from (one level:
+        what the module imports and calls)."""
+        if module_name in self.noted or module_name.partition(".")[0] in _VERSIONED:
+            return
+        self._module_file(module_name)
+        for value in list(getattr(sys.modules[module_name], "__dict__", {}).values()):
+            if isinstance(value, types.ModuleType):
+                name = value.__name__
+            elif isinstance(value, (type, types.FunctionType)):
+                name = value.__module__
+            else:
+                continue
+            if isinstance(name, str) and name in sys.modules:
+                self._module_file(name)
+
+    def code_ref(self, obj: Any) -> str:
+        """A class or a module-level function by module and qualified name (its module's files
+        noted)."""
+        module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+        if not isinstance(module, str) or not isinstance(qualname, str):
+            raise Uncacheable(f"{obj!r} has no module or qualified name")
+        if "<locals>" in qualname or "<lambda>" in qualname:
+            raise Uncacheable(f"{module}.{qualname} is defined inside a function")
+        if module in sys.modules:
+            self.note_code(module)
+        elif module.partition(".")[0] not in _VERSIONED:
+            raise Uncacheable(f"{module}.{qualname}'s module is not imported")
+        return f"{module}.{qualname}"
+
+    def function(self, fn: types.FunctionType, strict: bool = True) -> str:
+        """A Python function: where its code is (module, qualified name, file and line; the
+        module's files noted), its defaults and the values it closes over. ``strict=False`` (a
+        decorator's wrapper): a closed-over value it cannot describe is keyed by its type."""
+        code, module = fn.__code__, fn.__module__
+        if not isinstance(module, str):
+            raise Uncacheable(f"function {fn.__qualname__} has no module")
+        if module.partition(".")[0] not in _VERSIONED:
+            if not Path(code.co_filename).is_file():
+                raise Uncacheable(f"{module}.{fn.__qualname__} has no source file")
+            if module not in sys.modules:
+                raise Uncacheable(f"{module}.{fn.__qualname__}'s module is not imported")
+            self.note_code(module)
+            self.files.setdefault(code.co_filename, module)
+        if id(fn) in self.seen:
+            return f"@{self.seen[id(fn)]}"
+        self.seen[id(fn)] = len(self.seen)
+        self.alive.append(fn)
+        cells = []
+        for cell in fn.__closure__ or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # a cell not filled yet
+                cells.append("empty")
+                continue
+            if isinstance(value, types.FunctionType):
+                cells.append(self.function(value, strict))
+            elif isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType):
+                cells.append(f"{type(value.__self__).__qualname__}.{self.function(value.__func__, strict)}")
+            elif strict:
+                cells.append(self.describe(value))
+            else:
+                try:
+                    cells.append(self.describe(value))
+                except Uncacheable:
+                    cells.append(f"a {type(value).__module__}.{type(value).__qualname__}")
+        return (f"fn #{self.seen[id(fn)]} {module}.{fn.__qualname__}@{code.co_filename}:{code.co_firstlineno} "
+                f"[{','.join(cells)}] {self.describe(fn.__defaults__)} {self.describe(fn.__kwdefaults__)}")
+
+    def class_ref(self, cls: type) -> str:
+        """A class with its bases; a function in a class that another file defines (a method set
+        on the class from elsewhere) is described with what it closes over."""
+        known = self.classes.get(cls)
+        if known is not None:
+            return known
+        parts = []
+        for base in cls.__mro__[:-1]:
+            parts.append(self.code_ref(base))
+            home = getattr(sys.modules.get(base.__module__), "__file__", None)
+            for name, value in vars(base).items():
+                if isinstance(value, (staticmethod, classmethod)):
+                    value = value.__func__
+                if isinstance(value, types.FunctionType) and value.__code__.co_filename != home:
+                    parts.append(f"{name}={self.function(value, strict=False)}")
+        self.classes[cls] = text = "(" + ",".join(parts) + ")"
+        return text
+
+    # -- values --
+    def describe(self, v: Any) -> str:
+        self.values += 1
+        if self.values > _MAX_VALUES:
+            raise Uncacheable(f"more than {_MAX_VALUES} attribute values")
+        t = type(v)
+        if v is None or t is bool:
+            return repr(v)
+        if t is int:
+            return f"i{v}"
+        if t is float:
+            return f"f{v.hex()}"
+        if t is complex:
+            return f"c{v.real.hex()},{v.imag.hex()}"
+        if t in (str, bytes):
+            return repr(v)
+        if isinstance(v, (int, float, str, bytes)) and not isinstance(v, enum.Enum):  # a subclass: type and value
+            base = next(b for b in (bool, int, float, str, bytes) if isinstance(v, b))
+            return f"{self.code_ref(t)}({self.describe(base(v))})"
+        if v is Ellipsis:
+            return "..."
+        if isinstance(v, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+            return f"{t.__name__}:{v}"
+        if isinstance(v, enum.Enum):
+            return f"enum {self.code_ref(t)}.{v.name}"
+        if isinstance(v, torch.nn.Module):
+            if id(v) not in self.modules:
+                raise Uncacheable(f"an attribute holds a {t.__qualname__} that is not a submodule")
+            return f"module {self.modules[id(v)]!r}"
+        if isinstance(v, torch.Tensor):
+            if t not in (torch.Tensor, torch.nn.Parameter):
+                raise Uncacheable(f"an attribute holds a {t.__qualname__}")
+            return f"tensor {_tensor_meta(v)} {hashlib.sha256(_tensor_bytes(v)).hexdigest()}"
+        if isinstance(v, type):
+            return f"class {self.code_ref(v)}"
+        if isinstance(v, types.FunctionType):
+            return self.function(v)
+        if isinstance(v, types.BuiltinFunctionType):
+            owner = v.__self__
+            if owner is None or isinstance(owner, types.ModuleType):
+                return f"builtin {v.__module__ or getattr(owner, '__name__', '')}.{v.__qualname__}"
+            return f"builtin {self.describe(owner)}.{v.__name__}"
+        if isinstance(v, types.MethodType):
+            return f"method {self.describe(v.__self__)}.{self.describe(v.__func__)}"
+        if isinstance(v, types.ModuleType):
+            if v.__name__ in sys.modules:
+                self.note_code(v.__name__)
+            return f"pymodule {v.__name__}"
+        if isinstance(v, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            return f"op {v}"
+        if isinstance(v, logging.Logger):
+            return f"logger {v.name}"
+        if id(v) in self.seen:
+            return f"@{self.seen[id(v)]}"
+        self.seen[id(v)] = len(self.seen)
+        self.alive.append(v)
+        prefix = f"#{self.seen[id(v)]} " + ("" if t in (list, tuple, dict, set, frozenset) else self.code_ref(t))
+        if isinstance(v, functools.partial):
+            return f"{prefix} partial({self.describe(v.func)},{self.describe(v.args)},{self.describe(v.keywords)})"
+        if isinstance(v, (list, tuple)):
+            return f"{prefix}[" + ",".join(self.describe(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return f"{prefix}{{" + ",".join(f"{self.describe(k)}:{self.describe(x)}" for k, x in v.items()) + "}"
+        if isinstance(v, (set, frozenset)):
+            return f"{prefix}{{" + ",".join(sorted(self.describe(x) for x in v)) + "}"
+        state = getattr(v, "__dict__", None)
+        slots = [s for c in t.__mro__ for s in _slot_names(c)]
+        if isinstance(state, dict) or slots:
+            fields = dict(state) if isinstance(state, dict) else {}
+            for s in slots:
+                if s not in ("__dict__", "__weakref__") and hasattr(v, s):
+                    fields[f"slot {s}"] = getattr(v, s)
+            return f"{prefix} obj{{" + ",".join(f"{k!r}:{self.describe(x)}" for k, x in sorted(fields.items())) + "}"
+        to_dict = getattr(v, "to_dict", None)
+        if callable(to_dict):
+            try:
+                as_dict = to_dict()
+            except Exception as err:  # noqa: BLE001 - any object's method
+                raise Uncacheable(f"{t.__qualname__}.to_dict() failed ({type(err).__name__})") from None
+            return f"{prefix} dict {self.describe(as_dict)}"
+        raise Uncacheable(f"an attribute holds a {t.__module__}.{t.__qualname__}, which it cannot describe")
+
+
+def _slot_names(cls: type) -> list[str]:
+    slots = vars(cls).get("__slots__", ())
+    return [slots] if isinstance(slots, str) else [s for s in slots if isinstance(s, str)]
+
+
+def _input_meta(v: Any, describer: _Describer) -> str:
+    if isinstance(v, torch.Tensor):
+        if type(v) is not torch.Tensor:
+            raise Uncacheable(f"an input is a {type(v).__qualname__}")
+        return _tensor_meta(v)
+    return describer.describe(v)
+
+
+def module_key(module: torch.nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | None, keep: Sequence[str],
+               settings: CompilationSettings, device: str) -> str:
+    """The key of a module before torch.export traces it: everything the module key covers
+    (docs/engine-cache.md, "Warm start without torch.export"); Uncacheable when it cannot be
+    made exactly."""
+    import torch.nn.modules.module as module_module
+    for hooks in _GLOBAL_HOOKS:
+        if getattr(module_module, hooks, None):
+            raise Uncacheable(f"a global module hook ({hooks.strip('_')}) is registered")
+    if any(torch.is_autocast_enabled(kind) for kind in ("cpu", "cuda")):
+        raise Uncacheable("autocast is on")
+    h = _key_prefix("module", settings, device, keep)
+    _line(h, f"{_MODULE_KEY_FORMAT} python {sys.version} default dtype {torch.get_default_dtype()}")
+    tree = list(module.named_modules(remove_duplicate=False))
+    names: dict[int, str] = {}
+    for name, m in tree:
+        names.setdefault(id(m), name)
+    d = _Describer(names)
+    for name, m in tree:
+        for hooks in _HOOKS:
+            if getattr(m, hooks, None):
+                raise Uncacheable(f"module {name or type(m).__name__} has {hooks.strip('_').replace('_', ' ')}")
+        state = vars(m)
+        _line(h, f"module {name!r} {d.class_ref(type(m))} training={m.training} "
+                 f"non-persistent={sorted(m._non_persistent_buffers_set)}")
+        for attr in sorted(k for k in state if k not in _MODULE_STATE):
+            _line(h, f" {attr}={d.describe(state[attr])}")
+    first: dict[int, str] = {}
+    for name, t in (*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)):
+        if type(t) not in (torch.Tensor, torch.nn.Parameter):
+            raise Uncacheable(f"{name} is a {type(t).__qualname__}")
+        _line(h, f"tensor {name} {type(t).__name__} {_tensor_meta(t)} same-as {first.setdefault(id(t), name)}")
+    flat, spec = pytree.tree_flatten((tuple(args), dict(kwargs or {})))
+    _line(h, f"inputs {spec}")
+    for leaf in flat:
+        _line(h, f"input {_input_meta(leaf, d)}")
+    packages = set()
+    for path, name in sorted(d.files.items()):
+        st = os.stat(path)
+        _line(h, f"file {name} {path} {_file_digest(path, st.st_size, st.st_mtime_ns)}")
+        packages.add(name.partition(".")[0])
+    for package in sorted(packages):
+        _line(h, f"package {package} {getattr(sys.modules.get(package), '__version__', None)}")
+    return h.hexdigest()
+
+
+class WarmHit(NamedTuple):
+    """A program found by the module key: the compiled graph and the exported program's call specs."""
+
+    gm: fx.GraphModule
+    in_spec: pytree.TreeSpec
+    out_spec: pytree.TreeSpec
+
+
+class WarmStart:
+    """kiln.compile's lookup before torch.export: a small entry under the module key (module_key)
+    names the program key its ExportedProgram had and keeps the call specs, so that a hit loads
+    the program without exporting. ``load`` before torch.export; ``program_cache`` instead of
+    ProgramCache.for_exported_program after it; ``remember`` once the program is in the cache."""
+
+    def __init__(self, key: str, module: torch.nn.Module, settings: CompilationSettings, device: str,
+                 graph_name: str) -> None:
+        self.key = key
+        self.module = module
+        self.settings = settings
+        self.device = device
+        self.graph_name = graph_name
+        self.store: EngineCache = engine_cache_for(settings)
+        self._missed: ProgramCache | None = None  # the program the entry named, which missed
+
+    @classmethod
+    def for_module(cls, module: torch.nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | None,
+                   keep: Sequence[str], settings: CompilationSettings, graph_name: str) -> WarmStart | None:
+        """The module's warm start, or None (the cache is not used, the switch is off, or the
+        module cannot be keyed: logged, and torch.export runs as usual)."""
+        if not _uses_cache(settings) or not settings.module_key:
+            return None
+        start = time.perf_counter()
+        try:
+            leaves = pytree.tree_leaves((tuple(args), dict(kwargs or {})))
+            device = device_of(settings, [a for a in leaves if isinstance(a, torch.Tensor)])
+            key = module_key(module, args, kwargs, keep, settings, device)
+        except Exception as err:  # noqa: BLE001 - the cache never fails a compilation
+            if isinstance(err, Uncacheable):
+                log.info("program cache: no module key for %s, torch.export runs: %s", graph_name, err)
+            else:
+                log.warning("program cache: no module key for %s (%s: %s); torch.export runs", graph_name,
+                            type(err).__name__, err)
+            return None
+        log.debug("program cache: module key of %s %s (%.3f s)", graph_name, key[:16], time.perf_counter() - start)
+        return cls(key, module, settings, device, graph_name)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The module's parameters and buffers by name, as torch.export's program names them."""
+        return {**dict(self.module.named_buffers(remove_duplicate=False)),
+                **dict(self.module.named_parameters(remove_duplicate=False))}
+
+    def load(self) -> WarmHit | None:
+        """The program the module key names, loaded as ProgramCache.load does; None on a miss."""
+        if not self.settings.reuse_cached_engines:
+            return None
+        try:
+            entry = self.store.read_program(self.key)
+        except UnusableEntry as err:
+            self._reject(str(err))
+            entry = None
+        except Exception as err:  # noqa: BLE001 - a user store must not break compilation
+            log.warning("program cache: %r failed to read %s: %s: %s", self.store, self.key, type(err).__name__, err)
+            entry = None
+        if entry is None:
+            log.info("program cache: no entry for %s's module key %s; torch.export runs", self.graph_name,
+                     self.key[:16])
+            return None
+        try:
+            program_key, in_spec, out_spec = _parse_pointer(entry.data, self.key)
+        except Exception as err:  # noqa: BLE001 - whatever a damaged entry makes the decoding raise
+            self._reject(f"{entry.source} is damaged ({type(err).__name__}: {err})")
+            return None
+        programs = ProgramCache(program_key, self.settings, self.device, self.graph_name)
+        hit = programs.load(self.weights())
+        if hit is None:
+            self._missed = programs
+            return None
+        log.info("program cache: %s found by its module key %s, without torch.export", self.graph_name, self.key[:16])
+        return WarmHit(hit.gm, in_spec, out_spec)
+
+    def program_cache(self, ep: torch.export.ExportedProgram, keep: Sequence[str]) -> ProgramCache | None:
+        """ProgramCache.for_exported_program; when the module key led to this very program a
+        moment ago and it missed, its lookup is not repeated (the engines found unusable stay so)."""
+        programs = ProgramCache.for_exported_program(ep, keep, self.settings, self.graph_name)
+        missed = self._missed
+        if programs is not None and missed is not None and missed.key == programs.key:
+            missed.out_spec = programs.out_spec
+            missed.looked_up = True
+            return missed
+        return programs
+
+    def remember(self, programs: ProgramCache | None, ep: torch.export.ExportedProgram) -> None:
+        """Stores the module key's entry once ``programs`` (the ExportedProgram's) is in the cache."""
+        if programs is None or not programs.in_store or not self.settings.cache_built_engines:
+            return
+        try:
+            data = _encode_pointer(self.key, programs.key, ep.call_spec.in_spec, ep.call_spec.out_spec)
+            self.store.put_program(self.key, data)
+        except Exception as err:  # noqa: BLE001 - a spec that does not serialize, a full disk
+            log.info("program cache: %s's module key not stored (%s: %s); torch.export will run", self.graph_name,
+                     type(err).__name__, err)
+            return
+        log.info("program cache: stored %s's module key %s -> program %s", self.graph_name, self.key[:16],
+                 programs.key[:16])
+
+    def _reject(self, why: str) -> None:
+        count("programs_rejected")
+        log.warning("program cache: module entry %s for %s: %s; removing it", self.key[:16], self.graph_name, why)
+        try:
+            self.store.remove_program(self.key)
+        except Exception as err:  # noqa: BLE001
+            log.warning("program cache: %r failed to remove %s: %s", self.store, self.key, err)
+
+
+def _encode_pointer(key: str, program_key: str, in_spec: pytree.TreeSpec, out_spec: pytree.TreeSpec) -> bytes:
+    doc = {"format": _MODULE_KEY_FORMAT, "key": key, "program": program_key,
+           "in_spec": pytree.treespec_dumps(in_spec), "out_spec": pytree.treespec_dumps(out_spec)}
+    return _POINTER_MAGIC + json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _parse_pointer(data: bytes | bytearray | memoryview, key: str) -> tuple[str, pytree.TreeSpec, pytree.TreeSpec]:
+    """A module key entry: the program key it names and the call specs (loaded by pytree, which
+    only rebuilds types registered with it)."""
+    view = memoryview(data).cast("B")
+    if bytes(view[:len(_POINTER_MAGIC)]) != _POINTER_MAGIC:
+        raise DamagedProgram("no module entry header")
+    doc = json.loads(bytes(view[len(_POINTER_MAGIC):]))
+    if not isinstance(doc, dict) or doc.get("format") != _MODULE_KEY_FORMAT or doc.get("key") != key:
+        raise DamagedProgram("another format or another key's entry")
+    program, in_spec, out_spec = doc.get("program"), doc.get("in_spec"), doc.get("out_spec")
+    if not isinstance(program, str) or not re.fullmatch(r"[0-9a-f]{64}", program) \
+            or not isinstance(in_spec, str) or not isinstance(out_spec, str):
+        raise DamagedProgram("a malformed module entry")
+    return program, pytree.treespec_loads(in_spec), pytree.treespec_loads(out_spec)

@@ -122,6 +122,11 @@ class CompilationSettings:
     cache_built_engines / reuse_cached_engines: store every engine Kiln builds in the engine
         cache / look each engine up there before building it. A hit is loaded and refitted with
         the current weights, so the cache needs mutable weights (docs/engine-cache.md).
+    module_key: with reuse_cached_engines, a warm ``kiln.compile`` looks its program up by a key
+        of the module itself (its classes' source, attributes, weights' metadata, inputs and
+        settings) before running torch.export, and skips the export on a hit (True, the default).
+        False always exports; the exact key of the exported program still applies
+        (docs/engine-cache.md says what the module key covers).
     engine_cache_dir / engine_cache_size: the directory (default ``$XDG_CACHE_HOME/kiln/engines``,
         else ``~/.cache/kiln/engines``) and byte budget (least recently used entries are evicted)
         of the default on-disk store.
@@ -185,6 +190,7 @@ class CompilationSettings:
     dryrun: bool | str = False
     cache_built_engines: bool = False
     reuse_cached_engines: bool = False
+    module_key: bool = True
     immutable_weights: bool = False
     engine_cache_dir: str = dataclasses.field(default_factory=_default_cache_dir)
     engine_cache_size: int = 5 << 30
@@ -559,6 +565,7 @@ _NORMALIZERS: dict[str, Any] = {
     "dryrun": _dryrun,
     "cache_built_engines": _bool,
     "reuse_cached_engines": _bool,
+    "module_key": _bool,
     "immutable_weights": _bool,
     "engine_cache_dir": _path,
     "engine_cache_size": _int_in(0, None),
