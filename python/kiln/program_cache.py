@@ -58,7 +58,7 @@ import struct
 import sys
 import time
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -930,7 +930,7 @@ class _Describer:
         if t in (str, bytes):
             return repr(v)
         if isinstance(v, (int, float, str, bytes)) and not isinstance(v, enum.Enum):  # a subclass: type and value
-            base = next(b for b in (bool, int, float, str, bytes) if isinstance(v, b))
+            base: Callable[[Any], Any] = next(b for b in (bool, int, float, str, bytes) if isinstance(v, b))
             return f"{self.code_ref(t)}({self.describe(base(v))})"
         if v is Ellipsis:
             return "..."
