@@ -334,3 +334,18 @@ def test_channels_last_region_cuda_matches_cpu(pool: str, act: str, channels: in
     # the CPU's fused epilogue (and cuDNN's), hence twice the tolerance.
     _compare("conv", _run(engine, feeds), _run(_build(g, "cpu"), feeds), " (channels-last region)",
              slack=1.0 if act == "relu" else 2.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["f16", "f32"])
+def test_a_plain_matmul_is_one_gemm_with_no_epilogue_kernel(dtype: torch.dtype) -> None:
+    """A matmul with nothing fused into it runs cuBLASLt alone: no generated epilogue kernel
+    passes over its output. It matches the CPU."""
+    g = Graph()
+    a = g.add_input("a", TORCH_TO_KILN[dtype], [3, 40, 24])
+    b = g.add_input("b", TORCH_TO_KILN[dtype], [3, 24, 56])
+    (y,) = g.add_node("matmul", [a, b])
+    g.mark_output(y, "y")
+    engine = _build(g, "cuda")
+    assert "cuBLASLt matmul" in engine.build_log and "generated epilogue" not in engine.build_log, engine.build_log
+    xa, xb = torch.randn(3, 40, 24).to(dtype), torch.randn(3, 24, 56).to(dtype)
+    _compare("matmul", _run(engine, [xa, xb]), _run(_build(g, "cpu"), [xa, xb]))

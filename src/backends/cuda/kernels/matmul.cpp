@@ -133,7 +133,7 @@ struct Problem {
   GemmShape shape;
   BatchPlan batches;
   int a_in = 0, b_in = 1, bias_in = -1, c_in = -1;
-  std::string activation = "none";  // run by the generated epilogue (empty: none needed)
+  std::string activation;  // run by the generated epilogue (empty: none needed)
   bool kernel_residual = false;
   std::string what;
 };
