@@ -131,7 +131,7 @@ try:
 except ImportError:  # pragma: no cover - core-only installs
     pass
 else:
-    from .aot import compile, extract_engines, load, save
+    from .aot import DynamicProgram, compile, extract_engines, load, save
     from .archive import UnsafeFileError
     from .cache import DiskEngineCache, EngineCache
     from .dynamic import Input, ShapeRangeError
@@ -153,5 +153,6 @@ else:
     _register_backend()
     from . import tune  # after the backend is registered: KILN_TUNE=1 installs its hook on import
 
-    __all__ += ["CompilationSettings", "DiskEngineCache", "EngineCache", "Input", "MutableModule", "ShapeRangeError",
-                "UnsafeFileError", "compile", "extract_engines", "kiln_backend", "load", "refit", "save", "tune"]
+    __all__ += ["CompilationSettings", "DiskEngineCache", "DynamicProgram", "EngineCache", "Input", "MutableModule",
+                "ShapeRangeError", "UnsafeFileError", "compile", "extract_engines", "kiln_backend", "load", "refit",
+                "save", "tune"]

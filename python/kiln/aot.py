@@ -6,7 +6,10 @@
     kiln.extract_engines("model.ep", "engines/")         # engine_0.kiln ... for kiln-run
 
 kiln.load runs no code from the file unless told the file is trusted, and checks every engine
-in it (kiln/archive.py).
+in it (kiln/archive.py). A dynamic-shape program is saved as its symbolic ExportedProgram with
+the engines of the sizes built so far (kiln/dynamic.py); kiln.load returns a
+:class:`DynamicProgram`, whose ``.module()`` serves those sizes with no build and builds others
+on first use.
 
 The pipeline after lowering is kiln/pipeline.py, shared with the Dynamo backend.
 In a saved program each engine is a call of ``kiln::execute_engine`` whose engine bytes are a
@@ -29,7 +32,15 @@ from kiln._logging import debug_logging, get_logger
 from kiln.archive import check_archive, engine_blobs
 from kiln.archive import check_engines as check_engines_of
 from kiln.control_flow import export_form
-from kiln.dynamic import compile_dynamic, dynamic_program_of, input_dynamic_shapes, is_dynamic
+from kiln.dynamic import (
+    SAVED_DESCRIPTION,
+    SAVED_ENGINES,
+    compile_dynamic,
+    dynamic_program_of,
+    input_dynamic_shapes,
+    is_dynamic,
+    read_saved,
+)
 from kiln.lowering import export_module, lower_exported_program
 from kiln.outputs import OutputTemplate, output_hint, unregistered_output
 from kiln.pipeline import CompileSummary, compile_lowered, device_of, graph_runner, supported_targets, unflattener
@@ -40,7 +51,7 @@ from kiln.settings import CompilationSettings, settings_from_options
 
 log = get_logger("compile")
 
-__all__ = ["compile", "save", "load", "extract_engines", "KilnModule"]
+__all__ = ["compile", "save", "load", "extract_engines", "KilnModule", "DynamicProgram"]
 
 
 class KilnModule(torch.nn.Module):
@@ -211,6 +222,9 @@ def compile(module: torch.nn.Module | torch.export.ExportedProgram, arg_inputs: 
             examples = [n.meta.get("val") for n in lowered.gm.graph.nodes if n.op == "placeholder"]
             gm = compile_dynamic(lowered, settings, device_of(settings, examples), graph_name,
                                  lowered.range_constraints)
+            table = dynamic_program_of(gm)
+            if table is not None:
+                table.keep_source(ep)  # what kiln.save writes
             return KilnModule(gm, lowered.in_spec, lowered.out_spec, settings.immutable_weights, template)
         # A program cache hit (kiln/program_cache.py) skips lowering, partitioning and building;
         # a program whose output Kiln flattens itself (kiln/outputs.py) is not cached.
@@ -244,18 +258,19 @@ def save(module: torch.nn.Module, path: str | os.PathLike[str], arg_inputs: Sequ
     """Exports a compiled module (engines as kiln::execute_engine calls) and saves it: as a
     torch.export program read by kiln.load (``output_format="exported_program"``), or as a Kiln
     bundle that kiln-run and the C++ runtime run without Python (``"kiln_bundle"``, kiln/bundle.py:
-    raises kiln.UnsupportedError naming any op left to PyTorch)."""
+    raises kiln.UnsupportedError naming any op left to PyTorch).
+
+    A dynamic-shape program (kiln.compile with ``dynamic_shapes`` or kiln.Input ranges) is saved
+    as its symbolic ExportedProgram with the engines of the sizes built so far (returned: the
+    symbolic program; ``arg_inputs`` and ``kwarg_inputs`` are not used); it has no bundle form."""
     if output_format not in _OUTPUT_FORMATS:
         raise ValueError(f"kiln.save: unknown output_format {output_format!r}; expected one of "
                          f"{', '.join(repr(f) for f in _OUTPUT_FORMATS)}")
-    if dynamic_program_of(module) is not None:
-        raise _C.UnsupportedError(
-            "kiln.save: the module is a dynamic-shape program (compiled with dynamic_shapes or kiln.Input ranges), "
-            "which kiln.save cannot save yet (its engines are per concrete shape); compile it with static shapes to "
-            "save it, or call kiln.compile with dynamic_shapes again in the process that serves it")
     for m in module.modules():
         if isinstance(m, KilnModule):
             m.follow_weights()  # the engines saved hold the model's current weights
+    if dynamic_program_of(module) is not None:
+        return _save_dynamic(module, os.fspath(path), output_format)
     engines = _engine_modules(module)
     if not engines:
         log.warning("kiln.save: the module contains no Kiln engine; saving a plain exported program")
@@ -290,27 +305,99 @@ def save(module: torch.nn.Module, path: str | os.PathLike[str], arg_inputs: Sequ
     return ep
 
 
-def load(path: str | os.PathLike[str], *, trusted: bool = False) -> torch.export.ExportedProgram:
+def _save_dynamic(module: torch.nn.Module, path: str, output_format: str) -> torch.export.ExportedProgram:
+    """kiln.save of a dynamic-shape program: its symbolic ExportedProgram, the engines of its live
+    specializations and their description, in one torch.export archive (kiln/dynamic.py)."""
+    if output_format == "kiln_bundle":
+        raise _C.UnsupportedError(
+            "kiln.save(output_format='kiln_bundle'): the module is a dynamic-shape program; a bundle holds one "
+            "engine per block for one set of input shapes, and kiln-run has no Python to bind sizes, check their "
+            "ranges and build engines for new sizes; compile with static shapes to bundle it, or save with "
+            "output_format='exported_program'")
+    table = dynamic_program_of(module)
+    if not isinstance(module, KilnModule) or table is None or dynamic_program_of(module.gm) is not table:
+        raise _C.UnsupportedError("kiln.save: a dynamic-shape program is saved as the module kiln.compile returned, "
+                                  "not inside another module")
+    from torch.export.pt2_archive._package import package_pt2
+    ep, engines, description = table.saved_form()
+    with open(path, "wb") as f:  # a file object: torch warns about a path not ending in .pt2
+        package_pt2(f, exported_programs={"model": ep, SAVED_ENGINES: engines},
+                    extra_files={SAVED_DESCRIPTION: description})
+    log.info("kiln.save: %s: dynamic-shape program with %d specialization(s), %d engine(s)", path, len(table.live),
+             len(engines.state_dict))
+    return ep
+
+
+class DynamicProgram:
+    """What kiln.load returns for a saved dynamic-shape program: ``.module()`` is the compiled
+    module (the same one each call), which serves the saved sizes with the saved engines and
+    builds the engines of other sizes in the ranges on their first call (sizes outside the
+    ranges raise kiln.ShapeRangeError, as before saving). ``exported_program`` is the symbolic
+    ExportedProgram it was compiled from."""
+
+    def __init__(self, module: KilnModule, exported_program: torch.export.ExportedProgram) -> None:
+        self._module = module
+        self.exported_program = exported_program
+
+    def module(self) -> KilnModule:
+        return self._module
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._module(*args, **kwargs)
+
+
+def load(path: str | os.PathLike[str], *, trusted: bool = False) -> torch.export.ExportedProgram | DynamicProgram:
     """Loads a program saved by kiln.save (call ``.module()`` on it to run it).
 
     Nothing in the file runs: parts that torch.export would unpickle unsafely or evaluate raise
     ``UnsafeFileError`` naming them (kiln/archive.py), unless ``trusted=True`` (files you made
     or trust: their pickles are loaded as torch.export does). Every embedded engine is
     deserialized and checked here, so a damaged one raises its ``kiln.EngineFileError`` (one that
-    cannot be read at all, ``kiln.CorruptedError``) from this call, not from the first run."""
-    return _load(os.fspath(path), trusted, check_engines=True)
+    cannot be read at all, ``kiln.CorruptedError``) from this call, not from the first run.
+
+    A static program loads as an ExportedProgram; a dynamic-shape one as a :class:`DynamicProgram`
+    (its symbolic program lowered and partitioned again, its saved engines checked and installed)."""
+    path = os.fspath(path)
+    ep, dynamic = _read(path, trusted)
+    if dynamic is None:
+        engines = check_engines_of(ep, path)
+        log.info("kiln.load: %s: %d engine(s)%s", path, engines, " (trusted)" if trusted else "")
+        return ep
+    return _load_dynamic(ep, *dynamic, path)
 
 
 def _load(path: str, trusted: bool, check_engines: bool) -> torch.export.ExportedProgram:
+    ep, dynamic = _read(path, trusted)
+    if dynamic is not None:
+        raise _C.UnsupportedError(f"kiln.extract_engines: {path} is a dynamic-shape program, whose engines are per "
+                                  "concrete shape and run only inside it (kiln.load serves it); kiln-run runs the "
+                                  "engines of a program compiled with static shapes")
+    engines = check_engines_of(ep, path) if check_engines else 0
+    log.info("kiln.load: %s: %d engine(s)%s", path, engines, " (trusted)" if trusted else "")
+    return ep
+
+
+def _read(path: str, trusted: bool) -> tuple[torch.export.ExportedProgram, tuple[Any, Any] | None]:
+    """The saved program, and for a dynamic-shape one its description and engine program."""
     if not isinstance(trusted, bool):
         raise TypeError(f"kiln.load: trusted must be a bool, got {trusted!r}")
+    dynamic: tuple[Any, Any] | None = None
     try:
         with open(path, "rb") as f:  # one open file for the check and the load: the bytes checked are those read
             if not trusted:
                 check_archive(f, path)
                 f.seek(0)
+            is_dynamic_file = _holds(f, f"extra/{SAVED_DESCRIPTION}")
+            f.seek(0)
             try:
-                ep = torch.export.load(f)
+                if is_dynamic_file:
+                    from torch.export.pt2_archive._package import load_pt2
+                    contents = load_pt2(f)
+                    ep = contents.exported_programs["model"]
+                    dynamic = (contents.extra_files.get(SAVED_DESCRIPTION),
+                               contents.exported_programs.get(SAVED_ENGINES))
+                else:
+                    ep = torch.export.load(f)
                 # What ep.module() needs: a damaged module_call_graph loads, then fails at first use.
                 if ep.call_spec.in_spec is None or ep.call_spec.out_spec is None:
                     raise ValueError("the program has no call signature")
@@ -319,9 +406,41 @@ def _load(path: str, trusted: bool, check_engines: bool) -> torch.export.Exporte
                                         f"torch.export could not read it ({type(err).__name__}: {err})") from err
     except IsADirectoryError:
         raise _C.IoError(f"kiln.load: {path} is a directory, not a saved program") from None
-    engines = check_engines_of(ep, path) if check_engines else 0
-    log.info("kiln.load: %s: %d engine(s)%s", path, engines, " (trusted)" if trusted else "")
-    return ep
+    return ep, dynamic
+
+
+def _holds(f: Any, name: str) -> bool:
+    """Whether the archive ``f`` has a record ``name`` (False when it cannot be read: torch's
+    reader then says why)."""
+    from torch.export.pt2_archive._package import PT2ArchiveReader
+    try:
+        return name in PT2ArchiveReader(f).get_file_names()
+    except Exception:  # noqa: BLE001 - whatever damaged bytes make the reader raise
+        return False
+
+
+def _load_dynamic(ep: torch.export.ExportedProgram, description: Any, engines: Any, path: str) -> DynamicProgram:
+    """Compiles the saved symbolic program again, as kiln.compile did, with the saved engines
+    installed instead of built (kiln/dynamic.py checks that the partition is the saved one)."""
+    saved = read_saved(description, engines, path)
+    settings = saved.settings
+    with debug_logging(settings.debug), torch.no_grad():
+        try:
+            lowered = lower_exported_program(ep, supported_targets(), fold_weights=settings.immutable_weights)
+        except Exception as err:  # noqa: BLE001 - a program torch read but Kiln cannot lower
+            raise _C.CorruptedError(f"kiln.load: {path}: the saved dynamic-shape program cannot be lowered "
+                                    f"({type(err).__name__}: {err})") from err
+        if not is_dynamic(lowered.gm):
+            raise _C.CorruptedError(f"kiln.load: {path} is damaged or not a program saved by kiln.save: it describes "
+                                    "a dynamic-shape program, but its program has no symbolic size")
+        examples = [n.meta.get("val") for n in lowered.gm.graph.nodes if n.op == "placeholder"]
+        gm = compile_dynamic(lowered, settings, device_of(settings, examples), saved.graph_name,
+                             lowered.range_constraints, saved=saved)
+    table = dynamic_program_of(gm)
+    assert table is not None, "a dynamic program that builds engines has a Specializations table"
+    table.keep_source(ep)  # it can be saved again
+    log.info("kiln.load: %s: dynamic-shape program, %d saved specialization(s)", path, len(table.live))
+    return DynamicProgram(KilnModule(gm, lowered.in_spec, lowered.out_spec, settings.immutable_weights), ep)
 
 
 def extract_engines(program: str | os.PathLike[str] | torch.export.ExportedProgram,

@@ -37,14 +37,24 @@ __all__ = ["UnsafeFileError", "check_archive", "check_engines", "engine_blobs"]
 
 _TRUST_HINT = "pass trusted=True only for a file you trust"
 # A shape expression torch writes: symbols (s0, u3), numbers, arithmetic, comparisons and the
-# functions named below. Anything else (names, attributes, strings) could run code in sympify.
-_EXPR_TOKEN = re.compile(r"\s*(?:([A-Za-z_][A-Za-z0-9_]*)|(\d+(?:\.\d+)?(?:e[+-]?\d+)?)|(\*\*|[-+*/%(),<>=!&|~]))")
+# functions named below, as plain text ("s0 + 2") or as sympy's srepr, which torch.export.save
+# writes ("Add(Symbol('s0', positive=True, integer=True), Integer(2))"): the classes, quoted
+# symbol names and numbers, and assumption keywords. Anything else (other names, attributes,
+# other strings) could run code in sympify.
+_EXPR_TOKEN = re.compile(r"\s*(?:([A-Za-z_][A-Za-z0-9_]*)|(\d+(?:\.\d+)?(?:e[+-]?\d+)?)|(\*\*|[-+*/%(),<>=!&|~])"
+                         r"|'([a-z]+\d+|-?\d+(?:\.\d+)?(?:e[+-]?\d+)?)')")
 _EXPR_FUNCTIONS = frozenset({
     "FloorDiv", "ModularIndexing", "Where", "PythonMod", "Mod", "CleanDiv", "CeilToInt", "FloorToInt",
     "CeilDiv", "LShift", "RShift", "PowByNatural", "FloatPow", "FloatTrueDiv", "IntTrueDiv",
     "IsNonOverlappingAndDenseIndicator", "TruncToFloat", "TruncToInt", "RoundToInt", "RoundDecimal",
     "ToFloat", "Identity", "Max", "Min", "Abs", "Eq", "Ne", "Lt", "Le", "Gt", "Ge", "And", "Or", "Not",
-    "True", "False", "oo", "floor", "ceiling"})
+    "True", "False", "oo", "floor", "ceiling",
+    # sympy's srepr: its classes and constants, and the assumptions a Symbol is written with
+    "Symbol", "Integer", "Rational", "Float", "Add", "Mul", "Pow", "Equality", "Unequality", "StrictLessThan",
+    "LessThan", "StrictGreaterThan", "GreaterThan", "true", "false", "int_oo", "zoo", "nan", "precision",
+    "positive", "negative", "nonnegative", "nonpositive", "integer", "real", "finite", "infinite", "zero",
+    "nonzero", "commutative", "rational", "even", "odd", "extended_real", "extended_positive",
+    "extended_negative", "extended_nonnegative", "extended_nonpositive", "extended_nonzero"})
 _SYMBOL = re.compile(r"[a-z]+\d+")
 
 

@@ -20,12 +20,18 @@ symbols take the same values in two specializations shares one engine between th
 Which ops go into blocks is decided once, at the opt shape: the importers are asked about a
 concrete copy of the whole graph. A block that the importers take at the opt shape but refuse
 at another runs in PyTorch at that shape (with the build failure's warning).
+
+kiln.save writes the symbolic ExportedProgram with the live specializations' engines (see "the
+saved form" below); kiln.load compiles it again at the saved opt shape and installs those
+engines (:meth:`Specializations.install`), so the saved sizes build nothing.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import json
+import math
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -42,14 +48,16 @@ from kiln.dryrun import emit_report, format_report
 from kiln.lowering import LoweredGraph
 from kiln.partition import Block, PartitionResult, is_op, op_name, partition, replace_block
 from kiln.pipeline import CompileSummary, build_block
-from kiln.runtime import warm_up
+from kiln.pipeline import _check_engine as check_engine
+from kiln.runtime import KilnEngineModule, warm_up
 from kiln.settings import CompilationSettings
 from kiln.translate import Capability
 
 log = get_logger("dynamic")
 
 __all__ = ["Input", "ShapeRangeError", "SymbolRange", "ProgramShapes", "Specializations", "DynamicBlock",
-           "compile_dynamic", "is_dynamic", "specialize_nodes", "input_dynamic_shapes"]
+           "compile_dynamic", "is_dynamic", "specialize_nodes", "input_dynamic_shapes", "SavedProgram", "read_saved",
+           "SAVED_DESCRIPTION", "SAVED_ENGINES"]
 
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 _SIZE = sympy.Symbol("size", integer=True, positive=True)  # an input dim's value, in solved sizes
@@ -533,6 +541,8 @@ class Specializations(torch.nn.Module):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_lock", None)
+        state.pop("source_program", None)  # kiln.save's input, not part of a pickled copy
+        state.pop("source_versions", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -608,7 +618,8 @@ class Specializations(torch.nn.Module):
                  spec.text(), built, seconds, min(len(self.live) + 1, self.capacity), self.capacity)
         return spec
 
-    def _build(self, b: _BlockSource, binding: Binding) -> tuple[torch.nn.Module, bool]:
+    def _concrete(self, b: _BlockSource, binding: Binding) -> tuple[fx.GraphModule, Block, str]:
+        """The block copied with every size evaluated under ``binding``, and its engine's name."""
         block = b.block
         gm, env = specialize_nodes(self.source, b.tensor_inputs, [*block.constants, *block.nodes],
                                    tuple(block.outputs), binding,
@@ -616,11 +627,133 @@ class Specializations(torch.nn.Module):
         concrete = Block([env[n] for n in block.nodes if n in env], [env[n] for n in b.tensor_inputs],
                          [env[n] for n in block.constants], [env[n] for n in block.outputs])
         text = ", ".join(f"{s}={binding[s]}" for s in b.symbols)
-        name = f"engine {b.index} of {self.graph_name}" + (f" [{text}]" if text else "")
+        return gm, concrete, f"engine {b.index} of {self.graph_name}" + (f" [{text}]" if text else "")
+
+    def _build(self, b: _BlockSource, binding: Binding) -> tuple[torch.nn.Module, bool]:
+        gm, concrete, name = self._concrete(b, binding)
         module = build_block(gm, concrete, self.settings, self.device, name)
         if module is None:
             return gm, False  # the concrete copy runs in PyTorch at this shape
         return module, True
+
+    # -- kiln.save / kiln.load --
+    def keep_source(self, program: torch.export.ExportedProgram) -> None:
+        """Keeps the symbolic ExportedProgram this table was compiled from, for kiln.save (the
+        model's tensors, not copies; with ``share_weights=False`` their versions are noted, since
+        the program is then a snapshot that a saved copy of changed weights would not match)."""
+        self.__dict__["source_program"] = program
+        self.__dict__["source_versions"] = None if self.settings.share_weights else _versions(program)
+
+    def saved_form(self) -> tuple[torch.export.ExportedProgram, torch.export.ExportedProgram, str]:
+        """What kiln.save writes for this program: the symbolic ExportedProgram it was compiled
+        from, a program whose buffers are the live specializations' engines (``engine_<i>``,
+        uint8) and the description tying them together (JSON; see :func:`read_saved`)."""
+        program = self.__dict__.get("source_program")
+        if program is None:
+            raise _C.UnsupportedError(
+                "kiln.save: this dynamic-shape program keeps no symbolic ExportedProgram to save (it comes from "
+                "torch.compile, or from a pickled copy); save the module kiln.compile or kiln.load returned")
+        versions = self.__dict__.get("source_versions")
+        if versions is not None and versions != _versions(program):
+            raise _C.UnsupportedError(
+                "kiln.save: the model's weights changed in place since this dynamic-shape program was compiled with "
+                "share_weights=False (a snapshot of the weights as they were); the saved program would not match its "
+                "engines. Save before changing them, or compile again")
+        with self._lock:
+            blobs: list[torch.Tensor] = []
+            engines: list[dict[str, Any]] = []
+            index: dict[int, int] = {}
+            specs = []
+            for spec in self.live.values():  # least recently used first, as load re-adds them
+                entries: list[int | None] = []
+                for runner in spec.runners:
+                    if not isinstance(runner, KilnEngineModule):
+                        entries.append(None)  # the block runs in PyTorch at this size
+                        continue
+                    if id(runner) not in index:  # an engine shared between specializations is saved once
+                        index[id(runner)] = len(blobs)
+                        blobs.append(torch.frombuffer(bytearray(runner.engine_bytes()), dtype=torch.uint8))
+                        engines.append({"truncated_weights": sorted(runner.truncated_weights)})
+                    entries.append(index[id(runner)])
+                shapes = [None if dims is None else [evaluate(e, spec.binding) for e in dims]
+                          for dims in self.shapes.dims]
+                specs.append({"inputs": shapes, "blocks": entries})
+        description = {
+            "format": SAVED_FORMAT,
+            "graph_name": self.graph_name,
+            "settings": settings_record(self.settings),
+            "symbols": [{"input": self.shapes.sources[s][0], "dim": self.shapes.sources[s][1], "min": r.min,
+                         "max": r.max, "opt": r.opt} for s in self.shapes.symbols for r in (self.shapes.ranges[s],)],
+            "blocks": [block_signature(b) for b in self.blocks],
+            "engines": engines,
+            "specializations": specs,
+        }
+        holder = _EngineHolder(blobs)
+        with torch.no_grad():
+            engines_program = torch.export.export(holder, (), strict=False)
+        return program, engines_program, json.dumps(description, separators=(",", ":"))
+
+    def install(self, saved: SavedProgram, path: str) -> int:
+        """Adds the saved specializations with their saved engines (nothing is built: each engine is
+        deserialized, checked and compared with its block's inputs and outputs at its sizes).
+        Returns the number of engines."""
+        where = f"kiln.load: {path}"
+        if len(saved.blocks) != len(self.blocks) or any(
+                want != block_signature(b) for want, b in zip(saved.blocks, self.blocks)):
+            raise _C.VersionMismatchError(
+                f"{where}: the saved dynamic-shape program partitions into {len(self.blocks)} block(s) here "
+                f"({', '.join(_signature_text(block_signature(b)) for b in self.blocks) or 'none'}), into "
+                f"{len(saved.blocks)} when it was saved ({', '.join(map(_signature_text, saved.blocks)) or 'none'}); "
+                "it was saved by another version of Kiln or PyTorch: compile the model again")
+        made: dict[int, tuple[int, tuple[int, ...], KilnEngineModule]] = {}
+        for n, entry in enumerate(saved.specializations):
+            if len(entry.inputs) != len(self.shapes.dims):
+                raise _saved_error(path, f"specialization {n} gives {len(entry.inputs)} input shapes, the program "
+                                         f"takes {len(self.shapes.dims)} inputs")
+            if len(entry.blocks) != len(self.blocks):
+                raise _saved_error(path, f"specialization {n} names {len(entry.blocks)} blocks, the program has "
+                                         f"{len(self.blocks)}")
+            args = [None if shape is None else torch.empty(shape, device="meta") for shape in entry.inputs]
+            try:
+                binding = self.shapes.bind(args)
+            except ShapeRangeError as err:
+                raise _saved_error(path, f"specialization {n} does not fit the program: {err}") from None
+            runners: list[torch.nn.Module] = []
+            keys: list[tuple[int, ...]] = []
+            for b, e in zip(self.blocks, entry.blocks):
+                key = tuple(binding[s] for s in b.symbols)
+                keys.append(key)
+                if e is None:
+                    runners.append(self._concrete(b, binding)[0])  # runs in PyTorch at this size, as when saved
+                    continue
+                if e in made:
+                    index, made_key, module = made[e]
+                    if (index, made_key) != (b.index, key):
+                        raise _saved_error(path, f"engine {e} serves block {index} at {made_key} and block {b.index} "
+                                                 f"at {key}")
+                else:
+                    module = self._adopt(b, binding, saved.engines[e], e, where)
+                    made[e] = (b.index, key, module)
+                runners.append(module)
+            self.add(Specialization(dict(binding), runners, keys, 0, 0.0))
+        return len(made)
+
+    def _adopt(self, b: _BlockSource, binding: Binding, engine: SavedEngine, i: int, where: str) -> KilnEngineModule:
+        gm, concrete, name = self._concrete(b, binding)
+        what = f"{where}: engine {i} ({name})"
+        try:
+            built = _C.Engine.deserialize(engine.blob.detach().cpu().contiguous().numpy(), self.device)
+        except _C.KilnError as err:
+            raise type(err)(f"{what}: {err}") from None
+        try:
+            check_engine(built, concrete, self.settings)
+        except _C.InternalError as err:
+            raise _C.CorruptedError(f"{what} does not fit its block: {err}") from None
+        module = KilnEngineModule(built, self.device, [n.meta["val"].dtype for n in concrete.inputs],
+                                  [n.meta["val"].dtype for n in concrete.outputs], name=name,
+                                  use_cuda_graphs=self.settings.use_cuda_graphs)
+        module.truncated_weights = engine.truncated_weights
+        return module
 
 
 def _symbols_of(nodes: Iterable[fx.Node]) -> set[sympy.Symbol]:
@@ -635,6 +768,208 @@ def _symbols_of(nodes: Iterable[fx.Node]) -> set[sympy.Symbol]:
     return out
 
 
+# ---- the saved form (kiln.save / kiln.load) ------------------------------------------------
+#
+# A saved dynamic program is a torch.export archive (kiln.save's format) holding two programs and
+# one extra file: "model", the symbolic ExportedProgram the program was compiled from;
+# SAVED_ENGINES, a program whose buffers are the engines of the live specializations (raw uint8
+# tensor records, as a static program's engines); and SAVED_DESCRIPTION, JSON: the settings, each
+# symbol's range and opt value (by the input dim it is read from), each block's signature, and
+# per specialization its input shapes and, per block, the index of its engine (null: the block
+# ran in PyTorch at those sizes). kiln.load lowers and partitions "model" as kiln.compile did
+# (at the same opt sizes), checks that the blocks are the saved ones, and installs the engines.
+
+SAVED_FORMAT = 1
+SAVED_DESCRIPTION = "kiln_dynamic.json"
+SAVED_ENGINES = "kiln_engines"
+
+# Settings of the process, not of the program: not saved (the loaded program takes the defaults).
+_LOCAL_SETTINGS = frozenset({"debug", "dryrun", "cache_built_engines", "reuse_cached_engines", "engine_cache_dir",
+                             "engine_cache_size", "engine_cache_key_file", "custom_engine_cache", "mode",
+                             "timing_cache_path", "autocast_calibration_dataloader"})
+
+
+class _EngineHolder(torch.nn.Module):
+    """The engines of a saved dynamic program as buffers (``engine_<i>``) of a program of their own."""
+
+    def __init__(self, blobs: Sequence[torch.Tensor]) -> None:
+        super().__init__()
+        for i, blob in enumerate(blobs):
+            self.register_buffer(f"engine_{i}", blob)
+
+    def forward(self) -> torch.Tensor:
+        return torch.zeros(1)  # torch.export saves no program without an output
+
+
+def _versions(program: torch.export.ExportedProgram) -> tuple[int, ...]:
+    return tuple(t._version for t in program.state_dict.values())
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    if isinstance(value, (set, frozenset)):
+        return sorted(_jsonable(v) for v in value)
+    if isinstance(value, (tuple, list)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    return value
+
+
+def settings_record(settings: CompilationSettings) -> dict[str, Any]:
+    """The settings a saved dynamic program is built with, as JSON values."""
+    if settings.autocast_calibration_dataloader is not None:
+        raise _C.UnsupportedError("kiln.save: a dynamic-shape program compiled with autocast_calibration_dataloader "
+                                  "cannot be saved (the calibration data is not part of the program)")
+    return {f.name: _jsonable(getattr(settings, f.name)) for f in dataclasses.fields(settings)
+            if f.name not in _LOCAL_SETTINGS}
+
+
+def _settings_from_record(record: Any, path: str) -> CompilationSettings:
+    if not isinstance(record, dict):
+        raise _saved_error(path, "has no settings table")
+    values = dict(record)
+    unknown = sorted((set(values) - {f.name for f in dataclasses.fields(CompilationSettings)})
+                     | (set(values) & _LOCAL_SETTINGS))
+    if unknown:
+        raise _saved_error(path, f"names settings that are not saved: {', '.join(map(str, unknown))}")
+    if values.get("min_block_size") == "inf":
+        values["min_block_size"] = math.inf
+    if isinstance(values.get("autocast_excluded_nodes"), list):
+        values["autocast_excluded_nodes"] = tuple(values["autocast_excluded_nodes"])
+    try:
+        settings = CompilationSettings(**values)
+    except (TypeError, ValueError) as err:
+        raise _saved_error(path, f"has settings Kiln refuses: {err}") from None
+    if settings.builds_nothing:
+        raise _saved_error(path, "has settings that build nothing (min_block_size=inf)")
+    return settings
+
+
+def block_signature(b: _BlockSource) -> dict[str, Any]:
+    """What identifies a block of the symbolic program across processes: its ops and I/O counts."""
+    return {"ops": sorted([name, count] for name, count in b.histogram.items()), "inputs": len(b.tensor_inputs),
+            "outputs": len(b.block.outputs)}
+
+
+def _signature_text(sig: dict[str, Any]) -> str:
+    ops = sum(count for _, count in sig["ops"])
+    return f"{ops} ops, {sig['inputs']} in, {sig['outputs']} out"
+
+
+def _saved_error(path: str, what: str) -> _C.CorruptedError:
+    return _C.CorruptedError(f"kiln.load: {path} is damaged or not a program saved by kiln.save: the dynamic-shape "
+                             f"program's description ({SAVED_DESCRIPTION}) {what}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SavedEngine:
+    blob: torch.Tensor  # the engine file's bytes (uint8)
+    truncated_weights: frozenset[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class SavedSpecialization:
+    inputs: list[list[int] | None]  # per input of the program, its shape (None: not a tensor)
+    blocks: list[int | None]  # per block, its engine's index (None: it runs in PyTorch)
+
+
+@dataclasses.dataclass(frozen=True)
+class SavedProgram:
+    """The description of a saved dynamic program, checked (see :func:`read_saved`)."""
+
+    path: str
+    graph_name: str
+    settings: CompilationSettings
+    symbols: list[tuple[int, int, int, int, int]]  # input, dim, min, max, opt
+    blocks: list[dict[str, Any]]
+    engines: list[SavedEngine]
+    specializations: list[SavedSpecialization]
+
+
+def _is_int(v: Any, lo: int = 0) -> bool:
+    return type(v) is int and v >= lo
+
+
+def read_saved(text: Any, engines: torch.export.ExportedProgram | None, path: str) -> SavedProgram:
+    """The saved description and engines of a dynamic program; kiln.CorruptedError naming what is
+    malformed (kiln.VersionMismatchError for another format version)."""
+    try:
+        doc = json.loads(text) if isinstance(text, str) else None
+    except ValueError as err:
+        raise _saved_error(path, f"is not JSON ({err})") from None
+    if not isinstance(doc, dict):
+        raise _saved_error(path, "is not a JSON table")
+    if doc.get("format") != SAVED_FORMAT:
+        raise _C.VersionMismatchError(f"kiln.load: {path}: the dynamic-shape program is saved in format "
+                                      f"{doc.get('format')!r}; this Kiln reads format {SAVED_FORMAT}")
+    graph_name = doc.get("graph_name")
+    if not isinstance(graph_name, str):
+        raise _saved_error(path, "has no graph name")
+    settings = _settings_from_record(doc.get("settings"), path)
+    symbols: list[tuple[int, int, int, int, int]] = []
+    raw_symbols = doc.get("symbols")
+    for item in raw_symbols if isinstance(raw_symbols, list) else [None]:
+        fields: list[Any] = [item.get(k) for k in ("input", "dim", "min", "max", "opt")] \
+            if isinstance(item, dict) else []
+        if len(fields) != 5 or not all(_is_int(v) for v in fields) or not fields[2] <= fields[4] <= fields[3]:
+            raise _saved_error(path, f"has a malformed symbol range {str(item)[:80]}")
+        symbols.append((fields[0], fields[1], fields[2], fields[3], fields[4]))
+    blocks = doc.get("blocks")
+    if not isinstance(blocks, list) or not all(
+            isinstance(b, dict) and set(b) == {"ops", "inputs", "outputs"} and _is_int(b["inputs"])
+            and _is_int(b["outputs"]) and isinstance(b["ops"], list)
+            and all(isinstance(o, list) and len(o) == 2 and isinstance(o[0], str) and _is_int(o[1], 1)
+                    for o in b["ops"]) for b in blocks):
+        raise _saved_error(path, "has a malformed block list")
+    records = doc.get("engines")
+    if not isinstance(records, list):
+        raise _saved_error(path, "has no engine list")
+    state = engines.state_dict if engines is not None else {}
+    saved_engines = []
+    for i, record in enumerate(records):
+        names = record.get("truncated_weights") if isinstance(record, dict) else None
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise _saved_error(path, f"has a malformed entry for engine {i}")
+        blob = state.get(f"engine_{i}")
+        if not isinstance(blob, torch.Tensor) or blob.dtype != torch.uint8 or blob.dim() != 1:
+            raise _saved_error(path, f"names engine {i}, whose bytes ({SAVED_ENGINES}: engine_{i}) are missing")
+        saved_engines.append(SavedEngine(blob, frozenset(names)))
+    specs = []
+    raw_specs = doc.get("specializations")
+    for item in raw_specs if isinstance(raw_specs, list) else [None]:
+        inputs = item.get("inputs") if isinstance(item, dict) else None
+        entries = item.get("blocks") if isinstance(item, dict) else None
+        if not isinstance(inputs, list) or not all(
+                shape is None or isinstance(shape, list) and all(_is_int(d) for d in shape) for shape in inputs) \
+                or not isinstance(entries, list) or not all(
+                e is None or _is_int(e) and e < len(saved_engines) for e in entries):
+            raise _saved_error(path, f"has a malformed specialization {str(item)[:80]}")
+        specs.append(SavedSpecialization(inputs, entries))
+    if len(specs) > settings.specialization_cache_size:
+        raise _saved_error(path, f"has {len(specs)} specializations, more than its specialization_cache_size "
+                                 f"({settings.specialization_cache_size})")
+    return SavedProgram(path, graph_name, settings, symbols, blocks, saved_engines, specs)
+
+
+def _use_saved_ranges(shapes: ProgramShapes, saved: SavedProgram) -> None:
+    """The saved symbols' ranges must be the program's (the same range errors); their opt values
+    are taken from the file (the partition is decided at the opt sizes)."""
+    here = {shapes.sources[s]: (r.min, r.max) for s, r in shapes.ranges.items()}
+    there = {(i, d): (lo, hi) for i, d, lo, hi, _ in saved.symbols}
+    if here != there:
+        def text(ranges: dict[tuple[int, int], tuple[int, int]]) -> str:
+            return ", ".join(f"input {i} dim {d} in {lo}..{hi}" for (i, d), (lo, hi) in sorted(ranges.items()))
+        raise _C.VersionMismatchError(
+            f"kiln.load: {saved.path}: the saved dynamic-shape program has the ranges {text(here) or 'none'} here, "
+            f"{text(there) or 'none'} when it was saved; it was saved by another version of Kiln or PyTorch")
+    by_source = {shapes.sources[s]: s for s in shapes.ranges}
+    for i, d, _, _, opt in saved.symbols:
+        s = by_source[(i, d)]
+        shapes.ranges[s] = dataclasses.replace(shapes.ranges[s], opt=opt)
+
+
 # ---- compile ------------------------------------------------------------------------------
 
 def _check_full(result: PartitionResult) -> None:
@@ -647,10 +982,11 @@ def _check_full(result: PartitionResult) -> None:
 
 
 def compile_dynamic(lowered: LoweredGraph, settings: CompilationSettings, device: str, graph_name: str = "graph",
-                    constraints: dict[Any, Any] | None = None) -> fx.GraphModule:
+                    constraints: dict[Any, Any] | None = None, saved: SavedProgram | None = None) -> fx.GraphModule:
     """The glue graph of a lowered symbolic graph (see the module docstring): partitioned once,
     with the opt shape's engines built now (none in a dry run, which returns the graph to run
-    in PyTorch). Its meta has ``kiln_summary`` (blocks counted as engines) and
+    in PyTorch), or, for a program ``saved`` by kiln.save, its saved specializations installed
+    (nothing built). Its meta has ``kiln_summary`` (blocks counted as engines) and
     ``kiln_weight_sources``."""
     start = time.perf_counter()
     gm = lowered.gm
@@ -662,6 +998,8 @@ def compile_dynamic(lowered: LoweredGraph, settings: CompilationSettings, device
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     ranges = symbol_ranges(gm, constraints, settings.dynamic_max_size)
     shapes = ProgramShapes(placeholders, ranges)
+    if saved is not None:
+        _use_saved_ranges(shapes, saved)
     opt = shapes.opt_binding()
     # The importers are asked once, about the whole graph at the opt shape.
     body = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
@@ -718,8 +1056,12 @@ def compile_dynamic(lowered: LoweredGraph, settings: CompilationSettings, device
         if attr not in used:
             delattr(glue, attr)
     glue.recompile()
-    # The opt shape's engines are built now.
-    table.add(table.specialize(opt))
+    if saved is not None:  # the saved sizes' engines, checked; other sizes are built on first use
+        installed = table.install(saved, saved.path)
+        log.info("%s: %d saved specialization(s) with %d engine(s) installed", graph_name,
+                 len(saved.specializations), installed)
+    else:  # the opt shape's engines are built now
+        table.add(table.specialize(opt))
     in_engines: collections.Counter[str] = collections.Counter()
     for b in blocks:
         in_engines.update(b.histogram)
@@ -728,9 +1070,10 @@ def compile_dynamic(lowered: LoweredGraph, settings: CompilationSettings, device
     glue.meta["kiln_summary"] = CompileSummary(graph_name, len(blocks), in_engines, in_pytorch, seconds)
     glue.meta["kiln_weight_sources"] = sources
     glue.meta["kiln_dynamic"] = shapes
-    log.info("%s: dynamic program, %d block(s), %d of %d ops in engines, symbols %s; opt shape built in %.3f s",
+    log.info("%s: dynamic program, %d block(s), %d of %d ops in engines, symbols %s; %s in %.3f s",
              graph_name, len(blocks), sum(in_engines.values()), result.total_ops,
-             ", ".join(shapes.ranges[s].text() for s in shapes.symbols), seconds)
+             ", ".join(shapes.ranges[s].text() for s in shapes.symbols),
+             "saved engines installed" if saved is not None else "opt shape built", seconds)
     return glue
 
 

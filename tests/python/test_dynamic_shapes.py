@@ -7,8 +7,15 @@ word for word."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,9 +24,13 @@ from torch.export import Dim
 
 import kiln
 import kiln.aot
+import kiln.dynamic
 import kiln.dynamo
 import kiln.lowering
+from kiln.archive import _safe_expression
+from kiln.cached_build import cache_stats, reset_cache_stats
 from kiln.dynamic import Specializations, dynamic_program_of
+from kiln.runtime import KilnEngineModule
 
 
 class SmallCNN(torch.nn.Module):
@@ -331,13 +342,288 @@ def test_dry_run_reports_symbols_and_ranges(tmp_path) -> None:
     assert compiled.engines() == []
 
 
-def test_save_of_a_dynamic_program_is_refused(tmp_path) -> None:
+# ---- kiln.save / kiln.load --------------------------------------------------------------------
+
+ROOT = "archive/"  # kiln.save writes through a file object: torch names the archive's folder so
+
+
+def _python_env() -> dict[str, str]:
+    env = dict(os.environ)
+    package_root = str(Path(kiln.__file__).absolute().parent.parent)  # the kiln under test
+    env["PYTHONPATH"] = os.pathsep.join([package_root, env.get("PYTHONPATH", "")])
+    return env
+
+
+def _records(path: Path) -> dict[str, bytes]:
+    with zipfile.ZipFile(path) as z:
+        return {i.filename: z.read(i.filename) for i in z.infolist()}
+
+
+def _rewritten(src: Path, dst: Path, changes: dict[str, bytes]) -> Path:
+    """A copy of ``src`` as a consistent zip with records (named without the root folder) replaced."""
+    items = _records(src)
+    for key, data in changes.items():
+        assert ROOT + key in items
+        items[ROOT + key] = data
+    with zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as z:
+        for name, data in items.items():
+            z.writestr(name, data)
+    return dst
+
+
+def _description(path: Path) -> dict:
+    return json.loads(_records(path)[ROOT + "extra/kiln_dynamic.json"])
+
+
+def _engine_record(path: Path, i: int) -> str:
+    """The archive record holding engine ``i`` of a saved dynamic program."""
+    config = json.loads(_records(path)[ROOT + "data/weights/kiln_engines_weights_config.json"])["config"]
+    return "data/weights/" + config[f"engine_{i}"]["path_name"]
+
+
+def _batches(compiled: torch.nn.Module) -> list[int]:
+    table = dynamic_program_of(compiled)
+    assert table is not None
+    return [next(iter(spec.binding.values())) for spec in table.live.values()]
+
+
+@pytest.fixture(scope="module")
+def saved_cnn(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A CNN compiled for batch 1..8 (opt 2), run at batch 5 too, saved; with eager's outputs and
+    the compiled program's own at batches 2, 5 and 3, and its error for batch 9."""
+    out = tmp_path_factory.mktemp("dynamic_save")
+    m = _cnn()
+    compiled = kiln.compile(m, [torch.randn(2, 3, 16, 16)], dynamic_shapes=({0: Dim("b", min=1, max=8)},),
+                            min_block_size=1)
+    torch.manual_seed(5)
+    inputs = {b: torch.randn(b, 3, 16, 16) for b in (2, 5, 3)}
+    with torch.no_grad():
+        compiled(inputs[5])
+        assert _batches(compiled) == [2, 5]
+        path = out / "cnn.ep"
+        ep = kiln.save(compiled, path, [inputs[2]])
+        assert isinstance(ep, torch.export.ExportedProgram)
+        outputs = {b: compiled(x) for b, x in inputs.items()}
+        eager = {b: m(x) for b, x in inputs.items()}
+    with pytest.raises(kiln.ShapeRangeError) as err:
+        compiled(torch.randn(9, 3, 16, 16))
+    torch.save(inputs, out / "inputs.pt")
+    return {"path": path, "dir": out, "model": m, "inputs": inputs, "outputs": outputs, "eager": eager,
+            "error": str(err.value)}
+
+
+def test_saved_dynamic_program_serves_in_a_fresh_process(saved_cnn: dict) -> None:
+    out = saved_cnn["dir"]
+    script = textwrap.dedent(f"""
+        import json, torch, kiln
+        from kiln.cached_build import cache_stats, reset_cache_stats
+        reset_cache_stats()
+        program = kiln.load({str(saved_cnn["path"])!r})
+        module = program.module()
+        inputs = torch.load({str(out / "inputs.pt")!r})
+        result = {{"type": type(program).__name__, "builds_at_load": cache_stats()["builds"]}}
+        outputs = {{}}
+        with torch.no_grad():
+            for b in (2, 5):
+                outputs[b] = module(inputs[b])
+            result["builds_saved_sizes"] = cache_stats()["builds"]
+            outputs[3] = module(inputs[3])
+            result["builds_new_size"] = cache_stats()["builds"]
+            try:
+                module(torch.randn(9, 3, 16, 16))
+            except kiln.ShapeRangeError as err:
+                result["error"] = str(err)
+        torch.save(outputs, {str(out / "outputs.pt")!r})
+        with open({str(out / "result.json")!r}, "w") as f:
+            json.dump(result, f)
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_python_env())
+    assert run.returncode == 0, run.stderr
+    result = json.loads((out / "result.json").read_text())
+    assert result["type"] == "DynamicProgram"
+    assert (result["builds_at_load"], result["builds_saved_sizes"]) == (0, 0)  # the saved engines serve 2 and 5
+    assert result["builds_new_size"] >= 1  # 3 was never built: built on its first call
+    assert result["error"] == saved_cnn["error"] == ("kiln: input 'x' dim 0 is 9, outside the range 1..8 this "
+                                                     "program was compiled for")
+    outputs = torch.load(out / "outputs.pt")
+    for b in (2, 5):  # the saved engines themselves: exactly what the compiled program computed
+        torch.testing.assert_close(outputs[b], saved_cnn["outputs"][b], atol=0, rtol=0)
+    for b in (2, 5, 3):
+        _close(outputs[b], saved_cnn["eager"][b])
+
+
+def test_loaded_dynamic_program_saves_again_and_loads_trusted(saved_cnn: dict, tmp_path: Path) -> None:
+    program = kiln.load(saved_cnn["path"], trusted=True)
+    module = program.module()
+    assert program.module() is module and isinstance(program.exported_program, torch.export.ExportedProgram)
+    assert _batches(module) == [2, 5] and len(module.engines()) == 2
+    with torch.no_grad():
+        module(saved_cnn["inputs"][3])
+        again = tmp_path / "again.ep"
+        kiln.save(module, again, [])
+        reset_cache_stats()
+        reloaded = kiln.load(again).module()
+        assert _batches(reloaded) == [2, 5, 3]
+        for x in saved_cnn["inputs"].values():
+            torch.testing.assert_close(reloaded(x), module(x), atol=0, rtol=0)
+    assert cache_stats()["builds"] == 0
+
+
+def test_saved_encoder_keeps_its_ranges_settings_and_order(tmp_path: Path) -> None:
+    torch.manual_seed(1)
+    m = Encoder().eval()
+    seq = Dim("seq", min=2, max=64)
+    compiled = kiln.compile(m, list(_encoder_inputs(2, 8)), dynamic_shapes=({1: seq}, {1: seq}),
+                            specialization_cache_size=3)
+    with torch.no_grad():
+        for s in (17, 5):
+            compiled(*_encoder_inputs(2, s))
+        compiled(*_encoder_inputs(2, 8))  # the most recently used now
+        kiln.save(compiled, tmp_path / "enc.ep", list(_encoder_inputs(2, 8)))
+        reset_cache_stats()
+        loaded = kiln.load(tmp_path / "enc.ep").module()
+        table = dynamic_program_of(loaded)
+        assert table is not None and table.capacity == 3
+        assert [list(spec.binding.values()) for spec in table.live.values()] == [[17], [5], [8]]
+        for s in (17, 5, 8):
+            ids, mask = _encoder_inputs(2, s)
+            torch.testing.assert_close(loaded(ids, mask), compiled(ids, mask), atol=0, rtol=0)
+        assert cache_stats()["builds"] == 0
+        ids, mask = _encoder_inputs(2, 30)
+        _close(loaded(ids, mask), m(ids, mask))
+        assert cache_stats()["builds"] >= 1
+        # the least recently used (17) made room for 30, as in the process that saved it
+        assert [list(spec.binding.values()) for spec in table.live.values()] == [[5], [8], [30]]
+        ids, _ = _encoder_inputs(2, 9)
+        _, mask = _encoder_inputs(2, 10)
+        with pytest.raises(kiln.ShapeRangeError) as err:
+            loaded(ids, mask)
+    assert str(err.value) == ("kiln: input 'mask' dim 1 is 10, but this program needs it equal to input 'ids' "
+                              "dim 1 (9)")
+
+
+class TwoParts(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.b = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.relu(self.a(x)) * 2.0, torch.nonzero(y).to(torch.float32).sum() + self.b(x).sum()
+
+
+def test_saved_engines_shared_between_sizes_are_saved_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The block depends on b only: (2, 4) and (2, 6) share its engine, saved once and shared again
+    after loading; at b=3 its build fails (made to), so it runs in PyTorch there, after loading too."""
+    real_build = kiln.dynamic.build_block
+
+    def build(gm, block, settings, device, name):
+        return None if name.endswith("=3]") else real_build(gm, block, settings, device, name)
+
+    monkeypatch.setattr(kiln.dynamic, "build_block", build)
+    torch.manual_seed(3)
+    m = TwoParts().eval()
+    compiled = kiln.compile(m, [torch.randn(2, 8), torch.randn(4)],
+                            dynamic_shapes=({0: Dim("b", min=1, max=8)}, {0: Dim("n", min=2, max=8)}),
+                            min_block_size=1)
+    inputs = [(torch.randn(b, 8), torch.randn(n)) for b, n in ((2, 4), (2, 6), (3, 6))]
+    with torch.no_grad():
+        expected = [compiled(*xy) for xy in inputs]
+        kiln.save(compiled, tmp_path / "two.ep", list(inputs[0]))
+        description = _description(tmp_path / "two.ep")
+        assert [spec["blocks"] for spec in description["specializations"]] == [[0], [0], [None]]
+        assert len(description["engines"]) == 1
+        monkeypatch.setattr(kiln.dynamic, "build_block", real_build)
+        reset_cache_stats()
+        loaded = kiln.load(tmp_path / "two.ep").module()
+        runners = [spec.runners[0] for spec in dynamic_program_of(loaded).live.values()]
+        assert runners[0] is runners[1] and isinstance(runners[0], KilnEngineModule)
+        assert isinstance(runners[2], torch.fx.GraphModule)  # PyTorch at b=3, as when saved
+        for xy, want in zip(inputs, expected):
+            for out, ref in zip(loaded(*xy), want):
+                torch.testing.assert_close(out, ref, atol=0, rtol=0)
+            for out, ref in zip(loaded(*xy), m(*xy)):
+                _close(out, ref)
+        assert cache_stats()["builds"] == 0
+
+
+def test_damaged_dynamic_files_raise_at_load(saved_cnn: dict, tmp_path: Path) -> None:
+    path = saved_cnn["path"]
+    data = path.read_bytes()
+    for size in (0, len(data) // 3, len(data) - 22):
+        cut = tmp_path / f"cut{size}.ep"
+        cut.write_bytes(data[:size])
+        with pytest.raises(kiln.KilnError, match="kiln.load"):
+            kiln.load(cut)
+    record = _engine_record(path, 1)
+    blob = bytearray(_records(path)[ROOT + record])
+    blob[len(blob) // 2] ^= 0x10
+    bad = _rewritten(path, tmp_path / "engine.ep", {record: bytes(blob)})
+    with pytest.raises(kiln.EngineFileError, match=r"^kiln.load: .*engine\.ep: engine 1 \(engine 0 of SmallCNN "
+                       r"\[s\d+=5\]\): "):
+        kiln.load(bad)
+    # Each engine named for the other's sizes: both are sound files, neither fits its block there.
+    text = _records(path)[ROOT + "extra/kiln_dynamic.json"].decode()
+    doc = json.loads(text)
+    assert [spec["blocks"] for spec in doc["specializations"]] == [[0], [1]]
+    doc["specializations"][0]["blocks"], doc["specializations"][1]["blocks"] = [1], [0]
+    swapped = _rewritten(path, tmp_path / "swapped.ep", {"extra/kiln_dynamic.json": json.dumps(doc).encode()})
+    with pytest.raises(kiln.CorruptedError, match=r"engine 1 \(engine 0 of SmallCNN \[s\d+=2\]\) does not fit its "
+                       r"block: engine input '.*' is .* \[5, 3, 16, 16\], but PyTorch computes .* \[2, 3, 16, 16\]"):
+        kiln.load(swapped)
+    bad = _rewritten(path, tmp_path / "json.ep", {"extra/kiln_dynamic.json": text[:-5].encode()})
+    with pytest.raises(kiln.CorruptedError, match=r"description \(kiln_dynamic.json\) is not JSON"):
+        kiln.load(bad)
+    doc = json.loads(text)
+    doc["blocks"][0]["inputs"] = 2
+    bad = _rewritten(path, tmp_path / "blocks.ep", {"extra/kiln_dynamic.json": json.dumps(doc).encode()})
+    with pytest.raises(kiln.VersionMismatchError, match=r"partitions into 1 block\(s\) here \(10 ops, 1 in, 1 out\), "
+                       r"into 1 when it was saved \(10 ops, 2 in, 1 out\)"):
+        kiln.load(bad)
+    doc = json.loads(text)
+    doc["specializations"][1]["inputs"] = [[12, 3, 16, 16]]
+    bad = _rewritten(path, tmp_path / "spec.ep", {"extra/kiln_dynamic.json": json.dumps(doc).encode()})
+    with pytest.raises(kiln.CorruptedError, match=r"specialization 1 does not fit the program: kiln: input 'x' dim 0 "
+                       r"is 12, outside the range 1..8"):
+        kiln.load(bad)
+
+
+def test_dynamic_program_cannot_be_bundled_or_extracted(saved_cnn: dict, tmp_path: Path) -> None:
     m = _cnn()
     x = torch.randn(2, 3, 16, 16)
     compiled = kiln.compile(m, [x], dynamic_shapes=({0: Dim("b", min=1, max=8)},), min_block_size=1)
     with pytest.raises(kiln.UnsupportedError) as err:
-        kiln.save(compiled, tmp_path / "m.ep", [x])
-    assert str(err.value).startswith("kiln.save: the module is a dynamic-shape program")
+        kiln.save(compiled, tmp_path / "m.kiln", [x], output_format="kiln_bundle")
+    assert str(err.value).startswith("kiln.save(output_format='kiln_bundle'): the module is a dynamic-shape program; "
+                                     "a bundle holds one engine per block for one set of input shapes")
+    assert not (tmp_path / "m.kiln").exists()
+    with pytest.raises(kiln.UnsupportedError, match=r"kiln.extract_engines: .* is a dynamic-shape program"):
+        kiln.extract_engines(saved_cnn["path"], tmp_path / "engines")
+
+
+def test_srepr_shape_expressions_pass_the_archive_check() -> None:
+    """torch.export.save writes symbolic sizes as sympy's srepr; kiln.load's check takes those and
+    still refuses what is not arithmetic on symbols."""
+    s0 = "Symbol('s0', positive=True, integer=True)"
+    for expr in (s0, f"Mul(Integer(2), {s0})", f"FloorDiv(Add({s0}, Integer(-1)), Integer(2))",
+                 f"Mul(Float('1.5', precision=53), {s0})", f"StrictLessThan({s0}, int_oo)", "true"):
+        assert _safe_expression(expr), expr
+    for expr in ("Symbol('__import__')", f"{s0}.__class__", "Symbol('s0', positive=eval)", "Symbol(\"s0\")",
+                 "Function('s0')(Integer(1))", "Symbol('s0 + os1')"):
+        assert not _safe_expression(expr), expr
+
+
+def test_save_refuses_a_snapshot_whose_weights_changed(tmp_path: Path) -> None:
+    m = _cnn()
+    x = torch.randn(2, 3, 16, 16)
+    compiled = kiln.compile(m, [x], dynamic_shapes=({0: Dim("b", min=1, max=8)},), min_block_size=1,
+                            share_weights=False)
+    kiln.save(compiled, tmp_path / "before.ep", [x])
+    with torch.no_grad():
+        m.fc.weight.mul_(2.0)
+    with pytest.raises(kiln.UnsupportedError, match="weights changed in place since this dynamic-shape program was "
+                                                   "compiled with share_weights=False"):
+        kiln.save(compiled, tmp_path / "after.ep", [x])
 
 
 # ---- torch.compile --------------------------------------------------------------------------
