@@ -323,6 +323,11 @@ def _removable_copy(node: fx.Node) -> bool:
     src = node.args[0]
     if not isinstance(src, fx.Node) or any(k != "memory_format" for k in node.kwargs):
         return False
+    # A clone that makes a strided value dense stays: a view after it needs that layout where it
+    # runs in PyTorch (engines read every value dense, so it costs nothing inside one).
+    val = src.meta.get("val")
+    if node.target is torch.ops.aten.clone.default and isinstance(val, torch.Tensor) and not val.is_contiguous():
+        return False
     # A copy of an input or constant that reaches the output keeps outputs from aliasing inputs.
     if src.op in ("placeholder", "get_attr"):
         return not any(u.op == "output" for u in node.users)

@@ -230,6 +230,25 @@ def test_pass_through_build_failures_raises(monkeypatch: pytest.MonkeyPatch) -> 
                             options={"min_block_size": 1, "pass_through_build_failures": True})
 
 
+@pytest.mark.parametrize("via", ["dynamo", "aot"])
+def test_a_view_left_to_pytorch_after_a_permute_gets_its_dense_copy(via: str) -> None:
+    """nn.MultiheadAttention views its heads after a transpose and contiguous(): with views left
+    to PyTorch the copy that makes them dense must stay, or the view raises."""
+    m = nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    x = torch.randn(2, 10, 32)
+
+    class SelfAttention(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = m
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.m(x, x, x, need_weights=False)[0]
+    result = compile_and_compare(SelfAttention(), [x], via=via,
+                                 options={"torch_executed_ops": {"aten.view.default"}, "min_block_size": 1})
+    assert result.ops_in_pytorch["aten.view.default"] > 0 and result.engines > 0
+
+
 def test_torch_executed_ops_split_the_engine() -> None:
     result = compile_and_compare(MLP().eval(), [torch.randn(4, 16)],
                                  options={"min_block_size": 1, "torch_executed_ops": {"aten.sigmoid"}})
