@@ -428,7 +428,7 @@ def _load_dynamic(ep: torch.export.ExportedProgram, description: Any, engines: A
         try:
             lowered = lower_exported_program(ep, supported_targets(), fold_weights=settings.immutable_weights)
         except Exception as err:  # noqa: BLE001 - a program torch read but Kiln cannot lower
-            raise _C.CorruptedError(f"kiln.load: {path}: the saved dynamic-shape program cannot be lowered "
+            raise _C.CorruptedError(f"kiln.load: {path}: torch cannot lower the saved dynamic-shape program again "
                                     f"({type(err).__name__}: {err})") from err
         if not is_dynamic(lowered.gm):
             raise _C.CorruptedError(f"kiln.load: {path} is damaged or not a program saved by kiln.save: it describes "

@@ -491,13 +491,10 @@ class _BlockSource:
 class Specialization:
     """The engines (or concrete PyTorch copies) of every block for one binding of the symbols."""
 
-    def __init__(self, binding: Binding, runners: list[torch.nn.Module], block_keys: list[tuple[int, ...]],
-                 engines: int, seconds: float) -> None:
+    def __init__(self, binding: Binding, runners: list[torch.nn.Module], block_keys: list[tuple[int, ...]]) -> None:
         self.binding = binding
         self.runners = runners
         self.block_keys = block_keys
-        self.engines = engines
-        self.seconds = seconds
 
     def text(self) -> str:
         return ", ".join(f"{s}={v}" for s, v in self.binding.items())
@@ -519,6 +516,8 @@ class Specializations(torch.nn.Module):
     specialization for them, building it on first sight (least recently used evicted beyond
     ``specialization_cache_size``). The live specializations' engines are submodules, so that
     refit, weight following and ``engines()`` find them."""
+
+    _is_impure = True  # FX keeps the call when no block reads its result: it checks the ranges
 
     def __init__(self, source: fx.GraphModule, shapes: ProgramShapes, blocks: list[_BlockSource],
                  settings: CompilationSettings, device: str, graph_name: str) -> None:
@@ -613,7 +612,7 @@ class Specializations(torch.nn.Module):
                 built += ok
             runners.append(runner)
         seconds = time.perf_counter() - start
-        spec = Specialization(dict(binding), runners, keys, built, seconds)
+        spec = Specialization(dict(binding), runners, keys)
         log.info("%s: new specialization %s: %d engine(s) built in %.3f s (%d of %d kept)", self.graph_name,
                  spec.text(), built, seconds, min(len(self.live) + 1, self.capacity), self.capacity)
         return spec
@@ -653,6 +652,14 @@ class Specializations(torch.nn.Module):
             raise _C.UnsupportedError(
                 "kiln.save: this dynamic-shape program keeps no symbolic ExportedProgram to save (it comes from "
                 "torch.compile, or from a pickled copy); save the module kiln.compile or kiln.load returned")
+        derived = [(self.shapes.names[i], d, e) for i, dims in enumerate(self.shapes.dims)
+                   for d, e in enumerate(dims or ()) if not e.is_number and not isinstance(e, sympy.Symbol)]
+        if derived:
+            name, d, e = derived[0]
+            raise _C.UnsupportedError(
+                f"kiln.save: input '{name}' dim {d} is the derived size {e} in this dynamic-shape program; "
+                "torch.export cannot lower such a program again after loading it, so it is not saved (give that dim "
+                "a Dim of its own)")
         versions = self.__dict__.get("source_versions")
         if versions is not None and versions != _versions(program):
             raise _C.UnsupportedError(
@@ -735,7 +742,7 @@ class Specializations(torch.nn.Module):
                     module = self._adopt(b, binding, saved.engines[e], e, where)
                     made[e] = (b.index, key, module)
                 runners.append(module)
-            self.add(Specialization(dict(binding), runners, keys, 0, 0.0))
+            self.add(Specialization(dict(binding), runners, keys))
         return len(made)
 
     def _adopt(self, b: _BlockSource, binding: Binding, engine: SavedEngine, i: int, where: str) -> KilnEngineModule:
@@ -786,7 +793,7 @@ SAVED_ENGINES = "kiln_engines"
 # Settings of the process, not of the program: not saved (the loaded program takes the defaults).
 _LOCAL_SETTINGS = frozenset({"debug", "dryrun", "cache_built_engines", "reuse_cached_engines", "engine_cache_dir",
                              "engine_cache_size", "engine_cache_key_file", "custom_engine_cache", "mode",
-                             "timing_cache_path", "autocast_calibration_dataloader"})
+                             "timing_cache_path", "autocast_calibration_dataloader", "module_key"})
 
 
 class _EngineHolder(torch.nn.Module):

@@ -274,11 +274,12 @@ class KilnDynamoGraph:
             try:
                 return self._specialize_symbolic(args, constants)
             except Exception as err:  # noqa: BLE001 - any failure: engines per concrete signature instead
-                if self.settings.require_full_compilation and isinstance(err, _C.UnsupportedError):
+                if (self.settings.require_full_compilation and isinstance(err, _C.UnsupportedError)) or \
+                        (self.settings.pass_through_build_failures and isinstance(err, _C.KilnError)):
                     raise
                 self.symbolic = False
-                log.info("%s: no symbolic program (%s: %s); building per input signature", self.name,
-                         type(err).__name__, err)
+                log.warning("%s: no symbolic program (%s: %s); building per input signature", self.name,
+                            type(err).__name__, err)
         return self._specialize_static(args, constants)
 
     def _specialize_symbolic(self, args: Sequence[Any], constants: tuple[torch.Tensor, ...]) -> _Built:

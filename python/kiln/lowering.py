@@ -125,8 +125,8 @@ def _decomposes_into(node: fx.Node, decomp: Callable[..., Any], keep: set[str]) 
         v = n.meta.get("val")
         if not isinstance(v, torch.Tensor):
             raise TypeError("non-tensor input")
-        # A symbolic size is traced at its example value: the ops a decomposition produces do not
-        # depend on the sizes.
+        # A symbolic size is traced at its example value: a decomposition whose ops depend on the
+        # sizes (a branch on numel == 0, say) is judged at the example's sizes.
         return torch.empty_strided([_hint(s) for s in v.shape], [_hint(s) for s in v.stride()], dtype=v.dtype,
                                    device="meta")
 

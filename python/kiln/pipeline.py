@@ -145,12 +145,13 @@ def build_block(gm: fx.GraphModule, block: Block, settings: CompilationSettings,
         count("builds")
         _check_engine(engine, block, settings)
     except (_C.KilnError, EncodeError) as err:
-        count("build_failures")
         if settings.pass_through_build_failures or settings.require_full_compilation:
+            count("build_failures")
             raise
         node = _node_named_in(block, err) if split else None
         if split and node is not None and block.num_ops > 1:
-            raise _NodeFailed(node, err) from err
+            raise _NodeFailed(node, err) from err  # partitioned again: the program is still whole
+        count("build_failures")
         ops = ", ".join(f"{k} x{v}" for k, v in block.histogram().most_common())
         msg = f"Kiln could not build {name} ({ops}); running it in PyTorch: {err}"
         warnings.warn(msg, RuntimeWarning, stacklevel=3)

@@ -89,6 +89,7 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NOT_PROGRAM_SETTINGS = frozenset({
     "debug", "dryrun", "cache_built_engines", "reuse_cached_engines", "engine_cache_dir", "engine_cache_size",
     "engine_cache_key_file", "custom_engine_cache", "module_key",
+    "specialization_cache_size", "dynamic_max_size",  # dynamic programs only, which are not kept here
 })
 
 
@@ -791,6 +792,9 @@ _MODULE_STATE = frozenset(vars(torch.nn.Module()))  # every module's own: tensor
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
                  "_global_backward_pre_hooks")
+# Class attributes keyed by value (plain data: a class-level flag or table a forward reads).
+_CLASS_DATA = (bool, int, float, complex, str, bytes, type(None), tuple, list, dict, set, frozenset, enum.Enum,
+               torch.dtype)
 _MAX_VALUES = 200_000  # plain values described per key; a module with more is not keyed
 _VERSIONED = frozenset({"torch", "builtins", *sys.stdlib_module_names})  # keyed by their version
 
@@ -910,6 +914,8 @@ class _Describer:
                     value = value.__func__
                 if isinstance(value, types.FunctionType) and value.__code__.co_filename != home:
                     parts.append(f"{name}={self.function(value, strict=False)}")
+                elif not name.startswith("__") and isinstance(value, _CLASS_DATA):
+                    parts.append(f"{name}:{self.describe(value)}")  # class-level settings, set at run time too
         self.classes[cls] = text = "(" + ",".join(parts) + ")"
         return text
 
@@ -1021,7 +1027,8 @@ def module_key(module: torch.nn.Module, args: Sequence[Any], kwargs: Mapping[str
     if any(torch.is_autocast_enabled(kind) for kind in ("cpu", "cuda")):
         raise Uncacheable("autocast is on")
     h = _key_prefix("module", settings, device, keep)
-    _line(h, f"{_MODULE_KEY_FORMAT} python {sys.version} default dtype {torch.get_default_dtype()}")
+    _line(h, f"{_MODULE_KEY_FORMAT} python {sys.version} default dtype {torch.get_default_dtype()} "
+             f"device {torch.get_default_device()}")
     tree = list(module.named_modules(remove_duplicate=False))
     names: dict[int, str] = {}
     for name, m in tree:

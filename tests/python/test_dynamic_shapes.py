@@ -699,3 +699,26 @@ def test_a_size_that_is_an_expression_of_a_symbol_is_solved_for_it() -> None:
             compiled(torch.randn(10, 4, 12))
         with pytest.raises(kiln.ShapeRangeError, match=r"^kiln: input 'x' dim 0 is 5, but this program needs"):
             compiled(torch.randn(5, 4, 12))
+
+
+def test_sizes_are_checked_when_no_block_is_built() -> None:
+    torch.manual_seed(0)
+    model = Reshaper().eval()
+    b = Dim("b", min=2, max=6)
+    with torch.no_grad():
+        compiled = kiln.compile(model, [torch.randn(4, 4, 12)], dynamic_shapes=({0: b},), min_block_size=1000)
+        x = torch.randn(3, 4, 12)
+        _close(compiled(x), model(x))
+        with pytest.raises(kiln.ShapeRangeError, match=r"^kiln: input 'x' dim 0 is 9, outside the range 2\.\.6 "):
+            compiled(torch.randn(9, 4, 12))
+
+
+def test_a_program_with_a_derived_input_size_is_not_saved(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = Reshaper().eval()
+    with torch.no_grad():
+        compiled = kiln.compile(model, [torch.randn(4, 4, 12)], dynamic_shapes=({0: 2 * Dim("half", min=2, max=4)},),
+                                min_block_size=1)
+        with pytest.raises(kiln.UnsupportedError, match=r"^kiln\.save: input 'x' dim 0 is the derived size 2\*s\d+ in "
+                           r"this dynamic-shape program; torch\.export cannot lower such a program again"):
+            kiln.save(compiled, str(tmp_path / "m.pt2"), arg_inputs=[torch.randn(4, 4, 12)])

@@ -591,3 +591,28 @@ def test_program_entries_share_the_budget_and_eviction(tmp_path: Path) -> None:
     cache.put("f", b"z" * 1500)  # over budget: the least recently used (the program) goes
     assert cache.read_program("p") is None and [e.key for e in cache.program_entries()] == []
     assert sorted(e.key for e in cache.entries()) == ["e", "f"]
+
+
+class Flagged(nn.Module):
+    """A forward that reads a class-level setting."""
+
+    gain = 2.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.gain
+
+
+def test_a_changed_class_attribute_misses_the_module_key(tmp_path: Path, exports: list[int]) -> None:
+    torch.manual_seed(0)
+    model, x = Flagged().eval(), torch.randn(2, 8)
+    compile_scaled(model, x, tmp_path)
+    try:
+        Flagged.gain = 3.0
+        compile_scaled(model, x, tmp_path)  # compares with eager at the new gain
+    finally:
+        Flagged.gain = 2.0
+    assert exports[0] == 2
