@@ -536,10 +536,13 @@ class Specializations(torch.nn.Module):
         self._names: dict[int, str] = {}
         self._count = 0
         self._lock = threading.RLock()
+        self._build_lock = threading.Lock()
+        self._building: dict[tuple[int, ...], threading.Event] = {}  # new bindings being built
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.pop("_lock", None)
+        for transient in ("_lock", "_build_lock", "_building"):
+            state.pop(transient, None)
         state.pop("source_program", None)  # kiln.save's input, not part of a pickled copy
         state.pop("source_versions", None)
         return state
@@ -547,6 +550,8 @@ class Specializations(torch.nn.Module):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.RLock()
+        self._build_lock = threading.Lock()
+        self._building = {}
 
     @staticmethod
     def _key(args: Sequence[Any]) -> tuple[Any, ...]:
@@ -564,17 +569,37 @@ class Specializations(torch.nn.Module):
                     self._newest = spec
             return spec
         binding = self.shapes.bind(args)
-        with self._lock:
-            bkey = self._binding_key(binding)
-            spec = self.live.get(bkey)
-            if spec is None:
-                spec = self.specialize(binding)
+        bkey = self._binding_key(binding)
+        # A new binding builds outside the lock, so calls at sizes already built go on meanwhile;
+        # a second call for the same new binding waits for the first one's build. Builds run one at
+        # a time (the symbolic graph's fake tensors are not for concurrent use).
+        while True:
+            with self._lock:
+                spec = self.live.get(bkey)
+                if spec is not None:
+                    self.live.move_to_end(bkey)
+                    self.by_shapes[key] = spec
+                    self._newest = spec
+                    return spec
+                building = self._building.get(bkey)
+                if building is None:
+                    building = self._building[bkey] = threading.Event()
+                    break
+            building.wait()
+        try:
+            with self._build_lock:
+                with self._lock:
+                    shared = self._shared_runners()
+                spec = self.specialize(binding, shared)
+            with self._lock:
                 self.add(spec)
-            else:
-                self.live.move_to_end(bkey)
-            self.by_shapes[key] = spec
-            self._newest = spec
+                self.by_shapes[key] = spec
+                self._newest = spec
             return spec
+        finally:
+            with self._lock:
+                del self._building[bkey]
+            building.set()
 
     def _binding_key(self, binding: Binding) -> tuple[int, ...]:
         return tuple(binding[s] for s in self.shapes.symbols)
@@ -595,14 +620,21 @@ class Specializations(torch.nn.Module):
             log.info("%s: dropped the specialization for %s (least recently used; specialization_cache_size=%d)",
                      self.graph_name, old.text(), self.capacity)
 
-    def specialize(self, binding: Binding) -> Specialization:
-        """Builds (or shares) every block's engine for this binding of the symbols."""
+    def _shared_runners(self) -> dict[tuple[int, tuple[int, ...]], torch.nn.Module]:
+        """Per (block, its symbols' values), the runner a live specialization has for it."""
+        return {(b.index, k): spec.runners[b.index] for spec in self.live.values()
+                for b, k in zip(self.blocks, spec.block_keys)}
+
+    def specialize(self, binding: Binding,
+                   shared: dict[tuple[int, tuple[int, ...]], torch.nn.Module] | None = None) -> Specialization:
+        """Builds every block's engine for this binding of the symbols, or shares one of `shared`
+        (default: the live specializations') built for the same sizes of that block."""
         start = time.perf_counter()
         runners: list[torch.nn.Module] = []
         keys: list[tuple[int, ...]] = []
         built = 0
-        shared = {(b.index, k): spec.runners[b.index] for spec in self.live.values()
-                  for b, k in zip(self.blocks, spec.block_keys)}
+        if shared is None:
+            shared = self._shared_runners()
         for b in self.blocks:
             key = tuple(binding[s] for s in b.symbols)
             keys.append(key)

@@ -722,3 +722,31 @@ def test_a_program_with_a_derived_input_size_is_not_saved(tmp_path: Path) -> Non
         with pytest.raises(kiln.UnsupportedError, match=r"^kiln\.save: input 'x' dim 0 is the derived size 2\*s\d+ in "
                            r"this dynamic-shape program; torch\.export cannot lower such a program again"):
             kiln.save(compiled, str(tmp_path / "m.pt2"), arg_inputs=[torch.randn(4, 4, 12)])
+
+
+def test_calls_from_threads_build_each_new_size_once() -> None:
+    import threading
+    torch.manual_seed(0)
+    model = Reshaper().eval()
+    with torch.no_grad():
+        compiled = kiln.compile(model, [torch.randn(4, 4, 12)], dynamic_shapes=({0: Dim("b", min=2, max=8)},),
+                                min_block_size=1)
+        table = dynamic_program_of(compiled.gm)
+        assert table is not None
+        inputs = {b: torch.randn(b, 4, 12) for b in (3, 5)}
+        errors: list[BaseException] = []
+
+        def call(b: int) -> None:
+            try:
+                with torch.no_grad():
+                    _close(compiled(inputs[b]), model(inputs[b]))
+            except BaseException as err:  # noqa: BLE001 - reported by the test thread
+                errors.append(err)
+        threads = [threading.Thread(target=call, args=(b,)) for b in (3, 5, 3, 5, 3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    assert sorted(s.binding[next(iter(s.binding))] for s in table.live.values()) == [3, 4, 5]
+    assert len(table.built) == 3  # one specialization per size: the opt shape, 3 and 5
