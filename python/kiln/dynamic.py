@@ -45,7 +45,7 @@ import torch.utils._pytree as pytree
 from kiln import _C
 from kiln._logging import get_logger
 from kiln.dryrun import emit_report, format_report
-from kiln.lowering import LoweredGraph
+from kiln.lowering import LoweredGraph, drop_unused
 from kiln.partition import Block, PartitionResult, is_op, op_name, partition, replace_block
 from kiln.pipeline import CompileSummary, build_block
 from kiln.pipeline import _check_engine as check_engine
@@ -376,8 +376,7 @@ def symbol_ranges(gm: fx.GraphModule, constraints: dict[Any, Any] | None,
         vr = (constraints or {}).get(s)
         if vr is None and env is not None:
             vr = env.var_to_range.get(s)
-        lo = (finite_bound(vr.lower) if vr is not None else None) or 0
-        hi_value = finite_bound(vr.upper) if vr is not None else None
+        lo, hi_value = range_bounds(vr)
         hints = getattr(env, "backed_var_to_val", None) if env is not None else None
         if hints is None and env is not None:
             hints = env.var_to_val
@@ -389,6 +388,13 @@ def symbol_ranges(gm: fx.GraphModule, constraints: dict[Any, Any] | None,
             hi = hi_value
         out[s] = SymbolRange(s, lo, hi, min(max(opt, lo), hi))
     return out
+
+
+def range_bounds(vr: Any) -> tuple[int, int | None]:
+    """A ShapeEnv value range (or None) as (min, max): min 0 where unknown, max None where unbounded."""
+    if vr is None:
+        return 0, None
+    return finite_bound(vr.lower) or 0, finite_bound(vr.upper)
 
 
 def finite_bound(v: Any) -> int | None:
@@ -1089,11 +1095,7 @@ def compile_dynamic(lowered: LoweredGraph, settings: CompilationSettings, device
                                                                            for n in b.tensor_inputs],
                        [val_map[n] for n in b.block.constants], [val_map[n] for n in b.block.outputs])
         replace_block(glue, mapped, f"_kiln_block_{b.index}", DynamicBlock(b.index), remap)
-    graph.eliminate_dead_code()
-    used = {n.target for n in graph.nodes if n.op == "get_attr"}
-    for attr, _ in list(glue.named_buffers(recurse=False)):
-        if attr not in used:
-            delattr(glue, attr)
+    drop_unused(glue)
     glue.recompile()
     if saved is not None:  # the saved sizes' engines, checked; other sizes are built on first use
         installed = table.install(saved, saved.path)

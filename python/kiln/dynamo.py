@@ -48,7 +48,7 @@ import torch.fx as fx
 
 from kiln import _C
 from kiln._logging import debug_logging, get_logger
-from kiln.dynamic import ShapeRangeError, compile_dynamic, finite_bound
+from kiln.dynamic import ShapeRangeError, compile_dynamic, range_bounds
 from kiln.lowering import lower_module
 from kiln.pipeline import LIVE_GRAPHS, compile_lowered, device_of, graph_runner, supported_targets, unflattener
 from kiln.program_cache import ProgramCache
@@ -246,9 +246,7 @@ class KilnDynamoGraph:
                     continue
                 where.setdefault(expr, (pos, d))
                 if expr not in dims:
-                    vr = size.node.shape_env.var_to_range.get(expr)
-                    lo = (finite_bound(vr.lower) if vr is not None else None) or 0
-                    hi = finite_bound(vr.upper) if vr is not None else None
+                    lo, hi = range_bounds(size.node.shape_env.var_to_range.get(expr))
                     if hi is None:  # unbounded: clamped, sizes beyond are built per signature
                         hi = max(self.settings.dynamic_max_size, int(real.shape[d]))
                     # AUTO: export may narrow the range where the graph needs it (a pooled size that

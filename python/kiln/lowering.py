@@ -310,13 +310,18 @@ def cleanup(gm: fx.GraphModule, fold_weights: bool = False) -> None:
             node.replace_all_uses_with(node.args[0])
             graph.erase_node(node)
     _fold_constants(gm, fold_weights)
-    graph.eliminate_dead_code()
-    used = {n.target for n in graph.nodes if n.op == "get_attr"}
+    drop_unused(gm)
+    graph.lint()
+    gm.recompile()
+
+
+def drop_unused(gm: fx.GraphModule) -> None:
+    """Removes dead nodes, then the buffers that no get_attr reads any more."""
+    gm.graph.eliminate_dead_code()
+    used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
     for name, _ in list(gm.named_buffers(recurse=False)):
         if name not in used:
             delattr(gm, name)
-    graph.lint()
-    gm.recompile()
 
 
 def _removable_copy(node: fx.Node) -> bool:

@@ -36,7 +36,7 @@ from kiln.autocast import apply_autocast
 from kiln.cached_build import CachedBuild, count
 from kiln.control_flow import add_subgraph_summaries, compile_subgraphs
 from kiln.dryrun import emit_report, format_report
-from kiln.lowering import LoweredGraph
+from kiln.lowering import LoweredGraph, drop_unused
 from kiln.partition import Block, is_op, op_name, partition, replace_block
 from kiln.runtime import KilnEngineModule, borrowable_weights, build_engine, build_policy, warm_up
 from kiln.settings import CompilationSettings
@@ -220,14 +220,10 @@ def compile_lowered(lowered: LoweredGraph, settings: CompilationSettings, device
     for i, (block, module) in enumerate(built):
         block.inputs = [remap.get(n, n) for n in block.inputs]
         replace_block(gm, block, f"_kiln_engine_{i}", module, remap)
-    gm.graph.eliminate_dead_code()
-    used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
-    for attr, buffer in list(gm.named_buffers(recurse=False)):
-        if attr not in used:
-            delattr(gm, attr)
-        elif not settings.share_weights:
-            gm.register_buffer(attr, buffer.clone())  # a snapshot: the PyTorch parts too
+    drop_unused(gm)
     if not settings.share_weights:
+        for attr, buffer in list(gm.named_buffers(recurse=False)):
+            gm.register_buffer(attr, buffer.clone())  # a snapshot: the PyTorch parts too
         gm.meta.pop("kiln_weight_sources", None)  # nothing to follow
     gm.recompile()
     in_engines: collections.Counter[str] = collections.Counter()

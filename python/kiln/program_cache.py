@@ -74,7 +74,7 @@ from kiln.lowering import LoweredGraph
 from kiln.pipeline import CompileSummary, compile_lowered, device_of
 from kiln.runtime import KilnEngineModule, build_policy, warm_up
 from kiln.settings import CompilationSettings
-from kiln.translate import torch_dtype
+from kiln.translate import scalar_text, torch_dtype
 
 __all__ = ["ProgramCache", "CachedProgram", "Uncacheable", "WarmStart", "exported_program_key", "dynamo_graph_key",
            "module_key"]
@@ -134,14 +134,9 @@ def _canon(v: Any) -> str:
     describe exactly."""
     if isinstance(v, fx.Node):
         return f"%{v.name}"
-    if v is None or isinstance(v, bool):
-        return repr(v)
-    if isinstance(v, int):
-        return f"i{int(v)}"
-    if isinstance(v, float):
-        return f"f{float(v).hex()}"
-    if isinstance(v, str):
-        return "s" + repr(v)
+    text = scalar_text(v)
+    if text is not None:
+        return text
     if isinstance(v, (list, tuple)):
         return ("L[" if isinstance(v, list) else "T[") + ",".join(_canon(x) for x in v) + "]"
     if isinstance(v, dict):
@@ -528,14 +523,7 @@ class ProgramCache:
             return None
         start = time.perf_counter()
         warm_up(self.device)  # the device's libraries set themselves up while the entries are read
-        try:
-            entry = self.store.read_program(self.key)
-        except UnusableEntry as err:
-            self._reject(str(err))
-            entry = None
-        except Exception as err:  # noqa: BLE001 - a user store must not break compilation
-            log.warning("program cache: %r failed to read %s: %s: %s", self.store, self.key, type(err).__name__, err)
-            entry = None
+        entry = _read_entry(self.store, self.key, self._reject)
         if entry is None:
             self._miss("no entry")
             return None
@@ -759,13 +747,30 @@ class ProgramCache:
         log.info("program cache miss for %s (key %s): %s", self.graph_name, self.key[:16], why)
 
     def _reject(self, why: str) -> None:
-        count("programs_rejected")
-        log.warning("program cache: entry %s for %s: %s; removing it and compiling the graph again",
-                    self.key[:16], self.graph_name, why)
-        try:
-            self.store.remove_program(self.key)
-        except Exception as err:  # noqa: BLE001
-            log.warning("program cache: %r failed to remove %s: %s", self.store, self.key, err)
+        _remove_entry(self.store, self.key, f"entry {self.key[:16]} for {self.graph_name}: {why}; removing it and "
+                      "compiling the graph again")
+
+
+def _read_entry(store: EngineCache, key: str, reject: Callable[[str], None]) -> Any:
+    """The store's program entry under `key`, or None: absent, unusable (`reject` gets why) or a
+    store that failed (logged: a user store must not break compilation)."""
+    try:
+        return store.read_program(key)
+    except UnusableEntry as err:
+        reject(str(err))
+    except Exception as err:  # noqa: BLE001 - a user store must not break compilation
+        log.warning("program cache: %r failed to read %s: %s: %s", store, key, type(err).__name__, err)
+    return None
+
+
+def _remove_entry(store: EngineCache, key: str, message: str) -> None:
+    """Counts and logs a rejected program entry (`message`) and removes it from the store."""
+    count("programs_rejected")
+    log.warning("program cache: %s", message)
+    try:
+        store.remove_program(key)
+    except Exception as err:  # noqa: BLE001
+        log.warning("program cache: %r failed to remove %s: %s", store, key, err)
 
 
 def _weight(weights: Mapping[str, torch.Tensor], name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
@@ -1117,14 +1122,7 @@ class WarmStart:
         """The program the module key names, loaded as ProgramCache.load does; None on a miss."""
         if not self.settings.reuse_cached_engines:
             return None
-        try:
-            entry = self.store.read_program(self.key)
-        except UnusableEntry as err:
-            self._reject(str(err))
-            entry = None
-        except Exception as err:  # noqa: BLE001 - a user store must not break compilation
-            log.warning("program cache: %r failed to read %s: %s: %s", self.store, self.key, type(err).__name__, err)
-            entry = None
+        entry = _read_entry(self.store, self.key, self._reject)
         if entry is None:
             log.info("program cache: no entry for %s's module key %s; torch.export runs", self.graph_name,
                      self.key[:16])
@@ -1168,12 +1166,7 @@ class WarmStart:
                  programs.key[:16])
 
     def _reject(self, why: str) -> None:
-        count("programs_rejected")
-        log.warning("program cache: module entry %s for %s: %s; removing it", self.key[:16], self.graph_name, why)
-        try:
-            self.store.remove_program(self.key)
-        except Exception as err:  # noqa: BLE001
-            log.warning("program cache: %r failed to remove %s: %s", self.store, self.key, err)
+        _remove_entry(self.store, self.key, f"module entry {self.key[:16]} for {self.graph_name}: {why}; removing it")
 
 
 def _encode_pointer(key: str, program_key: str, in_spec: pytree.TreeSpec, out_spec: pytree.TreeSpec) -> bytes:

@@ -35,7 +35,7 @@ from kiln.partition import Block
 from kiln.settings import CompilationSettings
 
 __all__ = ["Encoder", "Capability", "describe_block", "describe_block_parts", "BlockDescription", "ConstantInfo",
-           "kiln_dtype", "torch_dtype", "EncodeError"]
+           "kiln_dtype", "torch_dtype", "EncodeError", "scalar_text"]
 
 _TORCH_TO_KILN: dict[torch.dtype, Any] = {
     torch.float32: _C.DType.f32, torch.float16: _C.DType.f16, torch.bfloat16: _C.DType.bf16,
@@ -268,6 +268,20 @@ def describe_block_parts(gm: fx.GraphModule, block: Block, settings: Compilation
     return BlockDescription(enc.graph, enc.constants, weight_bytes)
 
 
+def scalar_text(v: Any) -> str | None:
+    """The exact text of None, a bool, int, float or string in a cache key (floats in hex, so
+    that the text is the value); None for any other value."""
+    if v is None or isinstance(v, bool):
+        return repr(v)
+    if isinstance(v, int):
+        return f"i{int(v)}"
+    if isinstance(v, float):
+        return f"f{float(v).hex()}"
+    if isinstance(v, str):
+        return "s" + repr(v)
+    return None
+
+
 def canonical_description(graph: _C.ImportGraph, constants: Sequence[ConstantInfo] | None = None) -> str:
     """A deterministic text of an import description without any constant's bytes.
 
@@ -288,16 +302,9 @@ def canonical_description(graph: _C.ImportGraph, constants: Sequence[ConstantInf
             if kind == _C.ImportArgKind.list:
                 return "[" + ",".join(arg(x) for x in a.list) + "]"
             return arg(a.to_value())
-        if a is None:
-            return "None"
-        if isinstance(a, bool):
-            return "True" if a else "False"
-        if isinstance(a, int):
-            return f"i{a}"
-        if isinstance(a, float):
-            return f"f{float(a).hex()}"
-        if isinstance(a, str):
-            return "s" + repr(a)
+        text = scalar_text(a)
+        if text is not None:
+            return text
         if isinstance(a, _C.DType):
             return f"d{a.name}"
         if isinstance(a, (list, tuple)):
