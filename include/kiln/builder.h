@@ -8,6 +8,7 @@
 // names the policy and the tactic budget of the optimization level.
 #pragma once
 
+#include <iosfwd>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,9 +41,17 @@ class Builder {
   // `borrowed`: weights the engine may read in place instead of copying (kiln/engine.h
   // BorrowedWeight), by weight name.
   std::shared_ptr<Engine> build(const Graph& network, const BorrowedWeights& borrowed = {}) const;
+  // The plan graph build() would give its backend: the network after the passes this config
+  // runs (which depend on the device type, not on a device being present), before kernels are
+  // chosen. Lets a user or a test see what the passes made without building.
+  Graph optimize(const Graph& network) const;
   const BuilderConfig& config() const { return config_; }
 
  private:
+  // optimize() writing what each pass did to `log`, and with `refit_program` the refit
+  // program of the folds it recorded (when the config is refittable).
+  Graph optimize(const Graph& network, std::ostream& log, std::shared_ptr<const Graph>* refit_program) const;
+
   BuilderConfig config_;
 };
 

@@ -16,7 +16,8 @@ bool eliminate_dead_code(Graph& g);
 // them by constants. Weights stay weights only when untouched; folding a weight drops its name.
 bool fold_constants(Graph& g);
 // Folds inference batch_norm into a preceding conv / conv_transpose / linear whose weight is
-// a constant and whose output has no other use.
+// a constant and whose output has no other use; any other batch_norm with constant parameters
+// becomes a per-channel x * s + t (pointwise ops that fuse and move through layouts).
 bool fold_batch_norm(Graph& g);
 // Which sdpa nodes fold_attention_layout (and, for their q / k / v, fuse_sibling_linears) may
 // give strided operands. fused_attention_shape: those the fused attention kernels serve (f16 /
@@ -50,8 +51,9 @@ bool fuse_sibling_linears(Graph& g, const AttentionFilter& foldable = fused_atte
 // `activation` attribute). Run it before fuse_pointwise.
 bool fuse_epilogue(Graph& g);
 // Runs every 2-D conv channels-last (layout "nhwc") and moves the permutes this puts around
-// them through activations, binary ops and global average pools until they cancel, so a conv
-// region converts layout only at its boundary. Run it after fuse_epilogue, then fold_constants.
+// them through the ops between convs (pointwise ops, pools, concats, slices, pads, gathers,
+// reductions, reshapes: src/passes/sink_permutes.h) until they cancel, so a conv region
+// converts layout only at its boundary. Run it after fuse_epilogue, then fold_constants.
 bool to_channels_last(Graph& g);
 // Moves the bias and activation of an f16 / bf16 channels-last conv over an image (at most 4 input
 // channels, no residual, an activation that never decreases) behind the channels-last max_pool

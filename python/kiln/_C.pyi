@@ -433,6 +433,11 @@ class Builder:
         alive as long as the engine reads them).
         """
 
+    def optimize(self, network: Graph) -> Graph:
+        """
+        The plan graph build() would give the backend: the network after this config's passes (for its device type; no device is needed), before kernels are chosen.
+        """
+
 class IOTensor:
     """An engine input or output: name and type."""
 

@@ -42,18 +42,12 @@ std::optional<DType> reduced_precision(const BuilderConfig& c) {
 
 Builder::Builder(BuilderConfig config) : config_(std::move(config)) { config_.validate(); }
 
-std::shared_ptr<Engine> Builder::build(const Graph& network, const BorrowedWeights& borrowed) const {
+Graph Builder::optimize(const Graph& network, std::ostream& log, std::shared_ptr<const Graph>* refit_program) const {
   network.verify();
-  Backend& backend = get_backend(config_.device);
-  const std::future<std::string> libraries = backend.warm_up();  // overlaps the passes
-  std::ostringstream log;
-  log << "policy: " << config_.policy.to_string() << "; optimization level " << config_.optimization_level << ": "
-      << tactic_budget(config_.optimization_level).to_string() << "\n";
   Graph g = network;
-  size_t before = g.nodes().size();
   // Records every fold of a weight while the passes run (the refit program, kiln/refit.h).
   std::optional<passes::RefitRecorder> recorder;
-  if (config_.refittable) recorder.emplace();
+  if (config_.refittable && refit_program != nullptr) recorder.emplace();
   passes::RefitRecorder::Scope recording(recorder ? &*recorder : nullptr);
 
   auto run = [&](const std::string& name, auto&& pass) {
@@ -88,15 +82,32 @@ std::shared_ptr<Engine> Builder::build(const Graph& network, const BorrowedWeigh
   run("fold_constants", &fold_constants);
   if (config_.fuse_pointwise) run("fuse_pointwise", &fuse_pointwise);
   run("eliminate_dead_code", &eliminate_dead_code);
-  std::shared_ptr<const Graph> refit_program;
   if (recorder) {
-    refit_program = std::make_shared<const Graph>(recorder->finish(g));
-    log << "refit program: " << refit_program->inputs().size() << " weights -> " << refit_program->outputs().size()
-        << " derived constants, " << refit_program->nodes().size() << " nodes\n";
-  } else {
+    *refit_program = std::make_shared<const Graph>(recorder->finish(g));
+    log << "refit program: " << (*refit_program)->inputs().size() << " weights -> "
+        << (*refit_program)->outputs().size() << " derived constants, " << (*refit_program)->nodes().size()
+        << " nodes\n";
+  } else if (refit_program != nullptr) {
     log << "immutable weights: no refit program\n";
   }
   g.verify();
+  return g;
+}
+
+Graph Builder::optimize(const Graph& network) const {
+  std::ostringstream log;
+  return optimize(network, log, nullptr);
+}
+
+std::shared_ptr<Engine> Builder::build(const Graph& network, const BorrowedWeights& borrowed) const {
+  Backend& backend = get_backend(config_.device);
+  const std::future<std::string> libraries = backend.warm_up();  // overlaps the passes
+  std::ostringstream log;
+  log << "policy: " << config_.policy.to_string() << "; optimization level " << config_.optimization_level << ": "
+      << tactic_budget(config_.optimization_level).to_string() << "\n";
+  const size_t before = network.nodes().size();
+  std::shared_ptr<const Graph> refit_program;
+  Graph g = optimize(network, log, &refit_program);
 
   for (const auto& n : g.nodes()) {
     std::string why;

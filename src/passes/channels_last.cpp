@@ -8,20 +8,20 @@
 //      weight is folded by the fold_constants that follows, and recorded for refit);
 //   2. permutes then move towards the outputs and cancel, repeated until nothing changes:
 //        permute(permute(v, P), Q)  -> permute(v, P o Q), or v when that is the identity;
-//        u(permute(v, P))           -> permute(u(v), P) for a unary op or cast u;
-//        b(permute(a, P), permute(c, P)), or with c a scalar or a single element
-//                                   -> permute(b(a, c), P) for a binary op b;
 //        max_pool / avg_pool of permute(v, NCHW)
 //                                   -> permute(the pool with layout "nhwc" on v, NCHW);
 //        adaptive_avg_pool to 1x1 of permute(v, NCHW)
-//                                   -> permute(reduce_mean(v, H and W, keepdim), NCHW).
-//      A conv's output permute meets the next conv's input permute (directly, or after the
-//      activations, residual adds and squeeze-excite products between them) and both go;
+//                                   -> permute(reduce_mean(v, H and W, keepdim), NCHW);
+//        op(permute(v, P), ...)     -> permute(op'(v, ...), P') by the rules of sink_permutes.h,
+//      first only through pointwise ops (which never enlarge a permute), then through every
+//      op with a rule, the latter kept only when the permutes left write fewer bytes. A conv's
+//      output permute meets the next conv's input permute (directly, or after the activations,
+//      residual adds, squeeze-excite products, norms, concats and upsampling between them);
 //   3. a conv at a region's entry with fewer than 4 input channels (an image) gets them
 //      zero-padded to 4, by a pad that reads the image through the entry permute (input_perm).
 // Does not: convert conv_transpose or 1-D convs; move permutes through adaptive pools other
-// than the global one, reductions, shape ops or where; change a graph output's permute into
-// an alias of a graph input. Run it after fuse_epilogue (residuals and activations are then
+// than the global one, softmax, norms or matmuls; change a graph output's permute into an
+// alias of a graph input. Run it after fuse_epilogue (residuals and activations are then
 // inside the convs) and before fuse_pointwise; the builder runs it for CUDA builds only (the
 // CPU runs a channels-last conv through channels-first copies).
 #include <algorithm>
@@ -30,6 +30,7 @@
 #include "kiln/passes.h"
 #include "src/ops/shape_rules.h"
 #include "src/passes/pass_util.h"
+#include "src/passes/sink_permutes.h"
 
 namespace kiln {
 
@@ -42,6 +43,7 @@ using passes::permute_of;
 const Perm kToLast = {0, 2, 3, 1};   // NCHW -> NHWC
 const Perm kToFirst = {0, 3, 1, 2};  // NHWC -> NCHW
 const int64_t kChannelQuantum = 4;
+const int kMaxRounds = 64;  // sweeps of the propagation (each moves every permute at least one op)
 
 // permute(v, perm) before `pos` (which advances past a new node): an existing one if there is.
 ValueId insert_permute(Graph& g, size_t& pos, ValueId v, const Perm& perm, const std::string& name) {
@@ -114,39 +116,6 @@ void sink(Graph& g, size_t pos, OpKind op, const std::vector<ValueId>& ins, cons
   g.erase_node(at);
 }
 
-// Whether a binary op's operand broadcasts the same in either layout: a scalar or one element.
-bool layout_free(const Graph& g, ValueId v) { return g.type(v).numel() == 1; }
-
-bool sink_pointwise(Graph& g, size_t pos) {
-  const Node& n = *g.nodes()[pos];
-  const OpFamily family = op_info(n.op).family;
-  if (family == OpFamily::kUnary || family == OpFamily::kCast) {
-    const Node* p = permute_of(g, n.inputs[0]);
-    if (p == nullptr) return false;
-    sink(g, pos, n.op, {p->inputs[0]}, n.attrs, perm_of(*p));
-    return true;
-  }
-  if (family != OpFamily::kBinary) return false;
-  const Node* pa = permute_of(g, n.inputs[0]);
-  const Node* pb = permute_of(g, n.inputs[1]);
-  const ValueId out = n.outputs[0];
-  const int64_t rank = g.type(out).rank();  // both permuted by P: broadcasting is per dim, so it commutes
-  if (pa && pb && perm_of(*pa) == perm_of(*pb) && g.type(n.inputs[0]).rank() == rank &&
-      g.type(n.inputs[1]).rank() == rank) {
-    sink(g, pos, n.op, {pa->inputs[0], pb->inputs[0]}, n.attrs, perm_of(*pa));
-    return true;
-  }
-  if (pa && !pb && layout_free(g, n.inputs[1]) && g.type(n.inputs[0]).shape() == g.type(out).shape()) {
-    sink(g, pos, n.op, {pa->inputs[0], n.inputs[1]}, n.attrs, perm_of(*pa));
-    return true;
-  }
-  if (pb && !pa && layout_free(g, n.inputs[0]) && g.type(n.inputs[1]).shape() == g.type(out).shape()) {
-    sink(g, pos, n.op, {n.inputs[0], pb->inputs[0]}, n.attrs, perm_of(*pb));
-    return true;
-  }
-  return false;
-}
-
 // max_pool / avg_pool of permute(v, NCHW) -> the pool channels-last on v; a global average
 // pool -> a mean over H and W.
 bool sink_pool(Graph& g, size_t pos) {
@@ -177,11 +146,26 @@ bool to_channels_last(Graph& g) {
   bool changed = false;
   for (size_t pos = 0; pos < g.nodes().size(); ++pos) changed |= convert_conv(g, pos);
   if (!changed) return false;
-  for (bool again = true; again;) {
-    again = false;
-    for (size_t pos = 0; pos < g.nodes().size(); ++pos)
-      again |= fold_permutes(g, pos) || sink_pointwise(g, pos) || sink_pool(g, pos);
-  }
+  // Permutes move through the ops that never enlarge them first; then through every op that
+  // has a rule (sink_permutes.h), kept only when the permutes left write fewer bytes (a permute
+  // moved past an upsample and meeting no other is larger than before).
+  auto propagate = [&](bool all_rules) {
+    for (int round = 0; round < kMaxRounds; ++round) {
+      bool again = false;
+      for (size_t pos = 0; pos < g.nodes().size(); ++pos)
+        again |= fold_permutes(g, pos) || sink_pool(g, pos) || passes::sink_permute(g, pos, all_rules) ||
+                 (all_rules && passes::permute_to_reshape(g, pos));
+      if (!again) return;
+      eliminate_dead_code(g);
+    }
+  };
+  propagate(false);
+  eliminate_dead_code(g);
+  Graph pointwise_only = g;
+  const int64_t bytes = passes::permute_bytes(g);
+  propagate(true);
+  eliminate_dead_code(g);
+  if (passes::permute_bytes(g) > bytes) g = std::move(pointwise_only);
   for (size_t pos = 0; pos < g.nodes().size(); ++pos) pad_entry_channels(g, pos);
   eliminate_dead_code(g);
   return true;

@@ -17,9 +17,12 @@
 // fold_constants that follows evaluates them; that fold is what makes them constants and what
 // records how to re-derive them from new weights (refit). For linear, only a rank-2 output
 // [N, F] qualifies: batch_norm normalizes axis 1, which must be the feature axis.
-// Does not: fold a batch_norm whose parameters are graph inputs or computed at run time, fold
-// into a P with another consumer (the unnormalized value would be lost), or fold a batch_norm
-// that precedes the conv (that needs a padding-aware bias and is not worth it).
+// A batch_norm that does not fold (its input has another use, or comes from another op: a
+// DenseNet's norm after a concat) but has constant parameters becomes x * s + t, s and t per
+// channel and derived the same way, so that it fuses with the pointwise ops around it.
+// Does not: fold or rewrite a batch_norm whose parameters are graph inputs or computed at run
+// time, fold into a P with another consumer (the unnormalized value would be lost), or fold a
+// batch_norm that precedes the conv (that needs a padding-aware bias and is not worth it).
 #include "kiln/errors.h"
 #include "kiln/passes.h"
 
@@ -146,6 +149,38 @@ bool try_fold(Graph& g, size_t bn_pos, const std::vector<std::vector<int>>& user
   return true;
 }
 
+// The batch_norm at `pos`, when its parameters are constants, as x * s + t with s and t per
+// channel ([C, 1, ...] against x[N, C, ...]) derived in f64 like a fold's and cast to x's dtype:
+// two pointwise ops that fuse with their neighbours and move through layouts (to_channels_last).
+bool to_affine(Graph& g, size_t pos) {
+  const Node& bn = *g.nodes()[pos];
+  const ValueId x = bn.inputs[0];
+  const ValueId mean = bn.inputs[1], var = bn.inputs[2];
+  const ValueId gamma = input_or_none(bn, 3), beta = input_or_none(bn, 4);
+  const TensorType xt = g.type(x);
+  if (!is_floating(xt.dtype) || xt.rank() < 2) return false;
+  for (ValueId param : {mean, var, gamma, beta})
+    if (param != kNoValue && !is_float_constant(g, param)) return false;
+  const int64_t channels = xt.dims[1].extent;
+  const double eps = bn.attrs.get_float("eps", 1e-5), one = 1.0;
+  const ValueId out = bn.outputs[0];
+  Emitter e{g, pos, bn.name};
+  const TensorType scalar(DType::kF64, {});
+  const ValueId eps_c = g.add_constant("", scalar, &eps, sizeof eps);
+  const ValueId denom = e.node(OpKind::kSqrt, {e.node(OpKind::kAdd, {e.channel(var, channels), eps_c})});
+  const ValueId numer = gamma != kNoValue ? e.channel(gamma, channels) : g.add_constant("", scalar, &one, sizeof one);
+  const ValueId s = e.node(OpKind::kDiv, {numer, denom});
+  ValueId t = e.node(OpKind::kNeg, {e.node(OpKind::kMul, {e.channel(mean, channels), s})});
+  if (beta != kNoValue) t = e.node(OpKind::kAdd, {t, e.channel(beta, channels)});
+  std::vector<int64_t> per_channel(size_t(xt.rank() - 1), 1);
+  per_channel[0] = channels;
+  const ValueId scaled = e.node(OpKind::kMul, {x, e.cast(e.reshape(s, per_channel), xt.dtype)});
+  const ValueId y = e.node(OpKind::kAdd, {scaled, e.cast(e.reshape(t, per_channel), xt.dtype)});
+  g.replace_all_uses(out, y);
+  g.erase_node(e.pos);
+  return true;
+}
+
 }  // namespace
 
 bool fold_batch_norm(Graph& g) {
@@ -158,6 +193,8 @@ bool fold_batch_norm(Graph& g) {
       --i;
     }
   }
+  for (size_t i = 0; i < g.nodes().size(); ++i)
+    if (g.nodes()[i]->op == OpKind::kBatchNorm) changed |= to_affine(g, i);
   if (changed) g.compact();
   return changed;
 }

@@ -135,7 +135,8 @@ void bind_builder(nb::module_& m) {
 
   nb::class_<Builder>(m, "Builder", "Turns a verified Graph into an Engine.")
       .def(nb::init<BuilderConfig>(), nb::arg("config") = BuilderConfig{})
-      .def_prop_ro("config", [](const Builder& b) { return b.config(); }, "A copy of the configuration.")
+      .def_prop_ro(
+          "config", [](const Builder& b) { return b.config(); }, "A copy of the configuration.")
       .def(
           "build",
           [](const Builder& b, const Graph& network, const std::optional<nb::dict>& borrowed) {
@@ -147,7 +148,11 @@ void bind_builder(nb::module_& m) {
           "Copies the network, runs the passes, picks kernels and returns an Engine. ``borrowed``: "
           "{weight name: (address, bytes, owner)} of weights, dense and in the plan weight's dtype on the "
           "engine's device, that the engine may read in place instead of copying (``owner`` is kept "
-          "alive as long as the engine reads them).");
+          "alive as long as the engine reads them).")
+      .def(
+          "optimize", [](const Builder& b, const Graph& network) { return b.optimize(network); }, nb::arg("network"),
+          "The plan graph build() would give the backend: the network after this config's passes (for "
+          "its device type; no device is needed), before kernels are chosen.");
 }
 
 }  // namespace kiln::python

@@ -1,0 +1,35 @@
+// Moving permutes towards the outputs, where they meet other permutes and cancel: the layout
+// propagation of to_channels_last (channels_last.cpp).
+//
+// A permute is a copy in Kiln's dense IR. Where an op reads permute(v, P) and computes the same
+// thing on v in another axis order, the op runs on v and one permute follows it:
+//   op(permute(v, P), ...) -> permute(op'(v, ...), P')
+// op' is op with its axes renumbered (concat, slice, split, index_select, pad, reductions), its
+// other operands read in v's order (binary and where: operands permuted by the same P, a single
+// element, a constant, or a broadcast operand whose dims of extent > 1 keep their order, which
+// needs only a reshape), or a reshape of v when the reshape merges and splits only dims that are
+// adjacent and in order in v. Repeated, a conv's output permute reaches the next conv's input
+// permute through the activations, norms, concats and upsampling between them and both go.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kiln/ir.h"
+
+namespace kiln::passes {
+
+// The rewrite of the node at `pos`, when one of the rules above applies to it (the permute it
+// read stays for eliminate_dead_code, or for its other users). Returns whether it changed g.
+// Without `all_rules`, only the rules that never enlarge a permute: unary ops and casts, and
+// binary / where ops whose operands are all permuted by the same P or single elements.
+bool sink_permute(Graph& g, size_t pos, bool all_rules);
+
+// A permute that only moves dims of extent 1 becomes a reshape (which the memory planner makes
+// free). Returns whether it changed g.
+bool permute_to_reshape(Graph& g, size_t pos);
+
+// Bytes the permutes of g write: what layout propagation tries to make smaller.
+int64_t permute_bytes(const Graph& g);
+
+}  // namespace kiln::passes
