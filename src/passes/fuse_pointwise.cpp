@@ -2,6 +2,10 @@
 // fused_pointwise nodes, so that a chain like add -> mul -> gelu reads its inputs once and
 // writes its results once instead of materializing every intermediate.
 //
+// A nearest or bilinear upsample (index_select by a constant index, then a few pointwise ops)
+// or a lookup of a position-bias table joins the group of the ops that read it the same way:
+// the index_select is a member that starts a group (it never joins its data's producer).
+//
 // Grouping is greedy in topological order. A pointwise node joins (and merges) the groups of
 // its pointwise producers that have its output shape, provided no member of those groups has a
 // user outside the group that comes before the node: the fused node takes the position of its
@@ -14,9 +18,13 @@
 // The fused node's contract (what the fused kernels rely on):
 //   - body inputs map one to one to the node's inputs, with the same types; body outputs map one
 //     to one to the node's outputs;
-//   - body nodes are only unary / binary / where / cast; every body node's output has a shape
-//     that broadcasts to the group shape, and every body output has the group shape; an input
-//     may have any shape that broadcasts to it;
+//   - body nodes are only unary / binary / where / cast, and index_select nodes whose data and
+//     index are both body inputs (the index a constant 1-D integer tensor of the graph: a
+//     gathered leaf, read element by element from the data at the kernel's own positions),
+//     each possibly read by one reshape alone (the gather seen in that shape);
+//     every body node's output has a shape that broadcasts to the group shape, and every body
+//     output has the group shape; an input read by pointwise ops may have any shape that
+//     broadcasts to it, one read only by index_select any shape;
 //   - scalar constants (one element, not weights) are copied into the body; any other constant
 //     is an input;
 //   - a member whose value is used outside the group, or is a graph output, is a body output.
@@ -68,6 +76,35 @@ bool recomputable(const Graph& g, const std::vector<std::vector<int>>& users, co
   return true;
 }
 
+// An index_select by a constant 1-D index: a fused kernel reads its elements straight from the
+// data tensor (a gathered leaf), so upsampling and table lookups need no tensor of their own.
+bool gathered_leaf(const Graph& g, const Node& n) {
+  if (n.op != OpKind::kIndexSelect || n.inputs.size() != 2) return false;
+  const Value& index = g.value(n.inputs[1]);
+  return index.is_constant() && index.type.rank() == 1 &&
+         (index.type.dtype == DType::kI64 || index.type.dtype == DType::kI32);
+}
+
+// A reshape that alone reads a gathered leaf (an upsample of flattened H * W, viewed as [H, W]):
+// the fused kernel reads the gather in the reshape's shape, the same elements in the same order.
+bool reshaped_gather(const Graph& g, const Node& n) {
+  if (n.op != OpKind::kReshape) return false;
+  const Node* p = g.value(n.inputs[0]).producer;
+  return p != nullptr && gathered_leaf(g, *p) && g.num_uses(n.inputs[0]) == 1;
+}
+
+// Whether a member of `a` is an index_select whose data a member of `b` produces.
+bool gathers_from(const Graph& g, const std::unordered_map<const Node*, int>& index, const std::vector<int>& a,
+                  const std::vector<int>& b) {
+  for (int m : a) {
+    const Node& n = *g.nodes()[size_t(m)];
+    if (n.op != OpKind::kIndexSelect || g.value(n.inputs[0]).producer == nullptr) continue;
+    const int p = index.at(g.value(n.inputs[0]).producer);
+    if (std::find(b.begin(), b.end(), p) != b.end()) return true;
+  }
+  return false;
+}
+
 // Node indices of each group with at least two members, in topological order.
 std::vector<std::vector<int>> find_groups(const Graph& g) {
   const auto& nodes = g.nodes();
@@ -80,10 +117,19 @@ std::vector<std::vector<int>> find_groups(const Graph& g) {
   std::vector<char> pointwise(nodes.size(), 0);
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& n = *nodes[i];
-    pointwise[i] = op_info(n.op).pointwise();
+    pointwise[i] = op_info(n.op).pointwise() || gathered_leaf(g, n) || reshaped_gather(g, n);
     if (!pointwise[i]) continue;
     members[i] = {int(i)};
     const std::vector<int64_t> shape = g.type(n.outputs[0]).shape();
+    if (n.op == OpKind::kIndexSelect) continue;  // reads its data whole: it joins no producer's group
+    if (n.op == OpKind::kReshape) {  // joins the gather it reshapes, and nothing else
+      const int root = sets.find(index.at(g.value(n.inputs[0]).producer));
+      members[i].insert(members[i].end(), members[size_t(root)].begin(), members[size_t(root)].end());
+      members[size_t(root)].clear();
+      sets.parent[size_t(root)] = int(i);
+      std::sort(members[i].begin(), members[i].end());
+      continue;
+    }
 
     std::vector<int> join;  // roots of the groups this node merges with
     for (ValueId in : n.inputs) {
@@ -100,6 +146,11 @@ std::vector<std::vector<int>> find_groups(const Graph& g) {
           for (int u : users[size_t(out)]) ok = ok && (u >= int(i) || sets.find(u) == root);
         if (!ok) break;
       }
+      // A gathered leaf reads its data from outside the kernel: never with that data's producer.
+      std::vector<int> joined = {int(i)};
+      for (int r : join) joined.insert(joined.end(), members[size_t(r)].begin(), members[size_t(r)].end());
+      ok = ok && !gathers_from(g, index, joined, members[size_t(root)]) &&
+           !gathers_from(g, index, members[size_t(root)], joined);
       if (ok) join.push_back(root);
     }
     for (int root : join) {
@@ -135,7 +186,7 @@ void fuse(Graph& g, const std::vector<const Node*>& group) {
       }
       const Value& v = g.value(in);
       ValueId b;
-      if (v.is_constant() && !v.is_weight && v.type.numel() == 1) {
+      if (v.is_constant() && !v.is_weight && v.type.numel() == 1 && n->op != OpKind::kIndexSelect) {
         b = body->add_constant("", v.type, v.data);
       } else {
         b = body->add_input("in" + std::to_string(node_inputs.size()), v.type);

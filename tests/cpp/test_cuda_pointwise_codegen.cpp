@@ -266,6 +266,48 @@ TEST(CudaPointwiseCodegen, FusedBodyWithABroadcastGateCompiles) {
   }
 }
 
+// A gathered leaf (fuse_pointwise's index_select by a constant index): a nearest upsample of
+// [N, H, W, C] along H read straight from the data and scaled by a per-channel weight, with an
+// i64 or i32 index; vectorized when C is a multiple of the vector width, flat when the gather's
+// result is the group shape. An index out of range, or one that is no constant, is refused.
+TEST(CudaPointwiseCodegen, FusedBodyWithAGatheredLeafCompiles) {
+  struct Case {
+    int64_t c;
+    DType index;
+    bool constant, in_range;
+  };
+  for (const Case& c : {Case{8, DType::kI64, true, true}, Case{3, DType::kI32, true, true},
+                        Case{8, DType::kI64, false, true}, Case{8, DType::kI64, true, false}}) {
+    const TensorType xt(DType::kF16, {2, 4, 5, c.c}), it(c.index, {8}), wt(DType::kF16, {c.c});
+    auto body = std::make_shared<Graph>();
+    const ValueId x = body->add_input("x", xt), i = body->add_input("i", it), w = body->add_input("w", wt);
+    Attrs a;
+    a.set("axis", int64_t(1));
+    const ValueId up = body->add_node1(OpKind::kIndexSelect, {x, i}, a);
+    body->mark_output(body->add_node1(OpKind::kMul, {up, w}), "y");
+    Built b;
+    std::vector<int64_t> idx = {0, 0, 1, 1, 2, 2, 3, c.in_range ? -1 : 4};
+    std::vector<int32_t> idx32(idx.begin(), idx.end());
+    const void* bytes = c.index == DType::kI64 ? static_cast<const void*>(idx.data()) : idx32.data();
+    const ValueId index =
+        c.constant ? b.g.add_constant("", it, bytes, 8 * dtype_size(c.index)) : b.g.add_input("i", it);
+    const std::vector<ValueId> ins{b.g.add_input("x", xt), index, b.g.add_input("w", wt)};
+    b.g.mark_output(b.g.insert_fused(0, ins, body, "upsample_t")[0], "y");
+    b.node = b.g.nodes().back().get();
+    if (!c.constant || !c.in_range) {
+      std::string why;
+      EXPECT_FALSE(cuda::supports_pointwise(*b.node, b.g, &why));
+      EXPECT_NE(why.find(c.constant ? "out of range" : "constant 1-D"), std::string::npos) << why;
+      continue;
+    }
+    const Generated gen = compiles(b, "gathered leaf");
+    ASSERT_EQ(gen.program.gathers.size(), 1u);
+    EXPECT_EQ(gen.program.gathers[0].inner, 5 * c.c);
+    EXPECT_EQ(gen.layout.vec > 1, c.c % 8 == 0);
+    EXPECT_NE(gen.source.find("kiln_gather("), std::string::npos);
+  }
+}
+
 TEST(CudaPointwiseCodegen, LayoutsCollapseBroadcastsAndVectorize) {
   // Same shapes: flat, 4 f32 per 16-byte vector.
   Generated g1 = generate(one_node(OpKind::kAdd, {TensorType(DType::kF32, {8, 16, 32}), TensorType(DType::kF32, {8, 16, 32})}));

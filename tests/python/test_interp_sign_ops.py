@@ -239,6 +239,25 @@ def test_cuda_bilinear(align_corners: bool, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("mode", ["nearest", "bilinear"])
+def test_cuda_upsample_between_convs(mode: str, dtype: torch.dtype) -> None:
+    """Upsampling between channels-last convs and read by pointwise ops: the gathers run inside
+    the fused kernels (vectorized along the channels) and match eager."""
+    torch.manual_seed(3)
+    conv1, conv2 = torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.Conv2d(32, 8, 3, padding=1)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        y = F.interpolate(conv1(x), scale_factor=2, mode=mode)
+        return conv2(torch.cat([F.silu(y) * 0.5, y], dim=1))
+    m = Fn(fn)
+    m.conv1, m.conv2 = conv1, conv2
+    x = torch.randn(2, 8, 6, 10, generator=_gen).to("cuda", dtype)
+    tol = 5e-3 if dtype == torch.float32 else 1e-2  # convs in f32 run on TF32 tensor cores
+    check_close(m.to("cuda", dtype), [x], rtol=tol, atol=tol, device="cuda")
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16],
                          ids=lambda d: str(d).split(".")[-1])
 def test_cuda_rounding_ops(dtype: torch.dtype) -> None:

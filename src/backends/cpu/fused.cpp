@@ -18,6 +18,8 @@
 // results wrap to their dtype, clamp bounds round inward. Casts round as cast does (to f16,
 // bf16, f32, integers, bool); other intermediates are not rounded to a 16-bit dtype, as in
 // other fusing compilers. Blocks split over threads, each part with its own scratch slots.
+// An index_select in the body (a gathered leaf: its data and index are node inputs) loads its
+// block from the data at the indexed positions.
 // A single-output kernel may have its output written over an input of the same type (the
 // memory planner's in-place rule): a block stores only after every read of its elements.
 #include <algorithm>
@@ -67,6 +69,15 @@ struct Program {
     bool scalar;
     pw::BroadcastPlan plan;
   };
+  // A gathered leaf (index_select of a node input by a node input) loaded into a slot each
+  // block: element e of the virtual [outer, count, inner] result is data element
+  // (outer * dim + index[a]) * inner + (e % inner), a = (e / inner) % count.
+  struct Gather {
+    int slot, data, index;
+    DType dtype, index_dtype;
+    int64_t count, inner, dim;
+    pw::BroadcastPlan plan;  // the result's shape against the group
+  };
   struct Step {
     OpKind op;
     pw::UnaryParams params;
@@ -77,6 +88,7 @@ struct Program {
 
   std::vector<Ref> vals;
   std::vector<Load> loads;
+  std::vector<Gather> gathers;
   std::vector<Step> steps;
   std::vector<std::pair<int, DType>> outputs;  // value index, node output dtype
   int slots = 0;
@@ -92,7 +104,49 @@ struct Program {
   int64_t stride(int v) const { return vals[size_t(v)].scalar ? 0 : 1; }
 
   void run_block(const void* const* in, void* const* out, T* scratch, int64_t start, int64_t len) const;
+  void gather(const Gather& q, const void* const* in, T* dst, int64_t start, int64_t len) const;
+  // Raises index_select's error for an index out of [-dim, dim).
+  void check_indices(const void* const* in) const;
 };
+
+int64_t index_at(const void* p, DType t, int64_t i) {
+  return t == DType::kI64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
+}
+
+template <typename T>
+void Program<T>::check_indices(const void* const* in) const {
+  for (const Gather& q : gathers)
+    for (int64_t a = 0; a < q.count; ++a) {
+      const int64_t v = index_at(in[q.index], q.index_dtype, a);
+      KILN_CHECK(v >= -q.dim && v < q.dim, kInvalidArgument, "fused_pointwise: index_select index ", v,
+                 " is out of range for a dim of size ", q.dim);
+    }
+}
+
+template <typename T>
+void Program<T>::gather(const Gather& q, const void* const* in, T* dst, int64_t start, int64_t len) const {
+  q.plan.for_each_run(start, start + len, [&](const int64_t* off, int64_t o, int64_t n) {
+    const bool along = q.plan.inner_stride(0) != 0;
+    for (int64_t e = 0; e < n;) {
+      const int64_t at = off[0] + (along ? e : 0);
+      const int64_t block = at / q.inner, within = at - block * q.inner;
+      int64_t v = index_at(in[q.index], q.index_dtype, block % q.count);
+      if (v < 0) v += q.dim;
+      // Elements left in this inner block are consecutive in the data too.
+      const int64_t run = along ? std::min(n - e, q.inner - within) : 1;
+      const int64_t src = ((block / q.count) * q.dim + v) * q.inner + within;
+      if (along) {
+        load_run(in[q.data], q.dtype, src, dst + (o - start) + e, run);
+      } else {
+        T x;
+        load_run(in[q.data], q.dtype, src, &x, 1);
+        std::fill(dst + (o - start), dst + (o - start) + n, x);
+        break;
+      }
+      e += run;
+    }
+  });
+}
 
 template <typename T>
 void Program<T>::run_block(const void* const* in, void* const* out, T* scratch, int64_t start, int64_t len) const {
@@ -114,6 +168,7 @@ void Program<T>::run_block(const void* const* in, void* const* out, T* scratch, 
       }
     });
   }
+  for (const Gather& q : gathers) gather(q, in, scratch + int64_t(q.slot) * kBlock, start, len);
   uint8_t flags[kBlock];
   for (const Step& s : steps) {
     T* y = scratch + int64_t(vals[size_t(s.out)].slot) * kBlock;
@@ -180,6 +235,25 @@ void Program<T>::run_block(const void* const* in, void* const* out, T* scratch, 
   }
 }
 
+// The shape a gathered leaf is read in: that of the reshape that alone reads it, if any.
+std::vector<int64_t> gathered_shape(const Graph& body, const Node& gather, const TensorType& own) {
+  for (const auto& node : body.nodes())
+    if (node->op == OpKind::kReshape && node->inputs[0] == gather.outputs[0])
+      return body.type(node->outputs[0]).shape();
+  return own.shape();
+}
+
+// Per body input: whether only index_select nodes read it (as data or index).
+std::vector<char> gather_only_inputs(const Graph& body) {
+  std::vector<char> other(size_t(body.num_values()), 0), gather(size_t(body.num_values()), 0);
+  for (const auto& node : body.nodes())
+    for (ValueId v : node->inputs) (node->op == OpKind::kIndexSelect ? gather : other)[size_t(v)] = 1;
+  for (ValueId v : body.outputs()) other[size_t(v)] = 1;
+  std::vector<char> only;
+  for (ValueId v : body.inputs()) only.push_back(gather[size_t(v)] && !other[size_t(v)]);
+  return only;
+}
+
 template <typename T>
 std::shared_ptr<const Program<T>> compile(const Node& n, const Graph& g) {
   const Graph& body = *n.body;
@@ -210,10 +284,49 @@ std::shared_ptr<const Program<T>> compile(const Node& n, const Graph& g) {
     index[size_t(v)] = int(p.vals.size());
     p.vals.push_back(r);
   };
-  for (size_t i = 0; i < body.inputs().size(); ++i) leaf(body.inputs()[i], int(i));
+  // Body inputs read only by index_select (its data and index) are read through the gather.
+  const std::vector<char> gathered = gather_only_inputs(body);
+  for (size_t i = 0; i < body.inputs().size(); ++i)
+    if (!gathered[i]) leaf(body.inputs()[i], int(i));
   for (ValueId c : body.constants()) leaf(c, -1);
+  auto input_of = [&](ValueId v) {
+    const auto& ins = body.inputs();
+    const auto it = std::find(ins.begin(), ins.end(), v);
+    KILN_CHECK(it != ins.end(), kUnsupported, "fused_pointwise: index_select reads a value computed in the body");
+    return int(it - ins.begin());
+  };
 
   for (const auto& node : body.nodes()) {
+    if (node->op == OpKind::kIndexSelect) {
+      const TensorType& data = body.type(node->inputs[0]);
+      const TensorType& out = body.type(node->outputs[0]);
+      const int64_t axis = node->attrs.get_int("axis");
+      int64_t inner = 1;
+      for (int64_t d = axis + 1; d < data.rank(); ++d) inner *= data.dims[size_t(d)].extent;
+      typename Program<T>::Gather q{p.slots++,
+                                    input_of(node->inputs[0]),
+                                    input_of(node->inputs[1]),
+                                    data.dtype,
+                                    body.type(node->inputs[1]).dtype,
+                                    body.type(node->inputs[1]).numel(),
+                                    std::max<int64_t>(inner, 1),
+                                    data.dims[size_t(axis)].extent,
+                                    pw::plan_broadcast(group, {gathered_shape(body, *node, out)})};
+      typename Program<T>::Ref r;
+      r.slot = q.slot;
+      index[size_t(node->outputs[0])] = int(p.vals.size());
+      p.vals.push_back(r);
+      p.gathers.push_back(std::move(q));
+      continue;
+    }
+    if (node->op == OpKind::kReshape) {  // of a gathered leaf: the same slot, read in this shape
+      const ValueId in = node->inputs[0];
+      KILN_CHECK(index[size_t(in)] >= 0 && body.value(in).producer != nullptr &&
+                     body.value(in).producer->op == OpKind::kIndexSelect,
+                 kUnsupported, "fused_pointwise: a body reshape reads no gathered leaf");
+      index[size_t(node->outputs[0])] = index[size_t(in)];
+      continue;
+    }
     const bool ok = op_info(node->op).pointwise() || node->op == OpKind::kCopy;
     KILN_CHECK(ok, kUnsupported, "fused_pointwise: body op ", op_name(node->op), " is not pointwise");
     KILN_CHECK(node->outputs.size() == 1, kInternal, "fused_pointwise: body op with ", node->outputs.size(), " outputs");
@@ -257,6 +370,7 @@ std::unique_ptr<Kernel> make(const Node& n, const Graph& g) {
   auto fn = [prog, blocks, parts, per_part, ws](const void* const* in, void* const* out, const RunContext& ctx) {
     KILN_CHECK(ws == 0 || (ctx.workspace && ctx.workspace_size >= ws), kInternal, "fused_pointwise: workspace of ",
                ctx.workspace_size, " bytes, kernel needs ", ws);
+    prog->check_indices(in);
     T* scratch = static_cast<T*>(ctx.workspace);
     parallel_for(parts, 1, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p)
@@ -268,8 +382,9 @@ std::unique_ptr<Kernel> make(const Node& n, const Graph& g) {
                      dtype_name(compute_dtype<T>()) + ", blocks of " + std::to_string(kBlock);
   // A block reads an input of the output's own type only at the block's elements, and stores
   // the (single) output after every read of the block: the output may take that input's bytes.
+  // A gathered input is read at other positions: never written over.
   std::vector<bool> over(n.inputs.size(), false);
-  if (n.outputs.size() == 1)
+  if (n.outputs.size() == 1 && prog->gathers.empty())
     for (size_t k = 0; k < n.inputs.size(); ++k)
       over[k] = n.inputs[k] != kNoValue && g.type(n.inputs[k]) == g.type(n.outputs[0]);
   return make_fn_kernel(fn, desc, ws, std::move(over));
@@ -283,10 +398,19 @@ std::unique_ptr<Kernel> make_fused_kernel(const Node& n, const Graph& g) {
   KILN_CHECK(body.inputs().size() == n.inputs.size() && body.outputs().size() == n.outputs.size(), kInternal,
              "fused_pointwise: body has ", body.inputs().size(), " inputs and ", body.outputs().size(),
              " outputs, node has ", n.inputs.size(), " and ", n.outputs.size());
+  // An index_select's index is read as an integer, never computed with: it does not widen.
+  std::vector<char> index_only(size_t(body.num_values()), 0);
+  const std::vector<char> gathered = gather_only_inputs(body);
+  for (const auto& node : body.nodes())
+    if (node->op == OpKind::kIndexSelect) {
+      const auto& ins = body.inputs();
+      const size_t k = size_t(std::find(ins.begin(), ins.end(), node->inputs[1]) - ins.begin());
+      if (k < ins.size() && gathered[k]) index_only[size_t(node->inputs[1])] = 1;
+    }
   bool wide = false;
   for (ValueId v = 0; v < body.num_values(); ++v) {
     const DType dt = body.type(v).dtype;
-    wide |= dt == DType::kF64 || dt == DType::kI64 || dt == DType::kI32;
+    wide |= !index_only[size_t(v)] && (dt == DType::kF64 || dt == DType::kI64 || dt == DType::kI32);
   }
   return wide ? make<double>(n, g) : make<float>(n, g);
 }

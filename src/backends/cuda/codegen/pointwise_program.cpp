@@ -5,6 +5,7 @@
 // wrap, integer div truncates with x / 0 == 0, integer clamp bounds round inward (int_bound),
 // maximum / minimum propagate NaN from either side, casts truncate toward zero saturating at
 // the i64 range (NaN -> 0) and then wrap, comparisons and logical ops give bool.
+#include <algorithm>
 #include <cstring>
 
 #include "src/backends/cuda/codegen/pointwise_program.h"
@@ -93,6 +94,66 @@ bool op_supported(OpKind op, DType in, std::string* why) {
   return fail(why, std::string(op_name(op)) + " is not a pointwise op");
 }
 
+// The shape a gathered leaf is read in: that of the reshape that alone reads it, if any.
+std::vector<int64_t> gathered_shape(const Graph& body, const Node& gather) {
+  for (const auto& node : body.nodes())
+    if (node->op == OpKind::kReshape && node->inputs[0] == gather.outputs[0])
+      return body.type(node->outputs[0]).shape();
+  return body.type(gather.outputs[0]).shape();
+}
+
+// The position among the node's inputs of body input v, or -1.
+int input_position(const Graph& body, ValueId v) {
+  const auto& ins = body.inputs();
+  const auto it = std::find(ins.begin(), ins.end(), v);
+  return it == ins.end() ? -1 : int(it - ins.begin());
+}
+
+// Why index_select `s` of n's body cannot be a gathered leaf, or "": its data and index must be
+// node inputs, the index a constant 1-D i64 / i32 tensor of the graph with every value in range
+// (the kernel does not check), and its result must broadcast to the group.
+std::string gather_refusal(const Node& n, const Graph& g, const Node& s) {
+  const Graph& body = *n.body;
+  const int data = input_position(body, s.inputs[0]), index = input_position(body, s.inputs[1]);
+  if (data < 0 || index < 0) return "fused_pointwise body index_select reads a value computed in the body";
+  const Value& iv = g.value(n.inputs[size_t(index)]);
+  if (!iv.is_constant() || iv.type.rank() != 1 || (iv.type.dtype != DType::kI64 && iv.type.dtype != DType::kI32))
+    return "fused_pointwise body index_select needs a constant 1-D i64 / i32 index";
+  const int64_t dim = body.type(s.inputs[0]).dims[size_t(s.attrs.get_int("axis"))].extent;
+  for (int64_t k = 0; k < iv.type.numel(); ++k) {
+    const int64_t v = iv.type.dtype == DType::kI64 ? reinterpret_cast<const int64_t*>(iv.data->data())[k]
+                                                   : reinterpret_cast<const int32_t*>(iv.data->data())[k];
+    if (v < -dim || v >= dim)
+      return "fused_pointwise body index_select index " + std::to_string(v) + " is out of range for a dim of " +
+             std::to_string(dim);
+  }
+  if (!broadcasts_to(gathered_shape(body, s), g.type(n.outputs[0]).shape()))
+    return "fused_pointwise body index_select gives a shape that does not broadcast to the group shape";
+  return "";
+}
+
+int count_gathers(const Graph& body) {
+  int n = 0;
+  for (const auto& node : body.nodes()) n += node->op == OpKind::kIndexSelect;
+  return n;
+}
+
+// Per input of a fused node: whether only its body's index_select nodes read it.
+std::vector<uint8_t> pointer_only_inputs(const Node& n) {
+  std::vector<uint8_t> only(n.inputs.size(), 0);
+  if (n.op != OpKind::kFusedPointwise || !n.body) return only;
+  const Graph& body = *n.body;
+  std::vector<char> other(size_t(body.num_values()), 0), gather(size_t(body.num_values()), 0);
+  for (const auto& node : body.nodes())
+    for (ValueId v : node->inputs)
+      if (v >= 0) (node->op == OpKind::kIndexSelect ? gather : other)[size_t(v)] = 1;
+  for (ValueId v : body.outputs())
+    if (v >= 0) other[size_t(v)] = 1;
+  for (size_t i = 0; i < body.inputs().size() && i < only.size(); ++i)
+    only[i] = gather[size_t(body.inputs()[i])] && !other[size_t(body.inputs()[i])];
+  return only;
+}
+
 // Why the generator cannot build n's program, or "" when it can: an absent input, an op or
 // dtype it has no code for, or a fused body it cannot read (constants of more than one element,
 // ops that are not pointwise, values read before they are defined, outputs that differ from the
@@ -121,6 +182,18 @@ std::string program_refusal(const Node& n, const Graph& g) {
   }
   const std::vector<int64_t> group = g.type(n.outputs[0]).shape();
   for (const auto& node : body.nodes()) {
+    if (node->op == OpKind::kIndexSelect) {
+      if (std::string reason = gather_refusal(n, g, *node); !reason.empty()) return reason;
+      defined[size_t(node->outputs[0])] = true;
+      continue;
+    }
+    if (node->op == OpKind::kReshape) {
+      const Node* p = body.value(node->inputs[0]).producer;
+      if (p == nullptr || p->op != OpKind::kIndexSelect)
+        return "fused_pointwise body reshape does not read a gathered leaf";
+      defined[size_t(node->outputs[0])] = true;
+      continue;
+    }
     if (!op_info(node->op).pointwise() && node->op != OpKind::kCopy)
       return std::string("fused_pointwise body op ") + op_name(node->op) + " is not pointwise";
     if (node->outputs.size() != 1 || !broadcasts_to(body.type(node->outputs[0]).shape(), group))
@@ -144,15 +217,20 @@ std::string program_refusal(const Node& n, const Graph& g) {
 // Whether `input` is one element, read once for a whole output of `numel` elements.
 bool scalar_input(const Graph& g, ValueId input, int64_t numel) { return g.type(input).numel() == 1 && numel != 1; }
 
-// The broadcast of n's non-scalar inputs to its output, collapsed.
+// The broadcast of n's non-scalar inputs read element by element, then of its body's gathered
+// leaves' results, to its output, collapsed; `dense_inputs` gets those inputs' positions.
 pw::BroadcastPlan broadcast_of(const Node& n, const Graph& g, std::vector<int>* dense_inputs) {
   const TensorType& out = g.type(n.outputs[0]);
+  const std::vector<uint8_t> pointer_only = pointer_only_inputs(n);
   std::vector<std::vector<int64_t>> shapes;
   for (size_t i = 0; i < n.inputs.size(); ++i)
-    if (!scalar_input(g, n.inputs[i], out.numel())) {
+    if (!pointer_only[i] && !scalar_input(g, n.inputs[i], out.numel())) {
       shapes.push_back(g.type(n.inputs[i]).shape());
       if (dense_inputs) dense_inputs->push_back(int(i));
     }
+  if (n.op == OpKind::kFusedPointwise && n.body)
+    for (const auto& node : n.body->nodes())
+      if (node->op == OpKind::kIndexSelect) shapes.push_back(gathered_shape(*n.body, *node));
   return pw::plan_broadcast(out.shape(), shapes);
 }
 
@@ -170,8 +248,10 @@ std::string layout_refusal(const Node& n, const Graph& g) {
     return "pointwise node with " + std::to_string(n.inputs.size() + n.outputs.size()) +
            " inputs and outputs (the CUDA kernel takes at most " + std::to_string(kMaxPointers) + ")";
   const int64_t numel = g.type(n.outputs[0]).numel();
+  const std::vector<uint8_t> pointer_only = pointer_only_inputs(n);
   size_t dense = 0;
-  for (ValueId v : n.inputs) dense += scalar_input(g, v, numel) ? 0 : 1;
+  for (size_t i = 0; i < n.inputs.size(); ++i) dense += pointer_only[i] || scalar_input(g, n.inputs[i], numel) ? 0 : 1;
+  if (n.op == OpKind::kFusedPointwise && n.body) dense += size_t(count_gathers(*n.body));
   if (dense > 16) return "pointwise node with " + std::to_string(dense) + " non-scalar inputs (at most 16)";
   const pw::BroadcastPlan plan = broadcast_of(n, g, nullptr);
   if (!flat_layout(numel, plan) && int(plan.shape.size()) > kMaxRank)
@@ -198,6 +278,7 @@ bool program_of(const Node& n, const Graph& g, Program* out, std::string* why) {
   if (n.op != OpKind::kFusedPointwise) {
     for (ValueId v : n.inputs) p.dtype.push_back(g.type(v).dtype);
     p.num_inputs = int(n.inputs.size());
+    p.pointer_only.assign(n.inputs.size(), 0);
     Step s;
     s.op = n.op;
     s.out = g.type(n.outputs[0]).dtype;
@@ -216,6 +297,7 @@ bool program_of(const Node& n, const Graph& g, Program* out, std::string* why) {
     p.dtype.push_back(body.type(v).dtype);
   }
   p.num_inputs = int(body.inputs().size());
+  p.pointer_only = pointer_only_inputs(n);
   for (ValueId c : body.constants()) {
     const Value& cv = body.value(c);
     double f = 0;
@@ -232,6 +314,27 @@ bool program_of(const Node& n, const Graph& g, Program* out, std::string* why) {
     p.dtype.push_back(cv.type.dtype);
   }
   for (const auto& node : body.nodes()) {
+    if (node->op != OpKind::kIndexSelect) continue;
+    const TensorType& data = body.type(node->inputs[0]);
+    const int64_t axis = node->attrs.get_int("axis");
+    Gather q;
+    q.data = input_position(body, node->inputs[0]);
+    q.index = input_position(body, node->inputs[1]);
+    q.index_dtype = body.type(node->inputs[1]).dtype;
+    q.count = body.type(node->inputs[1]).numel();
+    q.dim = data.dims[size_t(axis)].extent;
+    for (int64_t d = axis + 1; d < data.rank(); ++d) q.inner *= data.dims[size_t(d)].extent;
+    q.shape = gathered_shape(body, *node);
+    index[size_t(node->outputs[0])] = int(p.dtype.size());
+    p.dtype.push_back(data.dtype);
+    p.gathers.push_back(std::move(q));
+  }
+  for (const auto& node : body.nodes()) {
+    if (node->op == OpKind::kIndexSelect) continue;
+    if (node->op == OpKind::kReshape) {  // of a gathered leaf: the same value
+      index[size_t(node->outputs[0])] = index[size_t(node->inputs[0])];
+      continue;
+    }
     Step s;
     s.op = node->op;
     s.out = body.type(node->outputs[0]).dtype;
@@ -253,31 +356,35 @@ Layout layout_of(const Node& n, const Graph& g, const Program& p, std::string* w
   if (!*ok) return l;
   l.numel = g.type(n.outputs[0]).numel();
   l.wide = l.numel >= (int64_t(1) << 30);
-  for (int i = 0; i < p.num_inputs; ++i) l.scalar.push_back(scalar_input(g, n.inputs[size_t(i)], l.numel));
+  for (int i = 0; i < p.num_inputs; ++i)
+    l.scalar.push_back(!p.pointer_only[size_t(i)] && scalar_input(g, n.inputs[size_t(i)], l.numel));
   std::vector<int> dense_inputs;
   const pw::BroadcastPlan plan = broadcast_of(n, g, &dense_inputs);
   l.flat = flat_layout(l.numel, plan);
-  // Vector width: 16 bytes of the widest array that moves an element per output element.
+  // Vector width: 16 bytes of the widest array that moves an element per output element. A
+  // gathered leaf's vector is consecutive in its data when it stays inside one index's block.
   size_t widest = 0;
   for (int i = 0; i < p.num_inputs; ++i)
     if (!l.scalar[size_t(i)]) widest = std::max(widest, dtype_size(p.dtype[size_t(i)]));
   for (int v : p.outputs) widest = std::max(widest, dtype_size(p.dtype[size_t(v)]));
   l.vec = widest ? int(16 / widest) : 1;
   if (l.numel < int64_t(l.vec) * 2) l.vec = 1;
+  for (const Gather& q : p.gathers)
+    if (q.inner % l.vec != 0) l.vec = 1;
   if (l.flat) return l;
   l.rank = int(plan.shape.size());
   l.dims = plan.shape;
-  l.strides.assign(size_t(p.num_inputs), std::vector<int64_t>(size_t(l.rank), 0));
+  l.strides.assign(size_t(p.num_inputs) + p.gathers.size(), std::vector<int64_t>(size_t(l.rank), 0));
   for (size_t k = 0; k < dense_inputs.size(); ++k) l.strides[size_t(dense_inputs[k])] = plan.strides[k];
+  for (size_t k = 0; k < p.gathers.size(); ++k)
+    l.strides[size_t(p.num_inputs) + k] = plan.strides[dense_inputs.size() + k];
   // Strided vectors: vec consecutive elements of the innermost dim are consecutive in every
   // non-scalar input (a per-channel operand of a channels-last tensor, a row added to every row)
   // and start on a multiple of vec there.
   bool rows = l.dims.back() % l.vec == 0;
-  for (int i : dense_inputs)
-    for (int d = 0; d < l.rank && rows; ++d) {
-      const int64_t st = l.strides[size_t(i)][size_t(d)];
-      rows = d == l.rank - 1 ? st == 1 : (l.dims[size_t(d)] == 1 || st % l.vec == 0);
-    }
+  for (const auto& st : plan.strides)
+    for (int d = 0; d < l.rank && rows; ++d)
+      rows = d == l.rank - 1 ? st[size_t(d)] == 1 : (l.dims[size_t(d)] == 1 || st[size_t(d)] % l.vec == 0);
   if (!rows) l.vec = 1;
   return l;
 }
@@ -287,7 +394,10 @@ std::vector<int64_t> argument_block(const Program& p, const Layout& l) {
   if (!l.flat) {
     a.insert(a.end(), l.dims.begin(), l.dims.end());
     for (int i = 0; i < p.num_inputs; ++i)
-      if (!l.scalar[size_t(i)]) a.insert(a.end(), l.strides[size_t(i)].begin(), l.strides[size_t(i)].end());
+      if (!l.scalar[size_t(i)] && !p.pointer_only[size_t(i)])
+        a.insert(a.end(), l.strides[size_t(i)].begin(), l.strides[size_t(i)].end());
+    for (size_t k = 0; k < p.gathers.size(); ++k)
+      a.insert(a.end(), l.strides[size_t(p.num_inputs) + k].begin(), l.strides[size_t(p.num_inputs) + k].end());
   }
   for (double f : p.const_float) {
     int64_t bits;

@@ -10,7 +10,9 @@
 // A Layout is the make-time choice of how to index: `flat` when every input is either the
 // output's size and contiguous or a single element (no index math, plus a vectorized kernel
 // of `vec` elements per thread step), otherwise `rank` collapsed dims with per-input element
-// strides (0 on broadcast dims). Sizes, strides and constant values are kernel arguments,
+// strides (0 on broadcast dims). A gathered leaf is indexed like an input of its result's shape,
+// then through its index into the data (its sizes are literals of the source, the one
+// exception to sizes being arguments). Sizes, strides and constant values are kernel arguments,
 // so the source depends only on the op chain, the dtypes and the layout.
 #pragma once
 
@@ -33,15 +35,28 @@ struct Step {
   pw::UnaryParams params;
 };
 
+// A gathered leaf: index_select(input `data`, input `index`) of a fused body, read straight from
+// the data: element e of its virtual [outer, count, inner] result is data element
+// (outer * dim + index[(e / inner) % count]) * inner + e % inner. `shape` is the result's.
+struct Gather {
+  int data = 0, index = 0;
+  DType index_dtype = DType::kI64;
+  int64_t count = 0, inner = 1, dim = 0;
+  std::vector<int64_t> shape;
+};
+
 struct Program {
-  std::vector<DType> dtype;  // per value: leaves first (inputs, then constants), then steps
+  // per value: leaves first (inputs, then constants, then gathered leaves), then steps
+  std::vector<DType> dtype;
   int num_inputs = 0;
   std::vector<double> const_float;    // per constant of floating dtype, in order
   std::vector<int64_t> const_int;     // per constant of integer or bool dtype, in order
   std::vector<int> const_slot;        // per constant: index into const_float or const_int
+  std::vector<Gather> gathers;        // gathered leaf k is value num_inputs + constants + k
+  std::vector<uint8_t> pointer_only;  // per input: read only by gathers (no value of its own)
   std::vector<Step> steps;            // step k defines value num_leaves() + k
   std::vector<int> outputs;           // value index of each node output
-  int num_leaves() const { return num_inputs + int(const_slot.size()); }
+  int num_leaves() const { return num_inputs + int(const_slot.size() + gathers.size()); }
 };
 
 // Whether the generator runs node n: false (with the reason in `why`) for an op outside the
@@ -61,7 +76,9 @@ struct Layout {
   std::vector<uint8_t> scalar;          // per input: one element for the whole output
   int64_t numel = 0;
   std::vector<int64_t> dims;            // collapsed output dims (strided)
-  std::vector<std::vector<int64_t>> strides;  // per input (strided), element strides per dim
+  // per input, then per gathered leaf (strided): element strides per dim (a gather's into its
+  // virtual result)
+  std::vector<std::vector<int64_t>> strides;
 };
 
 Layout layout_of(const Node& n, const Graph& g, const Program& p, std::string* why, bool* ok);

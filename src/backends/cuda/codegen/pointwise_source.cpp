@@ -197,8 +197,11 @@ std::string generate(const Program& p, const Layout& l) {
   s << prelude() << embedded_source("pointwise_helpers.cuh");
   const int leaves = p.num_leaves();
   const size_t nconst = p.const_slot.size();
-  int dense = 0;
-  for (int i = 0; i < p.num_inputs; ++i) dense += l.scalar[size_t(i)] ? 0 : 1;
+  const int first_gather = p.num_inputs + int(nconst);  // value index of gathered leaf 0
+  // Inputs read element by element: not one element for all, not read only through a gather.
+  auto elementwise = [&](int i) { return !l.scalar[size_t(i)] && !p.pointer_only[size_t(i)]; };
+  int dense = int(p.gathers.size());
+  for (int i = 0; i < p.num_inputs; ++i) dense += elementwise(i) ? 1 : 0;
   // The argument block, as argument_block() fills it.
   s << "struct KilnPwArgs {\n  long long n;\n";
   if (!l.flat) s << "  long long dims[" << l.rank << "];\n";
@@ -206,6 +209,14 @@ std::string generate(const Program& p, const Layout& l) {
   if (!p.const_float.empty()) s << "  double cf[" << p.const_float.size() << "];\n";
   if (!p.const_int.empty()) s << "  long long ci[" << p.const_int.size() << "];\n";
   s << "};\n\n";
+  // The data offset of element e of a gathered leaf's [outer, count, inner] result. Its sizes are
+  // literals in the source: the divisions by them compile to multiplies and shifts.
+  if (!p.gathers.empty())
+    s << "template <typename T, typename X>\n__device__ __forceinline__ long long kiln_gather(T e, const X* "
+         "__restrict__ index, T count, T inner, long long dim) {\n"
+         "  const T block = e / inner;\n  long long v = (long long)index[block % count];\n"
+         "  if (v < 0) v += dim;\n"
+         "  return ((long long)(block / count) * dim + v) * (long long)inner + (long long)(e - block * inner);\n}\n\n";
 
   // One element: leaf values in, every output's register value out.
   s << "__device__ __forceinline__ void kiln_pw_body(";
@@ -233,6 +244,8 @@ std::string generate(const Program& p, const Layout& l) {
       if (l.scalar[size_t(i)])
         t << "  const " << reg_type(p.dtype[size_t(i)]) << " l" << i << " = "
           << load_expr(p.dtype[size_t(i)], id("in", i) + "[0]") << ";\n";
+      else if (p.pointer_only[size_t(i)])
+        t << "  const " << reg_type(p.dtype[size_t(i)]) << " l" << i << " = 0;\n";  // read through gathers
     for (size_t c = 0; c < nconst; ++c) {
       const int v = p.num_inputs + int(c);
       const DType dt = p.dtype[size_t(v)];
@@ -270,19 +283,34 @@ std::string generate(const Program& p, const Layout& l) {
     for (int d = 0; d < l.rank; ++d) t << "  const " << I << " d" << d << " = (" << I << ")a.dims[" << d << "];\n";
     return t.str();
   };
+  // Gathered leaf k's offset into its virtual result is og<k>.
   auto offsets = [&](const std::string& index) {
     std::ostringstream t;
     t << "    " << I << " rem = " << index << ", c;\n";
     for (int i = 0; i < p.num_inputs; ++i)
-      if (!l.scalar[size_t(i)]) t << "    " << I << " o" << i << " = 0;\n";
+      if (elementwise(i)) t << "    " << I << " o" << i << " = 0;\n";
+    for (size_t k = 0; k < p.gathers.size(); ++k) t << "    " << I << " og" << k << " = 0;\n";
     for (int d = l.rank - 1; d >= 0; --d) {
       if (d > 0) t << "    c = rem % d" << d << "; rem /= d" << d << ";\n";
       else t << "    c = rem;\n";
       int k = 0;
       for (int i = 0; i < p.num_inputs; ++i)
-        if (!l.scalar[size_t(i)]) t << "    o" << i << " += c * (" << I << ")a.st[" << k++ << "][" << d << "];\n";
+        if (elementwise(i)) t << "    o" << i << " += c * (" << I << ")a.st[" << k++ << "][" << d << "];\n";
+      for (size_t q = 0; q < p.gathers.size(); ++q)
+        t << "    og" << q << " += c * (" << I << ")a.st[" << k++ << "][" << d << "];\n";
     }
     return t.str();
+  };
+  // The data offset of gathered leaf k at its result offset `e`.
+  auto gather_at = [&](size_t k, const std::string& e) {
+    const Gather& q = p.gathers[k];
+    const char* suffix = l.wide ? "LL" : "u";
+    return cat("kiln_gather((", I, ")(", e, "), in", std::to_string(q.index), ", (", I, ")", std::to_string(q.count),
+               suffix, ", (", I, ")", std::to_string(q.inner), suffix, ", ", std::to_string(q.dim), "LL)");
+  };
+  auto gather_leaf = [&](size_t k, const std::string& e) {
+    const int data = p.gathers[k].data;
+    return load_expr(p.dtype[size_t(data)], cat("in", std::to_string(data), "[", gather_at(k, e), "]"));
   };
 
   // The grid-stride kernel (flat or strided).
@@ -291,9 +319,11 @@ std::string generate(const Program& p, const Layout& l) {
   s << "  for (" << I << " i = tid; i < n; i += step) {\n";
   if (!l.flat) s << offsets("i");
   for (int i = 0; i < p.num_inputs; ++i)
-    leaf[size_t(i)] = l.scalar[size_t(i)]
+    leaf[size_t(i)] = !elementwise(i)
                           ? id("l", i)
                           : load_expr(p.dtype[size_t(i)], id("in", i) + "[" + (l.flat ? "i" : id("o", i)) + "]");
+  for (size_t k = 0; k < p.gathers.size(); ++k)
+    leaf[size_t(first_gather) + k] = gather_leaf(k, l.flat ? "i" : id("og", int64_t(k)));
   s << element(leaf, "    ", false) << "  }\n}\n";
 
   if (l.vec > 1) {
@@ -307,16 +337,24 @@ std::string generate(const Program& p, const Layout& l) {
     s << "  for (" << I << " j = tid; j < nv; j += step) {\n";
     if (!l.flat) s << offsets("j * " + V);
     for (int i = 0; i < p.num_inputs; ++i)
-      if (!l.scalar[size_t(i)])
+      if (elementwise(i))
         s << "    const kiln_vec<" << store_type(p.dtype[size_t(i)]) << ", " << V << "> x" << i << " = kiln_vload<"
           << store_type(p.dtype[size_t(i)]) << ", " << V << ">(in" << i << ", "
           << (l.flat ? std::string("j") : id("o", i) + " / " + V) << ");\n";
+    for (size_t k = 0; k < p.gathers.size(); ++k) {  // V elements inside one index's block (layout_of)
+      const std::string st = store_type(p.dtype[size_t(p.gathers[k].data)]);
+      s << "    const kiln_vec<" << st << ", " << V << "> xg" << k << " = kiln_vload<" << st << ", " << V << ">(in"
+        << p.gathers[k].data << ", " << gather_at(k, l.flat ? "j * " + V : id("og", int64_t(k))) << " / " << V
+        << ");\n";
+    }
     for (size_t k = 0; k < p.outputs.size(); ++k)
       s << "    kiln_vec<" << store_type(p.dtype[size_t(p.outputs[k])]) << ", " << V << "> y" << k << ";\n";
     s << "#pragma unroll\n    for (int k = 0; k < " << V << "; ++k) {\n";
     std::vector<std::string> vleaf = leaf;
     for (int i = 0; i < p.num_inputs; ++i)
-      vleaf[size_t(i)] = l.scalar[size_t(i)] ? id("l", i) : load_expr(p.dtype[size_t(i)], id("x", i) + ".v[k]");
+      vleaf[size_t(i)] = !elementwise(i) ? id("l", i) : load_expr(p.dtype[size_t(i)], id("x", i) + ".v[k]");
+    for (size_t k = 0; k < p.gathers.size(); ++k)
+      vleaf[size_t(first_gather) + k] = load_expr(p.dtype[size_t(p.gathers[k].data)], id("xg", int64_t(k)) + ".v[k]");
     s << element(vleaf, "      ", true) << "    }\n";
     for (size_t k = 0; k < p.outputs.size(); ++k)
       s << "    kiln_vstore<" << store_type(p.dtype[size_t(p.outputs[k])]) << ", " << V << ">(out" << k << ", j, y" << k
@@ -327,7 +365,8 @@ std::string generate(const Program& p, const Layout& l) {
     s << "  for (" << I << " i = nv * " << V << " + tid; i < n; i += step) {\n";
     std::vector<std::string> tleaf = leaf;
     for (int i = 0; i < p.num_inputs; ++i)
-      tleaf[size_t(i)] = l.scalar[size_t(i)] ? id("l", i) : load_expr(p.dtype[size_t(i)], id("in", i) + "[i]");
+      tleaf[size_t(i)] = !elementwise(i) ? id("l", i) : load_expr(p.dtype[size_t(i)], id("in", i) + "[i]");
+    for (size_t k = 0; k < p.gathers.size(); ++k) tleaf[size_t(first_gather) + k] = gather_leaf(k, "i");
     s << element(tleaf, "    ", false) << "  }\n}\n";
   }
   return s.str();

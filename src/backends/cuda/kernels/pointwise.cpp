@@ -65,6 +65,7 @@ class PointwiseKernel final : public Kernel {
       vec_grid_ = grid_for(numel_ / l.vec);
       for (int i = 0; i < num_in_; ++i)
         align_[size_t(i)] = l.scalar[size_t(i)] ? 1 : dtype_size(p.dtype[size_t(i)]) * size_t(l.vec);
+      for (const pwgen::Gather& q : p.gathers) align_[size_t(q.index)] = 1;  // read one index at a time
       for (int k = 0; k < num_out_; ++k)
         align_[size_t(num_in_ + k)] = dtype_size(p.dtype[size_t(p.outputs[size_t(k)])]) * size_t(l.vec);
     }
