@@ -70,6 +70,11 @@ bool fold_attention_layout(Graph& g, const AttentionFilter& foldable = fused_att
 // Makes an sdpa whose mask is logical_and(all-true constant, m) read m (sdpa broadcasts its
 // mask over the scores), so transformers' folded index masks cost nothing per score.
 bool simplify_attention_masks(Graph& g);
+// Makes attention written out as ops one sdpa node: matmul(softmax(scores), v) whose scores are
+// matmul(q, k transposed) with single-element scales, additive biases (relative positions, window
+// masks) and batch reshapes between them becomes sdpa(q, k, v, summed bias) {scale}. Run it
+// before fuse_sibling_linears and fold_attention_layout, which then treat it like any sdpa.
+bool form_attention(Graph& g);
 // Turns each distinct bool mask of f16 / bf16 sdpa nodes into one additive mask in q's dtype,
 // where(m, 0, -inf), which they all read (the CUDA builder runs it: cuDNN's fused attention takes
 // only an additive mask).

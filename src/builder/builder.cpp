@@ -68,6 +68,7 @@ Graph Builder::optimize(const Graph& network, std::ostream& log, std::shared_ptr
   // CUDA's attention kernels (fused and fallback) read strided operands; the CPU's copy them.
   const AttentionFilter foldable =
       config_.device.type == DeviceType::kCUDA ? strided_attention_shape : fused_attention_shape;
+  run("form_attention", &form_attention);
   run("fuse_sibling_linears", [&](Graph& graph) { return fuse_sibling_linears(graph, foldable); });
   run("fuse_epilogue", &fuse_epilogue);
   run("simplify_attention_masks", &simplify_attention_masks);
