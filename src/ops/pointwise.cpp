@@ -327,4 +327,23 @@ KILN_INSTANTIATE(int8_t)
 KILN_INSTANTIATE(uint8_t)
 #undef KILN_INSTANTIATE
 
+std::vector<char> gather_only_inputs(const Graph& body) {
+  std::vector<char> other(size_t(body.num_values()), 0), gather(size_t(body.num_values()), 0);
+  for (const auto& node : body.nodes())
+    for (ValueId v : node->inputs)
+      if (v >= 0) (node->op == OpKind::kIndexSelect ? gather : other)[size_t(v)] = 1;
+  for (ValueId v : body.outputs())
+    if (v >= 0) other[size_t(v)] = 1;
+  std::vector<char> only;
+  for (ValueId v : body.inputs()) only.push_back(gather[size_t(v)] && !other[size_t(v)]);
+  return only;
+}
+
+std::vector<int64_t> gathered_shape(const Graph& body, const Node& gather) {
+  for (const auto& node : body.nodes())
+    if (node->op == OpKind::kReshape && node->inputs[0] == gather.outputs[0])
+      return body.type(node->outputs[0]).shape();
+  return body.type(gather.outputs[0]).shape();
+}
+
 }  // namespace kiln::pw

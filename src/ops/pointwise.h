@@ -459,4 +459,14 @@ T max_array(const T* x, int64_t n);
 template <typename T>
 T min_array(const T* x, int64_t n);
 
+// ---- gathered leaves of a fused_pointwise body ---------------------------------------------
+// (fuse_pointwise.cpp: an index_select by a node input, read at the kernel's own positions.)
+
+// Per body input: whether only index_select nodes read it (as data or index), so a kernel
+// reads it through the gathers and never element by element.
+std::vector<char> gather_only_inputs(const Graph& body);
+// The shape the gathered leaf `gather` (an index_select of `body`) is read in: that of the
+// reshape that alone reads it, if any, else its own.
+std::vector<int64_t> gathered_shape(const Graph& body, const Node& gather);
+
 }  // namespace kiln::pw

@@ -235,25 +235,6 @@ void Program<T>::run_block(const void* const* in, void* const* out, T* scratch, 
   }
 }
 
-// The shape a gathered leaf is read in: that of the reshape that alone reads it, if any.
-std::vector<int64_t> gathered_shape(const Graph& body, const Node& gather, const TensorType& own) {
-  for (const auto& node : body.nodes())
-    if (node->op == OpKind::kReshape && node->inputs[0] == gather.outputs[0])
-      return body.type(node->outputs[0]).shape();
-  return own.shape();
-}
-
-// Per body input: whether only index_select nodes read it (as data or index).
-std::vector<char> gather_only_inputs(const Graph& body) {
-  std::vector<char> other(size_t(body.num_values()), 0), gather(size_t(body.num_values()), 0);
-  for (const auto& node : body.nodes())
-    for (ValueId v : node->inputs) (node->op == OpKind::kIndexSelect ? gather : other)[size_t(v)] = 1;
-  for (ValueId v : body.outputs()) other[size_t(v)] = 1;
-  std::vector<char> only;
-  for (ValueId v : body.inputs()) only.push_back(gather[size_t(v)] && !other[size_t(v)]);
-  return only;
-}
-
 template <typename T>
 std::shared_ptr<const Program<T>> compile(const Node& n, const Graph& g) {
   const Graph& body = *n.body;
@@ -285,7 +266,7 @@ std::shared_ptr<const Program<T>> compile(const Node& n, const Graph& g) {
     p.vals.push_back(r);
   };
   // Body inputs read only by index_select (its data and index) are read through the gather.
-  const std::vector<char> gathered = gather_only_inputs(body);
+  const std::vector<char> gathered = pw::gather_only_inputs(body);
   for (size_t i = 0; i < body.inputs().size(); ++i)
     if (!gathered[i]) leaf(body.inputs()[i], int(i));
   for (ValueId c : body.constants()) leaf(c, -1);
@@ -299,7 +280,6 @@ std::shared_ptr<const Program<T>> compile(const Node& n, const Graph& g) {
   for (const auto& node : body.nodes()) {
     if (node->op == OpKind::kIndexSelect) {
       const TensorType& data = body.type(node->inputs[0]);
-      const TensorType& out = body.type(node->outputs[0]);
       const int64_t axis = node->attrs.get_int("axis");
       int64_t inner = 1;
       for (int64_t d = axis + 1; d < data.rank(); ++d) inner *= data.dims[size_t(d)].extent;
@@ -311,7 +291,7 @@ std::shared_ptr<const Program<T>> compile(const Node& n, const Graph& g) {
                                     body.type(node->inputs[1]).numel(),
                                     std::max<int64_t>(inner, 1),
                                     data.dims[size_t(axis)].extent,
-                                    pw::plan_broadcast(group, {gathered_shape(body, *node, out)})};
+                                    pw::plan_broadcast(group, {pw::gathered_shape(body, *node)})};
       typename Program<T>::Ref r;
       r.slot = q.slot;
       index[size_t(node->outputs[0])] = int(p.vals.size());
@@ -400,7 +380,7 @@ std::unique_ptr<Kernel> make_fused_kernel(const Node& n, const Graph& g) {
              " outputs, node has ", n.inputs.size(), " and ", n.outputs.size());
   // An index_select's index is read as an integer, never computed with: it does not widen.
   std::vector<char> index_only(size_t(body.num_values()), 0);
-  const std::vector<char> gathered = gather_only_inputs(body);
+  const std::vector<char> gathered = pw::gather_only_inputs(body);
   for (const auto& node : body.nodes())
     if (node->op == OpKind::kIndexSelect) {
       const auto& ins = body.inputs();

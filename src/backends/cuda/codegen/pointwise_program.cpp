@@ -94,14 +94,6 @@ bool op_supported(OpKind op, DType in, std::string* why) {
   return fail(why, std::string(op_name(op)) + " is not a pointwise op");
 }
 
-// The shape a gathered leaf is read in: that of the reshape that alone reads it, if any.
-std::vector<int64_t> gathered_shape(const Graph& body, const Node& gather) {
-  for (const auto& node : body.nodes())
-    if (node->op == OpKind::kReshape && node->inputs[0] == gather.outputs[0])
-      return body.type(node->outputs[0]).shape();
-  return body.type(gather.outputs[0]).shape();
-}
-
 // The position among the node's inputs of body input v, or -1.
 int input_position(const Graph& body, ValueId v) {
   const auto& ins = body.inputs();
@@ -127,7 +119,7 @@ std::string gather_refusal(const Node& n, const Graph& g, const Node& s) {
       return "fused_pointwise body index_select index " + std::to_string(v) + " is out of range for a dim of " +
              std::to_string(dim);
   }
-  if (!broadcasts_to(gathered_shape(body, s), g.type(n.outputs[0]).shape()))
+  if (!broadcasts_to(pw::gathered_shape(body, s), g.type(n.outputs[0]).shape()))
     return "fused_pointwise body index_select gives a shape that does not broadcast to the group shape";
   return "";
 }
@@ -140,18 +132,9 @@ int count_gathers(const Graph& body) {
 
 // Per input of a fused node: whether only its body's index_select nodes read it.
 std::vector<uint8_t> pointer_only_inputs(const Node& n) {
-  std::vector<uint8_t> only(n.inputs.size(), 0);
-  if (n.op != OpKind::kFusedPointwise || !n.body) return only;
-  const Graph& body = *n.body;
-  std::vector<char> other(size_t(body.num_values()), 0), gather(size_t(body.num_values()), 0);
-  for (const auto& node : body.nodes())
-    for (ValueId v : node->inputs)
-      if (v >= 0) (node->op == OpKind::kIndexSelect ? gather : other)[size_t(v)] = 1;
-  for (ValueId v : body.outputs())
-    if (v >= 0) other[size_t(v)] = 1;
-  for (size_t i = 0; i < body.inputs().size() && i < only.size(); ++i)
-    only[i] = gather[size_t(body.inputs()[i])] && !other[size_t(body.inputs()[i])];
-  return only;
+  if (n.op != OpKind::kFusedPointwise || !n.body) return std::vector<uint8_t>(n.inputs.size(), 0);
+  const std::vector<char> only = pw::gather_only_inputs(*n.body);
+  return std::vector<uint8_t>(only.begin(), only.end());
 }
 
 // Why the generator cannot build n's program, or "" when it can: an absent input, an op or
@@ -230,7 +213,7 @@ pw::BroadcastPlan broadcast_of(const Node& n, const Graph& g, std::vector<int>* 
     }
   if (n.op == OpKind::kFusedPointwise && n.body)
     for (const auto& node : n.body->nodes())
-      if (node->op == OpKind::kIndexSelect) shapes.push_back(gathered_shape(*n.body, *node));
+      if (node->op == OpKind::kIndexSelect) shapes.push_back(pw::gathered_shape(*n.body, *node));
   return pw::plan_broadcast(out.shape(), shapes);
 }
 
@@ -324,7 +307,7 @@ bool program_of(const Node& n, const Graph& g, Program* out, std::string* why) {
     q.count = body.type(node->inputs[1]).numel();
     q.dim = data.dims[size_t(axis)].extent;
     for (int64_t d = axis + 1; d < data.rank(); ++d) q.inner *= data.dims[size_t(d)].extent;
-    q.shape = gathered_shape(body, *node);
+    q.shape = pw::gathered_shape(body, *node);
     index[size_t(node->outputs[0])] = int(p.dtype.size());
     p.dtype.push_back(data.dtype);
     p.gathers.push_back(std::move(q));
