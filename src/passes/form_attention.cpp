@@ -22,7 +22,6 @@
 // cast to f32 and back), or scores read twice; change the order in which the bias terms are
 // added (they are summed first, then added to the scaled scores, exactly once each).
 #include <algorithm>
-#include <optional>
 
 #include "kiln/errors.h"
 #include "kiln/passes.h"
