@@ -27,9 +27,10 @@ MOVEMENT = {"permute", "slice", "concat", "pad", "copy", "expand", "split", "gat
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def plan_graphs(model: torch.nn.Module, inputs: list[torch.Tensor], dtype: torch.dtype) -> list[Any]:
-    """The plan graph of every block of `model`, as a CUDA build at `dtype` would make it."""
-    import kiln
+def plan_graphs(model: torch.nn.Module, inputs: list[torch.Tensor], dtype: torch.dtype,
+                device: str = "cuda:0") -> list[Any]:
+    """The plan graph of every block of `model`, as a build for `device` at `dtype` would make it
+    (no such device is needed)."""
     from kiln import _C
     from kiln.lowering import lower_module
     from kiln.partition import partition
@@ -42,8 +43,7 @@ def plan_graphs(model: torch.nn.Module, inputs: list[torch.Tensor], dtype: torch
     lowered = lower_module(model, inputs, None, supported_targets())
     capability = Capability(lowered.gm, settings)
     result = partition(lowered.gm, capability, settings)
-    builder = _C.Builder(builder_config(settings, "cuda:0"))
-    del kiln
+    builder = _C.Builder(builder_config(settings, device))
     return [builder.optimize(_C.import_aten(describe_block(lowered.gm, b, settings))) for b in result.blocks]
 
 

@@ -339,6 +339,12 @@ std::vector<char> gather_only_inputs(const Graph& body) {
   return only;
 }
 
+int input_position(const Graph& body, ValueId v) {
+  const auto& ins = body.inputs();
+  const auto it = std::find(ins.begin(), ins.end(), v);
+  return it == ins.end() ? -1 : int(it - ins.begin());
+}
+
 std::vector<int64_t> gathered_shape(const Graph& body, const Node& gather) {
   for (const auto& node : body.nodes())
     if (node->op == OpKind::kReshape && node->inputs[0] == gather.outputs[0])

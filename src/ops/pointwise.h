@@ -465,6 +465,8 @@ T min_array(const T* x, int64_t n);
 // Per body input: whether only index_select nodes read it (as data or index), so a kernel
 // reads it through the gathers and never element by element.
 std::vector<char> gather_only_inputs(const Graph& body);
+// The position of value v among body's inputs (the fused node's input it stands for), or -1.
+int input_position(const Graph& body, ValueId v);
 // The shape the gathered leaf `gather` (an index_select of `body`) is read in: that of the
 // reshape that alone reads it, if any, else its own.
 std::vector<int64_t> gathered_shape(const Graph& body, const Node& gather);

@@ -47,10 +47,8 @@ const int kMaxRounds = 64;  // sweeps of the propagation (each moves every permu
 
 // permute(v, perm) before `pos` (which advances past a new node): an existing one if there is.
 ValueId insert_permute(Graph& g, size_t& pos, ValueId v, const Perm& perm, const std::string& name) {
-  for (size_t i = 0; i < pos; ++i) {  // one permute per value and order (x feeding a conv and a residual)
-    const Node& n = *g.nodes()[i];
-    if (n.op == OpKind::kPermute && n.inputs[0] == v && perm_of(n) == perm) return n.outputs[0];
-  }
+  // One permute per value and order (x feeding a conv and a residual).
+  if (const Node* existing = passes::permute_before(g, v, perm, pos)) return existing->outputs[0];
   Attrs a;
   a.set("perm", perm);
   return g.insert_node(pos++, OpKind::kPermute, {v}, a, name)[0];
@@ -104,18 +102,6 @@ bool pad_entry_channels(Graph& g, size_t pos) {
   return true;
 }
 
-// Replaces the node at `pos` by permute(op(ins), perm).
-void sink(Graph& g, size_t pos, OpKind op, const std::vector<ValueId>& ins, const Attrs& attrs, const Perm& perm) {
-  const Node& n = *g.nodes()[pos];
-  const std::string name = n.name;
-  const ValueId out = n.outputs[0];
-  size_t at = pos;
-  const ValueId inner = g.insert_node(at++, op, ins, attrs, name)[0];
-  const ValueId moved = insert_permute(g, at, inner, perm, name);
-  g.replace_all_uses(out, moved);
-  g.erase_node(at);
-}
-
 // max_pool / avg_pool of permute(v, NCHW) -> the pool channels-last on v; a global average
 // pool -> a mean over H and W.
 bool sink_pool(Graph& g, size_t pos) {
@@ -136,7 +122,7 @@ bool sink_pool(Graph& g, size_t pos) {
   } else {
     a.set("layout", std::string("nhwc"));
   }
-  sink(g, pos, op, {p->inputs[0]}, a, kToFirst);
+  passes::replace_permuted(g, pos, op, {p->inputs[0]}, a, {kToFirst});
   return true;
 }
 

@@ -25,6 +25,7 @@
 // batch_norm that precedes the conv (that needs a padding-aware bias and is not worth it).
 #include "kiln/errors.h"
 #include "kiln/passes.h"
+#include "src/passes/pass_util.h"
 
 namespace kiln {
 
@@ -39,31 +40,7 @@ ValueId input_or_none(const Node& n, size_t i) { return i < n.inputs.size() ? n.
 // Inserts the folding arithmetic as nodes on constants, at consecutive positions; they are all
 // evaluated by the fold_constants that follows (the only place where derived constants are made,
 // so that a refit re-derives them: src/passes/refit_record.h).
-struct Emitter {
-  Graph& g;
-  size_t pos;
-  std::string name;
-
-  ValueId node(OpKind op, const std::vector<ValueId>& ins, const Attrs& a = {}) {
-    return g.insert_node(pos++, op, ins, a, name)[0];
-  }
-  ValueId cast(ValueId v, DType to) {
-    if (g.type(v).dtype == to) return v;
-    Attrs a;
-    a.set("dtype", to);
-    return node(OpKind::kCast, {v}, a);
-  }
-  ValueId reshape(ValueId v, const std::vector<int64_t>& shape) {
-    if (g.type(v).shape() == shape) return v;
-    Attrs a;
-    a.set("shape", shape);
-    return node(OpKind::kReshape, {v}, a);
-  }
-  ValueId expand(ValueId v, const std::vector<int64_t>& shape) {
-    Attrs a;
-    a.set("shape", shape);
-    return node(OpKind::kExpand, {v}, a);
-  }
+struct Emitter : passes::NodeInserter {
   // A per-channel [C] parameter as f64.
   ValueId channel(ValueId v, int64_t channels) { return reshape(cast(v, DType::kF64), {channels}); }
 };

@@ -57,29 +57,6 @@ Shape with_last_two(const Shape& batch_from, const Shape& last_from) {
   return s;
 }
 
-struct Inserter {
-  Graph& g;
-  size_t pos;
-  std::string name;
-  ValueId node(OpKind op, const std::vector<ValueId>& ins, const Attrs& a = {}) {
-    return g.insert_node(pos++, op, ins, a, name)[0];
-  }
-  ValueId reshape(ValueId v, const Shape& s) {
-    if (g.type(v).shape() == s) return v;
-    Attrs a;
-    a.set("shape", s);
-    return node(OpKind::kReshape, {v}, a);
-  }
-  ValueId expand(ValueId v, const Shape& s) {
-    if (g.type(v).shape() == s) return v;
-    Shape full(s.size() - size_t(g.type(v).rank()), 1);
-    for (const Dim& d : g.type(v).dims) full.push_back(d.extent);
-    Attrs a;
-    a.set("shape", s);
-    return node(OpKind::kExpand, {reshape(v, full)}, a);
-  }
-};
-
 // The operand of a chain add that carries the scores: of the add's shape, used once, and made by
 // a matmul, else by another chain op (the other operand is the bias); kNoValue when neither is.
 ValueId scores_operand(const Graph& g, const Node& add) {
@@ -174,7 +151,7 @@ bool form_at(Graph& g, size_t pos) {
   }
 
   // Replay the chain: the scale, the summed bias and the scores' shape after each step.
-  Inserter at{g, pos, pv.name};
+  passes::NodeInserter at{g, pos, pv.name};
   ValueId bias = kNoValue;
   Shape shape = g.type(qk->outputs[0]).shape();
   ValueId carried = qk->outputs[0];

@@ -40,6 +40,39 @@ inline std::string derived_constant_name(const Graph& g, const char* tag) {
   return std::string(tag) + "." + std::to_string(g.num_values());
 }
 
+// Inserts nodes at consecutive positions from `pos` (which advances), each named `name`: the
+// arithmetic a pass builds in front of the node it rewrites.
+struct NodeInserter {
+  Graph& g;
+  size_t pos;
+  std::string name;
+
+  ValueId node(OpKind op, const std::vector<ValueId>& ins, const Attrs& a = {}) {
+    return g.insert_node(pos++, op, ins, a, name)[0];
+  }
+  ValueId cast(ValueId v, DType to) {
+    if (g.type(v).dtype == to) return v;
+    Attrs a;
+    a.set("dtype", to);
+    return node(OpKind::kCast, {v}, a);
+  }
+  ValueId reshape(ValueId v, const std::vector<int64_t>& shape) {
+    if (g.type(v).shape() == shape) return v;
+    Attrs a;
+    a.set("shape", shape);
+    return node(OpKind::kReshape, {v}, a);
+  }
+  // v broadcast to `shape` (leading dims of 1 added first when v has fewer).
+  ValueId expand(ValueId v, const std::vector<int64_t>& shape) {
+    if (g.type(v).shape() == shape) return v;
+    std::vector<int64_t> full(shape.size() - size_t(g.type(v).rank()), 1);
+    for (const Dim& d : g.type(v).dims) full.push_back(d.extent);
+    Attrs a;
+    a.set("shape", shape);
+    return node(OpKind::kExpand, {reshape(v, full)}, a);
+  }
+};
+
 // ---- permutes ----------------------------------------------------------------------------
 using Perm = std::vector<int64_t>;
 
@@ -56,6 +89,15 @@ inline const Node* permute_of(const Graph& g, ValueId v) {
 }
 
 inline Perm perm_of(const Node& p) { return p.attrs.get_ints("perm"); }
+
+// A permute(v, perm) among the first `before` nodes of g, if any.
+inline const Node* permute_before(const Graph& g, ValueId v, const Perm& perm, size_t before) {
+  for (size_t i = 0; i < before; ++i) {
+    const Node& n = *g.nodes()[i];
+    if (n.op == OpKind::kPermute && n.inputs[0] == v && perm_of(n) == perm) return &n;
+  }
+  return nullptr;
+}
 
 inline bool is_graph_output(const Graph& g, ValueId v) {
   return std::find(g.outputs().begin(), g.outputs().end(), v) != g.outputs().end();

@@ -23,12 +23,8 @@ const Node* movable_permute(const Graph& g, ValueId v) {
 // too costs nothing more. (One that nothing reads is left over from an earlier rewrite; taking
 // it would undo that rewrite.)
 ValueId existing_permute(const Graph& g, ValueId v, const Perm& p, size_t before) {
-  for (size_t i = 0; i < before; ++i) {
-    const Node& n = *g.nodes()[i];
-    if (n.op == OpKind::kPermute && n.inputs[0] == v && perm_of(n) == p && g.num_uses(n.outputs[0]) > 0)
-      return n.outputs[0];
-  }
-  return kNoValue;
+  const Node* n = permute_before(g, v, p, before);
+  return n != nullptr && g.num_uses(n->outputs[0]) > 0 ? n->outputs[0] : kNoValue;
 }
 
 Perm inverse(const Perm& p) {
@@ -46,27 +42,6 @@ bool keeps_order(const Shape& shape, const Perm& order) {
     last = d;
   }
   return true;
-}
-
-// Replaces the node at `at` by op(ins) {attrs}, output k followed by a permute by perms[k]
-// (none for an identity); `at` advances past what it inserts.
-void rewrite(Graph& g, size_t& at, OpKind op, const std::vector<ValueId>& ins, const Attrs& attrs,
-             const std::vector<Perm>& perms) {
-  const std::string name = g.nodes()[at]->name;
-  const std::vector<ValueId> old = g.nodes()[at]->outputs;
-  const std::vector<ValueId> outs = g.insert_node(at++, op, ins, attrs, name);
-  std::vector<ValueId> moved;
-  for (size_t k = 0; k < outs.size(); ++k) {
-    if (is_identity(perms[k])) {
-      moved.push_back(outs[k]);
-      continue;
-    }
-    Attrs a;
-    a.set("perm", perms[k]);
-    moved.push_back(g.insert_node(at++, OpKind::kPermute, {outs[k]}, a, name)[0]);
-  }
-  for (size_t k = 0; k < old.size(); ++k) g.replace_all_uses(old[k], moved[k]);
-  g.erase_node(at);
 }
 
 ValueId insert_reshape(Graph& g, size_t& at, ValueId v, const Shape& shape, const std::string& name) {
@@ -198,7 +173,7 @@ bool sink_elementwise(Graph& g, size_t pos, bool all_rules) {
     }
   }
   const Node& m = *g.nodes()[at];
-  rewrite(g, at, m.op, ins, Attrs(m.attrs), {p});
+  replace_permuted(g, at, m.op, ins, Attrs(m.attrs), {p});
   return true;
 }
 
@@ -220,11 +195,30 @@ bool sink_concat(Graph& g, size_t pos) {
   Attrs a = n.attrs;
   a.set("axis", p[size_t(n.attrs.get_int("axis"))]);
   size_t at = pos;
-  rewrite(g, at, n.op, ins, a, {p});
+  replace_permuted(g, at, n.op, ins, a, {p});
   return true;
 }
 
 }  // namespace
+
+void replace_permuted(Graph& g, size_t& at, OpKind op, const std::vector<ValueId>& ins, const Attrs& attrs,
+                      const std::vector<Perm>& perms) {
+  const std::string name = g.nodes()[at]->name;
+  const std::vector<ValueId> old = g.nodes()[at]->outputs;
+  const std::vector<ValueId> outs = g.insert_node(at++, op, ins, attrs, name);
+  std::vector<ValueId> moved;
+  for (size_t k = 0; k < outs.size(); ++k) {
+    if (is_identity(perms[k])) {
+      moved.push_back(outs[k]);
+      continue;
+    }
+    Attrs a;
+    a.set("perm", perms[k]);
+    moved.push_back(g.insert_node(at++, OpKind::kPermute, {outs[k]}, a, name)[0]);
+  }
+  for (size_t k = 0; k < old.size(); ++k) g.replace_all_uses(old[k], moved[k]);
+  g.erase_node(at);
+}
 
 bool sink_permute(Graph& g, size_t pos, bool all_rules) {
   const Node& n = *g.nodes()[pos];
@@ -238,7 +232,7 @@ bool sink_permute(Graph& g, size_t pos, bool all_rules) {
   const ValueId v = q->inputs[0];
   size_t at = pos;
   if (family == OpFamily::kUnary || family == OpFamily::kCast) {
-    rewrite(g, at, n.op, {v}, n.attrs, {p});
+    replace_permuted(g, at, n.op, {v}, n.attrs, {p});
     return true;
   }
   if (!all_rules) return false;
@@ -250,7 +244,7 @@ bool sink_permute(Graph& g, size_t pos, bool all_rules) {
       a.set("axis", p[size_t(n.attrs.get_int("axis"))]);
       std::vector<ValueId> ins = n.inputs;
       ins[0] = v;
-      rewrite(g, at, n.op, ins, a, std::vector<Perm>(n.outputs.size(), p));
+      replace_permuted(g, at, n.op, ins, a, std::vector<Perm>(n.outputs.size(), p));
       return true;
     }
     case OpKind::kPad: {
@@ -262,7 +256,7 @@ bool sink_permute(Graph& g, size_t pos, bool all_rules) {
         moved[2 * size_t(p[i]) + 1] = pads[2 * i + 1];
       }
       a.set("pads", moved);
-      rewrite(g, at, n.op, {v}, a, {p});
+      replace_permuted(g, at, n.op, {v}, a, {p});
       return true;
     }
     case OpKind::kExpand: {
@@ -270,14 +264,14 @@ bool sink_permute(Graph& g, size_t pos, bool all_rules) {
       Shape moved(shape.size());
       for (size_t i = 0; i < p.size(); ++i) moved[size_t(p[i])] = shape[i];
       a.set("shape", moved);
-      rewrite(g, at, n.op, {v}, a, {p});
+      replace_permuted(g, at, n.op, {v}, a, {p});
       return true;
     }
     case OpKind::kReshape: {
       const auto r = reshape_through(g.type(v).shape(), p, g.type(n.outputs[0]).shape());
       if (!r) return false;
       a.set("shape", r->first);
-      rewrite(g, at, n.op, {v}, a, {r->second});
+      replace_permuted(g, at, n.op, {v}, a, {r->second});
       return true;
     }
     case OpKind::kReduceSum:
@@ -305,7 +299,7 @@ bool sink_permute(Graph& g, size_t pos, bool all_rules) {
         for (int64_t d : p)
           if (!reduced[size_t(d)]) out.push_back(rank_of[size_t(d)]);
       }
-      rewrite(g, at, n.op, {v}, a, {out});
+      replace_permuted(g, at, n.op, {v}, a, {out});
       return true;
     }
     default: return false;

@@ -14,10 +14,17 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "kiln/ir.h"
 
 namespace kiln::passes {
+
+// Replaces the node at `at` by op(ins) {attrs}, its output k followed by a permute by perms[k]
+// (none for an identity), and moves every use of the old outputs there; `at` advances past
+// what it inserts.
+void replace_permuted(Graph& g, size_t& at, OpKind op, const std::vector<ValueId>& ins, const Attrs& attrs,
+                      const std::vector<std::vector<int64_t>>& perms);
 
 // The rewrite of the node at `pos`, when one of the rules above applies to it (the permute it
 // read stays for eliminate_dead_code, or for its other users). Returns whether it changed g.

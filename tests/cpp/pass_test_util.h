@@ -45,6 +45,18 @@ inline ValueId f32_weight(Graph& g, const std::string& name, const Shape& shape,
   return f32_constant(g, name, shape, random_floats(numel(shape), seed, lo, hi), true);
 }
 
+inline ValueId permute(Graph& g, ValueId v, const Shape& perm) {
+  Attrs a;
+  a.set("perm", perm);
+  return g.add_node1(OpKind::kPermute, {v}, a);
+}
+
+inline ValueId reshape(Graph& g, ValueId v, const Shape& shape) {
+  Attrs a;
+  a.set("shape", shape);
+  return g.add_node1(OpKind::kReshape, {v}, a);
+}
+
 inline Attrs conv2d_attrs(int64_t stride, int64_t pad, int64_t groups) {
   Attrs a;
   a.set("stride", Shape{stride, stride});

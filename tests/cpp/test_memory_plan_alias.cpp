@@ -30,20 +30,10 @@ using namespace kiln;
 using Shape = std::vector<int64_t>;
 using Floats = std::vector<float>;
 
+using test::permute;
 using test::random_floats;
 using test::random_inputs;
-
-ValueId reshape(Graph& g, ValueId v, const Shape& shape) {
-  Attrs a;
-  a.set("shape", shape);
-  return g.add_node1(OpKind::kReshape, {v}, a);
-}
-
-ValueId permute(Graph& g, ValueId v, const Shape& perm) {
-  Attrs a;
-  a.set("perm", perm);
-  return g.add_node1(OpKind::kPermute, {v}, a);
-}
+using test::reshape;
 
 ValueId f32_constant(Graph& g, const Shape& shape, uint32_t seed) {
   size_t n = 1;

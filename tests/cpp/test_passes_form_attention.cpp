@@ -8,18 +8,6 @@ namespace {
 using namespace kiln;
 using namespace kiln::test;
 
-ValueId permute(Graph& g, ValueId v, const Shape& p) {
-  Attrs a;
-  a.set("perm", p);
-  return g.add_node1(OpKind::kPermute, {v}, a);
-}
-
-ValueId reshape(Graph& g, ValueId v, const Shape& s) {
-  Attrs a;
-  a.set("shape", s);
-  return g.add_node1(OpKind::kReshape, {v}, a);
-}
-
 ValueId scalar(Graph& g, float x) { return f32_constant(g, "", {}, {x}, false); }
 
 ValueId softmax(Graph& g, ValueId v, int64_t axis) {

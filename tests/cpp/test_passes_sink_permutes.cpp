@@ -23,12 +23,6 @@ size_t position_of(const Graph& g, OpKind op) {
   return 0;
 }
 
-ValueId permute(Graph& g, ValueId v, const Perm& p) {
-  Attrs a;
-  a.set("perm", p);
-  return g.add_node1(OpKind::kPermute, {v}, a);
-}
-
 // Sinks the permute into the first `op` of g; checks that op now reads the permute's input
 // (no permute produces its first input) and that the graph computes what g computes.
 Graph sink_into(const Graph& g, OpKind op, uint32_t seed) {

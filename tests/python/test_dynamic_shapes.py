@@ -221,18 +221,18 @@ def test_specializations_are_least_recently_used(caplog: pytest.LogCaptureFixtur
         "=3 (least recently used; specialization_cache_size=2)")
 
 
+class TwoParts(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.b = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.relu(self.a(x)) * 2.0, torch.nonzero(y).to(torch.float32).sum() + self.b(x).sum()
+
+
 def test_blocks_share_engines_across_unrelated_sizes() -> None:
     """A block whose own sizes do not change between two specializations keeps its engine."""
-
-    class TwoParts(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.a = torch.nn.Linear(8, 8)
-            self.b = torch.nn.Linear(8, 8)
-
-        def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return torch.relu(self.a(x)) * 2.0, torch.nonzero(y).to(torch.float32).sum() + self.b(x).sum()
-
     torch.manual_seed(3)
     m = TwoParts().eval()
     compiled = kiln.compile(m, [torch.randn(2, 8), torch.randn(4)],
@@ -500,16 +500,6 @@ def test_saved_encoder_keeps_its_ranges_settings_and_order(tmp_path: Path) -> No
             loaded(ids, mask)
     assert str(err.value) == ("kiln: input 'mask' dim 1 is 10, but this program needs it equal to input 'ids' "
                               "dim 1 (9)")
-
-
-class TwoParts(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = torch.nn.Linear(8, 8)
-        self.b = torch.nn.Linear(8, 8)
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.relu(self.a(x)) * 2.0, torch.nonzero(y).to(torch.float32).sum() + self.b(x).sum()
 
 
 def test_saved_engines_shared_between_sizes_are_saved_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,13 +4,16 @@ GPU in FP16."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 import kiln
-from kiln import _C
-from kiln.runtime import builder_config
-from kiln.settings import settings_from_options
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from plan_traffic import plan_graphs  # noqa: E402
 
 
 class WindowAttention(torch.nn.Module):
@@ -34,23 +37,10 @@ class WindowAttention(torch.nn.Module):
         return self.proj((attn @ v).transpose(1, 2).reshape(b, n, c))
 
 
-def _plan_ops(model: torch.nn.Module, x: torch.Tensor) -> list[str]:
-    from kiln.lowering import lower_module
-    from kiln.partition import partition
-    from kiln.pipeline import supported_targets
-    from kiln.translate import Capability, describe_block
-    settings = settings_from_options({"min_block_size": 1})
-    lowered = lower_module(model, [x], None, supported_targets())
-    result = partition(lowered.gm, Capability(lowered.gm, settings), settings)
-    builder = _C.Builder(builder_config(settings, "cpu"))
-    return [n.op for b in result.blocks
-            for n in builder.optimize(_C.import_aten(describe_block(lowered.gm, b, settings))).nodes]
-
-
 def test_window_attention_is_one_sdpa_and_matches_eager() -> None:
     torch.manual_seed(0)
     model, x = WindowAttention().eval(), torch.randn(4, 9, 32)
-    ops = _plan_ops(model, x)
+    ops = [n.op for g in plan_graphs(model, [x], torch.float32, "cpu") for n in g.nodes]
     assert ops.count("sdpa") == 1 and "softmax" not in ops and "matmul" not in ops, ops
     with torch.no_grad():
         want = model(x)

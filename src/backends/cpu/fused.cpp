@@ -271,10 +271,9 @@ std::shared_ptr<const Program<T>> compile(const Node& n, const Graph& g) {
     if (!gathered[i]) leaf(body.inputs()[i], int(i));
   for (ValueId c : body.constants()) leaf(c, -1);
   auto input_of = [&](ValueId v) {
-    const auto& ins = body.inputs();
-    const auto it = std::find(ins.begin(), ins.end(), v);
-    KILN_CHECK(it != ins.end(), kUnsupported, "fused_pointwise: index_select reads a value computed in the body");
-    return int(it - ins.begin());
+    const int k = pw::input_position(body, v);
+    KILN_CHECK(k >= 0, kUnsupported, "fused_pointwise: index_select reads a value computed in the body");
+    return k;
   };
 
   for (const auto& node : body.nodes()) {
@@ -383,9 +382,8 @@ std::unique_ptr<Kernel> make_fused_kernel(const Node& n, const Graph& g) {
   const std::vector<char> gathered = pw::gather_only_inputs(body);
   for (const auto& node : body.nodes())
     if (node->op == OpKind::kIndexSelect) {
-      const auto& ins = body.inputs();
-      const size_t k = size_t(std::find(ins.begin(), ins.end(), node->inputs[1]) - ins.begin());
-      if (k < ins.size() && gathered[k]) index_only[size_t(node->inputs[1])] = 1;
+      const int k = pw::input_position(body, node->inputs[1]);
+      if (k >= 0 && gathered[size_t(k)]) index_only[size_t(node->inputs[1])] = 1;
     }
   bool wide = false;
   for (ValueId v = 0; v < body.num_values(); ++v) {

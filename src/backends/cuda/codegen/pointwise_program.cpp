@@ -94,19 +94,12 @@ bool op_supported(OpKind op, DType in, std::string* why) {
   return fail(why, std::string(op_name(op)) + " is not a pointwise op");
 }
 
-// The position among the node's inputs of body input v, or -1.
-int input_position(const Graph& body, ValueId v) {
-  const auto& ins = body.inputs();
-  const auto it = std::find(ins.begin(), ins.end(), v);
-  return it == ins.end() ? -1 : int(it - ins.begin());
-}
-
 // Why index_select `s` of n's body cannot be a gathered leaf, or "": its data and index must be
 // node inputs, the index a constant 1-D i64 / i32 tensor of the graph with every value in range
 // (the kernel does not check), and its result must broadcast to the group.
 std::string gather_refusal(const Node& n, const Graph& g, const Node& s) {
   const Graph& body = *n.body;
-  const int data = input_position(body, s.inputs[0]), index = input_position(body, s.inputs[1]);
+  const int data = pw::input_position(body, s.inputs[0]), index = pw::input_position(body, s.inputs[1]);
   if (data < 0 || index < 0) return "fused_pointwise body index_select reads a value computed in the body";
   const Value& iv = g.value(n.inputs[size_t(index)]);
   if (!iv.is_constant() || iv.type.rank() != 1 || (iv.type.dtype != DType::kI64 && iv.type.dtype != DType::kI32))
@@ -301,8 +294,8 @@ bool program_of(const Node& n, const Graph& g, Program* out, std::string* why) {
     const TensorType& data = body.type(node->inputs[0]);
     const int64_t axis = node->attrs.get_int("axis");
     Gather q;
-    q.data = input_position(body, node->inputs[0]);
-    q.index = input_position(body, node->inputs[1]);
+    q.data = pw::input_position(body, node->inputs[0]);
+    q.index = pw::input_position(body, node->inputs[1]);
     q.index_dtype = body.type(node->inputs[1]).dtype;
     q.count = body.type(node->inputs[1]).numel();
     q.dim = data.dims[size_t(axis)].extent;
