@@ -181,7 +181,8 @@ def export_dynamic(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[
     from torch.export.dynamic_shapes import refine_dynamic_shapes_from_suggested_fixes
     from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
     try:
-        return torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+        with _sdpa_math():
+            return torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
     except (torch._dynamo.exc.UserError, ConstraintViolationError) as err:
         if "Suggested fixes" not in str(err):
             raise
@@ -194,7 +195,18 @@ def export_dynamic(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[
         refined = refine_dynamic_shapes_from_suggested_fixes(head + "Suggested fixes:\n" + "\n".join(fixes),
                                                              dynamic_shapes)
         log.info("torch.export refined the dynamic shapes: %s", "; ".join(fixes))
-        return torch.export.export(module, args, kwargs, dynamic_shapes=refined, strict=False)
+        with _sdpa_math():
+            return torch.export.export(module, args, kwargs, dynamic_shapes=refined, strict=False)
+
+
+def _sdpa_math() -> Any:
+    """Export evaluates scaled_dot_product_attention with PyTorch's math backend. The exported
+    graph keeps one scaled_dot_product_attention node whatever the backend, but a fused CUDA
+    backend's checks would become constraints on the symbols (the memory-efficient kernel pads a
+    mask whose row stride is not a multiple of 8, which narrowed a sequence range to multiples
+    of 8); the math backend has none."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([SDPBackend.MATH])
 
 
 # ---- symbols ------------------------------------------------------------------------------

@@ -740,3 +740,39 @@ def test_calls_from_threads_build_each_new_size_once() -> None:
     assert not errors, errors
     assert sorted(s.binding[next(iter(s.binding))] for s in table.live.values()) == [3, 4, 5]
     assert len(table.built) == 3  # one specialization per size: the opt shape, 3 and 5
+
+
+class SdpaEncoder(torch.nn.Module):
+    """Attention through F.scaled_dot_product_attention with an additive padding mask."""
+
+    def __init__(self, dim: int = 64, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.embed = torch.nn.Embedding(50, dim)
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.proj = torch.nn.Linear(dim, dim)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        b, s, d = h.shape
+        q, k, v = self.qkv(h).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        bias = (1.0 - mask[:, None, None, :].to(h.dtype)) * -10000.0
+        att = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        return self.proj(att.transpose(1, 2).reshape(b, s, d)) + h
+
+
+@pytest.mark.cuda
+def test_cuda_sequence_range_serves_lengths_that_are_no_multiple_of_8() -> None:
+    """On CUDA, export evaluates sdpa with the math backend: the memory-efficient kernel's
+    check of the mask's row stride would otherwise narrow the range to multiples of 8."""
+    torch.manual_seed(2)
+    m = SdpaEncoder().eval().cuda()
+    seq = Dim("seq", min=16, max=128)
+
+    def inputs(s: int) -> list[torch.Tensor]:
+        return [x.cuda() for x in _encoder_inputs(2, s)]
+    compiled = kiln.compile(m, inputs(32), dynamic_shapes=({1: seq}, {1: seq}), device="cuda")
+    with torch.no_grad():
+        for s in (33, 17, 100):
+            x = inputs(s)
+            torch.testing.assert_close(compiled(*x), m(*x), rtol=2e-3, atol=2e-3)
