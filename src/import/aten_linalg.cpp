@@ -5,6 +5,7 @@
 // the untransposed weight instead: the weight keeps its layout and name (so it stays
 // refittable, and no transposed copy is folded into the engine), and the GEMM gets its bias
 // as an epilogue. The left-over permute has no use and is dropped by dead code elimination.
+// addmm with a constant [K, N] right operand also becomes a linear, on the operand's transpose.
 #include "src/import/import_context.h"
 
 namespace kiln::aten {
@@ -18,6 +19,9 @@ std::optional<ValueId> transposed_source(const Graph& g, ValueId v) {
   if (p->attrs.get_ints("perm") != std::vector<int64_t>{1, 0}) return std::nullopt;
   return p->inputs[0];
 }
+
+// A weight or other constant of the model (bytes or not): no producer, not a graph input.
+bool is_model_constant(const Graph& g, ValueId v) { return !g.value(v).producer && !g.value(v).is_input; }
 
 bool is_one(const ImportArg& a) {
   return (a.kind == ImportArg::Kind::kInt && a.i == 1) || (a.kind == ImportArg::Kind::kFloat && a.f == 1.0) ||
@@ -51,6 +55,11 @@ std::vector<ValueId> convert_addmm_like(ImportContext& cx, std::string_view m1_n
     if (auto w = transposed_source(cx.graph, m2)) {
       if (cx.type(*w).rank() == 2 && st.dims[0].extent == cx.type(*w).dims[0].extent)
         return {cx.add(OpKind::kLinear, {m1, *w, self})};
+    } else if (is_model_constant(cx.graph, m2) && cx.type(m2).rank() == 2 &&
+               st.dims[0].extent == cx.type(m2).dims[1].extent) {
+      // A constant [K, N] right operand (GPT-2's Conv1D): linear on its transpose, which
+      // fold_constants turns into a constant, so the bias joins the GEMM's epilogue.
+      return {cx.add(OpKind::kLinear, {m1, cx.permute(m2, {1, 0}), self})};
     }
   }
   ValueId prod = cx.scale(cx.add(OpKind::kMatmul, {m1, m2}), alpha);
