@@ -79,6 +79,10 @@ bool form_attention(Graph& g);
 // where(m, 0, -inf), which they all read (the CUDA builder runs it: cuDNN's fused attention takes
 // only an additive mask).
 bool additive_attention_masks(Graph& g);
+// Replaces a concat whose inputs are slices (or negated slices) of one tensor along the concat
+// axis by an index_select of that tensor (times a constant sign): RoPE's rotate_half becomes a
+// gathered leaf of the rotary kernel. Run it before the fold_constants ahead of fuse_pointwise.
+bool gather_concats(Graph& g);
 // Groups chains of pointwise ops into fused_pointwise nodes with a body graph.
 bool fuse_pointwise(Graph& g);
 // Runs the graph in `compute` (f16 or bf16): every f32 value inside it becomes `compute`, f32

@@ -208,15 +208,17 @@ TEST(SinkPermutes, PermuteOfDimsOfOneIsAReshape) {
 ValueId conv(Graph& g, ValueId x, int64_t out_channels, int64_t in_channels, uint32_t seed, bool relu = false) {
   Attrs a = conv2d_attrs(1, 1, 1);
   if (relu) a.set("activation", std::string("relu"));
-  return g.add_node1(OpKind::kConv,
-                     {x, f32_weight(g, "w" + std::to_string(seed), {out_channels, in_channels, 3, 3}, seed)}, a);
+  return g.add_node1(
+      OpKind::kConv,
+      {x, f32_weight(g, std::string("w").append(std::to_string(seed)), {out_channels, in_channels, 3, 3}, seed)}, a);
 }
 
 ValueId batch_norm(Graph& g, ValueId x, int64_t channels, uint32_t seed) {
-  ValueId mean = f32_weight(g, "m" + std::to_string(seed), {channels}, seed);
-  ValueId var = f32_weight(g, "v" + std::to_string(seed), {channels}, seed + 1, 0.5f, 2.0f);
-  ValueId gamma = f32_weight(g, "g" + std::to_string(seed), {channels}, seed + 2);
-  ValueId beta = f32_weight(g, "b" + std::to_string(seed), {channels}, seed + 3);
+  const std::string tag = std::to_string(seed);  // (GCC 12 warns on "m" + std::to_string(...))
+  ValueId mean = f32_weight(g, std::string("m").append(tag), {channels}, seed);
+  ValueId var = f32_weight(g, std::string("v").append(tag), {channels}, seed + 1, 0.5f, 2.0f);
+  ValueId gamma = f32_weight(g, std::string("g").append(tag), {channels}, seed + 2);
+  ValueId beta = f32_weight(g, std::string("b").append(tag), {channels}, seed + 3);
   Attrs a;
   a.set("eps", 1e-5);
   return g.add_node1(OpKind::kBatchNorm, {x, mean, var, gamma, beta}, a);

@@ -1,0 +1,85 @@
+// gather_concats (src/passes/gather_concats.cpp): a concat of (negated) slices of one tensor
+// becomes one index_select (times a sign) that computes what the graph computed; slices of slices
+// and steps compose; a concat that reads its source whole and in order is the source; concats of
+// other inputs stay.
+#include "tests/cpp/pass_test_util.h"
+
+namespace {
+
+using namespace kiln;
+using namespace kiln::test;
+
+ValueId slice(Graph& g, ValueId x, int64_t axis, int64_t start, int64_t end, int64_t step = 1) {
+  Attrs a;
+  a.set("axis", axis), a.set("start", start), a.set("end", end), a.set("step", step);
+  return g.add_node1(OpKind::kSlice, {x}, a);
+}
+
+ValueId concat(Graph& g, const std::vector<ValueId>& parts, int64_t axis) {
+  Attrs a;
+  a.set("axis", axis);
+  return g.add_node1(OpKind::kConcat, parts, a);
+}
+
+// Runs the pass on a copy of g; checks it changed and that the result computes what g computes.
+Graph gathered(const Graph& g, uint32_t seed) {
+  Graph f = g;
+  EXPECT_TRUE(gather_concats(f)) << g.to_string();
+  f.verify();
+  const auto in = random_inputs(g, seed);
+  expect_close(run_plain(f, in), run_plain(g, in), 0.0f, 0.0f);
+  return f;
+}
+
+TEST(GatherConcats, RotateHalfIsOneSignedGather) {
+  Graph g;
+  ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 3, 8}));
+  ValueId lo = slice(g, x, 2, 0, 4), hi = slice(g, x, 2, 4, 8);
+  ValueId rot = concat(g, {g.add_node1(OpKind::kNeg, {hi}), lo}, 2);
+  g.mark_output(g.add_node1(OpKind::kAdd, {rot, x}), "y");
+  Graph f = gathered(g, 1);
+  EXPECT_EQ(count_ops(f, OpKind::kConcat), 0) << f.to_string();
+  EXPECT_EQ(count_ops(f, OpKind::kSlice), 0) << f.to_string();
+  EXPECT_EQ(count_ops(f, OpKind::kNeg), 0) << f.to_string();
+  EXPECT_EQ(count_ops(f, OpKind::kIndexSelect), 1) << f.to_string();
+  EXPECT_EQ(count_ops(f, OpKind::kMul), 1) << f.to_string();
+}
+
+TEST(GatherConcats, SlicesOfSlicesAndStepsCompose) {
+  Graph g;
+  ValueId x = g.add_input("x", TensorType(DType::kF32, {4, 9, 2}));
+  ValueId inner = slice(g, x, 1, 1, 8);                     // positions 1..7
+  ValueId every_other = slice(g, inner, 1, 0, 7, 2);        // 1, 3, 5, 7
+  ValueId head = slice(g, x, 1, 0, 1);                      // 0
+  g.mark_output(concat(g, {every_other, head, every_other}, 1), "y");
+  Graph f = gathered(g, 2);
+  EXPECT_EQ(count_ops(f, OpKind::kIndexSelect), 1) << f.to_string();
+  EXPECT_EQ(count_ops(f, OpKind::kMul), 0) << f.to_string();  // nothing negated: no sign
+  EXPECT_EQ(count_ops(f, OpKind::kSlice), 0) << f.to_string();
+}
+
+TEST(GatherConcats, AWholeInOrderConcatIsItsSource) {
+  Graph g;
+  ValueId x = g.add_input("x", TensorType(DType::kF32, {3, 5}));
+  ValueId y = concat(g, {slice(g, x, 1, 0, 2), slice(g, x, 1, 2, 5)}, 1);
+  g.mark_output(g.add_node1(OpKind::kRelu, {y}), "y");
+  Graph f = gathered(g, 3);
+  ASSERT_EQ(f.nodes().size(), 1u) << f.to_string();
+  EXPECT_EQ(f.nodes()[0]->op, OpKind::kRelu);
+  EXPECT_EQ(f.nodes()[0]->inputs[0], f.inputs()[0]);
+}
+
+TEST(GatherConcats, OtherConcatsStay) {
+  Graph g;
+  ValueId x = g.add_input("x", TensorType(DType::kF32, {3, 6}));
+  ValueId z = g.add_input("z", TensorType(DType::kF32, {3, 6}));
+  g.mark_output(concat(g, {slice(g, x, 1, 0, 3), slice(g, z, 1, 0, 3)}, 1), "two_sources");
+  g.mark_output(concat(g, {slice(g, x, 1, 0, 3), slice(g, x, 1, 3, 6)}, 0), "sliced_on_another_axis");
+  g.mark_output(concat(g, {g.add_node1(OpKind::kRelu, {x}), slice(g, x, 1, 0, 2)}, 1), "not_a_slice");
+  g.mark_output(concat(g, {slice(g, x, 1, 0, 3), slice(g, x, 1, 3, 6)}, 1), "whole_but_an_output");
+  Graph f = g;
+  EXPECT_FALSE(gather_concats(f)) << f.to_string();
+  EXPECT_EQ(count_ops(f, OpKind::kConcat), 4);
+}
+
+}  // namespace
