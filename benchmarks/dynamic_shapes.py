@@ -1,11 +1,14 @@
-"""What a new size costs in a dynamic-shape program, against static compiles.
+"""What a new size costs in a dynamic-shape program, against static compiles and reduce-overhead.
 
     python3 benchmarks/dynamic_shapes.py [--models resnet18,resnet50,bert] [--device cpu|cuda]
-                                         [--sizes 12] [--iters 20] [--out dynamic_shapes.md]
+                                         [--precision fp32|fp16] [--sizes 12] [--iters 20]
+                                         [--reduce-overhead] [--out dynamic_shapes.md]
 
-Per model (torchvision resnet18 / resnet50 at 224x224 with a dynamic batch 1..8; a small
-transformers BertModel, hidden 256, 4 layers, 4 heads, with a dynamic sequence 16..128 at batch
-2; random weights, nothing downloaded) the script:
+Models (random weights, nothing downloaded): torchvision resnet18 / resnet50 at 224x224 with a
+dynamic batch 1..8 (opt 2); ``resnet50-b32``, batch 1..32 (opt 8); a small transformers BertModel
+(hidden 256, 4 layers, 4 heads) with a dynamic sequence 16..128 at batch 2 (opt 64); ``bert-base``
+(the default BertConfig) with a dynamic sequence 16..512 at batch 8 (opt 128). Per model the
+script:
 
 * compiles once with ``kiln.compile(..., dynamic_shapes=...)`` (export, lowering, partitioning
   and the opt shape's engines: "dynamic compile");
@@ -13,18 +16,24 @@ transformers BertModel, hidden 256, 4 layers, 4 heads, with a dynamic sequence 1
   the blocks, their engine builds, the run) and the steady latency (median of ``--iters`` calls);
 * compiles the same model statically at each size ("static compile") for comparison, and
   reports the total time to serve ``--sizes`` sizes both ways: one dynamic compile plus every
-  new size's first call, against one static compile per size.
+  new size's first call, against one static compile per size;
+* with ``--reduce-overhead``, does the same with ``torch.compile(mode="reduce-overhead",
+  dynamic=True)``: its first call at each size and its steady latency there.
 
 Every output is checked against eager PyTorch (relative error at most 1e-4 on the CPU, 2e-3 on
-CUDA in fp32); the script exits with status 1 when one is off (after printing the table). The
-engine cache is off, so every build is a real build.
+CUDA in fp32, 1e-2 in fp16); the script exits with status 1 when one is off (after printing the
+table). The engine cache is off and the tactic timing cache is a new file of this run's, so every
+build is a real build (the static compiles, which follow the dynamic program's builds, find the
+same shapes' timings in it).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,32 +46,48 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _resnet(name: str) -> tuple[torch.nn.Module, Callable[[int, str], list[torch.Tensor]], dict[str, Any], list[int]]:
+Spec = tuple[torch.nn.Module, Callable[[int, str], list[torch.Tensor]], dict[str, Any], list[int]]
+
+
+def _resnet(name: str, max_batch: int = 8, opt: int = 2,
+            sizes: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)) -> Spec:
     import torchvision
 
     model = getattr(torchvision.models, name)(weights=None).eval()
 
     def inputs(b: int, device: str) -> list[torch.Tensor]:
         return [torch.randn(b, 3, 224, 224, device=device)]
-    return model, inputs, {"dims": ({0: torch.export.Dim("batch", min=1, max=8)},), "opt": 2}, list(range(1, 9))
+    return model, inputs, {"dims": ({0: torch.export.Dim("batch", min=1, max=max_batch)},), "opt": opt}, list(sizes)
 
 
-def _bert() -> tuple[torch.nn.Module, Callable[[int, str], list[torch.Tensor]], dict[str, Any], list[int]]:
+def _bert(base: bool) -> Spec:
     from transformers import BertConfig, BertModel
 
-    cfg = BertConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024)
+    if base:
+        cfg, batch, max_seq, opt = BertConfig(), 8, 512, 128
+        sizes = [16, 32, 48, 64, 96, 128, 160, 200, 256, 320, 384, 512]
+    else:
+        cfg = BertConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024)
+        batch, max_seq, opt = 2, 128, 64
+        sizes = [16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128]
     model = BertModel(cfg).eval()
 
     def inputs(s: int, device: str) -> list[torch.Tensor]:
-        ids = torch.randint(1, cfg.vocab_size, (2, s), device=device)
-        mask = torch.ones(2, s, dtype=torch.long, device=device)
+        ids = torch.randint(1, cfg.vocab_size, (batch, s), device=device)
+        mask = torch.ones(batch, s, dtype=torch.long, device=device)
         mask[1, s // 2:] = 0
         return [ids, mask]
-    seq = torch.export.Dim("seq", min=16, max=128)
-    return model, inputs, {"dims": ({1: seq}, {1: seq}), "opt": 64}, [16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128]
+    seq = torch.export.Dim("seq", min=16, max=max_seq)
+    return model, inputs, {"dims": ({1: seq}, {1: seq}), "opt": opt}, sizes
 
 
-_MODELS = {"resnet18": lambda: _resnet("resnet18"), "resnet50": lambda: _resnet("resnet50"), "bert": _bert}
+_MODELS: dict[str, Callable[[], Spec]] = {
+    "resnet18": lambda: _resnet("resnet18"),
+    "resnet50": lambda: _resnet("resnet50"),
+    "resnet50-b32": lambda: _resnet("resnet50", 32, 8, (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32)),
+    "bert": lambda: _bert(False),
+    "bert-base": lambda: _bert(True),
+}
 
 
 def _first(out: Any) -> torch.Tensor:
@@ -80,75 +105,90 @@ def _error(out: Any, ref: Any) -> float:
 def _steady(fn: Callable[[], Any], iters: int, device: str) -> float:
     times = []
     for _ in range(iters):
-        _sync(device)
-        t = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t)
+        times.append(_timed(fn, device)[1])
     return statistics.median(times)
 
 
-def run(name: str, device: str, sizes: int, iters: int, tol: float) -> tuple[list[str], bool]:
+def _timed(fn: Callable[[], Any], device: str) -> tuple[Any, float]:
+    _sync(device)
+    t = time.perf_counter()
+    out = fn()
+    _sync(device)
+    return out, time.perf_counter() - t
+
+
+def run(name: str, args: argparse.Namespace, tol: float, timing_cache: str) -> tuple[list[str], bool]:
     import kiln
 
+    device, iters = args.device, args.iters
     model, make, spec, all_sizes = _MODELS[name]()
-    model = model.to(device)
-    chosen = all_sizes[:sizes] if sizes <= len(all_sizes) else all_sizes
+    dtype = torch.half if args.precision == "fp16" else torch.float32
+    model = model.to(device, dtype)
+    options: dict[str, Any] = {"enabled_precisions": {dtype}, "timing_cache_path": timing_cache}
+
+    def inputs_at(size: int) -> list[torch.Tensor]:
+        return [x.to(dtype) if x.is_floating_point() else x for x in make(size, device)]
+    chosen = all_sizes[:args.sizes]
     ok = True
     rows: list[str] = []
     with torch.no_grad():
-        example = make(spec["opt"], device)
-        _sync(device)
-        t = time.perf_counter()
-        compiled = kiln.compile(model, example, dynamic_shapes=spec["dims"])
-        _sync(device)
-        dynamic_compile = time.perf_counter() - t
-        dynamic_total = dynamic_compile
-        static_total = 0.0
+        compiled, dynamic_compile = _timed(
+            lambda: kiln.compile(model, inputs_at(spec["opt"]), dynamic_shapes=spec["dims"], **options), device)
+        ro = torch.compile(model, mode="reduce-overhead", dynamic=True) if args.reduce_overhead else None
+        dynamic_total, static_total, ro_total = dynamic_compile, 0.0, 0.0
         for size in chosen:
-            inputs = make(size, device)
+            inputs = inputs_at(size)
             ref = model(*inputs)
-            _sync(device)
-            t = time.perf_counter()
-            out = compiled(*inputs)
-            _sync(device)
-            first = time.perf_counter() - t
+            out, first = _timed(lambda: compiled(*inputs), device)
             if size != spec["opt"]:
                 dynamic_total += first
             err = _error(out, ref)
             ok = ok and err <= tol
             steady = _steady(lambda: compiled(*inputs), iters, device)
-            _sync(device)
-            t = time.perf_counter()
-            static = kiln.compile(model, inputs)
-            _sync(device)
-            static_compile = time.perf_counter() - t
+            static, static_compile = _timed(lambda: kiln.compile(model, inputs, **options), device)
             static_total += static_compile
             static_steady = _steady(lambda: static(*inputs), iters, device)
+            ro_cells = " | "
+            if ro is not None:
+                ro_out, ro_first = _timed(lambda: ro(*inputs), device)
+                ok = ok and _error(ro_out, ref) <= tol
+                ro_total += ro_first
+                ro_cells = f"{ro_first * 1e3:.1f} | {_steady(lambda: ro(*inputs), iters, device) * 1e3:.2f}"
             rows.append(f"| {name} | {size} | {first * 1e3:.1f} | {steady * 1e3:.2f} | {static_compile * 1e3:.0f} | "
-                        f"{static_steady * 1e3:.2f} | {err:.1e} |")
+                        f"{static_steady * 1e3:.2f} | {ro_cells} | {err:.1e} |")
+        ro_sum = f"reduce-overhead: {ro_total:.2f} s" if ro is not None else ""
         rows.append(f"| {name} | total, {len(chosen)} sizes | dynamic: {dynamic_total:.2f} s "
-                    f"(compile {dynamic_compile:.2f} s) | | static: {static_total:.2f} s | | |")
+                    f"(compile {dynamic_compile:.2f} s) | | static: {static_total:.2f} s | | {ro_sum} | | |")
     return rows, ok
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default="resnet18,resnet50,bert")
+    parser.add_argument("--models", default="resnet18,resnet50,bert", help=f"comma-separated, of {sorted(_MODELS)}")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", choices=("fp32", "fp16"), default="fp32")
     parser.add_argument("--sizes", type=int, default=12, help="sizes served per model (at most those listed)")
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--reduce-overhead", action="store_true",
+                        help='also torch.compile(mode="reduce-overhead", dynamic=True) at each size')
     parser.add_argument("--out", default=None, help="also write the table to this file")
     args = parser.parse_args()
+    unknown = [m for m in args.models.split(",") if m.strip() not in _MODELS]
+    if unknown:
+        parser.error(f"unknown models {unknown}; choose from {sorted(_MODELS)}")
+    if args.sizes < 1:
+        parser.error("--sizes must be at least 1")
     torch.manual_seed(0)
-    tol = 1e-4 if args.device == "cpu" else 2e-3
+    tol = 1e-2 if args.precision == "fp16" else 1e-4 if args.device == "cpu" else 2e-3
     lines = ["| model | size | first call at it (ms) | steady (ms) | static compile (ms) | static steady (ms) | "
-             "max rel. error |", "|---|---|---|---|---|---|---|"]
+             "reduce-overhead first call (ms) | reduce-overhead steady (ms) | max rel. error |",
+             "|---|---|---|---|---|---|---|---|---|"]
     ok = True
-    for name in args.models.split(","):
-        rows, good = run(name.strip(), args.device, args.sizes, args.iters, tol)
-        lines += rows
-        ok = ok and good
+    with tempfile.TemporaryDirectory(prefix="kiln-dynamic-shapes-") as tmp:
+        for name in args.models.split(","):
+            rows, good = run(name.strip(), args, tol, os.path.join(tmp, "timing.cache"))
+            lines += rows
+            ok = ok and good
     text = "\n".join(lines)
     print(text)
     if args.out:
