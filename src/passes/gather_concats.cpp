@@ -13,7 +13,7 @@
 // the kernel that reads it (the rotary multiply-add): the four kernels become none. A concat that
 // reads X whole and in order, unnegated, is X itself.
 //
-// Does not: take inputs of another dtype or steps below 1, or a concat with a single input.
+// Does not: take negated slices of a non-floating dtype, or a concat with a single input.
 #include <string>
 #include <vector>
 
@@ -66,12 +66,14 @@ bool rewrite(Graph& g, size_t pos) {
     negated.insert(negated.end(), at.size(), neg);
   }
   const ValueId out = c.outputs[0];
-  if (g.type(x).dtype != g.type(out).dtype) return false;
+  const DType dt = g.type(out).dtype;
+  if (g.type(x).dtype != dt) return false;
   bool any_negated = false, whole = g.type(x).dims[size_t(axis)].extent == int64_t(index.size());
   for (size_t k = 0; k < index.size(); ++k) {
     any_negated = any_negated || negated[k];
     whole = whole && index[k] == int64_t(k);
   }
+  if (any_negated && !is_floating(dt)) return false;  // the sign is a multiply by -1.0
   if (whole && !any_negated) {
     if (passes::is_graph_output(g, out)) return false;
     g.replace_all_uses(out, x);
@@ -90,7 +92,6 @@ bool rewrite(Graph& g, size_t pos) {
     for (size_t k = 0; k < sign.size(); ++k) sign[k] = negated[k] ? -1.0 : 1.0;
     std::vector<int64_t> shape(size_t(g.type(out).rank()), 1);
     shape[size_t(axis)] = int64_t(sign.size());
-    const DType dt = g.type(out).dtype;
     const ValueId s = g.add_constant(passes::derived_constant_name(g, "gather_concats.sign"), TensorType(dt, shape),
                                      passes::bytes_from_doubles(dt, sign));
     y = at.node(OpKind::kMul, {y, s});

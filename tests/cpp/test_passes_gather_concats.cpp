@@ -1,7 +1,7 @@
 // gather_concats (src/passes/gather_concats.cpp): a concat of (negated) slices of one tensor
 // becomes one index_select (times a sign) that computes what the graph computed; slices of slices
 // and steps compose; a concat that reads its source whole and in order is the source; concats of
-// other inputs stay.
+// other inputs, and negated integer slices, stay.
 #include "tests/cpp/pass_test_util.h"
 
 namespace {
@@ -77,9 +77,23 @@ TEST(GatherConcats, OtherConcatsStay) {
   g.mark_output(concat(g, {slice(g, x, 1, 0, 3), slice(g, x, 1, 3, 6)}, 0), "sliced_on_another_axis");
   g.mark_output(concat(g, {g.add_node1(OpKind::kRelu, {x}), slice(g, x, 1, 0, 2)}, 1), "not_a_slice");
   g.mark_output(concat(g, {slice(g, x, 1, 0, 3), slice(g, x, 1, 3, 6)}, 1), "whole_but_an_output");
+  ValueId i = g.add_input("i", TensorType(DType::kI32, {3, 6}));
+  g.mark_output(concat(g, {g.add_node1(OpKind::kNeg, {slice(g, i, 1, 3, 6)}), slice(g, i, 1, 0, 3)}, 1),
+                "negated_integers");
   Graph f = g;
   EXPECT_FALSE(gather_concats(f)) << f.to_string();
-  EXPECT_EQ(count_ops(f, OpKind::kConcat), 4);
+  EXPECT_EQ(count_ops(f, OpKind::kConcat), 5);
+}
+
+TEST(GatherConcats, UnnegatedIntegerSlicesGather) {
+  Graph g;
+  ValueId i = g.add_input("i", TensorType(DType::kI64, {2, 6}));
+  g.mark_output(concat(g, {slice(g, i, 1, 3, 6), slice(g, i, 1, 0, 3)}, 1), "rolled");
+  Graph f = g;
+  EXPECT_TRUE(gather_concats(f)) << g.to_string();
+  f.verify();
+  EXPECT_EQ(count_ops(f, OpKind::kIndexSelect), 1) << f.to_string();
+  EXPECT_EQ(count_ops(f, OpKind::kConcat), 0) << f.to_string();
 }
 
 }  // namespace
