@@ -204,11 +204,6 @@ bool form_at(Graph& g, size_t pos) {
 
 }  // namespace
 
-bool form_attention(Graph& g) {
-  bool changed = false;
-  for (size_t pos = 0; pos < g.nodes().size(); ++pos) changed |= form_at(g, pos);
-  if (changed) eliminate_dead_code(g);
-  return changed;
-}
+bool form_attention(Graph& g) { return passes::rewrite_each(g, form_at); }
 
 }  // namespace kiln

@@ -102,11 +102,6 @@ bool rewrite(Graph& g, size_t pos) {
 
 }  // namespace
 
-bool gather_concats(Graph& g) {
-  bool changed = false;
-  for (size_t i = 0; i < g.nodes().size(); ++i) changed = rewrite(g, i) || changed;
-  if (changed) eliminate_dead_code(g);
-  return changed;
-}
+bool gather_concats(Graph& g) { return passes::rewrite_each(g, rewrite); }
 
 }  // namespace kiln

@@ -13,6 +13,7 @@
 
 #include "kiln/errors.h"
 #include "kiln/ir.h"
+#include "kiln/passes.h"
 #include "src/common/element_access.h"
 
 namespace kiln::passes {
@@ -38,6 +39,16 @@ inline std::shared_ptr<const HostBuffer> bytes_from_doubles(DType dt, const std:
 // their name only tells a reader of the plan where they came from. `tag` says which pass.
 inline std::string derived_constant_name(const Graph& g, const char* tag) {
   return std::string(tag) + "." + std::to_string(g.num_values());
+}
+
+// Calls rewrite(g, pos) at every position in order (a rewrite may insert nodes, which the sweep
+// then visits too) and, when one returned true, drops what no longer reaches an output.
+template <typename Rewrite>
+bool rewrite_each(Graph& g, Rewrite&& rewrite) {
+  bool changed = false;
+  for (size_t pos = 0; pos < g.nodes().size(); ++pos) changed = rewrite(g, pos) || changed;
+  if (changed) eliminate_dead_code(g);
+  return changed;
 }
 
 // Inserts nodes at consecutive positions from `pos` (which advances), each named `name`: the

@@ -112,6 +112,18 @@ inline double relative_error(const Floats& got, const Floats& want) {
   return den > 0 ? num / den : num;
 }
 
+// Runs `pass` on a copy of g and checks that it changed the graph, that the result verifies and
+// that it computes what g computes on random inputs (expect_close with rtol = atol = tol).
+template <typename Pass>
+Graph pass_applied(const Graph& g, Pass&& pass, uint32_t seed, float tol) {
+  Graph f = g;
+  EXPECT_TRUE(pass(f)) << g.to_string();
+  f.verify();
+  const auto in = random_inputs(g, seed);
+  expect_close(run_plain(f, in), run_plain(g, in), tol, tol);
+  return f;
+}
+
 inline int count_ops(const Graph& g, OpKind op) {
   int n = 0;
   for (const auto& node : g.nodes()) n += node->op == op;

@@ -17,11 +17,7 @@ ValueId softmax(Graph& g, ValueId v, int64_t axis) {
 }
 
 Graph formed(const Graph& g, uint32_t seed) {
-  Graph f = g;
-  EXPECT_TRUE(form_attention(f));
-  f.verify();
-  const auto in = random_inputs(g, seed);
-  expect_close(run_plain(f, in), run_plain(g, in), 1e-5f, 1e-5f);
+  Graph f = pass_applied(g, form_attention, seed, 1e-5f);
   EXPECT_EQ(count_ops(f, OpKind::kSdpa), 1) << f.to_string();
   EXPECT_EQ(count_ops(f, OpKind::kMatmul), 0) << f.to_string();
   EXPECT_EQ(count_ops(f, OpKind::kSoftmax), 0) << f.to_string();

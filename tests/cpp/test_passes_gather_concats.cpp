@@ -21,23 +21,13 @@ ValueId concat(Graph& g, const std::vector<ValueId>& parts, int64_t axis) {
   return g.add_node1(OpKind::kConcat, parts, a);
 }
 
-// Runs the pass on a copy of g; checks it changed and that the result computes what g computes.
-Graph gathered(const Graph& g, uint32_t seed) {
-  Graph f = g;
-  EXPECT_TRUE(gather_concats(f)) << g.to_string();
-  f.verify();
-  const auto in = random_inputs(g, seed);
-  expect_close(run_plain(f, in), run_plain(g, in), 0.0f, 0.0f);
-  return f;
-}
-
 TEST(GatherConcats, RotateHalfIsOneSignedGather) {
   Graph g;
   ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 3, 8}));
   ValueId lo = slice(g, x, 2, 0, 4), hi = slice(g, x, 2, 4, 8);
   ValueId rot = concat(g, {g.add_node1(OpKind::kNeg, {hi}), lo}, 2);
   g.mark_output(g.add_node1(OpKind::kAdd, {rot, x}), "y");
-  Graph f = gathered(g, 1);
+  Graph f = pass_applied(g, gather_concats, 1, 0.0f);
   EXPECT_EQ(count_ops(f, OpKind::kConcat), 0) << f.to_string();
   EXPECT_EQ(count_ops(f, OpKind::kSlice), 0) << f.to_string();
   EXPECT_EQ(count_ops(f, OpKind::kNeg), 0) << f.to_string();
@@ -52,7 +42,7 @@ TEST(GatherConcats, SlicesOfSlicesAndStepsCompose) {
   ValueId every_other = slice(g, inner, 1, 0, 7, 2);        // 1, 3, 5, 7
   ValueId head = slice(g, x, 1, 0, 1);                      // 0
   g.mark_output(concat(g, {every_other, head, every_other}, 1), "y");
-  Graph f = gathered(g, 2);
+  Graph f = pass_applied(g, gather_concats, 2, 0.0f);
   EXPECT_EQ(count_ops(f, OpKind::kIndexSelect), 1) << f.to_string();
   EXPECT_EQ(count_ops(f, OpKind::kMul), 0) << f.to_string();  // nothing negated: no sign
   EXPECT_EQ(count_ops(f, OpKind::kSlice), 0) << f.to_string();
@@ -63,7 +53,7 @@ TEST(GatherConcats, AWholeInOrderConcatIsItsSource) {
   ValueId x = g.add_input("x", TensorType(DType::kF32, {3, 5}));
   ValueId y = concat(g, {slice(g, x, 1, 0, 2), slice(g, x, 1, 2, 5)}, 1);
   g.mark_output(g.add_node1(OpKind::kRelu, {y}), "y");
-  Graph f = gathered(g, 3);
+  Graph f = pass_applied(g, gather_concats, 3, 0.0f);
   ASSERT_EQ(f.nodes().size(), 1u) << f.to_string();
   EXPECT_EQ(f.nodes()[0]->op, OpKind::kRelu);
   EXPECT_EQ(f.nodes()[0]->inputs[0], f.inputs()[0]);
