@@ -213,6 +213,17 @@ TEST(CudaGenCodegen, Shape) {
   const std::string heads = check(gen::generate_shape, one_node(OpKind::kPermute, {tt(DType::kF16, {2, 128, 12, 64})},
                                                                 attrs({{"perm", Shape{0, 2, 1, 3}}})));
   EXPECT_NE(heads.find("16-byte words"), std::string::npos) << heads;
+  // A concat writes up to 8 parts per launch, in the widest word that divides every part's width:
+  // DenseNet's channels-last concat of 1 + 11 parts is two launches of 16-byte words.
+  std::vector<std::optional<TensorType>> dense = {tt(DType::kF16, {2, 3, 3, 64})};
+  for (int i = 0; i < 11; ++i) dense.push_back(tt(DType::kF16, {2, 3, 3, 32}));
+  const Built joined = one_node(OpKind::kConcat, dense, attrs({{"axis", int64_t(3)}}));
+  EXPECT_EQ(check(gen::generate_shape, joined), "cuda concat 12 parts in 2 launch(es) of 16-byte words");
+  EXPECT_EQ(gen::generate_shape(*joined.node, joined.g).plan.launches.at(0).kernel, "kg_concat_w16_i");
+  EXPECT_EQ(check(gen::generate_shape, one_node(OpKind::kConcat, {tt(DType::kF16, {4, 3}), tt(DType::kF16, {4, 0}),
+                                                                 tt(DType::kF16, {4, 2})},
+                                                attrs({{"axis", int64_t(1)}}))),
+            "cuda concat 2 parts in 1 launch(es) of 2-byte words");
   const std::string flat = check(gen::generate_shape, one_node(OpKind::kCopy, {tt(DType::kF32, {1000, 8})}, {}));
   EXPECT_NE(flat.find("16-byte words over 1 dims"), std::string::npos) << flat;
   // A pad walks its padded dims and each run of unpadded ones merged into one dim, with 32-bit

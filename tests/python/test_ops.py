@@ -368,6 +368,12 @@ case("slice", [r(2, 3, 10)], {"axis": 2, "start": 2, "end": 10, "step": 3}, lamb
 case("concat", [r(2, 3), r(2, 5), r(2, 1)], {"axis": 1}, lambda *xs: torch.cat(xs, 1))
 case("concat", [r(1, 3, 2), r(4, 3, 2)], {"axis": 0}, lambda *xs: torch.cat(xs, 0), "axis0")
 case("concat", [ints(3, 2)], {"axis": 1}, lambda x: torch.cat([x], 1), "single-i64")
+# DenseNet's channels-last concat: more parts than one CUDA launch writes (8), of two widths.
+case("concat", [r(2, 3, 3, 16).half()] + [r(2, 3, 3, 8).half() for _ in range(11)], {"axis": 3},
+     lambda *xs: torch.cat(xs, 3), "12-parts-f16")
+# Widths of an odd number of elements (no wide word fits), and an empty part.
+case("concat", [r(3, 2, 3), r(3, 0, 3), r(3, 5, 3), r(3, 1, 3)], {"axis": 1}, lambda *xs: torch.cat(xs, 1),
+     "odd-widths-empty-part")
 case("split", [r(3, 6)], {"axis": 1, "sizes": [2, 3, 1]}, lambda x: torch.split(x, [2, 3, 1], 1))
 case("split", [r(4, 2, 3)], {"axis": 0, "sizes": [1, 3]}, lambda x: torch.split(x, [1, 3], 0), "axis0")
 case("pad", [r(3, 4)], {"pads": [0, 0, 1, 2], "mode": "constant", "value": 0.5},

@@ -4,8 +4,10 @@
 //
 // Everything but pad is one *strided copy*: an iteration shape walked in row-major order,
 // reading the input at sum(i_k * ist_k) and writing the output at sum(i_k * ost_k) (expand:
-// input stride 0; slice: start offset and stride * step; concat / split: each part is one copy
-// into / out of the joined tensor at its byte offset). At make time unit dims are dropped and
+// input stride 0; slice: start offset and stride * step; split: each part is one copy out of the
+// joined tensor at its byte offset). A concat is the exception: its output is [outer, total]
+// and each part an [outer, width] block of its columns, and one launch writes up to 8 parts
+// (DenseNet's concats join up to 25 parts: one copy per part made most of its launches). At make time unit dims are dropped and
 // dims contiguous in both tensors merged; when the innermost run is contiguous in both, the
 // copy moves the widest word (up to 16 bytes) that divides every extent, stride and offset.
 // When the last dim is strided in the input but some other dim is contiguous there (e.g.
@@ -67,8 +69,8 @@ struct StridedCopy {
   int64_t ooff = 0;
 };
 
-// The strided copies of a shape node other than pad, in launch order (concat / split: one per
-// part, each into / out of the joined tensor at its byte offset).
+// The strided copies of a shape node other than pad and concat, in launch order (split: one per
+// part, each out of the joined tensor at its byte offset).
 std::vector<StridedCopy> copies_of(const Node& n, const Graph& g) {
   const TensorType& xt = g.type(n.inputs[0]);
   const int64_t esz = int64_t(dtype_size(xt.dtype));
@@ -82,20 +84,14 @@ std::vector<StridedCopy> copies_of(const Node& n, const Graph& g) {
       const StridedView view = strided_view(n, g);
       return {StridedCopy{y, view.strides, row_major_strides(y), 0, view.offset * esz, 0, 0}};
     }
-    case OpKind::kConcat:
     case OpKind::kSplit: {
-      const bool join = n.op == OpKind::kConcat;
       const auto axis = size_t(n.attrs.get_int("axis"));
-      const ValueId whole = join ? n.outputs[0] : n.inputs[0];
-      const auto& parts = join ? n.inputs : n.outputs;
-      const auto ws = row_major_strides(g.type(whole).shape());
+      const auto ws = row_major_strides(xt.shape());
       std::vector<StridedCopy> copies;
       int64_t start = 0;
-      for (size_t i = 0; i < parts.size(); ++i) {
-        const auto ps = g.type(parts[i]).shape();
-        const int64_t off = start * ws[axis] * esz;
-        if (join) copies.push_back(StridedCopy{ps, row_major_strides(ps), ws, int(i), 0, 0, off});
-        else copies.push_back(StridedCopy{ps, ws, row_major_strides(ps), 0, off, int(i), 0});
+      for (size_t i = 0; i < n.outputs.size(); ++i) {
+        const auto ps = g.type(n.outputs[i]).shape();
+        copies.push_back(StridedCopy{ps, ws, row_major_strides(ps), 0, start * ws[axis] * esz, int(i), 0});
         start += ps[axis];
       }
       return copies;
@@ -173,16 +169,16 @@ std::optional<Error> pad_refusal(const Node& n, const Graph& g) {
 }
 
 // Whether the shape family runs n: nothing when it does, else the error generate_shape fails
-// with (op, pad mode, the kernels' dims and grid limits).
+// with (op, pad mode, the kernels' dims and grid limits). Every concat is two-dimensional.
 std::optional<Error> why_not_shape(const Node& n, const Graph& g) {
   switch (n.op) {
     case OpKind::kPad: return pad_refusal(n, g);
+    case OpKind::kConcat: return std::nullopt;
     case OpKind::kReshape:
     case OpKind::kCopy:
     case OpKind::kPermute:
     case OpKind::kExpand:
     case OpKind::kSlice:
-    case OpKind::kConcat:
     case OpKind::kSplit:
       for (const StridedCopy& c : copies_of(n, g))
         if (std::optional<Error> e = copy_refusal(c)) return e;
@@ -298,6 +294,81 @@ std::string add_strided(std::string& source, Plan& plan, const StridedCopy& c, i
   return "copy of " + std::to_string(wb) + "-byte words over " + std::to_string(R) + " dims";
 }
 
+constexpr size_t kConcatParts = 8;  // parts one kg_concat launch writes
+
+struct ConcatParts {
+  long long start[kConcatParts + 1];
+};
+
+std::string concat_name(int w, bool wide) {
+  return "kg_concat_w" + std::to_string(w) + (wide ? "_l" : "_i");
+}
+
+// The extern "C" kernel of one concat variant (shape_copy.cuh's kg_concat).
+std::string concat_kernel(int w, bool wide) {
+  const std::string word = word_type(w);
+  std::string params;
+  for (size_t k = 0; k < kConcatParts; ++k) params += "const " + word + "* __restrict__ x" + std::to_string(k) + ", ";
+  std::string args;
+  for (size_t k = 0; k < kConcatParts; ++k) args += "x" + std::to_string(k) + ", ";
+  return "extern \"C\" __global__ void " + concat_name(w, wide) + "(" + params + word +
+         "* __restrict__ y, ConcatParts p, long long total, long long n) {\n  kg_concat<" + word + ", " +
+         index_type(wide, true) + ">(" + args + "y, p, total, n);\n}\n";
+}
+
+// Adds the launches of concat n: its output as [outer, total] elements, each non-empty part an
+// [outer, width] block of columns, up to kConcatParts parts per launch, moving the widest word
+// that divides every width (a narrower fallback for unaligned buffers). Returns a description.
+std::string add_concat(std::string& source, Plan& plan, const Node& n, const Graph& g) {
+  const auto y = g.type(n.outputs[0]).shape();
+  const auto axis = size_t(n.attrs.get_int("axis"));
+  const int esz = int(dtype_size(g.type(n.outputs[0]).dtype));
+  const int64_t outer = product(std::vector<int64_t>(y.begin(), y.begin() + int64_t(axis)));
+  const int64_t inner = product(std::vector<int64_t>(y.begin() + int64_t(axis) + 1, y.end()));
+  std::vector<std::pair<int, int64_t>> parts;  // (input, width in elements), empty parts left out
+  for (size_t i = 0; i < n.inputs.size(); ++i)
+    if (const int64_t width = g.type(n.inputs[i]).shape()[axis] * inner; width > 0) parts.emplace_back(int(i), width);
+  const int64_t total = y[axis] * inner;
+  if (parts.empty() || outer == 0) return "empty";
+  int wb = esz;
+  for (int b : {16, 8, 4, 2})
+    if (b > esz && std::all_of(parts.begin(), parts.end(), [&](const auto& p) { return p.second * esz % b == 0; })) {
+      wb = b;
+      break;
+    }
+  if (source.empty()) source = source_head() + kDimsDecl + std::string(embedded_source("shape_copy.cuh"));
+  auto launch = [&](size_t first, size_t count, int w) {
+    const int64_t f = w / esz;
+    ConcatParts p{};
+    int64_t col = 0;
+    for (size_t k = 0; k < first; ++k) col += parts[k].second / f;
+    const bool wide = outer * (total / f) >= (int64_t(1) << 31);
+    add_kernel_once(source, concat_kernel(w, wide));
+    int64_t span = 0;
+    for (size_t k = 0; k < kConcatParts; ++k) {
+      p.start[k] = col + span;
+      if (k < count) span += parts[first + k].second / f;
+    }
+    p.start[kConcatParts] = col + span;
+    Launch l(concat_name(w, wide), blocks_for(outer * span, 256), 256);
+    for (size_t k = 0; k < kConcatParts; ++k) {
+      if (k < count) l.in(parts[first + k].first);
+      else l.null();
+    }
+    l.out(0).val(p).i64(total / f).i64(outer * span);
+    return l;
+  };
+  size_t launches = 0;
+  for (size_t first = 0; first < parts.size(); first += kConcatParts, ++launches) {
+    const size_t count = std::min(kConcatParts, parts.size() - first);
+    Launch l = launch(first, count, wb);
+    if (wb != esz) with_fallback(l, uint32_t(wb), launch(first, count, esz));
+    plan.launches.push_back(std::move(l));
+  }
+  return std::to_string(parts.size()) + " parts in " + std::to_string(launches) + " launch(es) of " +
+         std::to_string(wb) + "-byte words";
+}
+
 std::string pad_name(const std::string& mode, int rank, int esz, bool wide) {
   return "kg_pad_" + mode + "_r" + std::to_string(rank) + "_w" + std::to_string(esz) + (wide ? "_l" : "_i");
 }
@@ -381,9 +452,13 @@ Generated generate_shape(const Node& n, const Graph& g) {
   const int esz = int(dtype_size(g.type(n.inputs[0]).dtype));
   Generated gn;
   std::string how;
+  if (n.op == OpKind::kConcat) {
+    gn.plan.describe = "cuda concat " + add_concat(gn.source, gn.plan, n, g);
+    return gn;
+  }
   const std::vector<StridedCopy> copies = copies_of(n, g);
   for (const StridedCopy& c : copies) how = add_strided(gn.source, gn.plan, c, esz);
-  if (n.op == OpKind::kConcat || n.op == OpKind::kSplit) how = std::to_string(copies.size()) + " parts, last: " + how;
+  if (n.op == OpKind::kSplit) how = std::to_string(copies.size()) + " parts, last: " + how;
   gn.plan.describe = std::string("cuda ") + op_name(n.op) + " " + how;
   return gn;
 }

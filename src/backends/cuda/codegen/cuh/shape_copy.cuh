@@ -5,6 +5,7 @@
 //                                     (unsigned int, or unsigned long long past 2^31 words),
 //                                     OUT_CONTIG: the output is written in order (y[i])
 //   kg_transpose<BATCH_RANK, W>       32 x 32 tiles through shared memory, BATCH_RANK outer dims
+//   kg_concat<W, I>                   up to 8 parts of a concat written by one launch
 
 // One thread per word (grid-stride): word i of the row-major walk of d.ext reads the input at
 // sum(c_k * d.ist[k]) and writes the output at sum(c_k * d.ost[k]).
@@ -52,5 +53,33 @@ __device__ __forceinline__ void kg_transpose(const W* __restrict__ x, W* __restr
     for (int j = ty; j < 32; j += 8)
       if (d0 + j < D && l0 + tx < L) y[oo + (d0 + j) * od + l0 + tx] = tile[tx][j];
     __syncthreads();
+  }
+}
+
+// Up to 8 parts of a concat in one launch. The output is [outer, total] words and part k is
+// [outer, start[k + 1] - start[k]] words at output column start[k]; a launch covers the columns
+// [start[0], start[8]) (unused parts: start at the end, pointer null). One thread per output
+// word (grid-stride): its column picks the part, without indexing the pointers at run time.
+struct ConcatParts {
+  long long start[9];
+};
+
+template <typename W, typename I>
+__device__ __forceinline__ void kg_concat(const W* __restrict__ x0, const W* __restrict__ x1,
+                                          const W* __restrict__ x2, const W* __restrict__ x3,
+                                          const W* __restrict__ x4, const W* __restrict__ x5,
+                                          const W* __restrict__ x6, const W* __restrict__ x7, W* __restrict__ y,
+                                          ConcatParts p, long long total, long long n) {
+  const W* xs[8] = {x0, x1, x2, x3, x4, x5, x6, x7};
+  const I span = (I)(p.start[8] - p.start[0]);
+  for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < (I)n; i += (I)gridDim.x * blockDim.x) {
+    const I row = i / span;
+    const long long col = p.start[0] + (long long)(i - row * span);
+    const W* src = xs[0];
+    long long lo = p.start[0], hi = p.start[1];
+#pragma unroll
+    for (int k = 1; k < 8; ++k)
+      if (col >= p.start[k]) src = xs[k], lo = p.start[k], hi = p.start[k + 1];
+    y[(long long)row * total + col] = src[(long long)row * (hi - lo) + (col - lo)];
   }
 }
