@@ -28,7 +28,8 @@
 // softmax / log_softmax (x) {axis: int}.
 // batch_norm (x[N,C,...], mean[C], var[C], weight[C]?, bias[C]?) {eps: float}.
 // layer_norm (x, weight?, bias?) {normalized_rank: int (normalize over the last k dims), eps}.
-// group_norm (x[N,C,...], weight[C]?, bias[C]?) {groups: int, eps: float}.
+// group_norm (x[N,C,...], weight[C]?, bias[C]?) {groups: int, eps: float, layout: "nchw" | "nhwc"
+//   (x is [N, H, W, C])}.
 // matmul (a[...,M,K], b[...,K,N]) -> [broadcast(...),M,N]; both rank >= 2.
 // linear (x[...,K], w[N,K], bias[N]?, residual?[broadcasts to the output, x's dtype])
 //   {activation (optional)} -> [...,N] = act(x @ w^T + bias + residual).

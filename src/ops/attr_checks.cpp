@@ -47,8 +47,10 @@ bool channels_last(OpKind op, const Attrs& a) {
   KILN_CHECK(layout != nullptr, kInvalidArgument, op_name(op), ": attribute 'layout' must be a string");
   KILN_CHECK(*layout == "nchw" || *layout == "nhwc", kInvalidArgument, op_name(op),
              ": attribute 'layout' must be \"nchw\" or \"nhwc\", got \"", *layout, "\"");
-  KILN_CHECK(*layout == "nchw" || op == OpKind::kConv || op == OpKind::kMaxPool || op == OpKind::kAvgPool,
-             kInvalidArgument, op_name(op), ": layout \"nhwc\" applies to conv, max_pool and avg_pool only");
+  KILN_CHECK(*layout == "nchw" || op == OpKind::kConv || op == OpKind::kMaxPool || op == OpKind::kAvgPool ||
+                 op == OpKind::kGroupNorm,
+             kInvalidArgument, op_name(op),
+             ": layout \"nhwc\" applies to conv, max_pool, avg_pool and group_norm only");
   return *layout == "nhwc";
 }
 

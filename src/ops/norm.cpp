@@ -4,8 +4,8 @@
 //   statistics, C = x.dims[1].
 // layer_norm (x, weight?, bias?) {normalized_rank: k, eps}: statistics over the last k dims;
 //   weight and bias have those k dims.
-// group_norm (x[N,C,...], weight[C]?, bias[C]?) {groups, eps}: statistics per (sample, group of
-//   C / groups channels); C % groups == 0.
+// group_norm (x[N,C,...], weight[C]?, bias[C]?) {groups, eps, layout?}: statistics per (sample,
+//   group of C / groups channels); C % groups == 0. layout "nhwc": x is [N, H, W, C].
 //
 // x is floating. Parameters are floating and have x's dtype or f32 (mixed precision keeps
 // statistics and affine parameters in f32). eps defaults to 1e-5, normalized_rank to 1.
@@ -51,7 +51,10 @@ std::vector<TensorType> infer_norm(OpKind op, const TypeList& in, const Attrs& a
   }
 
   KILN_CHECK(x.rank() >= 2, kShapeMismatch, op_name(op), ": x must be [N, C, ...], got ", x.to_string());
-  const std::vector<Dim> channels{x.dims[1]};
+  const bool last = channels_last(op, a);
+  KILN_CHECK(!last || x.rank() == 4, kShapeMismatch, op_name(op), ": x with layout \"nhwc\" must be [N, H, W, C], got ",
+             x.to_string());
+  const std::vector<Dim> channels{x.dims[last ? 3 : 1]};
   if (op == OpKind::kBatchNorm) {
     check_param(op, "mean", in[1], x, channels);
     check_param(op, "var", in[2], x, channels);
@@ -60,7 +63,7 @@ std::vector<TensorType> infer_norm(OpKind op, const TypeList& in, const Attrs& a
     return {x};
   }
   const int64_t groups = pw::read_attrs(op, [&] { return a.get_int("groups"); });
-  const int64_t c = x.dims[1].extent;
+  const int64_t c = channels[0].extent;
   KILN_CHECK(groups >= 1 && c % groups == 0, kInvalidArgument, op_name(op), ": ", c, " channels of x ",
              x.to_string(), " do not split into ", groups, " groups");
   check_param(op, "weight", opt(in, 1), x, channels);

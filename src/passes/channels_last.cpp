@@ -12,6 +12,7 @@
 //                                   -> permute(the pool with layout "nhwc" on v, NCHW);
 //        adaptive_avg_pool to 1x1 of permute(v, NCHW)
 //                                   -> permute(reduce_mean(v, H and W, keepdim), NCHW);
+//        group_norm of permute(v, NCHW) -> permute(the group_norm with layout "nhwc" on v, NCHW);
 //        op(permute(v, P), ...)     -> permute(op'(v, ...), P') by the rules of sink_permutes.h,
 //      first only through pointwise ops (which never enlarge a permute), then through every
 //      op with a rule, the latter kept only when the permutes left write fewer bytes. A conv's
@@ -20,7 +21,7 @@
 //   3. a conv at a region's entry with fewer than 4 input channels (an image) gets them
 //      zero-padded to 4, by a pad that reads the image through the entry permute (input_perm).
 // Does not: convert conv_transpose or 1-D convs; move permutes through adaptive pools other
-// than the global one, softmax, norms or matmuls; change a graph output's permute into an
+// than the global one, softmax, norms other than group_norm, or matmuls; change a graph output's permute into an
 // alias of a graph input. Run it after fuse_epilogue (residuals and activations are then
 // inside the convs) and before fuse_pointwise; the builder runs it for CUDA builds only (the
 // CPU runs a channels-last conv through channels-first copies).
@@ -102,11 +103,12 @@ bool pad_entry_channels(Graph& g, size_t pos) {
   return true;
 }
 
-// max_pool / avg_pool of permute(v, NCHW) -> the pool channels-last on v; a global average
-// pool -> a mean over H and W.
-bool sink_pool(Graph& g, size_t pos) {
+// max_pool / avg_pool / group_norm of permute(v, NCHW) -> the op channels-last on v; a global
+// average pool -> a mean over H and W.
+bool sink_channel_op(Graph& g, size_t pos) {
   const Node& n = *g.nodes()[pos];
-  if (op_info(n.op).family != OpFamily::kPool || g.type(n.inputs[0]).rank() != 4 || channels_last(n.op, n.attrs))
+  if ((op_info(n.op).family != OpFamily::kPool && n.op != OpKind::kGroupNorm) || g.type(n.inputs[0]).rank() != 4 ||
+      channels_last(n.op, n.attrs))
     return false;
   const Node* p = permute_of(g, n.inputs[0]);
   if (p == nullptr || perm_of(*p) != kToFirst) return false;
@@ -122,7 +124,9 @@ bool sink_pool(Graph& g, size_t pos) {
   } else {
     a.set("layout", std::string("nhwc"));
   }
-  passes::replace_permuted(g, pos, op, {p->inputs[0]}, a, {kToFirst});
+  std::vector<ValueId> ins = n.inputs;  // group_norm's weight and bias stay per channel
+  ins[0] = p->inputs[0];
+  passes::replace_permuted(g, pos, op, ins, a, {kToFirst});
   return true;
 }
 
@@ -139,7 +143,7 @@ bool to_channels_last(Graph& g) {
     for (int round = 0; round < kMaxRounds; ++round) {
       bool again = false;
       for (size_t pos = 0; pos < g.nodes().size(); ++pos)
-        again |= fold_permutes(g, pos) || sink_pool(g, pos) || passes::sink_permute(g, pos, all_rules) ||
+        again |= fold_permutes(g, pos) || sink_channel_op(g, pos) || passes::sink_permute(g, pos, all_rules) ||
                  (all_rules && passes::permute_to_reshape(g, pos));
       if (!again) return;
       eliminate_dead_code(g);

@@ -136,6 +136,11 @@ TEST(CudaGenCodegen, Norm) {
                                          attrs({{"groups", int64_t(2)}, {"eps", 1e-5}})));
       check(gen::generate_norm, one_node(OpKind::kGroupNorm, {tt(dt, {3, 4, 5}), std::nullopt, std::nullopt},
                                          attrs({{"groups", int64_t(4)}, {"eps", 1e-5}})));
+      const std::string last =
+          check(gen::generate_norm,
+                one_node(OpKind::kGroupNorm, {tt(dt, {32, 4, 4, 64}), tt(pd, {64}), tt(pd, {64})},
+                         attrs({{"groups", int64_t(16)}, {"eps", 1e-5}, {"layout", std::string("nhwc")}})));
+      EXPECT_NE(last.find("(block per group, channels last)"), std::string::npos) << last;
       for (const Shape& s : std::vector<Shape>{{2, 3, 4, 5}, {4, 3}, {2, 3, 7}}) {
         check(gen::generate_norm, one_node(OpKind::kBatchNorm, {tt(dt, s), tt(pd, {3}), tt(pd, {3}), tt(pd, {3}), tt(pd, {3})},
                                            attrs({{"eps", 1e-5}})));

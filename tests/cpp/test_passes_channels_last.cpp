@@ -45,7 +45,8 @@ TEST(ChannelsLastConv, ShapeRuleTakesChannelsLastTensors) {
   transpose.set("layout", std::string("nhwc"));
   ValueId wt = f32_weight(g, "wt", {9, 2, 3, 3}, 3);
   ValueId xt = g.add_input("xt", TensorType(DType::kF32, {1, 9, 4, 4}));
-  expect_error([&] { g.add_node1(OpKind::kConvTranspose, {xt, wt}, transpose); }, ErrorCode::kInvalidArgument, {"applies to conv, max_pool and avg_pool only"});
+  expect_error([&] { g.add_node1(OpKind::kConvTranspose, {xt, wt}, transpose); }, ErrorCode::kInvalidArgument,
+               {"applies to conv, max_pool, avg_pool and group_norm only"});
 }
 
 // One conv of every CPU path (im2col, 1x1, depthwise; an RGB input, padded to 4 channels) with
@@ -131,6 +132,48 @@ TEST(ToChannelsLast, ResidualAndSqueezeExciteRegionsConvertOnlyAtTheBoundary) {
   EXPECT_EQ(count_op(f, OpKind::kPermute), 1u) << f.to_string();
   EXPECT_EQ(count_op(f, OpKind::kAdaptiveAvgPool), 0u) << f.to_string();
   EXPECT_EQ(count_op(f, OpKind::kReduceMean), 2u) << f.to_string();
+}
+
+// A UNet's resnet block: conv -> group_norm -> silu -> conv. The group_norm runs channels last,
+// so the region keeps one permute in and one out, and the result is the channels-first one's.
+TEST(ToChannelsLast, GroupNormRunsChannelsLast) {
+  Graph g;
+  ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 8, 5, 5}));
+  ValueId y = g.add_node1(OpKind::kConv, {x, f32_weight(g, "c1", {12, 8, 3, 3}, 1)}, conv2d_attrs(1, 1, 1));
+  Attrs gn;
+  gn.set("groups", int64_t(3));
+  gn.set("eps", 1e-5);
+  y = g.add_node1(OpKind::kGroupNorm, {y, f32_weight(g, "gw", {12}, 2), f32_weight(g, "gb", {12}, 3)}, gn);
+  y = g.add_node1(OpKind::kSilu, {y});
+  y = g.add_node1(OpKind::kConv, {y, f32_weight(g, "c2", {4, 12, 1, 1}, 4)});
+  g.mark_output(y, "y");
+  Graph f = convert_and_compare(g, 7);
+  EXPECT_EQ(count_op(f, OpKind::kPermute), 2u) << f.to_string();
+  const auto it =
+      std::find_if(f.nodes().begin(), f.nodes().end(), [](const auto& n) { return n->op == OpKind::kGroupNorm; });
+  ASSERT_NE(it, f.nodes().end());
+  EXPECT_TRUE(channels_last((*it)->op, (*it)->attrs)) << f.to_string();
+  EXPECT_EQ(f.type((*it)->outputs[0]).shape(), (Shape{2, 5, 5, 12}));
+}
+
+TEST(ChannelsLastGroupNorm, ShapeRuleTakesChannelsLastTensors) {
+  Attrs a;
+  a.set("groups", int64_t(4));
+  a.set("layout", std::string("nhwc"));
+  const TensorType x(DType::kF16, {2, 3, 3, 8}), p(DType::kF32, {8}), wrong(DType::kF32, {3});
+  EXPECT_EQ(infer_types(OpKind::kGroupNorm, {&x, &p, &p}, a).at(0).shape(), (Shape{2, 3, 3, 8}));
+  EXPECT_THROW(infer_types(OpKind::kGroupNorm, {&x, &wrong, &wrong}, a), Error);  // weight is per channel: [8]
+  const TensorType flat(DType::kF16, {2, 8, 9});
+  try {
+    infer_types(OpKind::kGroupNorm, {&flat, nullptr, nullptr}, a);
+    ADD_FAILURE() << "a rank-3 channels-last group_norm was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("must be [N, H, W, C]"), std::string::npos) << e.what();
+  }
+  const TensorType bn_x(DType::kF32, {2, 3, 3, 8});
+  Attrs bn;
+  bn.set("layout", std::string("nhwc"));
+  EXPECT_THROW(infer_types(OpKind::kBatchNorm, {&bn_x, &p, &p}, bn), Error);  // only the listed ops take it
 }
 
 // ResNet's first block of a stage: 1x1 -> 3x3 stride 2 -> 1x1 with the residual from a strided

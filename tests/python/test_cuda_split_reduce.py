@@ -5,7 +5,8 @@ H100 or H200) and long runs each row on several blocks: a first kernel writes ea
 statistics to the engine's workspace, a second combines them and writes the result. Every case
 below takes that path (the build log must say "split" and the engine must have a workspace):
   - group_norm (a UNet's at batch 1; no affine; channels not a multiple of the vector width; an
-    odd group length, which loads one element at a time), layer_norm over rows of more than
+    odd group length, which loads one element at a time; channels last, in groups of 10 and 4
+    channels), layer_norm over rows of more than
     16384 elements (odd too, and over three dims);
   - reduce_sum / mean / var / max over rows (one long row; several; a variance over two dims;
     reduced runs around a kept dim; short odd runs crossing the chunks);
@@ -63,6 +64,11 @@ CASES = [
     Case("gn-no-affine", "group_norm", [[2, 64, 32, 32], None, None], {"groups": 8, "eps": 1e-5}, _gn(8)),
     Case("gn-odd-spatial", "group_norm", [[1, 96, 37, 41], [96], [96]], {"groups": 4, "eps": 1e-5}, _gn(4)),
     Case("gn-odd-length", "group_norm", [[1, 15, 47, 47], [15], [15]], {"groups": 3, "eps": 1e-5}, _gn(3)),
+    # Channels last ([N, H, W, C]): groups of 10 channels (2-wide loads in f16), and of 4.
+    Case("gn-nhwc-g32", "group_norm", [[1, 64, 64, 320], [320], [320]], {"groups": 32, "eps": 1e-5, "layout": "nhwc"},
+         lambda x, w=None, b=None: _gn(32)(x.permute(0, 3, 1, 2), w, b).permute(0, 2, 3, 1)),
+    Case("gn-nhwc-cg4", "group_norm", [[1, 64, 64, 128], None, None], {"groups": 32, "eps": 1e-5, "layout": "nhwc"},
+         lambda x, w=None, b=None: _gn(32)(x.permute(0, 3, 1, 2), w, b).permute(0, 2, 3, 1)),
     Case("ln-long", "layer_norm", [[2, 40000], [40000], [40000]], {"normalized_rank": 1, "eps": 1e-5}, _ln(1)),
     Case("ln-odd", "layer_norm", [[3, 20001], [20001], None], {"normalized_rank": 1, "eps": 1e-5}, _ln(1)),
     Case(

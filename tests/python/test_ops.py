@@ -238,6 +238,20 @@ case("group_norm", [r(3, 4, 5), None, None], {"groups": 4, "eps": 1e-5},
 case("group_norm", [r(2, 8, 2, 3), r(8), None], {"groups": 1, "eps": 1e-4},
      lambda x, w, b: F.group_norm(x, 1, w, None, 1e-4), "one-group")
 
+
+def _gn_last(groups: int, eps: float = 1e-5) -> Callable[..., torch.Tensor]:
+    """group_norm of a channels-last x [N, H, W, C] (layout "nhwc")."""
+    return lambda x, w, b: F.group_norm(x.permute(0, 3, 1, 2), groups, w, b, eps).permute(0, 2, 3, 1)
+
+
+case("group_norm", [r(2, 3, 5, 6), r(6), r(6)], {"groups": 2, "eps": 1e-5, "layout": "nhwc"}, _gn_last(2),
+     "channels-last")
+case("group_norm", [r(2, 4, 3, 12), None, None], {"groups": 4, "eps": 1e-5, "layout": "nhwc"}, _gn_last(4),
+     "channels-last-no-affine")
+# A UNet's at batch 32 (more groups than the CUDA split takes): four f16 channels per group.
+case("group_norm", [r(32, 4, 4, 64).half(), r(64).half(), r(64).half()], {"groups": 16, "eps": 1e-5, "layout": "nhwc"},
+     _gn_last(16), "channels-last-f16")
+
 # ---- matmul, linear -----------------------------------------------------------------------
 for _a, _b in [((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((2, 1, 3, 4), (5, 4, 6)), ((2, 3, 4), (2, 4, 5)),
                ((1, 1), (1, 1)), ((17, 33), (33, 9))]:

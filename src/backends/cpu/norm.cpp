@@ -1,5 +1,6 @@
 // CPU kernels of the normalization family (inference): batch_norm with running statistics,
-// layer_norm over the last k dims, group_norm over (sample, group).
+// layer_norm over the last k dims, group_norm over (sample, group) of [N, C, ...] or, with layout
+// "nhwc", of [N, H, W, C].
 //
 // Statistics compute in f32 (f64 for f64 tensors), two-pass (mean, then squared deviations)
 // with accumulator lanes so the loops vectorize; variance is the biased (population) one, as
@@ -13,6 +14,7 @@
 
 #include "src/backends/cpu/kernels.h"
 #include "src/ops/pointwise.h"
+#include "src/ops/shape_rules.h"
 
 namespace kiln::cpu {
 
@@ -92,6 +94,7 @@ struct Setup {
   OpKind op;
   int64_t outer = 1, channels = 1, inner = 1;  // layer_norm: rows, -, D; norms over [N, C, S]: N, C, S
   int64_t groups = 1;
+  bool channels_last = false;  // group_norm of x [N, S, C]
   double eps = 1e-5;
   Param p[4];  // layer/group_norm: weight, bias; batch_norm: mean, var, weight, bias
   size_t workspace = 0;
@@ -177,8 +180,37 @@ KernelFn make_typed(Setup& st) {
       return;
     }
 
-    // group_norm: each (sample, group) is one contiguous block of Cg * Sp elements.
     const int64_t G = st.groups, Cg = Ch / G;
+    if (st.channels_last) {  // group (n, g): Cg channels at stride Ch in each of the Sp positions
+      parallel_for(N * G, std::max<int64_t>(1, kWork / std::max<int64_t>(Cg * Sp, 1)), [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t) {
+          const int64_t base = (t / G) * Sp * Ch + (t % G) * Cg;
+          const double count = double(std::max<int64_t>(Cg * Sp, 1));
+          double s = 0;
+          for (int64_t i = 0; i < Sp; ++i)
+            for (int64_t k = 0; k < Cg; ++k) s += E::load(x[base + i * Ch + k]);
+          const C mean = static_cast<C>(s / count);
+          double v = 0;
+          for (int64_t i = 0; i < Sp; ++i)
+            for (int64_t k = 0; k < Cg; ++k) {
+              const double d = double(E::load(x[base + i * Ch + k]) - mean);
+              v += d * d;
+            }
+          const C rstd = static_cast<C>(1.0 / std::sqrt(v / count + st.eps));
+          for (int64_t k = 0; k < Cg; ++k) {
+            const int64_t c = (t % G) * Cg + k;
+            const C sc = rstd * (prm[0] ? prm[0][c] : C(1));
+            const C sh = prm[1] ? prm[1][c] : C(0);
+            for (int64_t i = 0; i < Sp; ++i) {
+              const int64_t at = base + i * Ch + k;
+              y[at] = E::store((E::load(x[at]) - mean) * sc + sh);
+            }
+          }
+        }
+      });
+      return;
+    }
+    // group_norm: each (sample, group) is one contiguous block of Cg * Sp elements.
     parallel_for(N * G, std::max<int64_t>(1, kWork / std::max<int64_t>(Cg * Sp, 1)), [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
         const S* xg = x + t * Cg * Sp;
@@ -208,9 +240,12 @@ std::unique_ptr<Kernel> make_norm_kernel(const Node& n, const Graph& g) {
     const auto k = static_cast<size_t>(n.attrs.get_int("normalized_rank", 1));
     for (size_t d = 0; d < shape.size(); ++d) (d + k < shape.size() ? st.outer : st.inner) *= shape[d];
   } else {
+    st.channels_last = channels_last(n.op, n.attrs);  // group_norm [N, H, W, C]
+    const size_t c = st.channels_last ? 3 : 1;
     st.outer = shape.at(0);
-    st.channels = shape.at(1);
-    for (size_t d = 2; d < shape.size(); ++d) st.inner *= shape[d];
+    st.channels = shape.at(c);
+    for (size_t d = 1; d < shape.size(); ++d)
+      if (d != c) st.inner *= shape[d];
     if (n.op == OpKind::kGroupNorm) st.groups = n.attrs.get_int("groups");
   }
   for (size_t i = 0; i < 4; ++i) st.p[i] = param(g, n, i + 1);

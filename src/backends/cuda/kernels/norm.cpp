@@ -6,7 +6,9 @@
 //               block per row reading x three times (sum, squared deviations, write).
 //   group_norm: one 512-thread block per (sample, group), whose elements are contiguous:
 //               sum, squared deviations, then the write with the channel's weight and bias
-//               (norm_group.cuh, which also serves layer_norm's long rows).
+//               (norm_group.cuh, which also serves layer_norm's long rows). Channels last
+//               (layout "nhwc", x [N, H, W, C]): a group is its Cg channels at each position,
+//               read as runs of Cg elements (Cg is compiled in, so the index math is shifts).
 //   few long rows (layer_norm's long rows and group_norm, when plan.h's split_rows splits them:
 //               fewer rows than two per multiprocessor, each of at least kSplitMinRow elements):
 //               each row in chunks of a 256-thread block each; a first kernel writes each
@@ -26,6 +28,7 @@
 #include "src/backends/cuda/codegen/prelude.h"
 #include "src/backends/cuda/device/cuda_util.h"
 #include "src/backends/cuda/kernels.h"
+#include "src/ops/shape_rules.h"
 
 namespace kiln::cuda {
 
@@ -63,37 +66,48 @@ std::string layer_rows(bool warp, int epl, int vec, int esz, int psz_w, int psz_
          std::string(embedded_source("norm_layer_rows.cuh"));
 }
 
-// kg_group_norm: contiguous groups of n elements (layer_norm long rows, group_norm), a block per group.
-std::string group_kernel(bool layer, bool w, bool b) {
-  return define("KG_LAYER", layer) + define("KG_HAS_W", w) + define("KG_HAS_B", b) +
+// Where a group's elements lie: contiguous (layer_norm rows, channels-first group_norm), or
+// channels last (group_norm of [N, S, C]: the group's cg channels at each of the S positions).
+struct GroupLayout {
+  bool nhwc = false;
+  int64_t cg = 0;
+};
+
+std::string layout_defines(const GroupLayout& l) { return define("KG_NHWC", l.nhwc) + define("KG_CG", l.cg); }
+
+// The widest vector (at most 16 bytes) of contiguous elements a group of len elements is read in.
+int group_vec(int64_t len, int esz, const GroupLayout& l) { return split_row(l.nhwc ? l.cg : len, 1, esz).vec; }
+
+// kg_group_norm: groups of n elements (layer_norm long rows, group_norm), a block per group.
+std::string group_kernel(bool layer, bool w, bool b, const GroupLayout& l) {
+  return define("KG_LAYER", layer) + define("KG_HAS_W", w) + define("KG_HAS_B", b) + layout_defines(l) +
          std::string(embedded_source("norm_group.cuh"));
 }
 
 // The split kernels kg_norm_split_stats_v<vec> and kg_norm_split_apply_v<vec> (norm_split.cuh).
-std::string split_kernels(bool layer, bool w, bool b, int vec, int esz) {
+std::string split_kernels(bool layer, bool w, bool b, int vec, int esz, const GroupLayout& l) {
   return define("KG_LAYER", layer) + define("KG_HAS_W", w) + define("KG_HAS_B", b) + define("KG_V", vec) +
-         define("KG_VW", word_type(vec * esz)) + std::string(embedded_source("norm_split.cuh"));
+         define("KG_VW", word_type(vec * esz)) + layout_defines(l) + std::string(embedded_source("norm_split.cuh"));
 }
 
-// The split plan of `rows` contiguous groups of len elements, x of esz-byte elements loaded in
-// the widest vectors that divide len, with each chunk's two statistics in A (f64 for f64 x, else
-// f32).
-SplitPlan norm_split(int64_t rows, int64_t len, int esz, bool f64, const Target& t) {
-  return split_rows(rows, len, split_row(len, 1, esz).vec, 2 * (f64 ? 8 : 4), t);
+// The split plan of `rows` groups of len elements, x of esz-byte elements loaded in group_vec's
+// vectors, with each chunk's two statistics in A (f64 for f64 x, else f32).
+SplitPlan norm_split(int64_t rows, int64_t len, int esz, bool f64, const Target& t, const GroupLayout& l = {}) {
+  return split_rows(rows, len, group_vec(len, esz, l), 2 * (f64 ? 8 : 4), t);
 }
 
 // The two launches of a split norm over `rows` contiguous groups of len elements (group_norm:
 // G groups of Cg channels of S elements; layer_norm: G = 1, Cg = len, S = 1), appending their
 // kernels to gn.source, and the vector width they load with.
 int add_split(Generated& gn, const Node& n, bool layer, int esz, int64_t rows, int64_t len, int64_t G, int64_t Cg,
-              int64_t S, double eps, const SplitPlan& sp) {
+              int64_t S, double eps, const SplitPlan& sp, const GroupLayout& gl = {}) {
   const bool w = present(n, 1), b = present(n, 2);
-  const int vec = split_row(len, 1, esz).vec;
+  const int vec = group_vec(len, esz, gl);
   const uint32_t blocks = blocks_for(rows * sp.splits, 1);
   auto stats = [&](int v) {
-    gn.source += split_kernels(layer, w, b, v, esz);
+    gn.source += split_kernels(layer, w, b, v, esz, gl);
     Launch l("kg_norm_split_stats_v" + std::to_string(v), blocks, kSplitThreads);
-    l.in(0).ws().i64(rows).i64(len).i64(sp.splits).i64(sp.chunk);
+    l.in(0).ws().i64(rows).i64(len).i64(sp.splits).i64(sp.chunk).i64(G);
     return l;
   };
   auto apply = [&](int v) {
@@ -188,7 +202,7 @@ Generated generate_norm(const Node& n, const Graph& g, const Target& t) {
       const int vec = add_split(gn, n, true, esz, rows, D, 1, D, 1, eps, sp);
       gn.plan.describe = desc + sp.describe("row", vec);
     } else {
-      gn.source = head + group_kernel(true, w, b);
+      gn.source = head + group_kernel(true, w, b, {});
       Launch l("kg_group_norm", blocks_for(rows, 1), kBlockThreads);
       l.in(0).opt_in(n, 1).opt_in(n, 2).out(0).i64(rows).i64(D).i64(1).i64(D).i64(1).f64(eps);
       gn.plan.launches.push_back(std::move(l));
@@ -197,25 +211,30 @@ Generated generate_norm(const Node& n, const Graph& g, const Target& t) {
     return gn;
   }
 
-  const int64_t N = shape.at(0), C = shape.at(1);
+  const bool nhwc = channels_last(n.op, n.attrs);  // group_norm of [N, H, W, C]
+  const size_t cdim = nhwc ? 3 : 1;
+  const int64_t N = shape.at(0), C = shape.at(cdim);
   int64_t S = 1;
-  for (size_t d = 2; d < shape.size(); ++d) S *= shape[d];
+  for (size_t d = 1; d < shape.size(); ++d)
+    if (d != cdim) S *= shape[d];
   if (n.op == OpKind::kGroupNorm) {
     const int64_t G = n.attrs.get_int("groups"), Cg = C / G;
+    const GroupLayout gl{nhwc, nhwc ? Cg : 0};
+    const std::string where = nhwc ? ", channels last" : "";
     head += param_defs(n, g, 1);
     if (!w) head += "typedef float T_p0;\n";
     if (!b) head += "typedef float T_p1;\n";
-    if (const SplitPlan sp = norm_split(N * G, Cg * S, esz, xt.dtype == DType::kF64, t); sp.split()) {
+    if (const SplitPlan sp = norm_split(N * G, Cg * S, esz, xt.dtype == DType::kF64, t, gl); sp.split()) {
       gn.source = head;
-      const int vec = add_split(gn, n, false, esz, N * G, Cg * S, G, Cg, S, eps, sp);
-      gn.plan.describe = desc + sp.describe("group", vec);
+      const int vec = add_split(gn, n, false, esz, N * G, Cg * S, G, Cg, S, eps, sp, gl);
+      gn.plan.describe = desc + sp.describe("group", vec) + where;
       return gn;
     }
-    gn.source = head + group_kernel(false, w, b);
+    gn.source = head + group_kernel(false, w, b, gl);
     Launch l("kg_group_norm", blocks_for(N * G, 1), kBlockThreads);
     l.in(0).opt_in(n, 1).opt_in(n, 2).out(0).i64(N * G).i64(Cg * S).i64(G).i64(Cg).i64(S).f64(eps);
     gn.plan.launches.push_back(std::move(l));
-    gn.plan.describe = desc + " (block per group)";
+    gn.plan.describe = desc + " (block per group" + where + ")";
     return gn;
   }
 

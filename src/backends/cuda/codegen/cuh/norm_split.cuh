@@ -13,20 +13,28 @@
 // are multiples of KG_V.
 //
 // Expects T_x, ld_x, st_x, A (the compute type), T_p0 / ld_p0 (weight), T_p1 / ld_p1 (bias),
-// and KG_LAYER, KG_HAS_W, KG_HAS_B, KG_V (1, 2, 4 or 8) and KG_VW; undefines them at the end,
+// and KG_LAYER, KG_HAS_W, KG_HAS_B, KG_V (1, 2, 4 or 8), KG_VW, KG_NHWC and KG_CG (the channels
+// of a group; KG_V divides it when KG_NHWC); undefines them at the end,
 // so that a source can append this file once per vector width.
+// Element e of row `row`: contiguous rows, or (KG_NHWC) group row % G of sample row / G in an
+// [N, S, G * KG_CG] tensor, whose KG_CG channels repeat at stride G * KG_CG.
+#if KG_NHWC
+#define KG_ELEM(row, e) (((row) / G) * n * G + ((row) % G) * KG_CG + ((e) / KG_CG) * (G * KG_CG) + (e) % KG_CG)
+#else
+#define KG_ELEM(row, e) ((row) * n + (e))
+#endif
 #if KG_V == 1
 extern "C" __global__ void kg_norm_split_stats_v1(const T_x* __restrict__ x, A* __restrict__ ws, long long rows,
-                                                  long long n, long long splits, long long chunk) {
+                                                  long long n, long long splits, long long chunk, long long G) {
 #elif KG_V == 2
 extern "C" __global__ void kg_norm_split_stats_v2(const T_x* __restrict__ x, A* __restrict__ ws, long long rows,
-                                                  long long n, long long splits, long long chunk) {
+                                                  long long n, long long splits, long long chunk, long long G) {
 #elif KG_V == 4
 extern "C" __global__ void kg_norm_split_stats_v4(const T_x* __restrict__ x, A* __restrict__ ws, long long rows,
-                                                  long long n, long long splits, long long chunk) {
+                                                  long long n, long long splits, long long chunk, long long G) {
 #elif KG_V == 8
 extern "C" __global__ void kg_norm_split_stats_v8(const T_x* __restrict__ x, A* __restrict__ ws, long long rows,
-                                                  long long n, long long splits, long long chunk) {
+                                                  long long n, long long splits, long long chunk, long long G) {
 #else
 #error "KG_V must be 1, 2, 4 or 8"
 #endif
@@ -34,10 +42,9 @@ extern "C" __global__ void kg_norm_split_stats_v8(const T_x* __restrict__ x, A* 
   for (long long item = blockIdx.x; item < rows * splits; item += gridDim.x) {
     const long long row = item / splits, lo = (item % splits) * chunk;
     const long long hi = lo + chunk < n ? lo + chunk : n;
-    const KG_VW* p = reinterpret_cast<const KG_VW*>(x + row * n);
     A s = 0;
     for (long long i = lo / KG_V + threadIdx.x; i < hi / KG_V; i += blockDim.x) {
-      const KG_VW u = p[i];
+      const KG_VW u = *reinterpret_cast<const KG_VW*>(x + KG_ELEM(row, i * KG_V));
       const T_x* e = reinterpret_cast<const T_x*>(&u);
 #pragma unroll
       for (int j = 0; j < KG_V; ++j) s += ld_x(e[j]);
@@ -46,7 +53,7 @@ extern "C" __global__ void kg_norm_split_stats_v8(const T_x* __restrict__ x, A* 
     const A mean = (A)((double)s / (double)(hi - lo));
     A q = 0;
     for (long long i = lo / KG_V + threadIdx.x; i < hi / KG_V; i += blockDim.x) {
-      const KG_VW u = p[i];
+      const KG_VW u = *reinterpret_cast<const KG_VW*>(x + KG_ELEM(row, i * KG_V));
       const T_x* e = reinterpret_cast<const T_x*>(&u);
 #pragma unroll
       for (int j = 0; j < KG_V; ++j) {
@@ -102,10 +109,9 @@ extern "C" __global__ void kg_norm_split_apply_v8(const T_x* __restrict__ x, con
     const double var = kg_block_sum(t, smd) / (double)n;
     const A mean = (A)mean_d;
     const A rstd = (A)(1.0 / sqrt(var + eps));
-    const KG_VW* p = reinterpret_cast<const KG_VW*>(x + row * n);
-    KG_VW* q = reinterpret_cast<KG_VW*>(y + row * n);
     for (long long i = lo / KG_V + threadIdx.x; i < hi / KG_V; i += blockDim.x) {
-      const KG_VW u = p[i];
+      const long long at_i = KG_ELEM(row, i * KG_V);
+      const KG_VW u = *reinterpret_cast<const KG_VW*>(x + at_i);
       const T_x* e = reinterpret_cast<const T_x*>(&u);
       KG_VW o;
       T_x* f = reinterpret_cast<T_x*>(&o);
@@ -121,6 +127,22 @@ extern "C" __global__ void kg_norm_split_apply_v8(const T_x* __restrict__ x, con
         r += (A)ld_p1(b[c]);
 #endif
         f[j] = st_x(r);
+      }
+#elif KG_NHWC
+      // Channels last: the word's elements are consecutive channels of one position.
+      const long long c0 = (row % G) * KG_CG + (i * KG_V) % KG_CG;
+#pragma unroll
+      for (int j = 0; j < KG_V; ++j) {
+#if KG_HAS_W
+        const A sc = rstd * (A)ld_p0(w[c0 + j]);
+#else
+        const A sc = rstd * (A)1;
+#endif
+#if KG_HAS_B
+        f[j] = st_x((ld_x(e[j]) - mean) * sc + (A)ld_p1(b[c0 + j]));
+#else
+        f[j] = st_x((ld_x(e[j]) - mean) * sc + (A)0);
+#endif
       }
 #else
       // The channel of element i * KG_V + j of the group: (row % G) * Cg + (i * KG_V + j) / S,
@@ -145,10 +167,13 @@ extern "C" __global__ void kg_norm_split_apply_v8(const T_x* __restrict__ x, con
         }
       }
 #endif
-      q[i] = o;
+      *reinterpret_cast<KG_VW*>(y + at_i) = o;
     }
   }
 }
+#undef KG_ELEM
+#undef KG_NHWC
+#undef KG_CG
 #undef KG_LAYER
 #undef KG_HAS_W
 #undef KG_HAS_B
