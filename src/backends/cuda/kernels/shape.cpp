@@ -6,8 +6,8 @@
 // reading the input at sum(i_k * ist_k) and writing the output at sum(i_k * ost_k) (expand:
 // input stride 0; slice: start offset and stride * step; split: each part is one copy out of the
 // joined tensor at its byte offset). A concat is the exception: its output is [outer, total]
-// and each part an [outer, width] block of its columns, and one launch writes up to 8 parts
-// (DenseNet's concats join up to 25 parts: one copy per part made most of its launches). At make time unit dims are dropped and
+// and each part an [outer, width] block of its columns, and one launch writes up to 8 parts, so
+// a concat of many parts (DenseNet's) is few launches. At make time unit dims are dropped and
 // dims contiguous in both tensors merged; when the innermost run is contiguous in both, the
 // copy moves the widest word (up to 16 bytes) that divides every extent, stride and offset.
 // When the last dim is strided in the input but some other dim is contiguous there (e.g.
