@@ -21,8 +21,8 @@
 //   3. a conv at a region's entry with fewer than 4 input channels (an image) gets them
 //      zero-padded to 4, by a pad that reads the image through the entry permute (input_perm).
 // Does not: convert conv_transpose or 1-D convs; move permutes through adaptive pools other
-// than the global one, softmax, norms other than group_norm, or matmuls; change a graph output's permute into an
-// alias of a graph input. Run it after fuse_epilogue (residuals and activations are then
+// than the global one, softmax, norms other than group_norm, or matmuls; change a graph
+// output's permute into an alias of a graph input. Run it after fuse_epilogue (residuals and activations are then
 // inside the convs) and before fuse_pointwise; the builder runs it for CUDA builds only (the
 // CPU runs a channels-last conv through channels-first copies).
 #include <algorithm>

@@ -330,18 +330,15 @@ std::string add_concat(std::string& source, Plan& plan, const Node& n, const Gra
     if (const int64_t width = g.type(n.inputs[i]).shape()[axis] * inner; width > 0) parts.emplace_back(int(i), width);
   const int64_t total = y[axis] * inner;
   if (parts.empty() || outer == 0) return "empty";
-  int wb = esz;
-  for (int b : {16, 8, 4, 2})
-    if (b > esz && std::all_of(parts.begin(), parts.end(), [&](const auto& p) { return p.second * esz % b == 0; })) {
-      wb = b;
-      break;
-    }
+  int64_t common = 0;  // a word divides every part's width when it divides their gcd
+  for (const auto& part : parts) common = std::gcd(common, part.second * esz);
+  const int wb = word_bytes(esz, {common});
   if (source.empty()) source = source_head() + kDimsDecl + std::string(embedded_source("shape_copy.cuh"));
-  auto launch = [&](size_t first, size_t count, int w) {
+  // Parts [first, first + count) from output element column col, in words of w bytes.
+  auto launch = [&](size_t first, size_t count, int64_t col, int w) {
     const int64_t f = w / esz;
+    col /= f;
     ConcatParts p{};
-    int64_t col = 0;
-    for (size_t k = 0; k < first; ++k) col += parts[k].second / f;
     const bool wide = outer * (total / f) >= (int64_t(1) << 31);
     add_kernel_once(source, concat_kernel(w, wide));
     int64_t span = 0;
@@ -359,11 +356,13 @@ std::string add_concat(std::string& source, Plan& plan, const Node& n, const Gra
     return l;
   };
   size_t launches = 0;
+  int64_t col = 0;
   for (size_t first = 0; first < parts.size(); first += kConcatParts, ++launches) {
     const size_t count = std::min(kConcatParts, parts.size() - first);
-    Launch l = launch(first, count, wb);
-    if (wb != esz) with_fallback(l, uint32_t(wb), launch(first, count, esz));
+    Launch l = launch(first, count, col, wb);
+    if (wb != esz) with_fallback(l, uint32_t(wb), launch(first, count, col, esz));
     plan.launches.push_back(std::move(l));
+    for (size_t k = first; k < first + count; ++k) col += parts[k].second;
   }
   return std::to_string(parts.size()) + " parts in " + std::to_string(launches) + " launch(es) of " +
          std::to_string(wb) + "-byte words";
