@@ -48,8 +48,10 @@ bool collapse_view_chains(Graph& g);
 bool fuse_sibling_linears(Graph& g, const AttentionFilter& foldable = fused_attention_shape);
 // Folds a bias add, a residual add and an activation (relu, gelu, silu, sigmoid, tanh) that
 // follow a single-use linear or conv into that op's epilogue (its bias / residual inputs and
-// `activation` attribute). Run it before fuse_pointwise.
-bool fuse_epilogue(Graph& g);
+// `activation` attribute). With `pointwise_follows` (fuse_pointwise runs later), an activation
+// whose one use is a pointwise op is left for fuse_pointwise to compute inside that op's kernel.
+// Run it before fuse_pointwise.
+bool fuse_epilogue(Graph& g, bool pointwise_follows = true);
 // Runs every 2-D conv channels-last (layout "nhwc") and moves the permutes this puts around
 // them through the ops between convs (pointwise ops, pools, concats, slices, pads, gathers,
 // reductions, reshapes: src/passes/sink_permutes.h) until they cancel, so a conv region

@@ -118,9 +118,25 @@ void check_float_out(const NodeArgs& args) {
   if (!is_floating(args.out().dtype)) reject("pow on ", dtype_name(args.out().dtype), " (Kiln's pow is float only)");
 }
 
+// pow; a tensor to a constant exponent that PyTorch's pow kernels compute without pow (2, 3,
+// 0.5, -0.5, -1, -2) becomes those kernels' multiplies, root or reciprocal, which every backend
+// runs as cheap pointwise ops (GPT-2's written-out GELU cubes, RMSNorm squares).
 std::vector<ValueId> convert_pow(ImportContext& cx) {
   const DType dt = cx.args.out().dtype;
-  return {cx.add(OpKind::kPow, {operand(cx, 0, "self", dt), operand(cx, 1, "exponent", dt)})};
+  const ValueId x = operand(cx, 0, "self", dt);
+  const ImportArg* e = cx.args.find(1, "exponent");
+  const bool tensor_base = cx.args.find(0, "self")->kind == ImportArg::Kind::kTensor;
+  if (tensor_base && e != nullptr && (e->kind == ImportArg::Kind::kInt || e->kind == ImportArg::Kind::kFloat)) {
+    const double v = cx.args.get_float(1, "exponent");
+    auto square = [&] { return cx.add(OpKind::kMul, {x, x}); };
+    if (v == 2) return {square()};
+    if (v == 3) return {cx.add(OpKind::kMul, {square(), x})};
+    if (v == 0.5) return {cx.add(OpKind::kSqrt, {x})};
+    if (v == -0.5) return {cx.add(OpKind::kRsqrt, {x})};
+    if (v == -1) return {cx.add(OpKind::kReciprocal, {x})};
+    if (v == -2) return {cx.add(OpKind::kReciprocal, {square()})};
+  }
+  return {cx.add(OpKind::kPow, {x, operand(cx, 1, "exponent", dt)})};
 }
 
 template <OpKind K>

@@ -15,9 +15,11 @@
 //       keep the element order;
 //   relu / gelu (approximate none or tanh) / silu / sigmoid / tanh / hardswish / hardsigmoid (y)
 //       -> P with that activation (after which P takes no further add: the add would come
-//       after the activation), unless the activation's one use is a pointwise op that broadcasts
-//       it to more elements (a squeeze-excitation gate: hardsigmoid(conv(s)) * x), which
-//       fuse_pointwise then recomputes inside that op's kernel.
+//       after the activation), unless fuse_pointwise follows and the activation's one use is
+//       a pointwise op (a squeeze-excitation gate hardsigmoid(conv(s)) * x, SwiGLU's
+//       silu(gate) * up), which fuse_pointwise then computes inside that op's kernel. An
+//       activation that stays out this way fuses in a later sweep if its use becomes an
+//       epilogue input (the pointwise op itself fused as a residual).
 // The add's output must have y's type (an add that broadcasts y to a larger shape stays). The
 // sweep runs in topological order, so chains (conv -> add bias -> add skip -> relu) fuse in one
 // pass; it repeats until nothing changes. Values that lose their uses are dropped (compact).
@@ -173,25 +175,24 @@ bool try_add_through_views(Graph& g, size_t pos, ValueId v, ValueId r) {
   return true;
 }
 
-// Whether v's one use is a pointwise op that broadcasts it to more elements (a gate scaling a
-// feature map).
-bool broadcast_into_pointwise(const Graph& g, ValueId v) {
+// Whether v's one use is a pointwise op (a gate scaling a feature map, SwiGLU's silu(gate) * up).
+bool feeds_pointwise(const Graph& g, ValueId v) {
   if (g.num_uses(v) != 1 || passes::is_graph_output(g, v)) return false;
   for (const auto& n : g.nodes())
-    if (std::find(n->inputs.begin(), n->inputs.end(), v) != n->inputs.end())
-      return op_info(n->op).pointwise() && g.type(n->outputs[0]).numel() > g.type(v).numel();
+    if (std::find(n->inputs.begin(), n->inputs.end(), v) != n->inputs.end()) return op_info(n->op).pointwise();
   return false;
 }
 
-bool try_activation(Graph& g, size_t pos) {
+bool try_activation(Graph& g, size_t pos, bool pointwise_follows) {
   const Node& k = *g.nodes()[pos];
   const std::optional<std::string> act = pw::activation_for_unary(k.op, k.attrs);
   if (!act) return false;
   Node* p = fusable_producer(g, k.inputs[0]);
   if (p == nullptr) return false;
-  // Left to fuse_pointwise, which recomputes it inside the op it feeds: one launch either way
-  // where the producer's library fuses the activation, one fewer where it cannot.
-  if (broadcast_into_pointwise(g, k.outputs[0])) return false;
+  // Left to fuse_pointwise, which computes it inside the op it feeds: no more traffic where the
+  // producer's library fuses the activation, one pass over the output fewer where it cannot
+  // (cuBLASLt has no silu: it would run as a kernel of its own after the GEMM).
+  if (pointwise_follows && feeds_pointwise(g, k.outputs[0])) return false;
   Attrs attrs = p->attrs;
   attrs.set("activation", *act);
   replace_pair(g, position_of(g, p, pos), pos, p->inputs, attrs);
@@ -199,7 +200,7 @@ bool try_activation(Graph& g, size_t pos) {
 }
 
 // One sweep in topological order; returns whether anything fused.
-bool sweep(Graph& g) {
+bool sweep(Graph& g, bool pointwise_follows) {
   bool changed = false;
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     const Node& k = *g.nodes()[i];
@@ -209,7 +210,7 @@ bool sweep(Graph& g) {
       fused = try_add(g, i, a, b) || try_add(g, i, b, a) || try_add_through_views(g, i, a, b) ||
               try_add_through_views(g, i, b, a);
     } else if (op_info(k.op).family == OpFamily::kUnary) {
-      fused = try_activation(g, i);
+      fused = try_activation(g, i, pointwise_follows);
     }
     // A fusion removes the producer (before i) and replaces node i: the fused node now sits
     // at i - 1 (or i with an inserted reshape), and the next node to look at at i (i + 1).
@@ -223,9 +224,9 @@ bool sweep(Graph& g) {
 
 }  // namespace
 
-bool fuse_epilogue(Graph& g) {
+bool fuse_epilogue(Graph& g, bool pointwise_follows) {
   bool changed = false;
-  while (sweep(g)) changed = true;
+  while (sweep(g, pointwise_follows)) changed = true;
   if (changed) g.compact();
   return changed;
 }

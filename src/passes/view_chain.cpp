@@ -1,12 +1,13 @@
-// strided_view_of (view_chain.h): composes reshape, permute and slice nodes into one strided
-// view of the value the chain starts from.
+// strided_view_of (view_chain.h): composes reshape, permute, slice and split nodes into one
+// strided view of the value the chain starts from.
 //
 // Representation while composing: the current value's dims, each a row-major list of atoms
 // (size, stride): index i of a dim is decomposed in mixed radix over its atoms' sizes and each
 // digit steps its atom's stride. A dense value has one atom per dim (none for extent 1).
 //   permute  moves the lists;
 //   slice    offsets and strides the dim's only atom, or (step 1) its outermost atom when the
-//            slice takes whole blocks of the inner atoms; otherwise the chain stops;
+//            slice takes whole blocks of the inner atoms; otherwise the chain stops (output k of
+//            a split is the step-1 slice after outputs 0..k-1);
 //   reshape  flattens every atom in order, coalesces neighbours that are contiguous, and deals
 //            the atoms out to the new dims, splitting one where a new dim ends inside it (the
 //            split must divide its size; otherwise the chain stops).
@@ -118,23 +119,31 @@ bool apply_reshape(Layout& l, const std::vector<int64_t>& shape) {
   return true;
 }
 
-// Turns `l`, the layout of node n's input, into that of its output; false where the chain stops.
-bool apply(Layout& l, const Node& n, const Graph& g) {
+// Turns `l`, the layout of node n's input, into that of its output `out`; false where the chain
+// stops.
+bool apply(Layout& l, const Node& n, const Graph& g, ValueId out) {
   switch (n.op) {
     case OpKind::kPermute: return apply_permute(l, n.attrs.get_ints("perm"));
-    case OpKind::kReshape: return apply_reshape(l, g.type(n.outputs[0]).shape());
+    case OpKind::kReshape: return apply_reshape(l, g.type(out).shape());
     case OpKind::kSlice: {
       const int64_t step = n.attrs.get_int("step");
       const size_t axis = size_t(n.attrs.get_int("axis"));
-      return step > 0 && apply_slice(l, axis, n.attrs.get_int("start"), step, g.type(n.outputs[0]).shape()[axis]);
+      return step > 0 && apply_slice(l, axis, n.attrs.get_int("start"), step, g.type(out).shape()[axis]);
+    }
+    case OpKind::kSplit: {
+      const size_t axis = size_t(n.attrs.get_int("axis"));
+      int64_t start = 0;
+      for (size_t k = 0; k < n.outputs.size() && n.outputs[k] != out; ++k) start += g.type(n.outputs[k]).shape()[axis];
+      return apply_slice(l, axis, start, 1, g.type(out).shape()[axis]);
     }
     default: return false;
   }
 }
 
 bool is_view_op(const Node* n) {
-  return n != nullptr && n->outputs.size() == 1 &&
-         (n->op == OpKind::kPermute || n->op == OpKind::kReshape || n->op == OpKind::kSlice);
+  return n != nullptr && (n->op == OpKind::kSplit ||
+                          (n->outputs.size() == 1 &&
+                           (n->op == OpKind::kPermute || n->op == OpKind::kReshape || n->op == OpKind::kSlice)));
 }
 
 ValueView trivial(const Graph& g, ValueId v) {
@@ -175,7 +184,7 @@ ValueView strided_view_of(const Graph& g, ValueId v) {
     if (g.type(chain[start]).numel() == 0) continue;
     Layout l = dense(g.type(chain[start]).shape());
     bool ok = true;
-    for (size_t i = start; ok && i-- > 0;) ok = apply(l, *ops[i], g);
+    for (size_t i = start; ok && i-- > 0;) ok = apply(l, *ops[i], g, chain[i]);
     if (!ok) continue;
     ValueView r;
     r.base = chain[start];

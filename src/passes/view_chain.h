@@ -6,7 +6,8 @@
 // instead read the value at the start of the chain, if the chain's composite map from output
 // index to input element is one strided view. strided_view_of finds that start.
 //
-// What composes: permute (strides move), slice with any step > 0 (offset and stride), and
+// What composes: permute (strides move), slice with any step > 0 (offset and stride), an output
+// of split (a slice of step 1), and
 // reshape where the standard view rule allows it (as torch.Tensor.view) -- judged on the whole
 // chain, not step by step: torchvision's head split reshapes [S, B, 3E] -> [S, B*H, D], which
 // is no strided view when B > 1, and later splits B*H again; the composite [B, H, S, D] is one.
@@ -36,7 +37,7 @@ struct ValueView {
   bool whole_base(const Graph& g) const;
 };
 
-// `v` as a view of the furthest value it reaches through reshape / permute / slice nodes whose
+// `v` as a view of the furthest value it reaches through reshape / permute / slice / split nodes whose
 // composite map is one strided view (the longest such chain); {v, 0, shape, row-major strides}
 // when none.
 ValueView strided_view_of(const Graph& g, ValueId v);

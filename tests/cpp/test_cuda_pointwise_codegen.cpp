@@ -308,6 +308,32 @@ TEST(CudaPointwiseCodegen, FusedBodyWithAGatheredLeafCompiles) {
   }
 }
 
+// A gather along the innermost dim whose index runs up by one in aligned blocks (rotate_half's
+// swap of a head's halves, x[..., [32..63, 0..31]] * sign) reads vectors of consecutive data;
+// an index whose runs are not aligned to the vector width (a rotation by 4) reads element by
+// element.
+TEST(CudaPointwiseCodegen, GatherOfAlignedIndexRunsIsVectorized) {
+  for (const int64_t shift : {32, 4}) {
+    const TensorType xt(DType::kF16, {2, 4, 5, 64}), it(DType::kI64, {64}), wt(DType::kF16, {64});
+    auto body = std::make_shared<Graph>();
+    const ValueId x = body->add_input("x", xt), i = body->add_input("i", it), w = body->add_input("w", wt);
+    Attrs a;
+    a.set("axis", int64_t(3));
+    body->mark_output(body->add_node1(OpKind::kMul, {body->add_node1(OpKind::kIndexSelect, {x, i}, a), w}), "y");
+    Built b;
+    std::vector<int64_t> idx(64);
+    for (int64_t k = 0; k < 64; ++k) idx[size_t(k)] = (k + shift) % 64 - (k % 2 ? 64 : 0);  // some negative
+    const std::vector<ValueId> ins{b.g.add_input("x", xt), b.g.add_constant("", it, idx.data(), 64 * 8),
+                                   b.g.add_input("w", wt)};
+    b.g.mark_output(b.g.insert_fused(0, ins, body, "rotate_t")[0], "y");
+    b.node = b.g.nodes().back().get();
+    const Generated gen = compiles(b, "rotate half");
+    ASSERT_EQ(gen.program.gathers.size(), 1u);
+    EXPECT_EQ(gen.program.gathers[0].inner, 1);
+    EXPECT_EQ(gen.layout.vec, shift == 32 ? 8 : 1) << shift;
+  }
+}
+
 TEST(CudaPointwiseCodegen, LayoutsCollapseBroadcastsAndVectorize) {
   // Same shapes: flat, 4 f32 per 16-byte vector.
   Generated g1 = generate(one_node(OpKind::kAdd, {TensorType(DType::kF32, {8, 16, 32}), TensorType(DType::kF32, {8, 16, 32})}));
@@ -325,7 +351,13 @@ TEST(CudaPointwiseCodegen, LayoutsCollapseBroadcastsAndVectorize) {
   EXPECT_EQ(g2.layout.dims, (Shape{2, 3, 35}));
   EXPECT_EQ(g2.layout.strides[1], (Shape{0, 1, 0}));
   EXPECT_EQ(g2.layout.strides[0], (Shape{105, 35, 1}));
-  EXPECT_EQ(g2.layout.vec, 1);  // the scale is one value per row of the innermost dim: no vectors
+  EXPECT_EQ(g2.layout.vec, 1);  // rows of 35 do not split into vectors of 4
+  // With rows of 64 the scale is one value per vector of the innermost dim: a splat input.
+  Generated g5 =
+      compiles(one_node(OpKind::kMul, {TensorType(DType::kF32, {2, 3, 8, 8}), TensorType(DType::kF32, {3, 1, 1})}),
+               "per-channel scale, splat");
+  EXPECT_EQ(g5.layout.vec, 4);
+  EXPECT_EQ(g5.layout.splat, (std::vector<uint8_t>{0, 1}));
   // A per-channel bias of a channels-last tensor, and a squeeze-excite scale [N,1,1,C]: strided,
   // with the innermost dim contiguous in both inputs, so 16-byte vectors walked once each.
   for (const Shape& other : {Shape{64}, Shape{2, 1, 1, 64}}) {
@@ -346,6 +378,29 @@ TEST(CudaPointwiseCodegen, LayoutsCollapseBroadcastsAndVectorize) {
                           "add with 64-bit indices");
   EXPECT_TRUE(g4.layout.wide);
   EXPECT_FALSE(generate(one_node(OpKind::kAdd, {TensorType(DType::kF16, {3, 100}), TensorType(DType::kF16, {100})})).layout.wide);
+}
+
+// A norm's apply step, x * rsqrt(var + eps) * w with var [R, 1] per row: vectors of x and w, the
+// row's statistic read once per vector (a splat), whatever the rows' alignment in var.
+TEST(CudaPointwiseCodegen, PerRowOperandsAreReadOncePerVector) {
+  auto body = std::make_shared<Graph>();
+  const TensorType xt(DType::kF16, {4, 3, 64}), vt(DType::kF16, {4, 3, 1}), wt(DType::kF16, {64});
+  const ValueId x = body->add_input("x", xt), v = body->add_input("var", vt), w = body->add_input("w", wt);
+  const ValueId r = body->add_node1(OpKind::kRsqrt, {v});
+  body->mark_output(body->add_node1(OpKind::kMul, {body->add_node1(OpKind::kMul, {x, r}), w}), "y");
+  Built b;
+  const std::vector<ValueId> ins{b.g.add_input("x", xt), b.g.add_input("var", vt), b.g.add_input("w", wt)};
+  b.g.mark_output(b.g.insert_fused(0, ins, body, "rms_t")[0], "y");
+  b.node = b.g.nodes().back().get();
+  const Generated gen = compiles(b, "norm apply");
+  EXPECT_FALSE(gen.layout.flat);
+  EXPECT_EQ(gen.layout.vec, 8);
+  EXPECT_EQ(gen.layout.splat, (std::vector<uint8_t>{0, 1, 0}));
+  EXPECT_NE(gen.source.find("const float x1 = to_float(in1[o1]);"), std::string::npos) << gen.source;
+  // A column added to every column of a matrix: the same.
+  Generated t = generate(one_node(OpKind::kAdd, {TensorType(DType::kF16, {8, 16}), TensorType(DType::kF16, {8, 1})}));
+  EXPECT_EQ(t.layout.vec, 8);
+  EXPECT_EQ(t.layout.splat, (std::vector<uint8_t>{0, 1}));
 }
 
 TEST(CudaPointwiseCodegen, NodesDifferingOnlyInSizesShareOneSource) {

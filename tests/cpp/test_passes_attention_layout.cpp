@@ -434,6 +434,39 @@ TEST(ViewChain, StopsWhereNoViewComposes) {
   EXPECT_TRUE(v.whole_base(g));
 }
 
+// GPT-2's head split: one qkv linear [B, S, 3E] split along its last dim into q, k, v, each viewed as [B, S, H, D] and transposed. Every operand is a view of the qkv
+// output (output i of the split starts at column i * E), so sdpa reads it there: no split, no
+// permute is left, and the values are the original graph's on the CPU.
+TEST(FoldAttentionLayout, SplitQkvIsReadThroughViews) {
+  const int64_t B = 2, S = 5, H = 2, D = 8, E = H * D;
+  Graph g;
+  ValueId x = g.add_input("x", TensorType(DType::kF32, {B, S, E}));
+  ValueId qkv = g.add_node1(OpKind::kLinear, {x, f32_weight(g, "w", {3 * E, E}, 1, -0.3f, 0.3f)});
+  Attrs split, heads, merge;
+  split.set("axis", int64_t{2});
+  split.set("sizes", Shape{E, E, E});
+  heads.set("shape", Shape{B, S, H, D});
+  merge.set("shape", Shape{B, S, E});
+  const std::vector<ValueId> parts = g.add_node(OpKind::kSplit, {qkv}, split, "split");
+  std::vector<ValueId> ops;
+  for (ValueId p : parts) ops.push_back(swap(g, g.add_node1(OpKind::kReshape, {p}, heads)));
+  ValueId a = g.add_node1(OpKind::kSdpa, {ops[0], ops[1], ops[2]});
+  g.mark_output(g.add_node1(OpKind::kReshape, {swap(g, a)}, merge), "y");
+  for (int64_t i = 0; i < 3; ++i) {
+    const passes::ValueView v = passes::strided_view_of(g, ops[size_t(i)]);
+    EXPECT_EQ(v.base, qkv);
+    EXPECT_EQ(v.offset, i * E);
+    EXPECT_EQ(v.strides, (Shape{S * 3 * E, D, 3 * E, 1}));
+  }
+  Graph f = g;
+  ASSERT_TRUE(fold_attention_layout(f, any_sdpa));
+  f.verify();
+  EXPECT_EQ(count_op(f, OpKind::kSplit), 0u) << f.to_string();
+  EXPECT_EQ(count_op(f, OpKind::kPermute), 0u) << f.to_string();
+  auto in = random_inputs(g, 5);
+  expect_close(run_plain(f, in), run_plain(g, in), 1e-5f, 1e-6f);
+}
+
 const Node* find_op(const Graph& g, OpKind op) {
   for (const auto& n : g.nodes())
     if (n->op == op) return n.get();

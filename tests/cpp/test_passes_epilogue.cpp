@@ -37,9 +37,9 @@ ValueId apply_activation(Graph& g, ValueId v, const std::string& act) {
 
 // Fuses a copy of g (then folds the bias reshapes of constants, as the builder does), checks
 // it verifies and matches g numerically; returns the fused graph.
-Graph fuse_and_compare(const Graph& g, uint32_t seed, bool fold = true) {
+Graph fuse_and_compare(const Graph& g, uint32_t seed, bool fold = true, bool pointwise_follows = true) {
   Graph f = g;
-  fuse_epilogue(f);
+  fuse_epilogue(f, pointwise_follows);
   f.verify();
   if (fold) fold_constants(f);
   auto in = random_inputs(g, seed);
@@ -324,15 +324,19 @@ TEST(FuseEpilogue, OnlySingleUseOutputsFuse) {
 }
 
 TEST(FuseEpilogue, RespectsOrderAndWhatAnOpCanHold) {
-  {  // relu -> add -> sigmoid: relu fuses; the add comes after it and stays, so does sigmoid
+  // relu -> add -> sigmoid without fuse_pointwise after it: relu fuses; the add comes after it
+  // and stays, so does sigmoid. With fuse_pointwise after it, relu (feeding the add) stays out
+  // for fuse_pointwise, and the linear's output goes to the add unchanged.
+  for (const bool pointwise_follows : {false, true}) {
     Graph g;
     ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 4}));
     ValueId y = g.add_node1(OpKind::kRelu, {g.add_node1(OpKind::kLinear, {x, f32_weight(g, "w", {3, 4}, 12)})});
     y = g.add_node1(OpKind::kAdd, {y, f32_weight(g, "b", {3}, 13)});
     g.mark_output(g.add_node1(OpKind::kSigmoid, {y}), "y");
-    Graph f = fuse_and_compare(g, 14);
-    EXPECT_EQ(f.nodes().size(), 3u);
-    EXPECT_EQ(f.nodes()[0]->attrs.get_string("activation"), "relu");
+    Graph f = fuse_and_compare(g, 14, true, pointwise_follows);
+    EXPECT_EQ(f.nodes().size(), pointwise_follows ? 4u : 3u);
+    EXPECT_EQ(f.nodes()[0]->attrs.get_string("activation", "none"), pointwise_follows ? "none" : "relu");
+    EXPECT_EQ(count_ops(f, OpKind::kRelu), pointwise_follows ? 1 : 0);
     EXPECT_EQ(count_ops(f, OpKind::kAdd), 1);
   }
   {  // a biased linear takes a full-shape add as residual, but not a second one
@@ -403,11 +407,26 @@ TEST(FuseEpilogue, ShapeRulesRejectBadActivationsAndResiduals) {
 
 }  // namespace
 
-// A squeeze-excitation gate: x * hardsigmoid(conv(mean(x))). The activation, broadcast into the
-// mul, stays out of the conv (fuse_pointwise recomputes it inside the mul's kernel); the same
-// activation feeding an op of its own shape still fuses.
-TEST(FuseEpilogue, ActivationBroadcastIntoAPointwiseOpStaysOut) {
-  for (const char* act : {"hardsigmoid", "sigmoid"}) {
+// relu(linear a) + linear b: the add becomes linear b's residual, after which relu's one use
+// is no pointwise op any more and a later sweep fuses it into linear a.
+TEST(FuseEpilogue, ActivationFusesOnceItsPointwiseUseBecameAResidual) {
+  Graph g;
+  ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 4}));
+  ValueId a = g.add_node1(OpKind::kRelu, {g.add_node1(OpKind::kLinear, {x, f32_weight(g, "wa", {3, 4}, 21)})});
+  ValueId b = g.add_node1(OpKind::kLinear, {x, f32_weight(g, "wb", {3, 4}, 22)});
+  g.mark_output(g.add_node1(OpKind::kAdd, {a, b}), "y");
+  Graph f = fuse_and_compare(g, 23);
+  ASSERT_EQ(f.nodes().size(), 2u) << f.to_string();
+  EXPECT_EQ(f.nodes()[0]->attrs.get_string("activation", "none"), "relu");
+  EXPECT_EQ(f.nodes()[1]->inputs.size(), 4u);  // x, w, no bias, residual
+}
+
+// An activation whose one use is a pointwise op stays out of the conv, and fuse_pointwise
+// computes it inside that op's kernel: a squeeze-excitation gate x * hardsigmoid(conv(mean(x)))
+// (broadcast into the mul) and a gated unit act(conv(x)) * x (same shape). The same activation
+// feeding another conv still fuses.
+TEST(FuseEpilogue, ActivationFeedingAPointwiseOpStaysOut) {
+  for (const char* act : {"hardsigmoid", "sigmoid", "silu"}) {
     Graph g;
     ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 4, 5, 5}));
     Attrs mean;
@@ -418,17 +437,22 @@ TEST(FuseEpilogue, ActivationBroadcastIntoAPointwiseOpStaysOut) {
                             conv2d_attrs(1, 0, 1));
     ValueId gate = apply_activation(g, c, act);
     g.mark_output(g.add_node1(OpKind::kMul, {x, gate}), "y");
-    // A second conv whose activation feeds a same-shape op: fused as before.
     ValueId c2 = g.add_node1(OpKind::kConv, {x, f32_weight(g, "c2.weight", {4, 4, 1, 1}, 93)}, conv2d_attrs(1, 0, 1));
     g.mark_output(g.add_node1(OpKind::kMul, {apply_activation(g, c2, act), x}), "z");
+    ValueId c3 = g.add_node1(OpKind::kConv, {x, f32_weight(g, "c3.weight", {4, 4, 1, 1}, 95)}, conv2d_attrs(1, 0, 1));
+    ValueId c4 =
+        g.add_node1(OpKind::kConv, {apply_activation(g, c3, act), f32_weight(g, "c4.weight", {4, 4, 1, 1}, 96)},
+                    conv2d_attrs(1, 0, 1));
+    g.mark_output(c4, "w");
     Graph f = fuse_and_compare(g, 94);
-    EXPECT_EQ(count_ops(f, OpKind::kConv), 2) << act;
-    EXPECT_EQ(count_ops(f, act == std::string("sigmoid") ? OpKind::kSigmoid : OpKind::kHardsigmoid), 1) << act;
-    for (const auto& n : f.nodes()) {
-      if (n->op != OpKind::kConv) continue;
-      const Node* in = f.value(n->inputs[0]).producer;
-      const bool gate_conv = in != nullptr && in->op == OpKind::kReduceMean;
-      EXPECT_EQ(n->attrs.get_string("activation", "none"), gate_conv ? std::string("none") : std::string(act)) << act;
-    }
+    EXPECT_EQ(count_ops(f, OpKind::kConv), 4) << act;
+    const OpKind kind = act == std::string("sigmoid") ? OpKind::kSigmoid
+                        : act == std::string("silu")  ? OpKind::kSilu
+                                                      : OpKind::kHardsigmoid;
+    EXPECT_EQ(count_ops(f, kind), 2) << act;
+    int fused = 0;
+    for (const auto& n : f.nodes())
+      if (n->op == OpKind::kConv && n->attrs.get_string("activation", "none") == act) ++fused;
+    EXPECT_EQ(fused, 1) << act;
   }
 }

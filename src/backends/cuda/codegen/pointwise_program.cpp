@@ -325,6 +325,26 @@ bool program_of(const Node& n, const Graph& g, Program* out, std::string* why) {
   return true;
 }
 
+// Whether gathered leaf q (inner 1: a gather along the innermost dim, such as rotate_half's
+// permutation of a head's halves) reads every aligned run of `vec` results from `vec`
+// consecutive, equally aligned data elements: rows of count results and of dim data elements
+// both split into whole runs, and the index goes up by one inside each run.
+bool gathers_runs(const Node& n, const Graph& g, const Gather& q, int vec) {
+  if (q.inner != 1 || q.count % vec != 0 || q.dim % vec != 0) return false;
+  const Value& iv = g.value(n.inputs[size_t(q.index)]);
+  auto at = [&](int64_t k) {
+    const int64_t v = iv.type.dtype == DType::kI64 ? reinterpret_cast<const int64_t*>(iv.data->data())[k]
+                                                   : reinterpret_cast<const int32_t*>(iv.data->data())[k];
+    return v < 0 ? v + q.dim : v;
+  };
+  for (int64_t b = 0; b < q.count; b += vec) {
+    if (at(b) % vec != 0) return false;
+    for (int64_t j = 1; j < vec; ++j)
+      if (at(b + j) != at(b) + j) return false;
+  }
+  return true;
+}
+
 Layout layout_of(const Node& n, const Graph& g, const Program& p, std::string* why, bool* ok) {
   Layout l;
   const std::string reason = layout_refusal(n, g);
@@ -337,16 +357,20 @@ Layout layout_of(const Node& n, const Graph& g, const Program& p, std::string* w
   std::vector<int> dense_inputs;
   const pw::BroadcastPlan plan = broadcast_of(n, g, &dense_inputs);
   l.flat = flat_layout(l.numel, plan);
-  // Vector width: 16 bytes of the widest array that moves an element per output element. A
-  // gathered leaf's vector is consecutive in its data when it stays inside one index's block.
+  // Vector width: 16 bytes of the widest array that moves an element per output element (a
+  // gather's data does, its index does not). A gathered leaf's vector is consecutive in its data
+  // when it stays inside one index's block, or inside one run of consecutive indices
+  // (gathers_runs).
   size_t widest = 0;
   for (int i = 0; i < p.num_inputs; ++i)
-    if (!l.scalar[size_t(i)]) widest = std::max(widest, dtype_size(p.dtype[size_t(i)]));
+    if (!l.scalar[size_t(i)] && !p.pointer_only[size_t(i)]) widest = std::max(widest, dtype_size(p.dtype[size_t(i)]));
+  for (const Gather& q : p.gathers) widest = std::max(widest, dtype_size(p.dtype[size_t(q.data)]));
   for (int v : p.outputs) widest = std::max(widest, dtype_size(p.dtype[size_t(v)]));
   l.vec = widest ? int(16 / widest) : 1;
   if (l.numel < int64_t(l.vec) * 2) l.vec = 1;
   for (const Gather& q : p.gathers)
-    if (q.inner % l.vec != 0) l.vec = 1;
+    if (q.inner % l.vec != 0 && !gathers_runs(n, g, q, l.vec)) l.vec = 1;
+  l.splat.assign(size_t(p.num_inputs), 0);
   if (l.flat) return l;
   l.rank = int(plan.shape.size());
   l.dims = plan.shape;
@@ -356,12 +380,22 @@ Layout layout_of(const Node& n, const Graph& g, const Program& p, std::string* w
     l.strides[size_t(p.num_inputs) + k] = plan.strides[dense_inputs.size() + k];
   // Strided vectors: vec consecutive elements of the innermost dim are consecutive in every
   // non-scalar input (a per-channel operand of a channels-last tensor, a row added to every row)
-  // and start on a multiple of vec there.
+  // and start on a multiple of vec there, or are one element of an input broadcast along the
+  // innermost dim (a splat: a per-row scale such as a norm's statistics), read once per vector.
   bool rows = l.dims.back() % l.vec == 0;
-  for (const auto& st : plan.strides)
+  for (size_t k = 0; k < plan.strides.size() && rows; ++k) {
+    const std::vector<int64_t>& st = plan.strides[k];
+    if (k < dense_inputs.size() && st.back() == 0) {
+      l.splat[size_t(dense_inputs[k])] = 1;
+      continue;
+    }
     for (int d = 0; d < l.rank && rows; ++d)
       rows = d == l.rank - 1 ? st[size_t(d)] == 1 : (l.dims[size_t(d)] == 1 || st[size_t(d)] % l.vec == 0);
-  if (!rows) l.vec = 1;
+  }
+  if (!rows) {
+    l.vec = 1;
+    l.splat.assign(size_t(p.num_inputs), 0);
+  }
   return l;
 }
 

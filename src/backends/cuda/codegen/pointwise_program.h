@@ -74,6 +74,7 @@ struct Layout {
   int rank = 1;       // collapsed dims (strided layouts)
   int vec = 1;        // elements per thread step of the vectorized kernel (1: none)
   std::vector<uint8_t> scalar;          // per input: one element for the whole output
+  std::vector<uint8_t> splat;           // per input (strided, vec > 1): one element per vector
   int64_t numel = 0;
   std::vector<int64_t> dims;            // collapsed output dims (strided)
   // per input, then per gathered leaf (strided): element strides per dim (a gather's into its
@@ -84,8 +85,8 @@ struct Layout {
 Layout layout_of(const Node& n, const Graph& g, const Program& p, std::string* why, bool* ok);
 
 // The CUDA source: extern "C" kernels `kiln_pw` (grid-stride, scalar) and, when layout.vec > 1,
-// `kiln_pw_vec` (flat, or strided with the innermost dim contiguous in every non-scalar input;
-// every non-scalar pointer aligned to vec elements).
+// `kiln_pw_vec` (flat, or strided with the innermost dim contiguous or broadcast (splat) in every
+// non-scalar input; every non-scalar, non-splat pointer aligned to vec elements).
 std::string generate(const Program& p, const Layout& layout);
 
 // The kernel's by-value argument block (8-byte fields in the order generate() declares them).

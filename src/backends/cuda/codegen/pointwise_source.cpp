@@ -328,8 +328,9 @@ std::string generate(const Program& p, const Layout& l) {
 
   if (l.vec > 1) {
     // Vectors of V elements: flat, or strided with every non-scalar input's V elements
-    // consecutive and starting on a multiple of V (layout_of), whose offsets are then walked once
-    // per vector; the innermost dim is a multiple of V, so a strided layout has no tail.
+    // consecutive and starting on a multiple of V, or one element of a splat input (layout_of),
+    // whose offsets are then walked once per vector; the innermost dim is a multiple of V, so a
+    // strided layout has no tail.
     const std::string V = std::to_string(l.vec);
     s << "\nextern \"C\" __global__ void __launch_bounds__(256) kiln_pw_vec(" << params() << ") {\n" << preamble();
     if (!l.flat) s << dim_defs();
@@ -337,7 +338,10 @@ std::string generate(const Program& p, const Layout& l) {
     s << "  for (" << I << " j = tid; j < nv; j += step) {\n";
     if (!l.flat) s << offsets("j * " + V);
     for (int i = 0; i < p.num_inputs; ++i)
-      if (elementwise(i))
+      if (elementwise(i) && l.splat[size_t(i)])
+        s << "    const " << reg_type(p.dtype[size_t(i)]) << " x" << i << " = "
+          << load_expr(p.dtype[size_t(i)], id("in", i) + "[" + id("o", i) + "]") << ";\n";
+      else if (elementwise(i))
         s << "    const kiln_vec<" << store_type(p.dtype[size_t(i)]) << ", " << V << "> x" << i << " = kiln_vload<"
           << store_type(p.dtype[size_t(i)]) << ", " << V << ">(in" << i << ", "
           << (l.flat ? std::string("j") : id("o", i) + " / " + V) << ");\n";
@@ -352,7 +356,9 @@ std::string generate(const Program& p, const Layout& l) {
     s << "#pragma unroll\n    for (int k = 0; k < " << V << "; ++k) {\n";
     std::vector<std::string> vleaf = leaf;
     for (int i = 0; i < p.num_inputs; ++i)
-      vleaf[size_t(i)] = !elementwise(i) ? id("l", i) : load_expr(p.dtype[size_t(i)], id("x", i) + ".v[k]");
+      vleaf[size_t(i)] = !elementwise(i)      ? id("l", i)
+                         : l.splat[size_t(i)] ? id("x", i)
+                                              : load_expr(p.dtype[size_t(i)], id("x", i) + ".v[k]");
     for (size_t k = 0; k < p.gathers.size(); ++k)
       vleaf[size_t(first_gather) + k] = load_expr(p.dtype[size_t(p.gathers[k].data)], id("xg", int64_t(k)) + ".v[k]");
     s << element(vleaf, "      ", true) << "    }\n";

@@ -9,9 +9,10 @@
 // state whose facts disagree with the node is kCorrupted.
 //
 // run() picks the vectorized kernel (flat layouts, and strided ones whose innermost dim is
-// contiguous in every non-scalar input) when the layout has one and every non-scalar pointer is
-// aligned to its vector width (engine buffers always are; caller buffers usually), else the
-// grid-stride kernel. Both are plain launches on the run's stream, so capturable.
+// contiguous or broadcast in every non-scalar input) when the layout has one and every pointer
+// read or written in vectors is aligned to its vector width (engine buffers always are; caller
+// buffers usually), else the grid-stride kernel. Both are plain launches on the run's stream,
+// so capturable.
 #include <algorithm>
 #include <cstring>
 #include <optional>
@@ -64,7 +65,9 @@ class PointwiseKernel final : public Kernel {
       vector_ = module_->kernel("kiln_pw_vec");
       vec_grid_ = grid_for(numel_ / l.vec);
       for (int i = 0; i < num_in_; ++i)
-        align_[size_t(i)] = l.scalar[size_t(i)] ? 1 : dtype_size(p.dtype[size_t(i)]) * size_t(l.vec);
+        align_[size_t(i)] = l.scalar[size_t(i)]  ? 1
+                            : l.splat[size_t(i)] ? dtype_size(p.dtype[size_t(i)])
+                                                 : dtype_size(p.dtype[size_t(i)]) * size_t(l.vec);
       for (const pwgen::Gather& q : p.gathers) align_[size_t(q.index)] = 1;  // read one index at a time
       for (int k = 0; k < num_out_; ++k)
         align_[size_t(num_in_ + k)] = dtype_size(p.dtype[size_t(p.outputs[size_t(k)])]) * size_t(l.vec);
@@ -137,8 +140,15 @@ std::unique_ptr<Kernel> make_pointwise_kernel(const Node& n, const Graph& g, con
   std::optional<CompiledState> stored;
   if (state) {
     stored = unpack_state(*state);
-    // Engines saved before strided layouts had a vectorized kernel hold the same layout with vec 1.
-    if (!l.flat && stored->params.size() > 4 && stored->params[4] == 1) l.vec = 1;
+    // An engine saved by an earlier Kiln may hold a narrower vector for the same layout (vec 1
+    // before strided layouts and splat inputs had a vectorized kernel, 2 for a gather by an i64
+    // index before the index stopped counting towards the width); every divisor of a width the
+    // layout allows is one it allows, and the saved cubin was made for it.
+    if (stored->params.size() > 4 && stored->params[4] >= 1 && stored->params[4] < l.vec &&
+        l.vec % stored->params[4] == 0) {
+      l.vec = stored->params[4];
+      if (l.vec == 1) l.splat.assign(l.splat.size(), 0);
+    }
   }
   const Bytes params = layout_params(l);
   const std::string desc = describe_program(n, p, l);

@@ -1,0 +1,146 @@
+"""Pointwise patterns that decoders and CNNs share, compiled whole with kiln.compile and checked
+against eager PyTorch on random inputs: the tanh-form GELU written out with pow (GPT-2's
+NewGELU), pow by the constants PyTorch's kernels special-case, an RMSNorm's apply step (a
+per-row statistic), rotate_half RoPE (a gather along the head dim) and a SwiGLU MLP.
+
+On the CPU: outputs against eager FP32, and the plans of the powers (no pow where PyTorch's
+kernels use none) and of the SwiGLU MLP (silu computed in the kernel of the mul it feeds, not in
+the gate GEMM's epilogue). On CUDA (skipped without a GPU):
+outputs in FP32 and FP16 against eager FP32, and the vectorized pointwise kernels the RMSNorm
+and RoPE patterns get (their describe lines in the engine's build log)."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+
+import kiln
+from kiln.testing import relative_error
+
+
+class NewGelu(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+class Powers(torch.nn.Module):
+    EXPONENTS = (2.0, 3.0, 0.5, -0.5, -1.0, -2.0, 2.5)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        base = x.abs() + 0.5
+        return tuple(base ** e for e in self.EXPONENTS)
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        var = x.pow(2).mean(-1, keepdim=True)
+        return x * torch.rsqrt(var + 1e-6) * self.weight
+
+
+class Rope(torch.nn.Module):
+    def __init__(self, seq: int, dim: int) -> None:
+        super().__init__()
+        angles = torch.outer(torch.arange(seq, dtype=torch.float32), torch.rand(dim // 2))
+        self.register_buffer("cos", torch.cat([angles.cos(), angles.cos()], -1))
+        self.register_buffer("sin", torch.cat([angles.sin(), angles.sin()], -1))
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        half = q.shape[-1] // 2
+        rotated = torch.cat([-q[..., half:], q[..., :half]], dim=-1)
+        return q * self.cos + rotated * self.sin
+
+
+class SwiGLU(torch.nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.gate = torch.nn.Linear(dim, hidden, bias=False)
+        self.up = torch.nn.Linear(dim, hidden, bias=False)
+        self.down = torch.nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
+
+
+def _patterns() -> dict[str, tuple[torch.nn.Module, list[torch.Tensor]]]:
+    torch.manual_seed(0)
+    return {
+        "new_gelu": (NewGelu(), [torch.randn(4, 16, 96) * 2]),
+        "powers": (Powers(), [torch.randn(4, 16, 64)]),
+        "rms_norm": (RMSNorm(64), [torch.randn(2, 24, 64)]),
+        "rope": (Rope(24, 64), [torch.randn(2, 4, 24, 64)]),
+        "swiglu": (SwiGLU(64, 160), [torch.randn(2, 24, 64)]),
+    }
+
+
+def _outputs(out: torch.Tensor | tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+    return list(out) if isinstance(out, tuple) else [out]
+
+
+def _check(name: str, device: str, dtype: torch.dtype, tolerance: float, **options: object) -> list[str]:
+    """Compiles pattern `name` for `device` in `dtype`, checks every output against eager FP32
+    and returns the engines' build logs."""
+    model, inputs = _patterns()[name]
+    model = model.eval().to(device)
+    inputs = [x.to(device) for x in inputs]
+    with torch.no_grad():
+        want = _outputs(model(*inputs))
+        low = model.to(dtype)
+        cast = [x.to(dtype) for x in inputs]
+        compiled = kiln.compile(low, cast, enabled_precisions={dtype}, min_block_size=1,
+                                require_full_compilation=True, **options)
+        got = _outputs(compiled(*cast))
+    assert len(got) == len(want)
+    for k, (g, w) in enumerate(zip(got, want)):
+        err = relative_error(g.float(), w)
+        assert err <= tolerance, f"{name} output {k}: relative error {err:.2e} > {tolerance:.0e}"
+    return [e.engine.build_log for e in compiled.engines()]
+
+
+@pytest.mark.parametrize("name", list(_patterns()))
+def test_pattern_matches_eager_on_cpu(name: str) -> None:
+    _check(name, "cpu", torch.float32, 1e-5)
+
+
+def test_pow_by_a_constant_that_pytorch_special_cases_imports_without_pow() -> None:
+    # 2, 3, 0.5, -0.5, -1, -2 become multiplies, a root or a reciprocal; 2.5 stays a pow.
+    model, inputs = _patterns()["powers"]
+    with torch.no_grad():
+        compiled = kiln.compile(model.eval(), inputs, min_block_size=1)
+    (engine,) = compiled.engines()
+    nodes = engine.engine.graph().nodes
+    ops = [b.op for n in nodes for b in (n.body.nodes if n.body is not None else [n])]
+    assert ops.count("pow") == 1, ops
+    for op in ("sqrt", "rsqrt", "reciprocal"):
+        assert op in ops, ops
+
+
+def test_swiglu_computes_silu_in_the_kernel_of_its_mul() -> None:
+    model, inputs = _patterns()["swiglu"]
+    with torch.no_grad():
+        compiled = kiln.compile(model.eval(), inputs, min_block_size=1)
+    (engine,) = compiled.engines()
+    plan = engine.engine.graph()
+    linears = [n for n in plan.nodes if n.op == "linear"]
+    assert len(linears) == 3
+    assert all(n.attrs.get("activation", "none") == "none" for n in linears), engine.engine.graph_text
+    fused = [n for n in plan.nodes if n.op == "fused_pointwise"]
+    assert len(fused) == 1 and [b.op for b in fused[0].body.nodes] == ["silu", "mul"], engine.engine.graph_text
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("name", list(_patterns()))
+def test_pattern_matches_eager_on_cuda(name: str, dtype: torch.dtype) -> None:
+    # FP32 against FP32 (the GEMMs of swiglu without TF32); FP16 against FP32 at half's precision.
+    logs = _check(name, "cuda", dtype, 1e-5 if dtype == torch.float32 else 2e-3, allow_tf32=False)
+    if name in ("rms_norm", "rope") and dtype == torch.float16:
+        kernels = [line for log in logs for line in log.splitlines()
+                   if line.startswith("kernel fused_pointwise")]
+        assert kernels and all(re.search(r"vec8\b", line) for line in kernels), kernels
