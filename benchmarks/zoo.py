@@ -780,14 +780,39 @@ def join_rows(rows: list[Row], more: list[Row]) -> list[Row]:
     return [r for r in rows if r.key not in keys] + more
 
 
-def merge(folders: list[Path], out: Path, baseline_dir: Path, docs: bool) -> int:
+def median_rows(runs: list[list[Row]]) -> list[Row]:
+    """One row per key over several runs of the same rows (each run a separate process): the
+    measured row whose ms is the median of those measured (the lower middle one for an even
+    count), noted with the count and range; a key no run measured keeps its last row."""
+    by_key: dict[Any, list[Row]] = {}
+    for run in runs:
+        for r in run:
+            by_key.setdefault(r.key, []).append(r)
+    out: list[Row] = []
+    for same in by_key.values():
+        timed = sorted((r for r in same if not r.error and _finite(r.ms)), key=lambda r: r.ms)
+        if len(timed) < 2 or same[0].source == "stored":
+            out.append(timed[0] if timed else same[-1])
+            continue
+        row = dataclasses.replace(timed[(len(timed) - 1) // 2])
+        spread = f"median of {len(timed)} runs ({timed[0].ms:.3f}-{timed[-1].ms:.3f} ms)"
+        row.note = f"{row.note}; {spread}" if row.note else spread
+        out.append(row)
+    return out
+
+
+def merge(folders: list[Path], out: Path, baseline_dir: Path, docs: bool, median: bool = False) -> int:
     """Joins the results of runs made side by side (--shard) into one table, and the
-    reduce-overhead rows they measured into the stored baselines of `baseline_dir`."""
+    reduce-overhead rows they measured into the stored baselines of `baseline_dir`. With
+    `median`, the folders are repeated runs of the same rows instead: each row is the median
+    one (median_rows)."""
     rows: list[Row] = []
+    runs: list[list[Row]] = []
     header: dict[str, Any] | None = None
     for folder in folders:
         found = json.loads((folder / "zoo.json").read_text())
-        rows = join_rows(rows, [Row.from_dict(r) for r in found["rows"]])
+        runs.append([Row.from_dict(r) for r in found["rows"]])
+        rows = join_rows(rows, runs[-1])
         header = header or found["header"]
         header["stopped"] = header.get("stopped") or found["header"].get("stopped", False)
         for path in sorted((folder / "baseline").glob("*.json")):
@@ -798,9 +823,12 @@ def merge(folders: list[Path], out: Path, baseline_dir: Path, docs: bool) -> int
             log.info("%d reduce-overhead rows of %s joined into %s", len(measured["rows"]), folder, stored.path)
     if header is None:
         raise SystemExit("--merge: no folder given")
+    if median:
+        rows = median_rows(runs)
     header["shards"] = len(folders)
-    header["baseline_note"] = (f"joined from {len(folders)} runs (zoo.py --merge); where measured, in those runs "
-                               "(ro rows marked stored: benchmarks/zoo_baseline)")
+    how = "each row the median of the runs that measured it" if median else "a later run's row replaces an earlier's"
+    header["baseline_note"] = (f"joined from {len(folders)} runs (zoo.py --merge, {how}); where measured, in those "
+                               "runs (ro rows marked stored: benchmarks/zoo_baseline)")
     table = write_results(out, rows, header)
     if docs:
         write_docs(table)
@@ -847,6 +875,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--merge", metavar="DIR", help="run nothing: join the zoo.json of these OUT folders "
                         "(comma-separated) into --out, and their measured reduce-overhead rows into "
                         "--baseline-dir")
+    parser.add_argument("--median", action="store_true", help="with --merge: the folders are repeated runs of "
+                        "the same rows (one process each); each row is the median run's")
     parser.add_argument("--write-docs", action="store_true", help=f"also write the table into {DOCS}")
     parser.add_argument("--list", action="store_true", help="list the zoo and exit")
     parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
@@ -892,7 +922,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     out = Path(args.out)
     if args.merge:
-        return merge([Path(d) for d in parse_list(args.merge)], out, Path(args.baseline_dir), args.write_docs)
+        return merge([Path(d) for d in parse_list(args.merge)], out, Path(args.baseline_dir), args.write_docs,
+                     args.median)
     rows: list[Row] = []
     earlier = [Path(p) for p in parse_list(args.resume_from)] if args.resume_from else \
         [out / "zoo.json"] if args.resume and (out / "zoo.json").exists() else []

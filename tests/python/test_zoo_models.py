@@ -124,6 +124,35 @@ def test_vs_ro_prefers_a_measured_ro_and_drift_pairs_it_with_the_stored() -> Non
     assert "geometric mean 1.10" in table
 
 
+def test_merge_median_takes_each_rows_median_run(tmp_path: Path) -> None:
+    import json
+
+    def run(folder: str, kiln_ms: float, kiln_error: str = "") -> Path:
+        rows = [zoo.Row("bert", "nlp-encoder", 32, "fp16", "ro", ms=2.0, source="stored"),
+                zoo.Row("bert", "nlp-encoder", 32, "fp16", "kiln", ms=kiln_ms, error=kiln_error, rel_err=1e-3)]
+        path = tmp_path / folder
+        path.mkdir()
+        header = {"device": "cuda", "device_name": "X", "runs": 50, "small": False, "baseline": "reuse",
+                  "baseline_note": "", "paths": ["dynamo"], "date": "today", "drift": [],
+                  "versions": {"torch": "2", "kiln": "0"}}
+        (path / "zoo.json").write_text(json.dumps({"header": header, "rows": [zoo.dataclasses.asdict(r)
+                                                                               for r in rows]}))
+        return path
+
+    # Three processes of the same row, one on a slow host; a fourth that failed does not count.
+    runs = [run("a", 1.6), run("b", 2.4), run("c", 1.5), run("d", float("nan"), "timeout")]
+    assert zoo.merge(runs, tmp_path / "out", tmp_path / "baseline", False, median=True) == 0
+    rows = {r["backend"]: r for r in json.loads((tmp_path / "out" / "zoo.json").read_text())["rows"]}
+    assert rows["kiln"]["ms"] == 1.6 and rows["kiln"]["error"] == ""
+    assert rows["kiln"]["vs_ro"] == pytest.approx(2.0 / 1.6)
+    assert rows["kiln"]["note"] == "median of 3 runs (1.500-2.400 ms)"
+    assert rows["ro"]["ms"] == 2.0 and rows["ro"]["note"] == ""
+    # Without --median the last folder's row wins, error and all.
+    assert zoo.merge(runs, tmp_path / "last", tmp_path / "baseline", False) == 0
+    last = {r["backend"]: r for r in json.loads((tmp_path / "last" / "zoo.json").read_text())["rows"]}
+    assert last["kiln"]["error"] == "timeout"
+
+
 def test_write_docs_replaces_only_the_marked_section(tmp_path: Path) -> None:
     doc = tmp_path / "zoo.md"
     doc.write_text(f"intro\n{zoo.DOCS_START}\nold table\n{zoo.DOCS_END}\nafter\n")
