@@ -397,6 +397,19 @@ TEST(CudaPointwiseCodegen, PerRowOperandsAreReadOncePerVector) {
   EXPECT_EQ(gen.layout.vec, 8);
   EXPECT_EQ(gen.layout.splat, (std::vector<uint8_t>{0, 1, 0}));
   EXPECT_NE(gen.source.find("const float x1 = to_float(in1[o1]);"), std::string::npos) << gen.source;
+  // An engine saved before splat inputs holds vec 1 for this layout; one saved with vec 2 (no such
+  // engine exists, but any divisor of 8 is a width the layout allows) loads with it, and its
+  // source compiles; a width that does not divide 8 changes nothing.
+  for (const int saved : {1, 2, 3, 16}) {
+    Generated narrow = gen;
+    pwg::adopt_saved_width(narrow.layout, saved);
+    EXPECT_EQ(narrow.layout.vec, saved == 1 || saved == 2 ? saved : 8) << saved;
+    const std::vector<uint8_t> splat = saved == 1 ? std::vector<uint8_t>(3, 0) : gen.layout.splat;
+    EXPECT_EQ(narrow.layout.splat, splat) << saved;
+    if (saved == 2) {
+      EXPECT_NO_THROW(cuda::compile_to_cubin(pwg::generate(narrow.program, narrow.layout), "norm apply vec2", 90));
+    }
+  }
   // A column added to every column of a matrix: the same.
   Generated t = generate(one_node(OpKind::kAdd, {TensorType(DType::kF16, {8, 16}), TensorType(DType::kF16, {8, 1})}));
   EXPECT_EQ(t.layout.vec, 8);

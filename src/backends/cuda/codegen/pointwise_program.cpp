@@ -399,6 +399,12 @@ Layout layout_of(const Node& n, const Graph& g, const Program& p, std::string* w
   return l;
 }
 
+void adopt_saved_width(Layout& l, int saved) {
+  if (saved < 1 || saved >= l.vec || l.vec % saved != 0) return;
+  l.vec = saved;
+  if (l.vec == 1) l.splat.assign(l.splat.size(), 0);
+}
+
 std::vector<int64_t> argument_block(const Program& p, const Layout& l) {
   std::vector<int64_t> a{l.numel};
   if (!l.flat) {

@@ -84,6 +84,13 @@ struct Layout {
 
 Layout layout_of(const Node& n, const Graph& g, const Program& p, std::string* why, bool* ok);
 
+// Narrows `l` to the vector width `saved` that an engine saved by an earlier Kiln holds for the
+// same layout (1 before strided layouts and splat inputs had a vectorized kernel, 2 for a gather
+// by an i64 index before the index stopped counting towards the width), when `saved` divides
+// l.vec: every divisor of a width the layout allows is one it allows, and the saved cubin was
+// made for it. Any other `saved` leaves `l` as it is (the state check then refuses a mismatch).
+void adopt_saved_width(Layout& l, int saved);
+
 // The CUDA source: extern "C" kernels `kiln_pw` (grid-stride, scalar) and, when layout.vec > 1,
 // `kiln_pw_vec` (flat, or strided with the innermost dim contiguous or broadcast (splat) in every
 // non-scalar input; every non-scalar, non-splat pointer aligned to vec elements).

@@ -140,15 +140,8 @@ std::unique_ptr<Kernel> make_pointwise_kernel(const Node& n, const Graph& g, con
   std::optional<CompiledState> stored;
   if (state) {
     stored = unpack_state(*state);
-    // An engine saved by an earlier Kiln may hold a narrower vector for the same layout (vec 1
-    // before strided layouts and splat inputs had a vectorized kernel, 2 for a gather by an i64
-    // index before the index stopped counting towards the width); every divisor of a width the
-    // layout allows is one it allows, and the saved cubin was made for it.
-    if (stored->params.size() > 4 && stored->params[4] >= 1 && stored->params[4] < l.vec &&
-        l.vec % stored->params[4] == 0) {
-      l.vec = stored->params[4];
-      if (l.vec == 1) l.splat.assign(l.splat.size(), 0);
-    }
+    // An engine saved by an earlier Kiln may hold a narrower vector for the same layout.
+    if (stored->params.size() > 4) pwgen::adopt_saved_width(l, stored->params[4]);
   }
   const Bytes params = layout_params(l);
   const std::string desc = describe_program(n, p, l);
