@@ -94,6 +94,12 @@ bool op_supported(OpKind op, DType in, std::string* why) {
   return fail(why, std::string(op_name(op)) + " is not a pointwise op");
 }
 
+// Element k of a constant i64 / i32 index.
+int64_t index_at(const Value& iv, int64_t k) {
+  return iv.type.dtype == DType::kI64 ? reinterpret_cast<const int64_t*>(iv.data->data())[k]
+                                      : reinterpret_cast<const int32_t*>(iv.data->data())[k];
+}
+
 // Why index_select `s` of n's body cannot be a gathered leaf, or "": its data and index must be
 // node inputs, the index a constant 1-D i64 / i32 tensor of the graph with every value in range
 // (the kernel does not check), and its result must broadcast to the group.
@@ -106,8 +112,7 @@ std::string gather_refusal(const Node& n, const Graph& g, const Node& s) {
     return "fused_pointwise body index_select needs a constant 1-D i64 / i32 index";
   const int64_t dim = body.type(s.inputs[0]).dims[size_t(s.attrs.get_int("axis"))].extent;
   for (int64_t k = 0; k < iv.type.numel(); ++k) {
-    const int64_t v = iv.type.dtype == DType::kI64 ? reinterpret_cast<const int64_t*>(iv.data->data())[k]
-                                                   : reinterpret_cast<const int32_t*>(iv.data->data())[k];
+    const int64_t v = index_at(iv, k);
     if (v < -dim || v >= dim)
       return "fused_pointwise body index_select index " + std::to_string(v) + " is out of range for a dim of " +
              std::to_string(dim);
@@ -325,6 +330,8 @@ bool program_of(const Node& n, const Graph& g, Program* out, std::string* why) {
   return true;
 }
 
+namespace {
+
 // Whether gathered leaf q (inner 1: a gather along the innermost dim, such as rotate_half's
 // permutation of a head's halves) reads every aligned run of `vec` results from `vec`
 // consecutive, equally aligned data elements: rows of count results and of dim data elements
@@ -333,8 +340,7 @@ bool gathers_runs(const Node& n, const Graph& g, const Gather& q, int vec) {
   if (q.inner != 1 || q.count % vec != 0 || q.dim % vec != 0) return false;
   const Value& iv = g.value(n.inputs[size_t(q.index)]);
   auto at = [&](int64_t k) {
-    const int64_t v = iv.type.dtype == DType::kI64 ? reinterpret_cast<const int64_t*>(iv.data->data())[k]
-                                                   : reinterpret_cast<const int32_t*>(iv.data->data())[k];
+    const int64_t v = index_at(iv, k);
     return v < 0 ? v + q.dim : v;
   };
   for (int64_t b = 0; b < q.count; b += vec) {
@@ -344,6 +350,8 @@ bool gathers_runs(const Node& n, const Graph& g, const Gather& q, int vec) {
   }
   return true;
 }
+
+}  // namespace
 
 Layout layout_of(const Node& n, const Graph& g, const Program& p, std::string* why, bool* ok) {
   Layout l;
