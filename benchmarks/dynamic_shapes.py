@@ -2,7 +2,7 @@
 
     python3 benchmarks/dynamic_shapes.py [--models resnet18,resnet50,bert] [--device cpu|cuda]
                                          [--precision fp32|fp16] [--sizes 12] [--iters 20]
-                                         [--reduce-overhead] [--out dynamic_shapes.md]
+                                         [--reduce-overhead] [--instances] [--out dynamic_shapes.md]
 
 Models (random weights, nothing downloaded): torchvision resnet18 / resnet50 at 224x224 with a
 dynamic batch 1..8 (opt 2); ``resnet50-b32``, batch 1..32 (opt 8); a small transformers BertModel
@@ -125,6 +125,7 @@ def run(name: str, args: argparse.Namespace, tol: float, timing_cache: str) -> t
     dtype = torch.half if args.precision == "fp16" else torch.float32
     model = model.to(device, dtype)
     options: dict[str, Any] = {"enabled_precisions": {dtype}, "timing_cache_path": timing_cache}
+    dynamic_options = {**options, "dynamic_instances": args.instances}
 
     def inputs_at(size: int) -> list[torch.Tensor]:
         return [x.to(dtype) if x.is_floating_point() else x for x in make(size, device)]
@@ -133,7 +134,7 @@ def run(name: str, args: argparse.Namespace, tol: float, timing_cache: str) -> t
     rows: list[str] = []
     with torch.no_grad():
         compiled, dynamic_compile = _timed(
-            lambda: kiln.compile(model, inputs_at(spec["opt"]), dynamic_shapes=spec["dims"], **options), device)
+            lambda: kiln.compile(model, inputs_at(spec["opt"]), dynamic_shapes=spec["dims"], **dynamic_options), device)
         ro = torch.compile(model, mode="reduce-overhead", dynamic=True) if args.reduce_overhead else None
         dynamic_total, static_total, ro_total = dynamic_compile, 0.0, 0.0
         for size in chosen:
@@ -172,6 +173,8 @@ def main() -> int:
     parser.add_argument("--reduce-overhead", action="store_true",
                         help='also torch.compile(mode="reduce-overhead", dynamic=True) at each size')
     parser.add_argument("--out", default=None, help="also write the table to this file")
+    parser.add_argument("--instances", action="store_true",
+                        help="serve new sizes by instances of the opt engine (setting dynamic_instances)")
     args = parser.parse_args()
     unknown = [m for m in args.models.split(",") if m.strip() not in _MODELS]
     if unknown:

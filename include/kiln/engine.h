@@ -134,6 +134,17 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // workspace than the engine has.
   Published publish_constants();
 
+  // An instance: an engine running `plan`, this engine's plan with other sizes (SizeProgram::
+  // evaluate of it: the same values, nodes and constant bytes), on this engine's constants, which
+  // it shares (device copies and borrowed weights) instead of copying. Its kernels are made for its
+  // sizes with `options` (level 0: untimed), and its contexts allocate arenas of their own. An
+  // instance has no refit program; once this engine's weights change (a refit) it refuses to run
+  // (kInvalidArgument) and is made again. kInvalidArgument when `plan` does not share this engine's
+  // constants or this engine is an instance itself.
+  std::shared_ptr<Engine> instance(Graph plan, const KernelOptions& options) const;
+  // The engine whose constants this one runs on; null unless an instance.
+  const Engine* instance_of() const { return parent_.get(); }
+
   // use_graphs: replay a captured graph per call where the backend can (see above).
   std::unique_ptr<ExecutionContext> create_execution_context(bool use_graphs = true) const;
 
@@ -167,6 +178,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
   static std::shared_ptr<Engine> assemble(Graph plan, const Device& device, const KernelOptions& options,
                                           std::shared_ptr<const Graph> refit_program, const BorrowedWeights& borrowed,
                                           const std::vector<Bytes>* kernel_states, Assembly& assembly);
+  // Makes the kernels of plan_ with options_ (from `kernel_states` as in assemble), then the
+  // workspace size and the memory plan; kInvalidArgument when the workspace exceeds the limit.
+  void choose_kernels(const std::vector<Bytes>* kernel_states, Assembly& assembly);
+  // kInvalidArgument when this is an instance whose parent's weights changed since it was made.
+  void check_current() const;
   // The load path (engine files): the kernels chosen at build made again from `kernel_states`
   // (empty: every state empty); the log is `log`, then a "load:" line.
   static std::shared_ptr<Engine> restore(Graph plan, const Device& device, const KernelOptions& options,
@@ -210,6 +226,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::unordered_set<const HostBuffer*> written_;
   uint64_t weights_version_ = 0;
   std::string source_weights_id_;
+  std::shared_ptr<const Engine> parent_;  // an instance's: whose constants it runs on
+  uint64_t parent_version_ = 0;  // the parent's weights_version() when the instance was made
 };
 
 class ExecutionContext {

@@ -144,6 +144,10 @@ struct Value {
   std::shared_ptr<const HostBuffer> data;  // set for constants
   bool is_input = false;
   bool is_weight = false;               // a named constant taken from the model (refittable)
+  // Its size depends on shape symbols although its plan is concrete (a dynamic program's block):
+  // fold_constants does not fold the node making it, so that the constants stay the same at every
+  // size (kiln/size_program.h). Set by import; not saved in engine files.
+  bool sized = false;
   bool is_constant() const { return data != nullptr; }
 };
 

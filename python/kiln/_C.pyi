@@ -438,6 +438,31 @@ class Builder:
         The plan graph build() would give the backend: the network after this config's passes (for its device type; no device is needed), before kernels are chosen.
         """
 
+class SizeProgram:
+    """
+    A plan's sizes as multilinear functions of shape symbols, fitted from plans optimized at sample bindings (kiln/size_program.h).
+    """
+
+    @staticmethod
+    def fit(samples: Sequence[tuple[Mapping[str, int], Graph]]) -> SizeProgram:
+        """
+        Fits from [(binding, plan)]: the first 2**n samples are a grid's corners (symbol i at its second value where bit i of the index is set), the rest check the fit. Raises UnsupportedError naming the first difference that is not a fitted integer.
+        """
+
+    def evaluate(self, base: Graph, binding: Mapping[str, int]) -> Graph:
+        """
+        A copy of ``base`` (a plan equal to the first sample's) with the fitted sizes at ``binding``, verified.
+        """
+
+    @property
+    def symbols(self) -> list[str]: ...
+
+    @property
+    def fitted(self) -> int:
+        """How many integers of the plan depend on the symbols."""
+
+    def __str__(self) -> str: ...
+
 class IOTensor:
     """An engine input or output: name and type."""
 
@@ -528,6 +553,15 @@ class Engine:
 
     def graph(self) -> Graph:
         """A copy of the optimized plan."""
+
+    def instance(self, plan: Graph, optimization_level: int = 0) -> Engine:
+        """
+        An engine running ``plan`` (SizeProgram.evaluate of graph(): other sizes) on this engine's constants, its kernels made at ``optimization_level`` (0: untimed).
+        """
+
+    @property
+    def is_instance(self) -> bool:
+        """Whether the engine is an instance of another (runs on its constants)."""
 
     def create_execution_context(self, use_graphs: bool = True) -> ExecutionContext: ...
 
@@ -772,6 +806,13 @@ class ImportTensor:
     @sym_max.setter
     def sym_max(self, arg: Sequence[int], /) -> None: ...
 
+    @property
+    def sized(self) -> bool:
+        """Its size depends on shape symbols: its node is not folded into a constant."""
+
+    @sized.setter
+    def sized(self, arg: bool, /) -> None: ...
+
 class ImportNode:
     """One ATen node: overload name, arguments and output tensor ids."""
 
@@ -847,8 +888,10 @@ class ImportGraph:
     def __init__(self) -> None: ...
 
     @overload
-    def add_tensor(self, dtype: DType, shape: Sequence[int], strides: Sequence[int] | None = None, symbols: Sequence[str] = [], sym_min: Sequence[int] = [], sym_max: Sequence[int] = []) -> int:
-        """Returns the new tensor's id."""
+    def add_tensor(self, dtype: DType, shape: Sequence[int], strides: Sequence[int] | None = None, symbols: Sequence[str] = [], sym_min: Sequence[int] = [], sym_max: Sequence[int] = [], sized: bool = False) -> int:
+        """
+        Returns the new tensor's id. ``sized``: its size depends on shape symbols (not folded into a constant).
+        """
 
     @overload
     def add_tensor(self, tensor: ImportTensor) -> int: ...

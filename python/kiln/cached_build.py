@@ -71,7 +71,8 @@ _NOT_BUILD_SETTINGS = frozenset({
     "timing_cache_path",  # a location, like engine_cache_dir
     "autocast_calibration_dataloader",  # its effect is in the graph (the casts), which is keyed
     "module_key",  # how a warm kiln.compile finds its program, not what it builds
-    "specialization_cache_size", "dynamic_max_size",  # which shapes get engines, not what one holds
+    # Which shapes get engines, not what one holds:
+    "specialization_cache_size", "dynamic_max_size", "dynamic_instances",
 })
 
 _stats: dict[str, int] = {}

@@ -45,6 +45,7 @@ import torch.utils._pytree as pytree
 from kiln import _C
 from kiln._logging import get_logger
 from kiln.dryrun import emit_report, format_report
+from kiln.instances import SizeRange, fit_range, make_instance
 from kiln.lowering import LoweredGraph, drop_unused
 from kiln.partition import Block, PartitionResult, is_op, op_name, partition, replace_block
 from kiln.pipeline import CompileSummary, build_block
@@ -486,6 +487,7 @@ def specialize_nodes(src: fx.GraphModule, inputs: Sequence[fx.Node], nodes: Iter
                 raise
             continue
         new.args, new.kwargs = pytree.tree_map_only(_SYM_TYPES, lambda v: evaluate(v, binding), (new.args, new.kwargs))
+        new.meta["kiln_sized"] = symbolic_tensor(node.meta.get("val"))  # kept a node (kiln/instances.py)
         new.meta["val"] = val
         env[node] = new
     graph.output(pytree.tree_map_only(fx.Node, lookup, outputs))
@@ -556,6 +558,10 @@ class Specializations(torch.nn.Module):
         self._lock = threading.RLock()
         self._build_lock = threading.Lock()
         self._building: dict[tuple[int, ...], threading.Event] = {}  # new bindings being built
+        # Blocks served by instances of one engine (kiln/instances.py), and those engines, kept as
+        # submodules (for refit) when their own specialization is dropped.
+        self.ranges: dict[int, SizeRange] = {}
+        self.range_parents = torch.nn.ModuleDict()
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -650,22 +656,74 @@ class Specializations(torch.nn.Module):
         start = time.perf_counter()
         runners: list[torch.nn.Module] = []
         keys: list[tuple[int, ...]] = []
-        built = 0
+        built = instances = 0
         if shared is None:
             shared = self._shared_runners()
         for b in self.blocks:
             key = tuple(binding[s] for s in b.symbols)
             keys.append(key)
             runner = shared.get((b.index, key))
+            if runner is None and b.index in self.ranges:
+                runner = self._instance(b, binding)
+                instances += runner is not None
             if runner is None:
                 runner, ok = self._build(b, binding)
                 built += ok
             runners.append(runner)
         seconds = time.perf_counter() - start
         spec = Specialization(dict(binding), runners, keys)
-        log.info("%s: new specialization %s: %d engine(s) built in %.3f s (%d of %d kept)", self.graph_name,
-                 spec.text(), built, seconds, min(len(self.live) + 1, self.capacity), self.capacity)
+        log.info("%s: new specialization %s: %d engine(s) built, %d instance(s) made in %.3f s (%d of %d kept)",
+                 self.graph_name, spec.text(), built, instances, seconds, min(len(self.live) + 1, self.capacity),
+                 self.capacity)
         return spec
+
+    def _engine_name(self, b: _BlockSource, binding: Binding) -> str:
+        text = ", ".join(f"{s}={binding[s]}" for s in b.symbols)
+        return f"engine {b.index} of {self.graph_name}" + (f" [{text}]" if text else "")
+
+    def _instance(self, b: _BlockSource, binding: Binding) -> torch.nn.Module | None:
+        """An instance of the block's range engine at ``binding``; None (logged) where the fitted
+        plan does not hold, for the caller to build an engine instead."""
+        try:
+            return make_instance(self.ranges[b.index], binding, self._engine_name(b, binding))
+        except _C.KilnError as err:
+            log.info("%s: no instance at %s, building an engine: %s", self.graph_name,
+                     ", ".join(f"{s}={binding[s]}" for s in b.symbols), err)
+            return None
+
+    def fit_ranges(self, spec: Specialization) -> None:
+        """Makes the engines ``spec`` built (not instances) the range engines of their blocks, for
+        the blocks that have none yet and whose plans fit a SizeProgram (kiln/instances.py)."""
+        if not self.settings.dynamic_instances:
+            return
+        for b, runner in zip(self.blocks, spec.runners):
+            if (not b.symbols or b.index in self.ranges or not isinstance(runner, KilnEngineModule)
+                    or runner.engine.is_instance):
+                continue
+            base = {s: spec.binding[s] for s in b.symbols}
+
+            def concrete(at: Binding, b: _BlockSource = b) -> tuple[fx.GraphModule, Block]:
+                gm, block, _ = self._concrete(b, {**spec.binding, **at})
+                return gm, block
+            r = fit_range(runner, base, self.shapes.ranges, b.block.nodes, concrete, self.settings, self.device,
+                          self._engine_name(b, base))
+            if r is not None:
+                self.ranges[b.index] = r
+                self.range_parents[str(b.index)] = runner
+                runner.refit_hooks.append(self._drop_instances)
+
+    def _drop_instances(self) -> None:
+        """Drops the specializations that hold instances (after a refit of their range engine,
+        whose new weights their kernels may not have read); they are made again on first use."""
+        with self._lock:
+            for bkey, spec in list(self.live.items()):
+                if any(isinstance(r, KilnEngineModule) and r.engine.is_instance for r in spec.runners):
+                    del self.live[bkey]
+                    del self.built[self._names.pop(id(spec))]
+                    for k in [k for k, v in self.by_shapes.items() if v is spec]:
+                        del self.by_shapes[k]
+                    if self._newest is spec:
+                        self._newest = None
 
     def _concrete(self, b: _BlockSource, binding: Binding) -> tuple[fx.GraphModule, Block, str]:
         """The block copied with every size evaluated under ``binding``, and its engine's name."""
@@ -675,8 +733,7 @@ class Specializations(torch.nn.Module):
                                    "KilnBlock")
         concrete = Block([env[n] for n in block.nodes if n in env], [env[n] for n in b.tensor_inputs],
                          [env[n] for n in block.constants], [env[n] for n in block.outputs])
-        text = ", ".join(f"{s}={binding[s]}" for s in b.symbols)
-        return gm, concrete, f"engine {b.index} of {self.graph_name}" + (f" [{text}]" if text else "")
+        return gm, concrete, self._engine_name(b, binding)
 
     def _build(self, b: _BlockSource, binding: Binding) -> tuple[torch.nn.Module, bool]:
         gm, concrete, name = self._concrete(b, binding)
@@ -722,6 +779,8 @@ class Specializations(torch.nn.Module):
             index: dict[int, int] = {}
             specs = []
             for spec in self.live.values():  # least recently used first, as load re-adds them
+                if any(isinstance(r, KilnEngineModule) and r.engine.is_instance for r in spec.runners):
+                    continue  # instances are made again after loading, on the saved range engine
                 entries: list[int | None] = []
                 for runner in spec.runners:
                     if not isinstance(runner, KilnEngineModule):
@@ -1113,8 +1172,12 @@ def compile_dynamic(lowered: LoweredGraph, settings: CompilationSettings, device
         installed = table.install(saved, saved.path)
         log.info("%s: %d saved specialization(s) with %d engine(s) installed", graph_name,
                  len(saved.specializations), installed)
+        for spec in list(table.live.values()):
+            table.fit_ranges(spec)
     else:  # the opt shape's engines are built now
-        table.add(table.specialize(opt))
+        spec = table.specialize(opt)
+        table.add(spec)
+        table.fit_ranges(spec)
     in_engines: collections.Counter[str] = collections.Counter()
     for b in blocks:
         in_engines.update(b.histogram)

@@ -89,7 +89,7 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NOT_PROGRAM_SETTINGS = frozenset({
     "debug", "dryrun", "cache_built_engines", "reuse_cached_engines", "engine_cache_dir", "engine_cache_size",
     "engine_cache_key_file", "custom_engine_cache", "module_key",
-    "specialization_cache_size", "dynamic_max_size",  # dynamic programs only, which are not kept here
+    "specialization_cache_size", "dynamic_max_size", "dynamic_instances",  # dynamic programs only, not kept here
 })
 
 

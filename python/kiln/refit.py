@@ -98,6 +98,8 @@ def _check_complete(refitter: Any) -> None:
 def _apply(module: KilnEngineModule, refitter: Any) -> None:
     with module._lock:  # no call of this module runs during the refit
         refitter.refit()
+    for hook in module.refit_hooks:  # e.g. dropping the instances made on the old weights
+        hook()
     log.debug("%s: %s", module.name, refitter.report)
     if "engine_blob" in module._buffers:  # the engine bytes torch.export would save
         module._buffers["engine_blob"] = torch.frombuffer(bytearray(module.engine_bytes()), dtype=torch.uint8)
@@ -157,7 +159,8 @@ class _Targets:
 
     def add_graph(self, root: torch.nn.Module, rename: dict[str, str]) -> None:
         for m in root.modules():
-            if isinstance(m, KilnEngineModule) and id(m) not in self._seen:
+            # An instance (kiln/instances.py) runs on its parent's weights: refitting the parent is enough.
+            if isinstance(m, KilnEngineModule) and id(m) not in self._seen and not m.engine.is_instance:
                 self._seen.add(id(m))
                 self.engines.append((m, rename))
             if isinstance(m, fx.GraphModule):

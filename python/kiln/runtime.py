@@ -23,7 +23,7 @@ import json
 import os
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -129,6 +129,8 @@ class KilnEngineModule(torch.nn.Module):
         # Weights the model holds in float64 that the engine takes as float32 (truncate_double):
         # the only ones a refit converts.
         self.truncated_weights: frozenset[str] = frozenset()
+        # Called after each refit of this engine (kiln.refit's _apply); not pickled.
+        self.refit_hooks: list[Callable[[], None]] = []
         self._set_engine(engine, device, input_dtypes, output_dtypes)
         self._exporting = False
 
@@ -215,13 +217,14 @@ class KilnEngineModule(torch.nn.Module):
         self._exporting = on
 
     def __getstate__(self) -> dict[str, Any]:
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_engine", "_context", "_lock")}
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_engine", "_context", "_lock", "refit_hooks")}
         state["_engine_bytes"] = self.engine_bytes()
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         data = state.pop("_engine_bytes")
         self.__dict__.update(state)
+        self.refit_hooks = []
         engine = _C.Engine.deserialize(data, str(self._device))
         self._set_engine(engine, str(self._device), self._in_cast, self._out_cast)
 

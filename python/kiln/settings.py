@@ -172,6 +172,10 @@ class CompilationSettings:
         (a torch.export Dim without max, Dynamo's automatic dynamic shapes). An int >= 2,
         default 4096; a larger size is outside the program's range (kiln.compile raises,
         torch.compile builds that shape statically).
+    dynamic_instances: whether a block of a dynamic program whose plan is the same at every size
+        in its range but for multilinear sizes serves new sizes by instances of the engine built
+        at the opt shape (kiln/instances.py: no build per size, the weights shared). False builds
+        an engine per size. Default False.
     """
 
     enabled_precisions: frozenset[torch.dtype] = frozenset({torch.float32})
@@ -209,6 +213,7 @@ class CompilationSettings:
     autocast_calibration_dataloader: Any | None = None
     specialization_cache_size: int = 8
     dynamic_max_size: int = 4096
+    dynamic_instances: bool = False
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -584,6 +589,7 @@ _NORMALIZERS: dict[str, Any] = {
     "autocast_calibration_dataloader": _optional_iterable,
     "specialization_cache_size": _int_in(1, None),
     "dynamic_max_size": _int_in(2, None),
+    "dynamic_instances": _bool,
 }
 
 assert set(_NORMALIZERS) == {f.name for f in dataclasses.fields(CompilationSettings)}

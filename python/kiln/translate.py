@@ -116,7 +116,8 @@ class Encoder:
             raise EncodeError(f"value {node.name} is not a tensor with metadata ({type(val).__name__})")
         shape, strides = _static_shape(val, f"value {node.name}")
         dtype = kiln_dtype(val.dtype, self.truncate_double)
-        tid = self.graph.add_tensor(dtype, shape, None if dense else strides)
+        # A dynamic program's concrete copy marks the values whose size depends on its symbols.
+        tid = self.graph.add_tensor(dtype, shape, None if dense else strides, sized=bool(node.meta.get("kiln_sized")))
         self.ids[node] = tid
         return tid
 
@@ -314,7 +315,8 @@ def canonical_description(graph: _C.ImportGraph, constants: Sequence[ConstantInf
     lines = []
     for i, t in enumerate(graph.tensors):
         sym = f" sym={list(t.symbols)}{list(t.sym_min)}{list(t.sym_max)}" if list(t.symbols) else ""
-        lines.append(f"tensor {i} {t.dtype.name} {list(t.shape)} {list(t.strides)}{sym}")
+        sized = " sized" if t.sized else ""
+        lines.append(f"tensor {i} {t.dtype.name} {list(t.shape)} {list(t.strides)}{sym}{sized}")
     lines += [f"input {tid} {name!r}" for tid, name in graph.inputs]
     lines += [f"constant {c.tensor} {c.name!r} weight={c.weight} nbytes={c.nbytes}"
               for c in (graph.constants if constants is None else constants)]

@@ -171,7 +171,9 @@ Graph import_aten(const ImportGraph& graph) {
       KILN_FAIL(kUnsupported, node_label(node), ": ", reason_of(e));
     }
     for (size_t i = 0; i < outs.size(); ++i) {
-      if (node.outputs[i] >= 0) define(node.outputs[i], outs[i], node_label(node));
+      if (node.outputs[i] < 0) continue;
+      define(node.outputs[i], outs[i], node_label(node));
+      if (graph.tensors[size_t(node.outputs[i])].sized) g.value(outs[i]).sized = true;
     }
   }
 

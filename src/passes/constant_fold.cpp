@@ -15,7 +15,8 @@
 // Does not: fold a node whose outputs exceed kMaxFoldedBytes and have more elements than its
 // inputs together (a generator or broadcast that large costs engine size and load time more than
 // computing it costs at run time; a transformation of weights, such as a cast, a scale, a
-// permutation or a concatenation, never grows them and always folds), fold a node with a symbolic output dim, or
+// permutation or a concatenation, never grows them and always folds), fold a node with a symbolic output dim
+// or a Value::sized output (a size that depends on shape symbols), or
 // fold a node the CPU backend reports as unsupported (it stays a node).
 // Folded constants are not weights: refit reaches them through the recorded program only.
 #include <algorithm>
@@ -42,6 +43,7 @@ bool small_and_static(const Graph& g, const Node& n) {
   size_t bytes = 0;
   int64_t out_numel = 0, in_numel = 0;
   for (ValueId out : n.outputs) {
+    if (g.value(out).sized) return false;
     const TensorType& t = g.type(out);
     for (const Dim& d : t.dims)
       if (!d.is_static()) return false;

@@ -24,6 +24,7 @@ namespace nb = nanobind;
 void bind_dtype(nb::module_& m);    // dtype.cpp: DType, numpy conversions
 void bind_ir(nb::module_& m);       // ir.cpp: op list, Dim, TensorType, Value, Node, Graph
 void bind_builder(nb::module_& m);  // builder.cpp: BuilderConfig, Builder
+void bind_size_program(nb::module_& m);  // size_program.cpp: SizeProgram
 void bind_engine(nb::module_& m);   // engine.cpp: IOTensor, Engine, ExecutionContext
 void bind_import(nb::module_& m);   // import.cpp: Import* structures, can_import, import_aten
 void bind_refit(nb::module_& m);    // refit.cpp: Refitter

@@ -179,6 +179,20 @@ void bind_engine(nb::module_& m) {
           "graph_text", [](const Engine& e) { return e.graph().to_string(); }, "The plan as text.")
       .def(
           "graph", [](const Engine& e) { return Graph(e.graph()); }, "A copy of the optimized plan.")
+      .def(
+          "instance",
+          [](const Engine& e, const Graph& plan, int optimization_level) {
+            KernelOptions options = e.kernel_options();
+            options.optimization_level = optimization_level;
+            nb::gil_scoped_release release;
+            return e.instance(plan, options);
+          },
+          nb::arg("plan"), nb::arg("optimization_level") = 0,
+          "An engine running ``plan`` (SizeProgram.evaluate of graph(): other sizes) on this engine's constants, "
+          "its kernels made at ``optimization_level`` (0: untimed).")
+      .def_prop_ro(
+          "is_instance", [](const Engine& e) { return e.instance_of() != nullptr; },
+          "Whether the engine is an instance of another (runs on its constants).")
       .def("create_execution_context", &Engine::create_execution_context, nb::arg("use_graphs") = true,
            "A context with its own activation memory; use_graphs replays one captured CUDA graph per call.")
       .def(

@@ -194,22 +194,27 @@ void bind_import(nb::module_& m) {
       .def("__repr__", [](const ImportArg& a) { return "ImportArg(" + arg_repr(a) + ")"; });
 
   nb::class_<ImportTensor>(m, "ImportTensor", "Metadata of one tensor of an ATen graph.")
-      .def("__init__", [](ImportTensor* t, DType dtype, nb::handle shape, nb::handle strides,
-                          std::vector<std::string> symbols, std::vector<int64_t> sym_min, std::vector<int64_t> sym_max) {
-        new (t) ImportTensor(make_tensor(dtype, shape, strides, std::move(symbols), std::move(sym_min),
-                                         std::move(sym_max)));
-      }, nb::arg("dtype"), nb::arg("shape"), nb::arg("strides") = nb::none(),
-         nb::arg("symbols") = std::vector<std::string>{}, nb::arg("sym_min") = std::vector<int64_t>{},
-         nb::arg("sym_max") = std::vector<int64_t>{},
-         nb::sig("def __init__(self, dtype: DType, shape: collections.abc.Sequence[int], "
-                 "strides: collections.abc.Sequence[int] | None = None, symbols: collections.abc.Sequence[str] = [], "
-                 "sym_min: collections.abc.Sequence[int] = [], sym_max: collections.abc.Sequence[int] = []) -> None"))
+      .def(
+          "__init__",
+          [](ImportTensor* t, DType dtype, nb::handle shape, nb::handle strides, std::vector<std::string> symbols,
+             std::vector<int64_t> sym_min, std::vector<int64_t> sym_max) {
+            new (t) ImportTensor(
+                make_tensor(dtype, shape, strides, std::move(symbols), std::move(sym_min), std::move(sym_max)));
+          },
+          nb::arg("dtype"), nb::arg("shape"), nb::arg("strides") = nb::none(),
+          nb::arg("symbols") = std::vector<std::string>{}, nb::arg("sym_min") = std::vector<int64_t>{},
+          nb::arg("sym_max") = std::vector<int64_t>{},
+          nb::sig("def __init__(self, dtype: DType, shape: collections.abc.Sequence[int], "
+                  "strides: collections.abc.Sequence[int] | None = None, symbols: collections.abc.Sequence[str] = [], "
+                  "sym_min: collections.abc.Sequence[int] = [], sym_max: collections.abc.Sequence[int] = []) -> None"))
       .def_rw("dtype", &ImportTensor::dtype)
       .def_rw("shape", &ImportTensor::shape)
       .def_rw("strides", &ImportTensor::strides)
       .def_rw("symbols", &ImportTensor::symbols)
       .def_rw("sym_min", &ImportTensor::sym_min)
-      .def_rw("sym_max", &ImportTensor::sym_max);
+      .def_rw("sym_max", &ImportTensor::sym_max)
+      .def_rw("sized", &ImportTensor::sized,
+              "Its size depends on shape symbols: its node is not folded into a constant.");
 
   nb::class_<ImportNode>(m, "ImportNode", "One ATen node: overload name, arguments and output tensor ids.")
       .def("__init__", [](ImportNode* n, std::string target, nb::handle args, nb::handle kwargs,
@@ -251,56 +256,82 @@ void bind_import(nb::module_& m) {
 
   nb::class_<ImportGraph>(m, "ImportGraph", "A whole ATen graph: tensors, inputs, constants, nodes, outputs.")
       .def(nb::init<>())
-      .def("add_tensor", [](ImportGraph& g, DType dtype, nb::handle shape, nb::handle strides,
-                            std::vector<std::string> symbols, std::vector<int64_t> sym_min, std::vector<int64_t> sym_max) {
-        return g.add_tensor(make_tensor(dtype, shape, strides, std::move(symbols), std::move(sym_min),
-                                        std::move(sym_max)));
-      }, nb::arg("dtype"), nb::arg("shape"), nb::arg("strides") = nb::none(),
-         nb::arg("symbols") = std::vector<std::string>{}, nb::arg("sym_min") = std::vector<int64_t>{},
-         nb::arg("sym_max") = std::vector<int64_t>{},
-         nb::sig("def add_tensor(self, dtype: DType, shape: collections.abc.Sequence[int], "
-                 "strides: collections.abc.Sequence[int] | None = None, symbols: collections.abc.Sequence[str] = [], "
-                 "sym_min: collections.abc.Sequence[int] = [], sym_max: collections.abc.Sequence[int] = []) -> int"),
-         "Returns the new tensor's id.")
-      .def("add_tensor", [](ImportGraph& g, const ImportTensor& t) { return g.add_tensor(t); }, nb::arg("tensor"))
-      .def("add_input", [](ImportGraph& g, int32_t tensor, std::string name) {
-        check_tensor_id(g, tensor, "add_input");
-        g.inputs.emplace_back(tensor, std::move(name));
-      }, nb::arg("tensor"), nb::arg("name"))
-      .def("add_output", [](ImportGraph& g, int32_t tensor, std::string name) {
-        check_tensor_id(g, tensor, "add_output");
-        g.outputs.emplace_back(tensor, std::move(name));
-      }, nb::arg("tensor"), nb::arg("name"))
-      .def("add_constant", [](ImportGraph& g, int32_t tensor, const std::string& name, nb::handle data, bool weight) {
-        BufferView view(data, "add_constant data");
-        add_constant_bytes(g, tensor, name, view.data(), view.size(), weight);
-      }, nb::arg("tensor"), nb::arg("name"), nb::arg("data"), nb::arg("weight") = true,
-         nb::sig("def add_constant(self, tensor: int, name: str, data: bytes | bytearray | memoryview | numpy.ndarray, "
-                 "weight: bool = True) -> None"),
-         "A constant copied from a C-contiguous buffer (bytes, numpy array, ...).")
-      .def("add_constant_from_ptr", [](ImportGraph& g, int32_t tensor, const std::string& name, nb::handle data_ptr,
-                                       size_t nbytes, bool weight) {
-        add_constant_bytes(g, tensor, name, pointer_from_int(data_ptr, "data_ptr"), nbytes, weight);
-      }, nb::arg("tensor"), nb::arg("name"), nb::arg("data_ptr"), nb::arg("nbytes"), nb::arg("weight") = true,
-         nb::sig("def add_constant_from_ptr(self, tensor: int, name: str, data_ptr: int, nbytes: int, "
-                 "weight: bool = True) -> None"),
-         "A constant copied from host memory (e.g. a CPU torch tensor's data_ptr()).")
-      .def("add_node", [](ImportGraph& g, std::string target, nb::handle args, nb::handle kwargs,
-                          std::vector<int32_t> outputs, std::string name) {
-        g.nodes.push_back(make_node(std::move(target), args, kwargs, std::move(outputs), std::move(name)));
-      }, nb::arg("target"), nb::arg("args"), nb::arg("kwargs") = nb::none(), nb::arg("outputs") = std::vector<int32_t>{},
-         nb::arg("name") = "",
-         nb::sig("def add_node(self, target: str, args: collections.abc.Sequence[object], "
-                 "kwargs: collections.abc.Mapping[str, object] | None = None, "
-                 "outputs: collections.abc.Sequence[int] = [], name: str = '') -> None"),
-         "Appends a node; args are plain values, tensors as ImportArg.of_tensor(id).")
-      .def("add_node", [](ImportGraph& g, const ImportNode& n) { g.nodes.push_back(n); }, nb::arg("node"))
+      .def(
+          "add_tensor",
+          [](ImportGraph& g, DType dtype, nb::handle shape, nb::handle strides, std::vector<std::string> symbols,
+             std::vector<int64_t> sym_min, std::vector<int64_t> sym_max, bool sized) {
+            ImportTensor t =
+                make_tensor(dtype, shape, strides, std::move(symbols), std::move(sym_min), std::move(sym_max));
+            t.sized = sized;
+            return g.add_tensor(std::move(t));
+          },
+          nb::arg("dtype"), nb::arg("shape"), nb::arg("strides") = nb::none(),
+          nb::arg("symbols") = std::vector<std::string>{}, nb::arg("sym_min") = std::vector<int64_t>{},
+          nb::arg("sym_max") = std::vector<int64_t>{}, nb::arg("sized") = false,
+          nb::sig("def add_tensor(self, dtype: DType, shape: collections.abc.Sequence[int], "
+                  "strides: collections.abc.Sequence[int] | None = None, symbols: collections.abc.Sequence[str] = [], "
+                  "sym_min: collections.abc.Sequence[int] = [], sym_max: collections.abc.Sequence[int] = [], "
+                  "sized: bool = False) -> int"),
+          "Returns the new tensor's id. ``sized``: its size depends on shape symbols (not folded into a constant).")
+      .def(
+          "add_tensor", [](ImportGraph& g, const ImportTensor& t) { return g.add_tensor(t); }, nb::arg("tensor"))
+      .def(
+          "add_input",
+          [](ImportGraph& g, int32_t tensor, std::string name) {
+            check_tensor_id(g, tensor, "add_input");
+            g.inputs.emplace_back(tensor, std::move(name));
+          },
+          nb::arg("tensor"), nb::arg("name"))
+      .def(
+          "add_output",
+          [](ImportGraph& g, int32_t tensor, std::string name) {
+            check_tensor_id(g, tensor, "add_output");
+            g.outputs.emplace_back(tensor, std::move(name));
+          },
+          nb::arg("tensor"), nb::arg("name"))
+      .def(
+          "add_constant",
+          [](ImportGraph& g, int32_t tensor, const std::string& name, nb::handle data, bool weight) {
+            BufferView view(data, "add_constant data");
+            add_constant_bytes(g, tensor, name, view.data(), view.size(), weight);
+          },
+          nb::arg("tensor"), nb::arg("name"), nb::arg("data"), nb::arg("weight") = true,
+          nb::sig(
+              "def add_constant(self, tensor: int, name: str, data: bytes | bytearray | memoryview | numpy.ndarray, "
+              "weight: bool = True) -> None"),
+          "A constant copied from a C-contiguous buffer (bytes, numpy array, ...).")
+      .def(
+          "add_constant_from_ptr",
+          [](ImportGraph& g, int32_t tensor, const std::string& name, nb::handle data_ptr, size_t nbytes, bool weight) {
+            add_constant_bytes(g, tensor, name, pointer_from_int(data_ptr, "data_ptr"), nbytes, weight);
+          },
+          nb::arg("tensor"), nb::arg("name"), nb::arg("data_ptr"), nb::arg("nbytes"), nb::arg("weight") = true,
+          nb::sig("def add_constant_from_ptr(self, tensor: int, name: str, data_ptr: int, nbytes: int, "
+                  "weight: bool = True) -> None"),
+          "A constant copied from host memory (e.g. a CPU torch tensor's data_ptr()).")
+      .def(
+          "add_node",
+          [](ImportGraph& g, std::string target, nb::handle args, nb::handle kwargs, std::vector<int32_t> outputs,
+             std::string name) {
+            g.nodes.push_back(make_node(std::move(target), args, kwargs, std::move(outputs), std::move(name)));
+          },
+          nb::arg("target"), nb::arg("args"), nb::arg("kwargs") = nb::none(),
+          nb::arg("outputs") = std::vector<int32_t>{}, nb::arg("name") = "",
+          nb::sig("def add_node(self, target: str, args: collections.abc.Sequence[object], "
+                  "kwargs: collections.abc.Mapping[str, object] | None = None, "
+                  "outputs: collections.abc.Sequence[int] = [], name: str = '') -> None"),
+          "Appends a node; args are plain values, tensors as ImportArg.of_tensor(id).")
+      .def(
+          "add_node", [](ImportGraph& g, const ImportNode& n) { g.nodes.push_back(n); }, nb::arg("node"))
       .def_prop_ro("num_tensors", [](const ImportGraph& g) { return g.tensors.size(); })
       .def_prop_ro("num_nodes", [](const ImportGraph& g) { return g.nodes.size(); })
-      .def("tensor", [](const ImportGraph& g, int32_t id) {
-        check_tensor_id(g, id, "tensor");
-        return g.tensors[size_t(id)];
-      }, nb::arg("id"))
+      .def(
+          "tensor",
+          [](const ImportGraph& g, int32_t id) {
+            check_tensor_id(g, id, "tensor");
+            return g.tensors[size_t(id)];
+          },
+          nb::arg("id"))
       .def_ro("tensors", &ImportGraph::tensors, "A copy of the tensor table.")
       .def_ro("inputs", &ImportGraph::inputs)
       .def_ro("outputs", &ImportGraph::outputs)

@@ -187,6 +187,7 @@ NB_MODULE(_C, m) {
   kp::bind_dtype(m);
   kp::bind_ir(m);
   kp::bind_builder(m);
+  kp::bind_size_program(m);
   kp::bind_engine(m);
   kp::bind_import(m);
   kp::bind_refit(m);

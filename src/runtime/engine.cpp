@@ -24,6 +24,32 @@ size_t block_rounded(const Backend& be, size_t bytes) {
 
 }  // namespace
 
+void Engine::choose_kernels(const std::vector<Bytes>* kernel_states, Assembly& assembly) {
+  Backend& be = *backend_;
+  const Graph& g = plan_;
+  KILN_CHECK(kernel_states == nullptr || kernel_states->empty() || kernel_states->size() == g.nodes().size(),
+             kCorrupted, kernel_states->size(), " kernel states for a plan of ", g.nodes().size(), " nodes");
+  const Stopwatch kernels_watch;
+  std::vector<std::unique_ptr<Kernel>> kernels = be.make_kernels(
+      g, options_, kernel_states && !kernel_states->empty() ? kernel_states : nullptr, &assembly.kernel_ms);
+  assembly.kernels_ms = kernels_watch.ms();
+  KILN_CHECK(kernels.size() == g.nodes().size(), kInternal, "backend ", be.name(), " made ", kernels.size(),
+             " kernels for ", g.nodes().size(), " nodes");
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    KILN_CHECK(kernels[i] != nullptr, kInternal, "backend ", be.name(), " returned no kernel for ",
+               op_name(g.nodes()[i]->op));
+    workspace_ = std::max(workspace_, kernels[i]->workspace_size());
+    kernel_states_.push_back(kernels[i]->state());
+    kernels_.push_back(std::move(kernels[i]));
+  }
+  // The memory plan follows the kernels: a kernel that may write its output over an input's
+  // bytes lets the planner put them there (Kernel::writes_over_input).
+  memory_ = plan_memory(g, be.alignment(), true,
+                        [this](size_t node, size_t input) { return kernels_[node]->writes_over_input(input); });
+  KILN_CHECK(workspace_ <= options_.workspace_limit, kInvalidArgument, "the plan needs ", workspace_,
+             " bytes of workspace, over the workspace limit of ", options_.workspace_limit);
+}
+
 std::shared_ptr<Engine> Engine::assemble(Graph plan, const Device& device, const KernelOptions& options,
                                          std::shared_ptr<const Graph> refit_program, const BorrowedWeights& borrowed,
                                          const std::vector<Bytes>* kernel_states, Assembly& assembly) {
@@ -65,25 +91,7 @@ std::shared_ptr<Engine> Engine::assemble(Graph plan, const Device& device, const
   if (device.type == DeviceType::kCPU)
     for (ValueId c : own)
       e->constant_ptr_[c] = g.value(c).data->data();  // the plan owns the bytes for the engine's lifetime
-  KILN_CHECK(kernel_states == nullptr || kernel_states->empty() || kernel_states->size() == g.nodes().size(),
-             kCorrupted, kernel_states->size(), " kernel states for a plan of ", g.nodes().size(), " nodes");
-  const Stopwatch kernels_watch;
-  std::vector<std::unique_ptr<Kernel>> kernels = be.make_kernels(
-      g, options, kernel_states && !kernel_states->empty() ? kernel_states : nullptr, &assembly.kernel_ms);
-  assembly.kernels_ms = kernels_watch.ms();
-  KILN_CHECK(kernels.size() == g.nodes().size(), kInternal, "backend ", be.name(), " made ", kernels.size(),
-             " kernels for ", g.nodes().size(), " nodes");
-  for (size_t i = 0; i < kernels.size(); ++i) {
-    KILN_CHECK(kernels[i] != nullptr, kInternal, "backend ", be.name(), " returned no kernel for ",
-               op_name(g.nodes()[i]->op));
-    e->workspace_ = std::max(e->workspace_, kernels[i]->workspace_size());
-    e->kernel_states_.push_back(kernels[i]->state());
-    e->kernels_.push_back(std::move(kernels[i]));
-  }
-  // The memory plan follows the kernels: a kernel that may write its output over an input's
-  // bytes lets the planner put them there (Kernel::writes_over_input).
-  e->memory_ = plan_memory(g, be.alignment(), true,
-                           [&e](size_t node, size_t input) { return e->kernels_[node]->writes_over_input(input); });
+  e->choose_kernels(kernel_states, assembly);
   // Kernels take constants by address when they run, so the device copies follow the kernels.
   // One device block holds the constants (the driver rounds each allocation up to whole 2 MiB
   // pages, so one per constant wastes most of a page per few-MiB weight) and, where
@@ -112,8 +120,6 @@ std::shared_ptr<Engine> Engine::assemble(Graph plan, const Device& device, const
     if (!copies.empty()) be.upload(copies);
     assembly.constants_ms = upload_watch.ms();
   }
-  KILN_CHECK(e->workspace_ <= options.workspace_limit, kInvalidArgument, "the plan needs ", e->workspace_,
-             " bytes of workspace, over the workspace limit of ", options.workspace_limit);
   return e;
 }
 
@@ -411,6 +417,7 @@ void ExecutionContext::execute(const std::vector<const void*>& inputs, const std
                                void* stream) {
   const Engine& e = *engine_;
   const Graph& g = e.plan_;
+  e.check_current();
   KILN_CHECK(inputs.size() == g.inputs().size(), kInvalidArgument, "engine takes ", g.inputs().size(), " inputs, got ",
              inputs.size());
   KILN_CHECK(outputs.size() == g.outputs().size(), kInvalidArgument, "engine gives ", g.outputs().size(),

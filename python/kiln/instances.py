@@ -1,0 +1,178 @@
+"""Instances: one engine per block serves every size in a dynamic program's range.
+
+A block of a dynamic program (kiln.dynamic) is built once, at the opt shape. Its plan is then
+optimized again (no kernels) at a few more bindings of its symbols: the corners of a grid around
+the opt values and check points at the ends of the ranges. ``_C.SizeProgram.fit`` finds whether
+these plans differ only in integers that are multilinear functions of the symbols (kiln/
+size_program.h). If they do, a new size is served by an *instance* of the opt engine
+(``Engine.instance``): the opt plan with the fitted sizes evaluated, its kernels made for those
+sizes without timing, on the opt engine's constants (no copy, no upload). That takes no export,
+lowering, description, passes or tactic timing; generated kernels whose source is the same at
+every size come from the process's compile cache.
+
+Not fitted (the block keeps an engine built per size): a block whose symbolic sizes are not
+multilinear in its symbols (``s**2``, ``floor(s/2)``, ``Max``), one whose plans differ between
+samples in anything else (a constant that depends on the size, a pass that chose differently), a
+range too narrow for the samples, and every block when the ``dynamic_instances`` setting is off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import sympy  # type: ignore[import-untyped]
+import torch
+import torch.fx as fx
+
+from kiln import _C
+from kiln._logging import get_logger
+from kiln.runtime import KilnEngineModule, builder_config
+from kiln.settings import CompilationSettings
+from kiln.translate import describe_block_parts
+
+log = get_logger("instances")
+
+__all__ = ["SizeRange", "multilinear_problem", "sample_bindings", "fit_range", "make_instance"]
+
+Binding = dict[sympy.Symbol, int]
+
+
+@dataclasses.dataclass
+class SizeRange:
+    """A block served by instances: the engine built at the opt shape and its fitted sizes."""
+
+    parent: KilnEngineModule
+    program: Any  # _C.SizeProgram
+    symbols: tuple[sympy.Symbol, ...]
+
+
+def _exprs(val: Any) -> Iterable[Any]:
+    if isinstance(val, torch.Tensor):  # its sizes; strides are no IR integers (a strided read's are attributes)
+        for s in val.shape:
+            if isinstance(s, torch.SymInt):
+                yield s.node.expr
+    elif isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        yield val.node.expr
+    elif isinstance(val, (tuple, list)):
+        for v in val:
+            yield from _exprs(v)
+
+
+def multilinear_problem(nodes: Iterable[fx.Node], symbols: Sequence[sympy.Symbol]) -> str | None:
+    """None when every symbolic size the nodes have or read is a polynomial of degree at most one
+    in each of ``symbols`` (what a SizeProgram fits); else the first size that is not."""
+    allowed = set(symbols)
+    seen: set[Any] = set()
+    for node in nodes:
+        for n in (node, *node.all_input_nodes):
+            for e in _exprs(n.meta.get("val")):
+                if e in seen:
+                    continue
+                seen.add(e)
+                expr = sympy.sympify(e)
+                if expr.is_number:
+                    continue
+                if not expr.free_symbols <= allowed:
+                    return f"{n.name}: size {expr} reads other symbols"
+                try:
+                    poly = sympy.Poly(expr, *symbols)
+                except sympy.PolynomialError:
+                    return f"{n.name}: size {expr} is not a polynomial of {', '.join(map(str, symbols))}"
+                if any(poly.degree(s) > 1 for s in symbols):
+                    return f"{n.name}: size {expr} is of degree above 1 in a symbol"
+    return None
+
+
+def _generic_near(opt: int, lo: int, hi: int, avoid: set[int]) -> int | None:
+    """A value in [lo, hi] near ``opt``, odd and not a multiple of 3 where the range has one, so
+    that a plan decision that holds only for multiples (a vector width, a split) shows up as a
+    difference between samples instead of being fitted."""
+    for step in range(1, hi - lo + 1):
+        for v in (opt + step, opt - step):
+            if lo <= v <= hi and v not in avoid and v % 2 == 1 and v % 3 != 0:
+                return v
+    for v in range(lo, hi + 1):
+        if v not in avoid:
+            return v
+    return None
+
+
+def sample_bindings(symbols: Sequence[sympy.Symbol], ranges: dict[sympy.Symbol, Any],
+                    base: Binding) -> list[Binding] | None:
+    """The bindings a SizeProgram is fitted from: the grid corners {base, a value near it}^n (base,
+    the binding of the engine the instances share, first), then checks near each range's ends and
+    a third value. None when a range is too narrow (a size of 1 is left out: broadcasting treats it
+    apart)."""
+    lows, highs = [], []
+    checks: list[list[int]] = []
+    for s in symbols:
+        r, at = ranges[s], base[s]
+        lo, hi = max(r.min, 2), r.max
+        if not lo <= at <= hi or hi - lo < 2:
+            return None
+        other = _generic_near(at, lo, hi, {at})
+        third = _generic_near((lo + hi) // 2, lo, hi, {at, other}) if other is not None else None
+        if other is None or third is None:
+            return None
+        lows.append(at)
+        highs.append(other)
+        # Not the max itself: a slice of a whole table there (positions[:, :max]) is elided, and the
+        # plan differs from the others only by that; the instance at the max slices all of it.
+        checks.append([v for v in dict.fromkeys((hi - 1, lo, third)) if v not in (at, other)])
+    corners = [{s: (highs[i] if k >> i & 1 else lows[i]) for i, s in enumerate(symbols)}
+               for k in range(1 << len(symbols))]
+    # Checks: each symbol's own check values with the others at opt, then all at their first check.
+    extra: list[Binding] = []
+    for i, s in enumerate(symbols):
+        for v in checks[i]:
+            extra.append({t: (v if t is s else lows[j]) for j, t in enumerate(symbols)})
+    if len(symbols) > 1:
+        extra.append({t: checks[j][0] for j, t in enumerate(symbols)})
+    return corners + extra
+
+
+def fit_range(parent: KilnEngineModule, base: Binding, ranges: dict[sympy.Symbol, Any], nodes: Sequence[fx.Node],
+              concrete: Callable[[Binding], tuple[fx.GraphModule, Any]], settings: CompilationSettings, device: str,
+              name: str) -> SizeRange | None:
+    """The SizeRange of a block whose engine ``parent`` was built at ``base`` (its symbols'
+    values), or None (logged) when its plans do not fit one. ``concrete(binding)`` gives the
+    block's concrete copy (graph module, Block) at another binding."""
+    start = time.perf_counter()
+    symbols = tuple(base)
+    problem = multilinear_problem(nodes, symbols)
+    bindings = sample_bindings(symbols, ranges, base) if problem is None else None
+    if problem is None and bindings is None:
+        problem = "its ranges are too narrow to sample"
+    if problem is not None or bindings is None:
+        log.info("%s: an engine per size (%s)", name, problem)
+        return None
+    samples: list[tuple[dict[str, int], Any]] = [({str(s): v for s, v in bindings[0].items()}, parent.engine.graph())]
+    builder = _C.Builder(builder_config(settings, device))
+    try:
+        for binding in bindings[1:]:
+            gm, block = concrete(binding)
+            network = _C.import_aten(describe_block_parts(gm, block, settings).graph)
+            samples.append(({str(s): v for s, v in binding.items()}, builder.optimize(network)))
+        program = _C.SizeProgram.fit(samples)
+    except _C.KilnError as err:
+        log.info("%s: an engine per size (its plans do not fit one: %s)", name, err)
+        return None
+    log.info("%s: one engine for %s (%d sizes fitted from %d plans in %.3f s)", name,
+             ", ".join(ranges[s].text() for s in symbols), program.fitted, len(samples),
+             time.perf_counter() - start)
+    return SizeRange(parent, program, tuple(symbols))
+
+
+def make_instance(r: SizeRange, binding: Binding, name: str) -> KilnEngineModule:
+    """The engine module of ``r``'s block at ``binding``: an instance of its opt engine. Raises
+    kiln.KilnError when the fitted plan does not hold there or a kernel cannot be made."""
+    parent = r.parent
+    plan = r.program.evaluate(parent.engine.graph(), {str(s): binding[s] for s in r.symbols})
+    engine = parent.engine.instance(plan, 0)
+    module = KilnEngineModule(engine, str(parent._device), parent._in_cast, parent._out_cast, name=name,
+                              use_cuda_graphs=parent.use_cuda_graphs)
+    module.truncated_weights = parent.truncated_weights
+    return module

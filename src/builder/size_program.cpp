@@ -1,0 +1,356 @@
+// SizeProgram (kiln/size_program.h): fitting a plan's integers to its shape symbols from plans
+// optimized at sample bindings, and writing them back for another binding.
+//
+// The samples are walked side by side (values, then nodes, then fused bodies, in id order).
+// Everything but an integer must be equal; integers are gathered per position with their value
+// in every sample. A position whose value differs is a slot: a multilinear function fitted by
+// interpolating the grid corners, checked at the other samples.
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "kiln/errors.h"
+#include "kiln/size_program.h"
+
+namespace kiln {
+
+namespace {
+
+constexpr size_t kMaxSymbols = 4;
+// Integer constants of at most this many elements are fitted element by element (an index the
+// importers computed from a size, a folded scalar); larger ones and other dtypes must be equal.
+constexpr int64_t kMaxFittedConstant = 4096;
+
+bool fitted_constant(const Value& v) {
+  return v.is_constant() && (v.type.dtype == DType::kI64 || v.type.dtype == DType::kI32) &&
+         v.type.numel() <= kMaxFittedConstant;
+}
+
+int64_t constant_element(const Value& v, size_t i) {
+  if (v.type.dtype == DType::kI64) {
+    int64_t x;
+    std::memcpy(&x, v.data->data() + i * 8, 8);
+    return x;
+  }
+  int32_t x;
+  std::memcpy(&x, v.data->data() + i * 4, 4);
+  return x;
+}
+
+struct Found {
+  SizeProgram::Slot slot;
+  std::vector<int64_t> values;  // per sample
+};
+
+std::string body_text(const std::vector<size_t>& body) {
+  std::string s;
+  for (size_t i : body) s += detail::concat("node ", i, " body: ");
+  return s;
+}
+
+// Whether every value is a double holding a whole number of at most 2^53.
+bool whole_numbers(const std::vector<const AttrValue*>& all) {
+  for (const AttrValue* a : all) {
+    const double v = std::get<double>(*a);
+    if (!(std::fabs(v) <= 9007199254740992.0) || v != std::floor(v)) return false;
+  }
+  return true;
+}
+
+// Walks the same graph position in every sample, appending its integers to `found` and
+// throwing kUnsupported at the first other difference.
+class Walker {
+ public:
+  explicit Walker(std::vector<Found>& found) : found_(found) {}
+
+  void walk(const std::vector<const Graph*>& gs, const std::vector<size_t>& body) {
+    const Graph& g0 = *gs[0];
+    for (size_t k = 1; k < gs.size(); ++k) {
+      const Graph& g = *gs[k];
+      same(k, body, "its value count", g.num_values() == g0.num_values());
+      same(k, body, "its node count", g.nodes().size() == g0.nodes().size());
+      same(k, body, "its inputs", g.inputs() == g0.inputs());
+      same(k, body, "its outputs", g.outputs() == g0.outputs());
+    }
+    for (ValueId v = 0; v < g0.num_values(); ++v) value(gs, body, v);
+    for (size_t i = 0; i < g0.nodes().size(); ++i) node(gs, body, i);
+  }
+
+ private:
+  static void same(size_t k, const std::vector<size_t>& body, const std::string& what, bool equal) {
+    KILN_CHECK(equal, kUnsupported, "the plan at sample ", k, " differs from sample 0 in ", body_text(body), what);
+  }
+
+  void add(const std::vector<size_t>& body, SizeProgram::Slot::Kind kind, size_t index, const std::string& key,
+           size_t element, std::vector<int64_t> values) {
+    Found f;
+    f.slot.body = body;
+    f.slot.kind = kind;
+    f.slot.index = index;
+    f.slot.key = key;
+    f.slot.element = element;
+    f.values = std::move(values);
+    found_.push_back(std::move(f));
+  }
+
+  void value(const std::vector<const Graph*>& gs, const std::vector<size_t>& body, ValueId id) {
+    const Value& v0 = gs[0]->value(id);
+    const std::string at = detail::concat("value ", id, " ('", v0.name, "')");
+    for (size_t k = 1; k < gs.size(); ++k) {
+      const Value& v = gs[k]->value(id);
+      same(k, body, at + ": name or role",
+           v.name == v0.name && v.is_input == v0.is_input && v.is_weight == v0.is_weight &&
+               v.output_index == v0.output_index && (v.producer == nullptr) == (v0.producer == nullptr));
+      same(k, body, at + ": dtype or rank", v.type.dtype == v0.type.dtype && v.type.rank() == v0.type.rank());
+      for (size_t d = 0; d < v0.type.dims.size(); ++d) {
+        const Dim &a = v.type.dims[d], &b = v0.type.dims[d];
+        same(k, body, at + ": a symbolic dim", a.symbol == b.symbol && a.min == b.min && a.max == b.max);
+      }
+      same(k, body, at + ": being a constant", v.is_constant() == v0.is_constant());
+      if (v0.is_constant() && v.data != v0.data && !fitted_constant(v0))
+        same(k, body, at + ": the constant's bytes",
+             v.data->size() == v0.data->size() && std::memcmp(v.data->data(), v0.data->data(), v.data->size()) == 0);
+    }
+    if (fitted_constant(v0)) {
+      for (size_t k = 1; k < gs.size(); ++k)
+        same(k, body, at + ": the constant's element count", gs[k]->value(id).type.numel() == v0.type.numel());
+      for (size_t e = 0; e < size_t(v0.type.numel()); ++e) {
+        std::vector<int64_t> values;
+        for (const Graph* g : gs) values.push_back(constant_element(g->value(id), e));
+        add(body, SizeProgram::Slot::kConstant, size_t(id), {}, e, std::move(values));
+      }
+    }
+    for (size_t d = 0; d < v0.type.dims.size(); ++d) {
+      std::vector<int64_t> values;
+      for (const Graph* g : gs) values.push_back(g->value(id).type.dims[d].extent);
+      add(body, SizeProgram::Slot::kExtent, size_t(id), {}, d, std::move(values));
+    }
+  }
+
+  void node(const std::vector<const Graph*>& gs, const std::vector<size_t>& body, size_t i) {
+    const Node& n0 = *gs[0]->nodes()[i];
+    const std::string at = detail::concat("node ", i, " (", op_name(n0.op), " '", n0.name, "')");
+    for (size_t k = 1; k < gs.size(); ++k) {
+      const Node& n = *gs[k]->nodes()[i];
+      same(k, body, at + ": op, operands or name",
+           n.op == n0.op && n.inputs == n0.inputs && n.outputs == n0.outputs && n.name == n0.name);
+      same(k, body, at + ": its attribute names", n.attrs.items().size() == n0.attrs.items().size());
+      same(k, body, at + ": having a body", (n.body == nullptr) == (n0.body == nullptr));
+    }
+    for (const auto& [key, a0] : n0.attrs.items()) {
+      const std::string attr = at + ": attribute '" + key + "'";
+      std::vector<const AttrValue*> all;
+      for (size_t k = 0; k < gs.size(); ++k) {
+        const auto& items = gs[k]->nodes()[i]->attrs.items();
+        const auto it = items.find(key);
+        same(k, body, attr, it != items.end() && it->second.index() == a0.index());
+        all.push_back(&it->second);
+      }
+      if (std::holds_alternative<int64_t>(a0)) {
+        std::vector<int64_t> values;
+        for (const AttrValue* a : all) values.push_back(std::get<int64_t>(*a));
+        add(body, SizeProgram::Slot::kAttr, i, key, 0, std::move(values));
+      } else if (const auto* list0 = std::get_if<std::vector<int64_t>>(&a0)) {
+        for (size_t k = 1; k < all.size(); ++k)
+          same(k, body, attr + "'s length", std::get<std::vector<int64_t>>(*all[k]).size() == list0->size());
+        for (size_t e = 0; e < list0->size(); ++e) {
+          std::vector<int64_t> values;
+          for (const AttrValue* a : all) values.push_back(std::get<std::vector<int64_t>>(*a)[e]);
+          add(body, SizeProgram::Slot::kAttrElement, i, key, e, std::move(values));
+        }
+      } else if (std::holds_alternative<double>(a0) && whole_numbers(all)) {
+        std::vector<int64_t> values;  // a size passed as a float (arange's end)
+        for (const AttrValue* a : all) values.push_back(int64_t(std::get<double>(*a)));
+        add(body, SizeProgram::Slot::kFloatAttr, i, key, 0, std::move(values));
+      } else {
+        for (size_t k = 1; k < all.size(); ++k) same(k, body, attr, *all[k] == a0);
+      }
+    }
+    if (n0.body) {
+      std::vector<const Graph*> bodies;
+      for (const Graph* g : gs) bodies.push_back(g->nodes()[i]->body.get());
+      std::vector<size_t> inner = body;
+      inner.push_back(i);
+      walk(bodies, inner);
+    }
+  }
+
+  std::vector<Found>& found_;
+};
+
+// The multilinear interpolation of `corners` (grid corners lo/hi per symbol) at `x`; false
+// when it is not a whole number there.
+bool interpolate(const std::vector<int64_t>& corners, const std::vector<int64_t>& lo, const std::vector<int64_t>& hi,
+                 const std::vector<int64_t>& x, int64_t* out) {
+  __int128 num = 0, den = 1;
+  for (size_t i = 0; i < lo.size(); ++i) den *= hi[i] - lo[i];
+  for (size_t c = 0; c < corners.size(); ++c) {
+    __int128 term = corners[c];
+    for (size_t i = 0; i < lo.size(); ++i) term *= (c >> i & 1) ? x[i] - lo[i] : hi[i] - x[i];
+    num += term;
+  }
+  if (den < 0) num = -num, den = -den;
+  if (num % den != 0) return false;
+  const __int128 v = num / den;
+  if (v < INT64_MIN || v > INT64_MAX) return false;
+  *out = int64_t(v);
+  return true;
+}
+
+std::string binding_text(const std::vector<std::string>& symbols, const std::vector<int64_t>& x) {
+  std::string s;
+  for (size_t i = 0; i < symbols.size(); ++i) s += detail::concat(i ? ", " : "", symbols[i], "=", x[i]);
+  return s;
+}
+
+// The graph a slot lives in: `g` or a fused body inside it (kInvalidArgument when `g` has none there).
+Graph& graph_of(Graph& g, const std::vector<size_t>& body) {
+  Graph* at = &g;
+  for (size_t i : body) {
+    KILN_CHECK(i < at->nodes().size() && at->nodes()[i]->body, kInvalidArgument,
+               "size program: the base plan has no fused body at node ", i);
+    at = at->nodes()[i]->body.get();
+  }
+  return *at;
+}
+
+}  // namespace
+
+std::string SizeProgram::Slot::where() const {
+  std::string s = body_text(body);
+  switch (kind) {
+    case kExtent: return s + detail::concat("value ", index, " dim ", element);
+    case kAttr:
+    case kFloatAttr: return s + detail::concat("node ", index, " attr '", key, "'");
+    case kAttrElement: return s + detail::concat("node ", index, " attr '", key, "'[", element, "]");
+    case kConstant: return s + detail::concat("value ", index, " element ", element);
+  }
+  return s;
+}
+
+SizeProgram SizeProgram::fit(const std::vector<SizeSample>& samples) {
+  KILN_CHECK(!samples.empty(), kInvalidArgument, "size program: no samples");
+  SizeProgram p;
+  for (const auto& [name, value] : samples[0].binding) p.symbols_.push_back(name);
+  const size_t n = p.symbols_.size(), corners = size_t(1) << n;
+  KILN_CHECK(n >= 1 && n <= kMaxSymbols, kInvalidArgument, "size program: ", n, " symbols (1 to ", kMaxSymbols,
+             " are fitted)");
+  KILN_CHECK(samples.size() > corners, kInvalidArgument, "size program: ", n, " symbols need ", corners,
+             " grid samples and at least one more to check them, got ", samples.size());
+  std::vector<std::vector<int64_t>> x(samples.size());
+  for (size_t k = 0; k < samples.size(); ++k) {
+    KILN_CHECK(samples[k].binding.size() == n, kInvalidArgument, "size program: sample ", k, " binds ",
+               samples[k].binding.size(), " symbols, sample 0 binds ", n);
+    for (const std::string& s : p.symbols_) {
+      const auto it = samples[k].binding.find(s);
+      KILN_CHECK(it != samples[k].binding.end(), kInvalidArgument, "size program: sample ", k, " does not bind ", s);
+      x[k].push_back(it->second);
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    p.lo_.push_back(x[0][i]);
+    p.hi_.push_back(x[size_t(1) << i][i]);
+    KILN_CHECK(p.lo_[i] != p.hi_[i], kInvalidArgument, "size program: samples 0 and ", size_t(1) << i, " must bind ",
+               p.symbols_[i], " to two values");
+  }
+  for (size_t c = 0; c < corners; ++c)
+    for (size_t i = 0; i < n; ++i)
+      KILN_CHECK(x[c][i] == ((c >> i & 1) ? p.hi_[i] : p.lo_[i]), kInvalidArgument, "size program: sample ", c,
+                 " is not a grid corner (", binding_text(p.symbols_, x[c]), ")");
+
+  std::vector<Found> found;
+  std::vector<const Graph*> gs;
+  for (const SizeSample& s : samples) gs.push_back(&s.plan);
+  Walker(found).walk(gs, {});
+  for (Found& f : found) {
+    bool varies = false;
+    for (int64_t v : f.values) varies |= v != f.values[0];
+    if (!varies) continue;
+    f.slot.corners.assign(f.values.begin(), f.values.begin() + long(corners));
+    for (size_t k = corners; k < samples.size(); ++k) {
+      int64_t want = 0;
+      const bool whole = interpolate(f.slot.corners, p.lo_, p.hi_, x[k], &want);
+      KILN_CHECK(whole && want == f.values[k], kUnsupported, "size program: ", f.slot.where(), " is ", f.values[k],
+                 " at ", binding_text(p.symbols_, x[k]), ", not the multilinear function of the grid samples (",
+                 whole ? std::to_string(want) : std::string("not a whole number"), ")");
+    }
+    p.slots_.push_back(std::move(f.slot));
+  }
+  return p;
+}
+
+Graph SizeProgram::evaluate(const Graph& base, const SymbolBinding& binding) const {
+  KILN_CHECK(binding.size() == symbols_.size(), kInvalidArgument, "size program of ", symbols_.size(),
+             " symbols given a binding of ", binding.size());
+  std::vector<int64_t> x;
+  for (const std::string& s : symbols_) {
+    const auto it = binding.find(s);
+    KILN_CHECK(it != binding.end(), kInvalidArgument, "size program: the binding lacks ", s);
+    x.push_back(it->second);
+  }
+  Graph g = base;
+  // Constants with fitted elements get bytes of their own (the base's stay as they are).
+  std::map<std::pair<const Graph*, size_t>, std::shared_ptr<HostBuffer>> own;
+  for (const Slot& slot : slots_) {
+    int64_t v = 0;
+    KILN_CHECK(interpolate(slot.corners, lo_, hi_, x, &v) && v >= 0, kUnsupported, "size program: ", slot.where(),
+               " is not a whole, non-negative number at ", binding_text(symbols_, x));
+    Graph& at = graph_of(g, slot.body);
+    if (slot.kind == Slot::kConstant) {
+      KILN_CHECK(slot.index < size_t(at.num_values()) && fitted_constant(at.value(ValueId(slot.index))) &&
+                     int64_t(slot.element) < at.value(ValueId(slot.index)).type.numel(),
+                 kInvalidArgument, "size program: the base plan has no ", slot.where());
+      Value& c = at.value(ValueId(slot.index));
+      std::shared_ptr<HostBuffer>& bytes = own[{&at, slot.index}];
+      if (!bytes) {
+        bytes = std::make_shared<HostBuffer>(*c.data);
+        c.data = bytes;
+      }
+      if (c.type.dtype == DType::kI64) {
+        std::memcpy(bytes->data() + slot.element * 8, &v, 8);
+      } else {
+        KILN_CHECK(v <= INT32_MAX, kUnsupported, "size program: ", slot.where(), " is ", v, ", over i32's range");
+        const int32_t x = int32_t(v);
+        std::memcpy(bytes->data() + slot.element * 4, &x, 4);
+      }
+      continue;
+    }
+    if (slot.kind == Slot::kExtent) {
+      KILN_CHECK(slot.index < size_t(at.num_values()) && slot.element < at.value(ValueId(slot.index)).type.dims.size(),
+                 kInvalidArgument, "size program: the base plan has no ", slot.where());
+      at.value(ValueId(slot.index)).type.dims[slot.element].extent = v;
+      continue;
+    }
+    KILN_CHECK(slot.index < at.nodes().size() && at.nodes()[slot.index]->attrs.has(slot.key), kInvalidArgument,
+               "size program: the base plan has no ", slot.where());
+    Attrs& attrs = at.nodes()[slot.index]->attrs;
+    if (slot.kind == Slot::kAttr) {
+      attrs.set(slot.key, v);
+    } else if (slot.kind == Slot::kFloatAttr) {
+      attrs.set(slot.key, double(v));
+    } else {
+      std::vector<int64_t> list = attrs.get_ints(slot.key);
+      KILN_CHECK(slot.element < list.size(), kInvalidArgument, "size program: the base plan has no ", slot.where());
+      list[slot.element] = v;
+      attrs.set(slot.key, std::move(list));
+    }
+  }
+  try {
+    g.verify();
+  } catch (const Error& e) {
+    KILN_FAIL(kUnsupported, "size program: the plan at ", binding_text(symbols_, x), " does not hold: ", e.what());
+  }
+  return g;
+}
+
+std::string SizeProgram::to_string() const {
+  std::ostringstream os;
+  for (const Slot& s : slots_) {
+    os << s.where() << ":";
+    for (int64_t c : s.corners) os << " " << c;
+    os << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace kiln

@@ -1,0 +1,155 @@
+// SizeProgram (kiln/size_program.h) and Engine::instance: plans optimized at a few batch sizes are
+// fitted, evaluated at another size, and run there on the first engine's constants; the result
+// matches an engine built for that size. Plans that differ in more than sizes, sizes that are no
+// multilinear function and instances whose parent was refitted are refused with their cause.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kiln/kiln.h"
+#include "kiln/refit.h"
+#include "kiln/size_program.h"
+#include "tests/cpp/pass_test_util.h"
+
+namespace {
+
+using namespace kiln;
+using kiln::test::random_floats;
+using Floats = std::vector<float>;
+
+constexpr int64_t kCols = 8;
+
+// y = relu(reshape(reshape(x, [2b, 4]) + c, [b, 8]) * w) + the row index of x (an index constant
+// an importer would compute from b): x [b, 8], c [4] a constant, w [8] a weight.
+Graph network(int64_t b, const Floats& c, const Floats& w) {
+  Graph g;
+  const ValueId x = g.add_input("x", TensorType(DType::kF32, {b, kCols}));
+  const ValueId cv = g.add_constant("c", TensorType(DType::kF32, {4}), c.data(), c.size() * 4);
+  const ValueId wv = g.add_constant("w", TensorType(DType::kF32, {kCols}), w.data(), w.size() * 4, true);
+  const std::vector<int64_t> last = {b - 1};
+  const ValueId idx = g.add_constant("last", TensorType(DType::kI64, {1}), last.data(), 8);
+  Attrs to2, back, axis;
+  to2.set("shape", std::vector<int64_t>{2 * b, 4});
+  back.set("shape", std::vector<int64_t>{b, kCols});
+  axis.set("axis", int64_t(0));
+  const ValueId r = g.add_node1(OpKind::kReshape, {x}, to2);
+  const ValueId y = g.add_node1(OpKind::kReshape, {g.add_node1(OpKind::kAdd, {r, cv})}, back);
+  const ValueId act = g.add_node1(OpKind::kRelu, {g.add_node1(OpKind::kMul, {y, wv})});
+  g.mark_output(act, "y");
+  g.mark_output(g.add_node1(OpKind::kIndexSelect, {x, idx}, axis), "last_row");
+  return g;
+}
+
+struct Fixture {
+  Floats c = random_floats(4, 1), w = random_floats(kCols, 2);
+  BuilderConfig config;
+  Graph plan(int64_t b) const { return Builder(config).optimize(network(b, c, w)); }
+  SizeSample sample(int64_t b) const { return {{{"b", b}}, plan(b)}; }
+};
+
+std::vector<Floats> run(const Engine& e, const Floats& x, int64_t b) {
+  auto ctx = e.create_execution_context();
+  std::vector<Floats> out = {Floats(size_t(b * kCols)), Floats(size_t(kCols))};
+  ctx->execute({x.data()}, {out[0].data(), out[1].data()});
+  return out;
+}
+
+TEST(SizeProgram, AnInstanceAtAnotherSizeComputesWhatAnEngineBuiltForItDoes) {
+  Fixture f;
+  std::shared_ptr<Engine> parent = Builder(f.config).build(network(3, f.c, f.w));
+  const SizeProgram p = SizeProgram::fit({{{{"b", 3}}, Graph(parent->graph())}, f.sample(5), f.sample(7), f.sample(2)});
+  EXPECT_EQ(p.symbols(), std::vector<std::string>{"b"});
+  EXPECT_GT(p.fitted(), 0u);
+  for (int64_t b : {1, 11, 64}) {
+    const Graph plan = p.evaluate(parent->graph(), {{"b", b}});
+    EXPECT_EQ(plan.type(plan.inputs()[0]).shape(), (std::vector<int64_t>{b, kCols}));
+    std::shared_ptr<Engine> inst = parent->instance(plan, parent->kernel_options());
+    ASSERT_EQ(inst->instance_of(), parent.get());
+    std::shared_ptr<Engine> built = Builder(f.config).build(network(b, f.c, f.w));
+    const Floats x = random_floats(size_t(b * kCols), uint32_t(b));
+    const std::vector<Floats> got = run(*inst, x, b), want = run(*built, x, b);
+    for (size_t o = 0; o < 2; ++o)
+      for (size_t i = 0; i < want[o].size(); ++i) ASSERT_EQ(got[o][i], want[o][i]) << "b=" << b << " output " << o;
+  }
+}
+
+TEST(SizeProgram, RefusesPlansThatDifferInMoreThanSizes) {
+  Fixture f, g;
+  g.c = random_floats(4, 9);  // another constant: not a size
+  SizeSample other = g.sample(7);
+  try {
+    SizeProgram::fit({f.sample(3), f.sample(5), other});
+    FAIL() << "fitted plans with different constants";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("the plan at sample 2 differs from sample 0 in value"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("the constant's bytes"), std::string::npos) << e.what();
+  }
+}
+
+TEST(SizeProgram, RefusesASizeThatIsNoMultilinearFunction) {
+  // x [b, b] flattened: b * b fits the corners b = 3, 5 as 8b - 15, which the check at 7 refutes.
+  auto square = [](int64_t b) {
+    Graph g;
+    const ValueId x = g.add_input("x", TensorType(DType::kF32, {b, b}));
+    Attrs a;
+    a.set("shape", std::vector<int64_t>{b * b});
+    g.mark_output(g.add_node1(OpKind::kRelu, {g.add_node1(OpKind::kReshape, {x}, a)}), "y");
+    return SizeSample{{{"b", b}}, Builder().optimize(g)};
+  };
+  try {
+    SizeProgram::fit({square(3), square(5), square(7)});
+    FAIL() << "fitted b * b";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("is 49 at b=7, not the multilinear function of the grid samples (41)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(SizeProgram, SamplesMustBeAGridAndAChecks) {
+  Fixture f;
+  EXPECT_THROW(SizeProgram::fit({f.sample(3), f.sample(5)}), Error);                 // no check sample
+  EXPECT_THROW(SizeProgram::fit({f.sample(3), f.sample(3), f.sample(5)}), Error);    // one value for b
+  const SizeProgram p = SizeProgram::fit({f.sample(3), f.sample(5), f.sample(9)});
+  EXPECT_THROW(p.evaluate(f.plan(3), {{"batch", 4}}), Error);                       // another symbol
+  try {
+    p.evaluate(f.plan(3), {{"b", 0}});  // the row index b - 1 is negative
+    FAIL() << "evaluated at b = 0";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("is not a whole, non-negative number at b=0"), std::string::npos) << e.what();
+  }
+}
+
+TEST(SizeProgram, AnInstanceRefusesToRunOnceItsParentWasRefitted) {
+  Fixture f;
+  std::shared_ptr<Engine> parent = Builder(f.config).build(network(3, f.c, f.w));
+  const SizeProgram p = SizeProgram::fit({{{{"b", 3}}, Graph(parent->graph())}, f.sample(5), f.sample(7)});
+  std::shared_ptr<Engine> inst = parent->instance(p.evaluate(parent->graph(), {{"b", 4}}), parent->kernel_options());
+  const Floats x = random_floats(4 * kCols, 3);
+  run(*inst, x, 4);
+  Graph foreign = f.plan(4);  // the same plan, but the constants are not the engine's
+  EXPECT_THROW(parent->instance(foreign, parent->kernel_options()), Error);
+  EXPECT_THROW(inst->instance(Graph(inst->graph()), parent->kernel_options()), Error);  // an instance of an instance
+  Refitter r(parent);
+  const Floats w2 = random_floats(kCols, 4);
+  r.set_weight("w", TensorType(DType::kF32, {kCols}), w2.data());
+  r.refit();
+  try {
+    run(*inst, x, 4);
+    FAIL() << "a stale instance ran";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("whose weights changed since"), std::string::npos) << e.what();
+  }
+  // Made again, it reads the new weight.
+  std::shared_ptr<Engine> again = parent->instance(p.evaluate(parent->graph(), {{"b", 4}}), parent->kernel_options());
+  f.w = w2;
+  std::shared_ptr<Engine> built = Builder(f.config).build(network(4, f.c, f.w));
+  EXPECT_EQ(run(*again, x, 4), run(*built, x, 4));
+}
+
+}  // namespace

@@ -1,0 +1,142 @@
+"""Instances (kiln/instances.py): a dynamic program's block is built once and serves other sizes
+by instances of that engine. Outputs are compared with eager PyTorch at sizes never built; the
+engines are checked to be instances (no build), refits and save/load to keep them right, and the
+setting that turns them off to build per size again."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.export import Dim
+
+import kiln
+from kiln.cached_build import cache_stats, reset_cache_stats
+from kiln.dynamic import dynamic_program_of
+from kiln.runtime import KilnEngineModule
+
+
+class Encoder(torch.nn.Module):
+    """Embeddings with a position table sliced to the length, attention with a padding mask."""
+
+    def __init__(self, dim: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.embed = torch.nn.Embedding(50, dim)
+        self.pos = torch.nn.Embedding(64, dim)
+        self.register_buffer("positions", torch.arange(64)[None], persistent=False)
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.norm = torch.nn.LayerNorm(dim)
+        self.out = torch.nn.Linear(dim, dim)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, s = ids.shape
+        h = self.embed(ids) + self.pos(self.positions[:, :s])
+        q, k, v = self.qkv(h).view(b, s, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        bias = (1.0 - mask[:, None, None, :].to(h.dtype)) * -10000.0
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias).transpose(1, 2).reshape(b, s, -1)
+        return self.out(self.norm(h + a))
+
+
+def _inputs(b: int, s: int) -> list[torch.Tensor]:
+    ids = torch.randint(1, 50, (b, s))
+    mask = torch.ones(b, s, dtype=torch.long)
+    mask[0, s // 2:] = 0
+    return [ids, mask]
+
+
+def _engines(compiled: torch.nn.Module, size: int) -> list[KilnEngineModule]:
+    table = dynamic_program_of(compiled)
+    assert table is not None
+    return [r for spec in table.live.values() if size in spec.binding.values() for r in spec.runners
+            if isinstance(r, KilnEngineModule)]
+
+
+def _compile(model: torch.nn.Module, **options: object) -> torch.nn.Module:
+    seq = Dim("seq", min=4, max=64)
+    options.setdefault("dynamic_instances", True)
+    return kiln.compile(model, _inputs(2, 16), dynamic_shapes=({1: seq}, {1: seq}), **options)
+
+
+@torch.no_grad()
+def test_new_lengths_run_as_instances_of_the_opt_engine_and_match_eager() -> None:
+    torch.manual_seed(0)
+    model = Encoder().eval()
+    compiled = _compile(model)
+    reset_cache_stats()
+    for s in (5, 23, 64, 4, 37):
+        x = _inputs(2, s)
+        torch.testing.assert_close(compiled(*x), model(*x), rtol=1e-4, atol=1e-4)
+        engines = _engines(compiled, s)
+        assert engines and all(e.engine.is_instance for e in engines), s
+    assert cache_stats().get("builds", 0) == 0  # no engine was built for a new length
+
+
+@torch.no_grad()
+def test_batch_range_of_a_cnn_is_served_by_instances() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4)).eval()
+    compiled = kiln.compile(model, [torch.randn(4, 3, 16, 16)], dynamic_shapes=({0: Dim("b", min=1, max=16)},),
+                            dynamic_instances=True)
+    for b in (1, 3, 16, 7):
+        x = torch.randn(b, 3, 16, 16)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+        assert all(e.engine.is_instance for e in _engines(compiled, b))
+
+
+@torch.no_grad()
+def test_the_setting_off_builds_an_engine_per_size() -> None:
+    torch.manual_seed(0)
+    model = Encoder().eval()
+    compiled = _compile(model, dynamic_instances=False)
+    x = _inputs(2, 23)
+    torch.testing.assert_close(compiled(*x), model(*x), rtol=1e-4, atol=1e-4)
+    engines = _engines(compiled, 23)
+    assert engines and not any(e.engine.is_instance for e in engines)
+
+
+@torch.no_grad()
+def test_a_refit_remakes_the_instances_with_the_new_weights() -> None:
+    torch.manual_seed(0)
+    model = Encoder().eval()
+    compiled = _compile(model)
+    x = _inputs(2, 23)
+    compiled(*x)
+    other = Encoder().eval()
+    kiln.refit(compiled, other)
+    torch.testing.assert_close(compiled(*x), other(*x), rtol=1e-4, atol=1e-4)
+    assert all(e.engine.is_instance for e in _engines(compiled, 23))
+
+
+@torch.no_grad()
+def test_a_saved_program_serves_new_lengths_by_instances_after_loading(tmp_path: object) -> None:
+    torch.manual_seed(0)
+    model = Encoder().eval()
+    compiled = _compile(model)
+    compiled(*_inputs(2, 9))  # an instance: not saved, made again after loading
+    path = f"{tmp_path}/encoder.ep"
+    kiln.save(compiled, path, _inputs(2, 16))
+    loaded = kiln.load(path).module()
+    reset_cache_stats()
+    for s in (9, 41):
+        x = _inputs(2, s)
+        torch.testing.assert_close(loaded(*x), model(*x), rtol=1e-4, atol=1e-4)
+        assert all(e.engine.is_instance for e in _engines(loaded, s))
+    assert cache_stats().get("builds", 0) == 0
+
+
+def test_a_block_whose_sizes_are_not_multilinear_builds_per_size(caplog: pytest.LogCaptureFixture) -> None:
+    class Square(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:  # [b, b] flattened: b * b elements
+            return torch.relu(x.reshape(-1) * 2.0 + 1.0)
+
+    compiled = kiln.compile(Square(), [torch.randn(6, 6)],
+                            dynamic_shapes=({0: Dim("b", min=2, max=16), 1: Dim("b", min=2, max=16)},),
+                            min_block_size=1, dynamic_instances=True)
+    with caplog.at_level(logging.INFO, logger="kiln.instances"):
+        x = torch.randn(9, 9)
+        torch.testing.assert_close(compiled(x), torch.relu(x.reshape(-1) * 2.0 + 1.0))
+    assert not any(e.engine.is_instance for e in _engines(compiled, 9))
