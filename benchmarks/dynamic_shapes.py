@@ -2,7 +2,7 @@
 
     python3 benchmarks/dynamic_shapes.py [--models resnet18,resnet50,bert] [--device cpu|cuda]
                                          [--precision fp32|fp16] [--sizes 12] [--iters 20]
-                                         [--reduce-overhead] [--instances] [--out dynamic_shapes.md]
+                                         [--reduce-overhead] [--no-instances] [--out dynamic_shapes.md]
 
 Models (random weights, nothing downloaded): torchvision resnet18 / resnet50 at 224x224 with a
 dynamic batch 1..8 (opt 2); ``resnet50-b32``, batch 1..32 (opt 8); a small transformers BertModel
@@ -12,8 +12,10 @@ script:
 
 * compiles once with ``kiln.compile(..., dynamic_shapes=...)`` (export, lowering, partitioning
   and the opt shape's engines: "dynamic compile");
-* then, per size, times the first call at that size ("first call": binding, concrete copies of
-  the blocks, their engine builds, the run) and the steady latency (median of ``--iters`` calls);
+* then, per size, times the first call at that size ("first call": binding, then per block an
+  instance of the opt engine (kiln/instances.py) or, with ``--no-instances`` or where a block's
+  plan does not fit one, a concrete copy and its engine build; then the run) and the steady
+  latency (median of ``--iters`` calls, after the instances' background tactic timing);
 * compiles the same model statically at each size ("static compile") for comparison, and
   reports the total time to serve ``--sizes`` sizes both ways: one dynamic compile plus every
   new size's first call, against one static compile per size;
@@ -119,6 +121,7 @@ def _timed(fn: Callable[[], Any], device: str) -> tuple[Any, float]:
 
 def run(name: str, args: argparse.Namespace, tol: float, timing_cache: str) -> tuple[list[str], bool]:
     import kiln
+    import kiln.dynamic
 
     device, iters = args.device, args.iters
     model, make, spec, all_sizes = _MODELS[name]()
@@ -145,6 +148,9 @@ def run(name: str, args: argparse.Namespace, tol: float, timing_cache: str) -> t
                 dynamic_total += first
             err = _error(out, ref)
             ok = ok and err <= tol
+            table = kiln.dynamic.dynamic_program_of(compiled)
+            if table is not None:
+                table.wait_tuned()  # steady latency with the instances' timed tactics
             steady = _steady(lambda: compiled(*inputs), iters, device)
             static, static_compile = _timed(lambda: kiln.compile(model, inputs, **options), device)
             static_total += static_compile
@@ -173,8 +179,8 @@ def main() -> int:
     parser.add_argument("--reduce-overhead", action="store_true",
                         help='also torch.compile(mode="reduce-overhead", dynamic=True) at each size')
     parser.add_argument("--out", default=None, help="also write the table to this file")
-    parser.add_argument("--instances", action="store_true",
-                        help="serve new sizes by instances of the opt engine (setting dynamic_instances)")
+    parser.add_argument("--no-instances", dest="instances", action="store_false",
+                        help="build an engine per size instead of instances of the opt engine (dynamic_instances=False)")
     args = parser.parse_args()
     unknown = [m for m in args.models.split(",") if m.strip() not in _MODELS]
     if unknown:

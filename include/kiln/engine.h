@@ -1,9 +1,10 @@
 // Engine and ExecutionContext: what the builder produces and what runs it.
 //
 // Engine lifecycle: constructed by Engine::create (Builder::build: the backend chooses every
-// kernel) or by Engine::deserialize / load / load_mapped (the kernels chosen at build are made
-// again from the states the file keeps); afterwards only a Refitter changes it (its weights, in
-// place: kiln/refit.h, through the "changing constants in place" calls below). Construction
+// kernel), by Engine::deserialize / load / load_mapped (the kernels chosen at build are made
+// again from the states the file keeps) or by instance() (the same plan at other sizes, on
+// another engine's constants); afterwards only a Refitter changes it (its weights, in place:
+// kiln/refit.h, through the "changing constants in place" calls below). Construction
 // uploads the constants to the device and makes one Kernel per node; both are shared by every
 // context. A refittable engine (one with a refit program) owns private, writable host copies of
 // the constants a refit may write. An engine outlives its contexts (contexts hold it).
@@ -65,6 +66,13 @@ struct BorrowedWeight {
 using BorrowedWeights = std::map<std::string, BorrowedWeight>;
 
 class ExecutionContext;
+
+// Activation memory that the contexts of several engines share: the instances of one range
+// (Engine::instance), whose callers run one of them at a time. Made by Engine::allocate_arena.
+struct SharedArena {
+  std::shared_ptr<void> data;
+  size_t bytes = 0;
+};
 
 class Engine : public std::enable_shared_from_this<Engine> {
  public:
@@ -145,8 +153,16 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // The engine whose constants this one runs on; null unless an instance.
   const Engine* instance_of() const { return parent_.get(); }
 
-  // use_graphs: replay a captured graph per call where the backend can (see above).
-  std::unique_ptr<ExecutionContext> create_execution_context(bool use_graphs = true) const;
+  // use_graphs: replay a captured graph per call where the backend can (see above). `arena`: the
+  // context's activations go there when it holds memory_plan().arena_bytes (else the context
+  // allocates its own); the caller runs no two contexts sharing it at once.
+  std::unique_ptr<ExecutionContext> create_execution_context(bool use_graphs = true,
+                                                             std::shared_ptr<SharedArena> arena = nullptr) const;
+  // `bytes` of activation memory on this engine's device, for contexts to share.
+  std::shared_ptr<SharedArena> allocate_arena(size_t bytes) const;
+  // The arena an engine for `plan` (on a backend of `alignment`) needs at most: its memory plan
+  // with no output written over an input.
+  static size_t arena_bound(const Graph& plan, size_t alignment);
 
   // Engine files: see src/serialize/engine_file.h for the format.
   Bytes serialize() const;
@@ -236,7 +252,8 @@ class ExecutionContext {
   static constexpr size_t kMaxDirectGraphs = 2;
   static constexpr int kMaxDirectCaptures = 8;
 
-  explicit ExecutionContext(std::shared_ptr<const Engine> engine, bool use_graphs = true);
+  explicit ExecutionContext(std::shared_ptr<const Engine> engine, bool use_graphs = true,
+                            std::shared_ptr<SharedArena> arena = nullptr);
   ExecutionContext(const ExecutionContext&) = delete;
   ExecutionContext& operator=(const ExecutionContext&) = delete;
 
@@ -251,6 +268,8 @@ class ExecutionContext {
 
   const Engine& engine() const { return *engine_; }
   bool uses_graphs() const { return use_graphs_; }
+  // Whether the activations live in a SharedArena given at creation.
+  bool shares_arena() const { return shares_arena_; }
   // Why graph replay was given up for direct launches ("" when it was not).
   const std::string& graph_refusal() const { return graph_refusal_; }
   // Graphs captured so far: on the caller's own buffers and on the staging buffers (each again
@@ -272,6 +291,7 @@ class ExecutionContext {
   std::vector<const void*> in_ptrs_;         // scratch reused across calls
   std::vector<void*> out_ptrs_;
   bool use_graphs_ = false;
+  bool shares_arena_ = false;
   std::vector<std::shared_ptr<void>> staging_;  // graph replay: one buffer per engine input, then output
   std::unique_ptr<CapturedGraph> graph_;  // on staging_
   struct Buffers {  // the caller's buffers of one call

@@ -480,6 +480,12 @@ class IOTensor:
 
     def __repr__(self) -> str: ...
 
+class SharedArena:
+    """Activation memory that contexts of several engines share (one call at a time)."""
+
+    @property
+    def bytes(self) -> int: ...
+
 class Engine:
     """
     A built engine: the plan, its kernels and its constants (weights change only by a Refitter).
@@ -563,7 +569,18 @@ class Engine:
     def is_instance(self) -> bool:
         """Whether the engine is an instance of another (runs on its constants)."""
 
-    def create_execution_context(self, use_graphs: bool = True) -> ExecutionContext: ...
+    def allocate_arena(self, bytes: int) -> SharedArena:
+        """``bytes`` of activation memory on the engine's device, for contexts to share."""
+
+    def arena_bound(self, plan: Graph) -> int:
+        """
+        The activation bytes an engine for ``plan`` on this engine's device needs at most.
+        """
+
+    def create_execution_context(self, use_graphs: bool = True, arena: SharedArena | None = None) -> ExecutionContext:
+        """
+        A context with its own activation memory (or ``arena``'s, a SharedArena large enough); use_graphs replays one captured CUDA graph per call.
+        """
 
     def serialize(self) -> bytes:
         """The engine file's bytes."""
@@ -639,6 +656,10 @@ class ExecutionContext:
         """
         Whether calls replay a captured graph (false on the CPU, when turned off, or after a failed capture).
         """
+
+    @property
+    def shares_arena(self) -> bool:
+        """Whether the activations live in the SharedArena given at creation."""
 
     @property
     def graph_refusal(self) -> str:

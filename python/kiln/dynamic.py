@@ -45,7 +45,7 @@ import torch.utils._pytree as pytree
 from kiln import _C
 from kiln._logging import get_logger
 from kiln.dryrun import emit_report, format_report
-from kiln.instances import SizeRange, fit_range, make_instance
+from kiln.instances import SizeRange, Tuning, fit_range, make_instance
 from kiln.lowering import LoweredGraph, drop_unused
 from kiln.partition import Block, PartitionResult, is_op, op_name, partition, replace_block
 from kiln.pipeline import CompileSummary, build_block
@@ -562,10 +562,11 @@ class Specializations(torch.nn.Module):
         # submodules (for refit) when their own specialization is dropped.
         self.ranges: dict[int, SizeRange] = {}
         self.range_parents = torch.nn.ModuleDict()
+        self.tuning = Tuning()  # timed instances, made after the untimed ones serve
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for transient in ("_lock", "_build_lock", "_building"):
+        for transient in ("_lock", "_build_lock", "_building", "tuning"):
             state.pop(transient, None)
         state.pop("source_program", None)  # kiln.save's input, not part of a pickled copy
         state.pop("source_versions", None)
@@ -576,6 +577,7 @@ class Specializations(torch.nn.Module):
         self._lock = threading.RLock()
         self._build_lock = threading.Lock()
         self._building = {}
+        self.tuning = Tuning()
 
     @staticmethod
     def _key(args: Sequence[Any]) -> tuple[Any, ...]:
@@ -682,14 +684,45 @@ class Specializations(torch.nn.Module):
         return f"engine {b.index} of {self.graph_name}" + (f" [{text}]" if text else "")
 
     def _instance(self, b: _BlockSource, binding: Binding) -> torch.nn.Module | None:
-        """An instance of the block's range engine at ``binding``; None (logged) where the fitted
-        plan does not hold, for the caller to build an engine instead."""
+        """An instance of the block's range engine at ``binding``, untimed; None (logged) where the
+        fitted plan does not hold, for the caller to build an engine instead. On a GPU, an instance
+        with timed tactics is then made in the background and takes its place (:meth:`_tune`)."""
+        name = self._engine_name(b, binding)
         try:
-            return make_instance(self.ranges[b.index], binding, self._engine_name(b, binding))
+            module = make_instance(self.ranges[b.index], binding, name)
         except _C.KilnError as err:
-            log.info("%s: no instance at %s, building an engine: %s", self.graph_name,
-                     ", ".join(f"{s}={binding[s]}" for s in b.symbols), err)
+            log.info("%s: no instance, building an engine: %s", name, err)
             return None
+        if self.settings.optimization_level > 0 and torch.device(self.device).type == "cuda":
+            self.tuning.submit(lambda: self._tune(b, dict(binding), module))
+        return module
+
+    def _tune(self, b: _BlockSource, binding: Binding, untimed: torch.nn.Module) -> None:
+        """Replaces the untimed instance ``untimed`` by one whose tactics are timed at the
+        program's optimization level, in every live specialization that still runs it."""
+        name = self._engine_name(b, binding)
+        with self._lock:
+            if not any(spec.runners[b.index] is untimed for spec in self.live.values()):
+                return  # dropped meanwhile (LRU, a refit)
+        start = time.perf_counter()
+        try:
+            timed = make_instance(self.ranges[b.index], binding, name, self.settings.optimization_level)
+        except _C.KilnError as err:
+            log.info("%s: keeps its untimed kernels (timing failed: %s)", name, err)
+            return
+        with self._lock:
+            swapped = 0
+            for spec in self.live.values():
+                if spec.runners[b.index] is untimed:
+                    spec.runners[b.index] = timed
+                    self.built[self._names[id(spec)]][b.index] = timed
+                    swapped += 1
+        if swapped:
+            log.info("%s: tactics timed in the background in %.3f s", name, time.perf_counter() - start)
+
+    def wait_tuned(self) -> None:
+        """Returns once the instances made so far run with timed tactics (or kept untimed ones)."""
+        self.tuning.wait()
 
     def fit_ranges(self, spec: Specialization) -> None:
         """Makes the engines ``spec`` built (not instances) the range engines of their blocks, for

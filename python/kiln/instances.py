@@ -8,7 +8,10 @@ size_program.h). If they do, a new size is served by an *instance* of the opt en
 (``Engine.instance``): the opt plan with the fitted sizes evaluated, its kernels made for those
 sizes without timing, on the opt engine's constants (no copy, no upload). That takes no export,
 lowering, description, passes or tactic timing; generated kernels whose source is the same at
-every size come from the process's compile cache.
+every size come from the process's compile cache. On a GPU, an instance whose tactics are timed
+(at the program's optimization level) is then made on a background thread (:class:`Tuning`) and
+replaces the untimed one: the first call at a size does not wait for timing, later calls run the
+timed kernels.
 
 Not fitted (the block keeps an engine built per size): a block whose symbolic sizes are not
 multilinear in its symbols (``s**2``, ``floor(s/2)``, ``Max``), one whose plans differ between
@@ -19,6 +22,7 @@ range too narrow for the samples, and every block when the ``dynamic_instances``
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -35,18 +39,29 @@ from kiln.translate import describe_block_parts
 
 log = get_logger("instances")
 
-__all__ = ["SizeRange", "multilinear_problem", "sample_bindings", "fit_range", "make_instance"]
+__all__ = ["SizeRange", "Tuning", "multilinear_problem", "sample_bindings", "fit_range", "make_instance"]
 
 Binding = dict[sympy.Symbol, int]
 
 
+# The most activation memory one range's instances share; a range whose largest size needs
+# more (an unbounded dim served up to dynamic_max_size) gives each instance its own arena.
+_MAX_SHARED_ARENA = 4 << 30
+
+
 @dataclasses.dataclass
 class SizeRange:
-    """A block served by instances: the engine built at the opt shape and its fitted sizes."""
+    """A block served by instances: the engine built at the opt shape, its fitted sizes, and the
+    activation memory its instances share (sized for the range's largest binding, allocated with
+    the first instance), with the lock that runs one of them at a time."""
 
     parent: KilnEngineModule
     program: Any  # _C.SizeProgram
     symbols: tuple[sympy.Symbol, ...]
+    largest: dict[str, int]
+    arena: Any = None  # _C.SharedArena
+    shares: bool = True  # False once the arena was found too large or could not be allocated
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
 def _exprs(val: Any) -> Iterable[Any]:
@@ -163,16 +178,77 @@ def fit_range(parent: KilnEngineModule, base: Binding, ranges: dict[sympy.Symbol
     log.info("%s: one engine for %s (%d sizes fitted from %d plans in %.3f s)", name,
              ", ".join(ranges[s].text() for s in symbols), program.fitted, len(samples),
              time.perf_counter() - start)
-    return SizeRange(parent, program, tuple(symbols))
+    return SizeRange(parent, program, tuple(symbols), {str(s): ranges[s].max for s in symbols})
 
 
-def make_instance(r: SizeRange, binding: Binding, name: str) -> KilnEngineModule:
-    """The engine module of ``r``'s block at ``binding``: an instance of its opt engine. Raises
-    kiln.KilnError when the fitted plan does not hold there or a kernel cannot be made."""
+def make_instance(r: SizeRange, binding: Binding, name: str, level: int = 0) -> KilnEngineModule:
+    """The engine module of ``r``'s block at ``binding``: an instance of its opt engine, its
+    kernels made at optimization ``level`` (0: untimed). Raises kiln.KilnError when the fitted
+    plan does not hold there or a kernel cannot be made."""
     parent = r.parent
     plan = r.program.evaluate(parent.engine.graph(), {str(s): binding[s] for s in r.symbols})
-    engine = parent.engine.instance(plan, 0)
+    engine = parent.engine.instance(plan, level)
+    arena = _shared_arena(r, name)
+    if arena is not None and arena.bytes < engine.arena_bytes:
+        arena = None
     module = KilnEngineModule(engine, str(parent._device), parent._in_cast, parent._out_cast, name=name,
-                              use_cuda_graphs=parent.use_cuda_graphs)
+                              use_cuda_graphs=parent.use_cuda_graphs, arena=arena,
+                              lock=r.lock if arena is not None else None)
     module.truncated_weights = parent.truncated_weights
     return module
+
+
+def _shared_arena(r: SizeRange, name: str) -> Any:
+    """The range's shared arena, allocated on first use for its largest binding (None where it
+    would exceed _MAX_SHARED_ARENA or cannot be allocated: each instance then has its own)."""
+    if r.arena is None and r.shares:
+        r.shares = False
+        try:
+            bound = r.parent.engine.arena_bound(r.program.evaluate(r.parent.engine.graph(), r.largest))
+            if bound > _MAX_SHARED_ARENA:
+                log.info("%s: instances keep arenas of their own (the largest size needs %d bytes)", name, bound)
+            else:
+                r.arena, r.shares = r.parent.engine.allocate_arena(bound), True
+                log.info("%s: one arena of %d bytes for the range's instances", name, bound)
+        except _C.KilnError as err:
+            log.info("%s: instances keep arenas of their own (%s)", name, err)
+    return r.arena
+
+
+class Tuning:
+    """Jobs run one after another on a worker thread of their own, started when a job comes and
+    ending when none is left: the timed instances that replace untimed ones (kiln.dynamic), so
+    that no call waits for tactic timing. The thread is not a daemon: an exiting interpreter
+    waits for the job at hand instead of stopping it inside a build."""
+
+    def __init__(self) -> None:
+        self._jobs: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._worker: threading.Thread | None = None
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            self._jobs.append(job)
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._run, name="kiln-tuning")
+                self._worker.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._jobs:
+                    self._worker = None
+                    self._idle.notify_all()
+                    return
+                job = self._jobs.pop(0)
+            try:
+                job()
+            except Exception:  # a job logs its own failures; one that raises must not stop the others
+                log.exception("a tuning job failed")
+
+    def wait(self) -> None:
+        """Returns once every job submitted so far has run."""
+        with self._lock:
+            while self._worker is not None:
+                self._idle.wait()

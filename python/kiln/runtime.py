@@ -122,10 +122,13 @@ class KilnEngineModule(torch.nn.Module):
 
     def __init__(self, engine: Any, device: str, input_dtypes: Sequence[torch.dtype] | None = None,
                  output_dtypes: Sequence[torch.dtype] | None = None, name: str = "engine",
-                 use_cuda_graphs: bool = True) -> None:
+                 use_cuda_graphs: bool = True, arena: Any = None, lock: Any = None) -> None:
         super().__init__()
         self.name = name
         self.use_cuda_graphs = use_cuda_graphs
+        # A SharedArena (kiln/instances.py) and the lock of every module using it: one call at a time.
+        self._arena = arena
+        self._shared_lock = lock
         # Weights the model holds in float64 that the engine takes as float32 (truncate_double):
         # the only ones a refit converts.
         self.truncated_weights: frozenset[str] = frozenset()
@@ -137,10 +140,11 @@ class KilnEngineModule(torch.nn.Module):
     def _set_engine(self, engine: Any, device: str, input_dtypes: Sequence[torch.dtype] | None,
                     output_dtypes: Sequence[torch.dtype] | None) -> None:
         self._engine = engine
-        self._context = engine.create_execution_context(use_graphs=getattr(self, "use_cuda_graphs", True))
+        self._context = engine.create_execution_context(use_graphs=getattr(self, "use_cuda_graphs", True),
+                                                        arena=getattr(self, "_arena", None))
         self._device = torch.device(device)
         self._cuda = self._device.type == "cuda"
-        self._lock = threading.Lock()
+        self._lock = getattr(self, "_shared_lock", None) or threading.Lock()
         self._graph_checked = not (self._cuda and self._context.uses_graphs)  # first call: warn if refused
         self.input_names = [io.name for io in engine.inputs]
         self.output_names = [io.name for io in engine.outputs]
@@ -217,7 +221,8 @@ class KilnEngineModule(torch.nn.Module):
         self._exporting = on
 
     def __getstate__(self) -> dict[str, Any]:
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_engine", "_context", "_lock", "refit_hooks")}
+        state = {k: v for k, v in self.__dict__.items()
+                 if k not in ("_engine", "_context", "_lock", "refit_hooks", "_arena", "_shared_lock")}
         state["_engine_bytes"] = self.engine_bytes()
         return state
 

@@ -175,7 +175,7 @@ class CompilationSettings:
     dynamic_instances: whether a block of a dynamic program whose plan is the same at every size
         in its range but for multilinear sizes serves new sizes by instances of the engine built
         at the opt shape (kiln/instances.py: no build per size, the weights shared). False builds
-        an engine per size. Default False.
+        an engine per size. Default True.
     """
 
     enabled_precisions: frozenset[torch.dtype] = frozenset({torch.float32})
@@ -213,7 +213,7 @@ class CompilationSettings:
     autocast_calibration_dataloader: Any | None = None
     specialization_cache_size: int = 8
     dynamic_max_size: int = 4096
-    dynamic_instances: bool = False
+    dynamic_instances: bool = True
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

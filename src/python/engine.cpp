@@ -147,6 +147,10 @@ void bind_engine(nb::module_& m) {
       .def_prop_ro("shape", [](const IOTensor& t) { return t.type.shape(); })
       .def("__repr__", [](const IOTensor& t) { return "IOTensor('" + t.name + "', " + t.type.to_string() + ")"; });
 
+  nb::class_<SharedArena>(m, "SharedArena",
+                          "Activation memory that contexts of several engines share (one call at a time).")
+      .def_prop_ro("bytes", [](const SharedArena& a) { return a.bytes; });
+
   nb::class_<Engine>(m, "Engine",
                      "A built engine: the plan, its kernels and its constants (weights change only by a Refitter).")
       .def_prop_ro("inputs", [](const Engine& e) { return io_list(e.inputs()); })
@@ -193,8 +197,18 @@ void bind_engine(nb::module_& m) {
       .def_prop_ro(
           "is_instance", [](const Engine& e) { return e.instance_of() != nullptr; },
           "Whether the engine is an instance of another (runs on its constants).")
+      .def("allocate_arena", &Engine::allocate_arena, nb::arg("bytes"),
+           "``bytes`` of activation memory on the engine's device, for contexts to share.")
+      .def(
+          "arena_bound",
+          [](const Engine& e, const Graph& plan) {
+            return Engine::arena_bound(plan, get_backend(e.device()).alignment());
+          },
+          nb::arg("plan"), "The activation bytes an engine for ``plan`` on this engine's device needs at most.")
       .def("create_execution_context", &Engine::create_execution_context, nb::arg("use_graphs") = true,
-           "A context with its own activation memory; use_graphs replays one captured CUDA graph per call.")
+           nb::arg("arena") = nb::none(),
+           "A context with its own activation memory (or ``arena``'s, a SharedArena large enough); use_graphs "
+           "replays one captured CUDA graph per call.")
       .def(
           "serialize",
           [](const Engine& e) {
@@ -234,8 +248,11 @@ void bind_engine(nb::module_& m) {
 
   nb::class_<ExecutionContext>(m, "ExecutionContext", "Runs an engine; one call at a time per context.")
       .def_prop_ro("engine", &engine_of)
-      .def_prop_ro("uses_graphs", &ExecutionContext::uses_graphs,
-                   "Whether calls replay a captured graph (false on the CPU, when turned off, or after a failed capture).")
+      .def_prop_ro(
+          "uses_graphs", &ExecutionContext::uses_graphs,
+          "Whether calls replay a captured graph (false on the CPU, when turned off, or after a failed capture).")
+      .def_prop_ro("shares_arena", &ExecutionContext::shares_arena,
+                   "Whether the activations live in the SharedArena given at creation.")
       .def_prop_ro("graph_refusal", &ExecutionContext::graph_refusal,
                    "Why graph replay was given up for direct launches ('' when it was not).")
       .def_prop_ro("graph_captures", &ExecutionContext::graph_captures,

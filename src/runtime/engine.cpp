@@ -337,17 +337,32 @@ std::vector<std::string> Engine::weight_names() const {
   return names;
 }
 
-std::unique_ptr<ExecutionContext> Engine::create_execution_context(bool use_graphs) const {
-  return std::make_unique<ExecutionContext>(shared_from_this(), use_graphs);
+std::unique_ptr<ExecutionContext> Engine::create_execution_context(bool use_graphs,
+                                                                   std::shared_ptr<SharedArena> arena) const {
+  return std::make_unique<ExecutionContext>(shared_from_this(), use_graphs, std::move(arena));
 }
 
-ExecutionContext::ExecutionContext(std::shared_ptr<const Engine> engine, bool use_graphs)
+std::shared_ptr<SharedArena> Engine::allocate_arena(size_t bytes) const {
+  auto arena = std::make_shared<SharedArena>();
+  arena->bytes = bytes;
+  if (bytes) arena->data = backend_->allocate(bytes);
+  return arena;
+}
+
+size_t Engine::arena_bound(const Graph& plan, size_t alignment) { return plan_memory(plan, alignment).arena_bytes; }
+
+ExecutionContext::ExecutionContext(std::shared_ptr<const Engine> engine, bool use_graphs,
+                                   std::shared_ptr<SharedArena> arena)
     : engine_(std::move(engine)), use_graphs_(use_graphs && engine_ && engine_->device_.type != DeviceType::kCPU) {
   KILN_CHECK(engine_ != nullptr, kInvalidArgument, "ExecutionContext needs an engine");
   const Engine& e = *engine_;
   const Graph& g = e.plan_;
   Backend& be = *e.backend_;
-  if (std::shared_ptr<void> block = e.take_context_memory()) {  // the engine's block has room for one context
+  if (arena && arena->data && arena->bytes >= e.memory_.arena_bytes) {
+    arena_ = std::shared_ptr<void>(arena, arena->data.get());  // keeps the SharedArena alive
+    shares_arena_ = true;
+    if (e.workspace_) workspace_ = be.allocate(e.workspace_);
+  } else if (std::shared_ptr<void> block = e.take_context_memory()) {  // the engine's block has room for one context
     uint8_t* base = static_cast<uint8_t*>(block.get());
     if (e.memory_.arena_bytes) arena_ = std::shared_ptr<void>(block, base);
     if (e.workspace_) workspace_ = std::shared_ptr<void>(block, base + block_rounded(be, e.memory_.arena_bytes));

@@ -47,8 +47,10 @@ struct Fixture {
   SizeSample sample(int64_t b) const { return {{{"b", b}}, plan(b)}; }
 };
 
-std::vector<Floats> run(const Engine& e, const Floats& x, int64_t b) {
-  auto ctx = e.create_execution_context();
+std::vector<Floats> run(const Engine& e, const Floats& x, int64_t b, std::shared_ptr<SharedArena> arena = nullptr,
+                        bool* shared = nullptr) {
+  auto ctx = e.create_execution_context(true, std::move(arena));
+  if (shared) *shared = ctx->shares_arena();
   std::vector<Floats> out = {Floats(size_t(b * kCols)), Floats(size_t(kCols))};
   ctx->execute({x.data()}, {out[0].data(), out[1].data()});
   return out;
@@ -71,6 +73,28 @@ TEST(SizeProgram, AnInstanceAtAnotherSizeComputesWhatAnEngineBuiltForItDoes) {
     for (size_t o = 0; o < 2; ++o)
       for (size_t i = 0; i < want[o].size(); ++i) ASSERT_EQ(got[o][i], want[o][i]) << "b=" << b << " output " << o;
   }
+}
+
+TEST(SizeProgram, InstancesShareAnArenaSizedForTheLargestPlan) {
+  Fixture f;
+  std::shared_ptr<Engine> parent = Builder(f.config).build(network(3, f.c, f.w));
+  const SizeProgram p = SizeProgram::fit({{{{"b", 3}}, Graph(parent->graph())}, f.sample(5), f.sample(7)});
+  const size_t bound = Engine::arena_bound(p.evaluate(parent->graph(), {{"b", 64}}), 64);
+  std::shared_ptr<SharedArena> arena = parent->allocate_arena(bound);
+  ASSERT_EQ(arena->bytes, bound);
+  for (int64_t b : {64, 9}) {
+    std::shared_ptr<Engine> inst = parent->instance(p.evaluate(parent->graph(), {{"b", b}}), parent->kernel_options());
+    EXPECT_LE(inst->memory_plan().arena_bytes, bound);
+    const Floats x = random_floats(size_t(b * kCols), uint32_t(b));
+    bool shared = false;
+    EXPECT_EQ(run(*inst, x, b, arena, &shared), run(*inst, x, b));
+    EXPECT_TRUE(shared) << "b=" << b;
+  }
+  // A plan larger than the arena: the context allocates its own.
+  std::shared_ptr<Engine> big = parent->instance(p.evaluate(parent->graph(), {{"b", 200}}), parent->kernel_options());
+  bool shared = true;
+  run(*big, random_floats(200 * kCols, 5), 200, arena, &shared);
+  EXPECT_FALSE(shared);
 }
 
 TEST(SizeProgram, RefusesPlansThatDifferInMoreThanSizes) {

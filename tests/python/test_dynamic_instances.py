@@ -140,3 +140,91 @@ def test_a_block_whose_sizes_are_not_multilinear_builds_per_size(caplog: pytest.
         x = torch.randn(9, 9)
         torch.testing.assert_close(compiled(x), torch.relu(x.reshape(-1) * 2.0 + 1.0))
     assert not any(e.engine.is_instance for e in _engines(compiled, 9))
+
+
+def test_tuning_runs_jobs_in_order_off_the_calling_thread_and_survives_a_failing_one(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import threading
+
+    from kiln.instances import Tuning
+
+    tuning = Tuning()
+    ran: list[tuple[int, str]] = []
+    gate = threading.Event()
+
+    def job(i: int) -> None:
+        gate.wait()
+        ran.append((i, threading.current_thread().name))
+
+    def failing() -> None:
+        raise RuntimeError("boom")
+
+    tuning.submit(lambda: job(0))
+    tuning.submit(failing)
+    tuning.submit(lambda: job(1))
+    assert ran == []  # the caller did not wait
+    gate.set()
+    with caplog.at_level(logging.ERROR, logger="kiln.instances"):
+        tuning.wait()
+    assert ran == [(0, "kiln-tuning"), (1, "kiln-tuning")]
+    assert "a tuning job failed" in caplog.text
+
+
+@torch.no_grad()
+def test_a_timed_instance_replaces_the_untimed_one_in_every_specialization_running_it() -> None:
+    torch.manual_seed(0)
+    model = Encoder().eval()
+    compiled = _compile(model, optimization_level=2)
+    x = _inputs(2, 23)
+    compiled(*x)
+    table = dynamic_program_of(compiled)
+    assert table is not None
+    block = table.blocks[0]
+    spec = next(s for s in table.live.values() if 23 in s.binding.values())
+    untimed = spec.runners[0]
+    assert untimed.engine.is_instance and untimed.engine.optimization_level == 0
+    table._tune(block, dict(spec.binding), untimed)  # what the tuning thread does on a GPU
+    timed = spec.runners[0]
+    assert timed is not untimed and timed.engine.is_instance and timed.engine.optimization_level == 2
+    assert timed in list(table.built.modules())  # refit and engines() see it
+    torch.testing.assert_close(compiled(*x), model(*x), rtol=1e-4, atol=1e-4)
+
+
+@torch.no_grad()
+def test_instances_share_one_arena_sized_for_the_largest_size_and_one_lock() -> None:
+    torch.manual_seed(0)
+    model = Encoder().eval()
+    compiled = _compile(model)
+    for s in (5, 23, 64):
+        compiled(*_inputs(2, s))
+    modules = [e for s in (5, 23, 64) for e in _engines(compiled, s)]
+    assert len(modules) == 3 and all(m._context.shares_arena for m in modules)
+    arena = modules[0]._arena
+    assert all(m._arena is arena and m._lock is modules[0]._lock for m in modules)
+    assert arena.bytes >= max(m.engine.arena_bytes for m in modules)  # 64 is the range's largest length
+    assert arena.bytes == modules[2].engine.arena_bound(modules[2].engine.graph())
+
+
+@pytest.mark.cuda
+@torch.no_grad()
+def test_cuda_instances_are_tuned_in_the_background_and_match_eager() -> None:
+    torch.manual_seed(0)
+    model = Encoder().eval().cuda().half()
+
+    def inputs(s: int) -> list[torch.Tensor]:
+        return [x.cuda() for x in _inputs(4, s)]
+    seq = Dim("seq", min=4, max=64)
+    compiled = kiln.compile(model, inputs(16), dynamic_shapes=({1: seq}, {1: seq}),
+                            enabled_precisions={torch.half}, dynamic_instances=True)
+    table = dynamic_program_of(compiled)
+    assert table is not None
+    for s in (37, 5, 64):
+        x = inputs(s)
+        first = compiled(*x)  # the untimed instance
+        table.wait_tuned()
+        engines = _engines(compiled, s)
+        assert engines and all(e.engine.is_instance and e.engine.optimization_level == 3 for e in engines)
+        assert all(e._context.shares_arena for e in engines)
+        ref = model(*x).float()
+        for out in (first, compiled(*x)):
+            assert float((out.float() - ref).norm() / ref.norm()) < 1e-2, s

@@ -393,8 +393,9 @@ def saved_cnn(tmp_path_factory: pytest.TempPathFactory) -> dict:
     the compiled program's own at batches 2, 5 and 3, and its error for batch 9."""
     out = tmp_path_factory.mktemp("dynamic_save")
     m = _cnn()
+    # Engines built per size (not instances, tests/python/test_dynamic_instances.py): what is saved.
     compiled = kiln.compile(m, [torch.randn(2, 3, 16, 16)], dynamic_shapes=({0: Dim("b", min=1, max=8)},),
-                            min_block_size=1)
+                            min_block_size=1, dynamic_instances=False)
     torch.manual_seed(5)
     inputs = {b: torch.randn(b, 3, 16, 16) for b in (2, 5, 3)}
     with torch.no_grad():
@@ -474,7 +475,7 @@ def test_saved_encoder_keeps_its_ranges_settings_and_order(tmp_path: Path) -> No
     m = Encoder().eval()
     seq = Dim("seq", min=2, max=64)
     compiled = kiln.compile(m, list(_encoder_inputs(2, 8)), dynamic_shapes=({1: seq}, {1: seq}),
-                            specialization_cache_size=3)
+                            specialization_cache_size=3, dynamic_instances=False)
     with torch.no_grad():
         for s in (17, 5):
             compiled(*_encoder_inputs(2, s))
@@ -515,7 +516,7 @@ def test_saved_engines_shared_between_sizes_are_saved_once(tmp_path: Path, monke
     m = TwoParts().eval()
     compiled = kiln.compile(m, [torch.randn(2, 8), torch.randn(4)],
                             dynamic_shapes=({0: Dim("b", min=1, max=8)}, {0: Dim("n", min=2, max=8)}),
-                            min_block_size=1)
+                            min_block_size=1, dynamic_instances=False)
     inputs = [(torch.randn(b, 8), torch.randn(n)) for b, n in ((2, 4), (2, 6), (3, 6))]
     with torch.no_grad():
         expected = [compiled(*xy) for xy in inputs]
