@@ -79,6 +79,10 @@ class CapturedGraph {
 // and policy); an engine file keeps them, so that a load or a refit makes kernels with the same.
 struct KernelOptions {
   int optimization_level = 3;
+  // Make no kernel that compiles library code when it is made (cuDNN's runtime-compiled engines
+  // are passed over where another serves): an engine instance that serves its first call at once
+  // (Engine::instance, kiln/instances.py). Not saved in engine files: a load compiles nothing anyway.
+  bool precompiled_only = false;
   size_t workspace_limit = size_t(1) << 30;
   BuildPolicy policy;
   // How many candidates tactic searches try: the budget of optimization_level (kiln/build_policy.h).

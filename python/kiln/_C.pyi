@@ -560,9 +560,9 @@ class Engine:
     def graph(self) -> Graph:
         """A copy of the optimized plan."""
 
-    def instance(self, plan: Graph, optimization_level: int = 0) -> Engine:
+    def instance(self, plan: Graph, optimization_level: int = 0, precompiled_only: bool = False) -> Engine:
         """
-        An engine running ``plan`` (SizeProgram.evaluate of graph(): other sizes) on this engine's constants, its kernels made at ``optimization_level`` (0: untimed).
+        An engine running ``plan`` (SizeProgram.evaluate of graph(): other sizes) on this engine's constants, its kernels made at ``optimization_level`` (0: untimed); ``precompiled_only``: no kernel that compiles library code when made (cuDNN's runtime-compiled engines passed over where another serves).
         """
 
     @property

@@ -187,7 +187,8 @@ def make_instance(r: SizeRange, binding: Binding, name: str, level: int = 0) -> 
     plan does not hold there or a kernel cannot be made."""
     parent = r.parent
     plan = r.program.evaluate(parent.engine.graph(), {str(s): binding[s] for s in r.symbols})
-    engine = parent.engine.instance(plan, level)
+    # The untimed instance serves at once: no cuDNN engine compiled for its shape (the timed one may).
+    engine = parent.engine.instance(plan, level, level == 0)
     arena = _shared_arena(r, name)
     if arena is not None and arena.bytes < engine.arena_bytes:
         arena = None

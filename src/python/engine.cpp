@@ -185,15 +185,17 @@ void bind_engine(nb::module_& m) {
           "graph", [](const Engine& e) { return Graph(e.graph()); }, "A copy of the optimized plan.")
       .def(
           "instance",
-          [](const Engine& e, const Graph& plan, int optimization_level) {
+          [](const Engine& e, const Graph& plan, int optimization_level, bool precompiled_only) {
             KernelOptions options = e.kernel_options();
             options.optimization_level = optimization_level;
+            options.precompiled_only = precompiled_only;
             nb::gil_scoped_release release;
             return e.instance(plan, options);
           },
-          nb::arg("plan"), nb::arg("optimization_level") = 0,
+          nb::arg("plan"), nb::arg("optimization_level") = 0, nb::arg("precompiled_only") = false,
           "An engine running ``plan`` (SizeProgram.evaluate of graph(): other sizes) on this engine's constants, "
-          "its kernels made at ``optimization_level`` (0: untimed).")
+          "its kernels made at ``optimization_level`` (0: untimed); ``precompiled_only``: no kernel that compiles "
+          "library code when made (cuDNN's runtime-compiled engines passed over where another serves).")
       .def_prop_ro(
           "is_instance", [](const Engine& e) { return e.instance_of() != nullptr; },
           "Whether the engine is an instance of another (runs on its constants).")

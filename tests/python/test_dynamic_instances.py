@@ -228,3 +228,33 @@ def test_cuda_instances_are_tuned_in_the_background_and_match_eager() -> None:
         ref = model(*x).float()
         for out in (first, compiled(*x)):
             assert float((out.float() - ref).norm() / ref.norm()) < 1e-2, s
+
+
+@pytest.mark.cuda
+@torch.no_grad()
+def test_cuda_cnn_batch_instances_match_eager_before_and_after_tuning() -> None:
+    torch.manual_seed(0)
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1 = torch.nn.Conv2d(16, 16, 3, padding=1)
+            self.bn = torch.nn.BatchNorm2d(16)
+            self.conv2 = torch.nn.Conv2d(16, 16, 3, padding=1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.conv2(torch.relu(self.bn(self.conv1(x)))) + x)
+
+    model = Block().eval().cuda().half()
+    compiled = kiln.compile(model, [torch.randn(4, 16, 28, 28, device="cuda", dtype=torch.half)],
+                            dynamic_shapes=({0: Dim("b", min=1, max=32)},), enabled_precisions={torch.half})
+    table = dynamic_program_of(compiled)
+    assert table is not None
+    for b in (3, 17):
+        x = torch.randn(b, 16, 28, 28, device="cuda", dtype=torch.half)
+        ref = model(x).float()
+        first = compiled(x)  # an untimed instance, with no runtime-compiled cuDNN engine
+        table.wait_tuned()
+        assert all(e.engine.is_instance and e.engine.optimization_level == 3 for e in _engines(compiled, b))
+        for out in (first, compiled(x)):
+            assert float((out.float() - ref).norm() / ref.norm()) < 1e-2, b

@@ -324,7 +324,8 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g, const Ke
   const bool timed = options.budget().timed;
   if (depthwise && !timed) return choose_depthwise(q, sig, options, key, what);
   const TimingClaim claim(key);
-  if (auto cached = timing_cache_find(key)) {
+  // A choice from the timing cache may be a runtime-compiled plan: not for precompiled_only.
+  if (auto cached = options.precompiled_only ? std::nullopt : timing_cache_find(key)) {
     try {
       const ConvChoice c = decode_conv_choice(*cached);
       if (c.signature == sig && c.tactic == ConvTactic::kDepthwise && depthwise) {

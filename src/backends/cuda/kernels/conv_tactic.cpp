@@ -162,6 +162,7 @@ ConvSearch conv_search(const ConvGeom& q, const KernelOptions& options, bool com
   s.timed_candidates = compiled ? budget.compiled_timed_candidates : budget.timed_candidates;
   s.strict = strict_f32(q.dtype, options.policy);
   s.workspace_limit = options.workspace_limit;
+  s.precompiled_only = options.precompiled_only;
   return s;
 }
 
@@ -226,6 +227,11 @@ ConvPlan search_conv_plan(const ConvGeom& q, const ConvSearch& search, const std
           const EngineInfo info = engine_info(cfg);
           if (const char* r = refused_numerics(info, search.strict, short_sum)) {
             log += info.id.to_string() + ": " + r + "; ";
+            continue;
+          }
+          if (search.precompiled_only && std::find(info.behavior.begin(), info.behavior.end(),
+                                                   CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION) != info.behavior.end()) {
+            log += info.id.to_string() + ": runtime-compiled (precompiled engines only); ";
             continue;
           }
           round.push_back(&cfg);

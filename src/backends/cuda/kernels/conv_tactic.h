@@ -37,6 +37,7 @@ struct ConvSearch {
   size_t timed_candidates = 1;  // how many of them are timed, the first ones
   bool strict = false;  // strict_f32
   size_t workspace_limit = 0;
+  bool precompiled_only = false;  // KernelOptions::precompiled_only: runtime-compiled engines passed over
 };
 // The search of conv `q` under `options`; with `compiled`, of a graph whose plans are
 // runtime-compiled (TacticBudget::compiled_conv_plans and compiled_timed_candidates).
