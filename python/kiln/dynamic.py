@@ -519,6 +519,10 @@ class Specialization:
     def text(self) -> str:
         return ", ".join(f"{s}={v}" for s, v in self.binding.items())
 
+    def holds_instances(self) -> bool:
+        """Whether a block runs an instance (kiln/instances.py) here."""
+        return any(isinstance(r, KilnEngineModule) and r.engine.is_instance for r in self.runners)
+
 
 class DynamicBlock(torch.nn.Module):
     """A block of the glue graph: runs the current specialization's engine for it."""
@@ -566,7 +570,8 @@ class Specializations(torch.nn.Module):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for transient in ("_lock", "_build_lock", "_building", "tuning"):
+        # A copy fits no ranges (their fitted programs and arenas are the process's): it builds per size.
+        for transient in ("_lock", "_build_lock", "_building", "tuning", "ranges"):
             state.pop(transient, None)
         state.pop("source_program", None)  # kiln.save's input, not part of a pickled copy
         state.pop("source_versions", None)
@@ -578,6 +583,7 @@ class Specializations(torch.nn.Module):
         self._build_lock = threading.Lock()
         self._building = {}
         self.tuning = Tuning()
+        self.ranges = {}
 
     @staticmethod
     def _key(args: Sequence[Any]) -> tuple[Any, ...]:
@@ -638,8 +644,16 @@ class Specializations(torch.nn.Module):
         self._count += 1
         self._names[id(spec)] = name
         self.built[name] = torch.nn.ModuleList(spec.runners)
+        # The specialization whose engines the instances run on stays, beyond the capacity if need be
+        # (they hold its engines anyway, and kiln.save writes it), as does the one just added: the
+        # least recently used of the others goes.
+        parents = {id(m) for m in self.range_parents.values()}
         while len(self.live) > self.capacity:
-            _, old = self.live.popitem(last=False)
+            older = list(self.live.items())[:-1]
+            victim = next((k for k, s in older if not any(id(r) in parents for r in s.runners)), None)
+            if victim is None:
+                break
+            old = self.live.pop(victim)
             del self.built[self._names.pop(id(old))]
             for k in [k for k, v in self.by_shapes.items() if v is old]:
                 del self.by_shapes[k]
@@ -750,7 +764,7 @@ class Specializations(torch.nn.Module):
         whose new weights their kernels may not have read); they are made again on first use."""
         with self._lock:
             for bkey, spec in list(self.live.items()):
-                if any(isinstance(r, KilnEngineModule) and r.engine.is_instance for r in spec.runners):
+                if spec.holds_instances():
                     del self.live[bkey]
                     del self.built[self._names.pop(id(spec))]
                     for k in [k for k, v in self.by_shapes.items() if v is spec]:
@@ -811,9 +825,16 @@ class Specializations(torch.nn.Module):
             engines: list[dict[str, Any]] = []
             index: dict[int, int] = {}
             specs = []
-            for spec in self.live.values():  # least recently used first, as load re-adds them
-                if any(isinstance(r, KilnEngineModule) and r.engine.is_instance for r in spec.runners):
-                    continue  # instances are made again after loading, on the saved range engine
+            # Instances are made again after loading, on the saved range engines; the range engines'
+            # specialization may be live beyond the capacity, which a saved program may not exceed.
+            saved = [spec for spec in self.live.values() if not spec.holds_instances()]
+            parents = {id(m) for m in self.range_parents.values()}
+            while len(saved) > self.capacity:
+                victim = next((s for s in saved if not any(id(r) in parents for r in s.runners)), None)
+                if victim is None:
+                    break
+                saved.remove(victim)
+            for spec in saved:  # least recently used first, as load re-adds them
                 entries: list[int | None] = []
                 for runner in spec.runners:
                     if not isinstance(runner, KilnEngineModule):

@@ -258,3 +258,39 @@ def test_cuda_cnn_batch_instances_match_eager_before_and_after_tuning() -> None:
         assert all(e.engine.is_instance and e.engine.optimization_level == 3 for e in _engines(compiled, b))
         for out in (first, compiled(x)):
             assert float((out.float() - ref).norm() / ref.norm()) < 1e-2, b
+
+
+@torch.no_grad()
+def test_the_range_engine_outlives_the_lru_and_is_saved(tmp_path: object) -> None:
+    torch.manual_seed(0)
+    model = Encoder().eval()
+    compiled = _compile(model, specialization_cache_size=2)
+    for s in (5, 23, 37, 41):
+        compiled(*_inputs(2, s))
+    table = dynamic_program_of(compiled)
+    assert table is not None
+    lengths = [next(iter(spec.binding.values())) for spec in table.live.values()]
+    assert lengths == [16, 41]  # the opt engine's specialization stays; 5, 23 and 37 were dropped
+    path = f"{tmp_path}/encoder.ep"
+    kiln.save(compiled, path, _inputs(2, 16))
+    loaded = kiln.load(path).module()
+    reset_cache_stats()
+    x = _inputs(2, 30)
+    torch.testing.assert_close(loaded(*x), model(*x), rtol=1e-4, atol=1e-4)
+    assert all(e.engine.is_instance for e in _engines(loaded, 30))
+    assert cache_stats().get("builds", 0) == 0
+
+
+@torch.no_grad()
+def test_a_program_whose_range_engine_is_kept_beyond_the_capacity_saves_at_most_the_capacity(
+        tmp_path: object) -> None:
+    torch.manual_seed(0)
+    model = Encoder().eval()
+    compiled = _compile(model, specialization_cache_size=1, dynamic_instances=True)
+    compiled(*_inputs(2, 23))
+    table = dynamic_program_of(compiled)
+    assert table is not None and len(table.live) == 2  # the opt engine's and the instance's
+    path = f"{tmp_path}/encoder.ep"
+    kiln.save(compiled, path, _inputs(2, 16))
+    x = _inputs(2, 23)
+    torch.testing.assert_close(kiln.load(path).module()(*x), model(*x), rtol=1e-4, atol=1e-4)
