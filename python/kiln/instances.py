@@ -2,7 +2,7 @@
 
 A block of a dynamic program (kiln.dynamic) is built once, at the opt shape. Its plan is then
 optimized again (no kernels) at a few more bindings of its symbols: the corners of a grid around
-the opt values and check points at the ends of the ranges. ``_C.SizeProgram.fit`` finds whether
+the opt values and check points near the ends of the ranges. ``_C.SizeProgram.fit`` finds whether
 these plans differ only in integers that are multilinear functions of the symbols (kiln/
 size_program.h). If they do, a new size is served by an *instance* of the opt engine
 (``Engine.instance``): the opt plan with the fitted sizes evaluated, its kernels made for those
@@ -11,7 +11,8 @@ lowering, description, passes or tactic timing; generated kernels whose source i
 every size come from the process's compile cache. On a GPU, an instance whose tactics are timed
 (at the program's optimization level) is then made on a background thread (:class:`Tuning`) and
 replaces the untimed one: the first call at a size does not wait for timing, later calls run the
-timed kernels.
+timed kernels. A block's instances share one activation arena, sized for the range's largest
+binding, and run one at a time.
 
 Not fitted (the block keeps an engine built per size): a block whose symbolic sizes are not
 multilinear in its symbols (``s**2``, ``floor(s/2)``, ``Max``), one whose plans differ between
