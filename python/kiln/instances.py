@@ -14,8 +14,10 @@ replaces the untimed one: the first call at a size does not wait for timing, lat
 timed kernels. A block's instances share one activation arena, sized for the range's largest
 binding, and run one at a time.
 
-Not fitted (the block keeps an engine built per size): a block whose symbolic sizes are not
-multilinear in its symbols (``s**2``, ``floor(s/2)``, ``Max``), one whose plans differ between
+A symbol that a size uses other than multilinearly (``s**2``, ``floor(s/2)``, ``Max``: a conv's
+output size of a dynamic height) is held at the engine's value: instances serve the bindings
+that keep it, other values of it build an engine. Not fitted (the block keeps an engine built per
+size): a block none of whose symbols is left to fit, one whose plans differ between
 samples in anything else (a constant that depends on the size, a pass that chose differently), a
 range too narrow for the samples, and every block when the ``dynamic_instances`` setting is off.
 """
@@ -40,7 +42,8 @@ from kiln.translate import describe_block_parts
 
 log = get_logger("instances")
 
-__all__ = ["SizeRange", "Tuning", "multilinear_problem", "sample_bindings", "fit_range", "make_instance"]
+__all__ = ["SizeRange", "Tuning", "pinned_symbols", "multilinear_problem", "sample_bindings", "fit_range",
+           "make_instance"]
 
 Binding = dict[sympy.Symbol, int]
 
@@ -58,8 +61,9 @@ class SizeRange:
 
     parent: KilnEngineModule
     program: Any  # _C.SizeProgram
-    symbols: tuple[sympy.Symbol, ...]
+    symbols: tuple[sympy.Symbol, ...]  # those the program fits
     largest: dict[str, int]
+    pinned: dict[sympy.Symbol, int]  # the block's other symbols, at the values instances serve
     arena: Any = None  # _C.SharedArena
     shares: bool = True  # False once the arena was found too large or could not be allocated
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
@@ -77,28 +81,60 @@ def _exprs(val: Any) -> Iterable[Any]:
             yield from _exprs(v)
 
 
-def multilinear_problem(nodes: Iterable[fx.Node], symbols: Sequence[sympy.Symbol]) -> str | None:
-    """None when every symbolic size the nodes have or read is a polynomial of degree at most one
-    in each of ``symbols`` (what a SizeProgram fits); else the first size that is not."""
-    allowed = set(symbols)
+def _sizes(nodes: Iterable[fx.Node]) -> list[tuple[str, Any]]:
+    """(node name, sympy expression) of every symbolic size the nodes have or read, once each."""
     seen: set[Any] = set()
+    out = []
     for node in nodes:
         for n in (node, *node.all_input_nodes):
             for e in _exprs(n.meta.get("val")):
-                if e in seen:
-                    continue
-                seen.add(e)
-                expr = sympy.sympify(e)
-                if expr.is_number:
-                    continue
-                if not expr.free_symbols <= allowed:
-                    return f"{n.name}: size {expr} reads other symbols"
-                try:
-                    poly = sympy.Poly(expr, *symbols)
-                except sympy.PolynomialError:
-                    return f"{n.name}: size {expr} is not a polynomial of {', '.join(map(str, symbols))}"
-                if any(poly.degree(s) > 1 for s in symbols):
-                    return f"{n.name}: size {expr} is of degree above 1 in a symbol"
+                if e not in seen:
+                    seen.add(e)
+                    out.append((n.name, sympy.sympify(e)))
+    return out
+
+
+def _linear_term(e: Any) -> bool:
+    return isinstance(e, (sympy.Add, sympy.Mul, sympy.Symbol, sympy.Number)) or (
+        isinstance(e, sympy.Pow) and e.exp.is_Integer and e.exp > 0)
+
+
+def pinned_symbols(nodes: Iterable[fx.Node], symbols: Sequence[sympy.Symbol]) -> set[sympy.Symbol]:
+    """The symbols that a size uses other than multilinearly: inside a floor division, a modulo,
+    a min or max (a conv's output size of a dynamic input size), or squared. Instances of the block
+    serve only bindings that keep them at the engine's values (Dynamo's ``dynamic=True`` makes an
+    image's height and width symbols too, while only its batch varies)."""
+    allowed = set(symbols)
+    pinned: set[sympy.Symbol] = set()
+    for _, expr in _sizes(nodes):
+        for term in sympy.preorder_traversal(expr):
+            if not _linear_term(term):
+                pinned |= term.free_symbols & allowed
+        for s in expr.free_symbols & allowed:
+            if expr.is_polynomial(s) and sympy.degree(expr, s) > 1:
+                pinned.add(s)
+    return pinned
+
+
+def multilinear_problem(nodes: Iterable[fx.Node], symbols: Sequence[sympy.Symbol],
+                        constants: Iterable[sympy.Symbol] = ()) -> str | None:
+    """None when every symbolic size the nodes have or read is a polynomial of degree at most one
+    in each of ``symbols`` (what a SizeProgram fits), ``constants`` taken as fixed; else the first
+    size that is not."""
+    allowed = set(symbols) | set(constants)
+    for name, expr in _sizes(nodes):
+        if expr.is_number:
+            continue
+        if not expr.free_symbols <= allowed:
+            return f"{name}: size {expr} reads other symbols"
+        if not expr.free_symbols & set(symbols):
+            continue
+        try:
+            poly = sympy.Poly(expr, *symbols)
+        except sympy.PolynomialError:
+            return f"{name}: size {expr} is not a polynomial of {', '.join(map(str, symbols))}"
+        if any(poly.degree(s) > 1 for s in symbols):
+            return f"{name}: size {expr} is of degree above 1 in a symbol"
     return None
 
 
@@ -157,8 +193,9 @@ def fit_range(parent: KilnEngineModule, base: Binding, ranges: dict[sympy.Symbol
     values), or None (logged) when its plans do not fit one. ``concrete(binding)`` gives the
     block's concrete copy (graph module, Block) at another binding."""
     start = time.perf_counter()
-    symbols = tuple(base)
-    problem = multilinear_problem(nodes, symbols)
+    pinned = pinned_symbols(nodes, tuple(base))
+    symbols = tuple(s for s in base if s not in pinned)
+    problem = multilinear_problem(nodes, symbols, pinned) if symbols else "no symbol's sizes are multilinear"
     bindings = sample_bindings(symbols, ranges, base) if problem is None else None
     if problem is None and bindings is None:
         problem = "its ranges are too narrow to sample"
@@ -176,10 +213,12 @@ def fit_range(parent: KilnEngineModule, base: Binding, ranges: dict[sympy.Symbol
     except _C.KilnError as err:
         log.info("%s: an engine per size (its plans do not fit one: %s)", name, err)
         return None
-    log.info("%s: one engine for %s (%d sizes fitted from %d plans in %.3f s)", name,
-             ", ".join(ranges[s].text() for s in symbols), program.fitted, len(samples),
+    held = "".join(f", {s}={base[s]} held" for s in pinned)
+    log.info("%s: one engine for %s%s (%d sizes fitted from %d plans in %.3f s)", name,
+             ", ".join(ranges[s].text() for s in symbols), held, program.fitted, len(samples),
              time.perf_counter() - start)
-    return SizeRange(parent, program, tuple(symbols), {str(s): ranges[s].max for s in symbols})
+    return SizeRange(parent, program, symbols, {str(s): ranges[s].max for s in symbols},
+                     {s: base[s] for s in pinned})
 
 
 def make_instance(r: SizeRange, binding: Binding, name: str, level: int = 0) -> KilnEngineModule:
@@ -187,6 +226,9 @@ def make_instance(r: SizeRange, binding: Binding, name: str, level: int = 0) -> 
     kernels made at optimization ``level`` (0: untimed). Raises kiln.KilnError when the fitted
     plan does not hold there or a kernel cannot be made."""
     parent = r.parent
+    for s, v in r.pinned.items():
+        if binding[s] != v:
+            raise _C.UnsupportedError(f"{s}={binding[s]}: the fitted sizes hold at {s}={v} only")
     plan = r.program.evaluate(parent.engine.graph(), {str(s): binding[s] for s in r.symbols})
     # The untimed instance serves at once: no cuDNN engine compiled for its shape (the timed one may).
     engine = parent.engine.instance(plan, level, level == 0)

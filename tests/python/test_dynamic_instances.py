@@ -294,3 +294,21 @@ def test_a_program_whose_range_engine_is_kept_beyond_the_capacity_saves_at_most_
     kiln.save(compiled, path, _inputs(2, 16))
     x = _inputs(2, 23)
     torch.testing.assert_close(kiln.load(path).module()(*x), model(*x), rtol=1e-4, atol=1e-4)
+
+
+@torch.no_grad()
+def test_dynamo_dynamic_cnn_serves_batches_by_instances_and_builds_a_new_image_size() -> None:
+    """dynamic=True makes height and width symbols too; a conv's output size is a floor division of
+    them, so they are held at the engine's values and only the batch is fitted."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=2, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.AdaptiveAvgPool2d(1),
+                                torch.nn.Flatten(), torch.nn.Linear(8, 4)).eval()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="kiln", dynamic=True)
+    reset_cache_stats()
+    for b, hw in ((2, 32), (3, 32), (6, 32), (3, 48)):
+        x = torch.randn(b, 3, hw, hw)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    # One engine for the first batch at 32x32, instances for 3 and 6, one engine for 48x48.
+    assert cache_stats().get("builds", 0) == 2
