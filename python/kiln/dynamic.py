@@ -647,10 +647,9 @@ class Specializations(torch.nn.Module):
         # The specialization whose engines the instances run on stays, beyond the capacity if need be
         # (they hold its engines anyway, and kiln.save writes it), as does the one just added: the
         # least recently used of the others goes.
-        parents = {id(m) for m in self.range_parents.values()}
         while len(self.live) > self.capacity:
             older = list(self.live.items())[:-1]
-            victim = next((k for k, s in older if not any(id(r) in parents for r in s.runners)), None)
+            victim = next((k for k, s in older if not self._holds_range_engine(s)), None)
             if victim is None:
                 break
             old = self.live.pop(victim)
@@ -659,6 +658,11 @@ class Specializations(torch.nn.Module):
                 del self.by_shapes[k]
             log.info("%s: dropped the specialization for %s (least recently used; specialization_cache_size=%d)",
                      self.graph_name, old.text(), self.capacity)
+
+    def _holds_range_engine(self, spec: Specialization) -> bool:
+        """Whether a block of ``spec`` runs an engine that instances run on (kiln/instances.py)."""
+        parents = {id(m) for m in self.range_parents.values()}
+        return any(id(r) in parents for r in spec.runners)
 
     def _shared_runners(self) -> dict[tuple[int, tuple[int, ...]], torch.nn.Module]:
         """Per (block, its symbols' values), the runner a live specialization has for it."""
@@ -828,9 +832,8 @@ class Specializations(torch.nn.Module):
             # Instances are made again after loading, on the saved range engines; the range engines'
             # specialization may be live beyond the capacity, which a saved program may not exceed.
             saved = [spec for spec in self.live.values() if not spec.holds_instances()]
-            parents = {id(m) for m in self.range_parents.values()}
             while len(saved) > self.capacity:
-                victim = next((s for s in saved if not any(id(r) in parents for r in s.runners)), None)
+                victim = next((s for s in saved if not self._holds_range_engine(s)), None)
                 if victim is None:
                     break
                 saved.remove(victim)

@@ -99,14 +99,14 @@ def _linear_term(e: Any) -> bool:
         isinstance(e, sympy.Pow) and e.exp.is_Integer and e.exp > 0)
 
 
-def pinned_symbols(nodes: Iterable[fx.Node], symbols: Sequence[sympy.Symbol]) -> set[sympy.Symbol]:
+def pinned_symbols(sizes: Sequence[tuple[str, Any]], symbols: Sequence[sympy.Symbol]) -> set[sympy.Symbol]:
     """The symbols that a size uses other than multilinearly: inside a floor division, a modulo,
     a min or max (a conv's output size of a dynamic input size), or squared. Instances of the block
     serve only bindings that keep them at the engine's values (Dynamo's ``dynamic=True`` makes an
     image's height and width symbols too, while only its batch varies)."""
     allowed = set(symbols)
     pinned: set[sympy.Symbol] = set()
-    for _, expr in _sizes(nodes):
+    for _, expr in sizes:
         for term in sympy.preorder_traversal(expr):
             if not _linear_term(term):
                 pinned |= term.free_symbols & allowed
@@ -116,13 +116,13 @@ def pinned_symbols(nodes: Iterable[fx.Node], symbols: Sequence[sympy.Symbol]) ->
     return pinned
 
 
-def multilinear_problem(nodes: Iterable[fx.Node], symbols: Sequence[sympy.Symbol],
+def multilinear_problem(sizes: Sequence[tuple[str, Any]], symbols: Sequence[sympy.Symbol],
                         constants: Iterable[sympy.Symbol] = ()) -> str | None:
-    """None when every symbolic size the nodes have or read is a polynomial of degree at most one
-    in each of ``symbols`` (what a SizeProgram fits), ``constants`` taken as fixed; else the first
+    """None when every size of ``sizes`` (:func:`_sizes`) is a polynomial of degree at most one in
+    each of ``symbols`` (what a SizeProgram fits), ``constants`` taken as fixed; else the first
     size that is not."""
     allowed = set(symbols) | set(constants)
-    for name, expr in _sizes(nodes):
+    for name, expr in sizes:
         if expr.is_number:
             continue
         if not expr.free_symbols <= allowed:
@@ -193,9 +193,10 @@ def fit_range(parent: KilnEngineModule, base: Binding, ranges: dict[sympy.Symbol
     values), or None (logged) when its plans do not fit one. ``concrete(binding)`` gives the
     block's concrete copy (graph module, Block) at another binding."""
     start = time.perf_counter()
-    pinned = pinned_symbols(nodes, tuple(base))
+    sizes = _sizes(nodes)
+    pinned = pinned_symbols(sizes, tuple(base))
     symbols = tuple(s for s in base if s not in pinned)
-    problem = multilinear_problem(nodes, symbols, pinned) if symbols else "no symbol's sizes are multilinear"
+    problem = multilinear_problem(sizes, symbols, pinned) if symbols else "no symbol's sizes are multilinear"
     bindings = sample_bindings(symbols, ranges, base) if problem is None else None
     if problem is None and bindings is None:
         problem = "its ranges are too narrow to sample"

@@ -11,6 +11,7 @@
 
 #include "kiln/errors.h"
 #include "kiln/size_program.h"
+#include "src/common/element_access.h"
 
 namespace kiln {
 
@@ -24,17 +25,6 @@ constexpr int64_t kMaxFittedConstant = 4096;
 bool fitted_constant(const Value& v) {
   return v.is_constant() && (v.type.dtype == DType::kI64 || v.type.dtype == DType::kI32) &&
          v.type.numel() <= kMaxFittedConstant;
-}
-
-int64_t constant_element(const Value& v, size_t i) {
-  if (v.type.dtype == DType::kI64) {
-    int64_t x;
-    std::memcpy(&x, v.data->data() + i * 8, 8);
-    return x;
-  }
-  int32_t x;
-  std::memcpy(&x, v.data->data() + i * 4, 4);
-  return x;
 }
 
 struct Found {
@@ -116,7 +106,7 @@ class Walker {
         same(k, body, at + ": the constant's element count", gs[k]->value(id).type.numel() == v0.type.numel());
       for (size_t e = 0; e < size_t(v0.type.numel()); ++e) {
         std::vector<int64_t> values;
-        for (const Graph* g : gs) values.push_back(constant_element(g->value(id), e));
+        for (const Graph* g : gs) values.push_back(load_index(g->value(id).data->data(), v0.type.dtype, int64_t(e)));
         add(body, SizeProgram::Slot::kConstant, size_t(id), {}, e, std::move(values));
       }
     }

@@ -39,6 +39,11 @@ inline void store_double(void* p, DType t, int64_t i, double v) {
   }
 }
 
+// Element i of an i64 or i32 buffer (an index), exactly.
+inline int64_t load_index(const void* p, DType t, int64_t i) {
+  return t == DType::kI64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
+}
+
 inline float load_f32(const void* p, DType t, int64_t i) {
   switch (t) {
     case DType::kF32: return static_cast<const float*>(p)[i];

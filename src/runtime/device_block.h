@@ -12,6 +12,12 @@ inline constexpr size_t kDevicePage = size_t(2) << 20;
 
 inline size_t device_pages(size_t bytes) { return (bytes + kDevicePage - 1) / kDevicePage; }
 
+// Offsets within an engine's device block: multiples of the backend's alignment and of 256 bytes.
+inline size_t block_rounded(size_t alignment, size_t bytes) {
+  const size_t align = alignment > 256 ? alignment : 256;
+  return (bytes + align - 1) / align * align;
+}
+
 // Whether a context's memory (`context` bytes) goes in the engine's block after `constants`
 // bytes. A context of a page or more does (one block never takes more pages than two); a smaller
 // one only where it fits in the block's last page, since on its own it may cost no new page.

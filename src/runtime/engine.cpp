@@ -14,16 +14,6 @@
 
 namespace kiln {
 
-namespace {
-
-// Offsets within an engine's device block: multiples of the backend's alignment and of 256 bytes.
-size_t block_rounded(const Backend& be, size_t bytes) {
-  const size_t align = std::max<size_t>(be.alignment(), 256);
-  return (bytes + align - 1) / align * align;
-}
-
-}  // namespace
-
 void Engine::choose_kernels(const std::vector<Bytes>* kernel_states, Assembly& assembly) {
   Backend& be = *backend_;
   const Graph& g = plan_;
@@ -102,9 +92,9 @@ std::shared_ptr<Engine> Engine::assemble(Graph plan, const Device& device, const
     size_t total = 0;
     for (ValueId c : own) {
       offset.push_back(total);
-      total += block_rounded(be, g.value(c).data->size());
+      total += block_rounded(be.alignment(), g.value(c).data->size());
     }
-    size_t context_bytes = block_rounded(be, e->memory_.arena_bytes) + e->workspace_;
+    size_t context_bytes = block_rounded(be.alignment(), e->memory_.arena_bytes) + e->workspace_;
     if (!context_joins_block(total, context_bytes)) context_bytes = 0;
     assembly.block_bytes = total + context_bytes;
     if (assembly.block_bytes) e->constant_memory_ = be.allocate(assembly.block_bytes);
@@ -365,7 +355,8 @@ ExecutionContext::ExecutionContext(std::shared_ptr<const Engine> engine, bool us
   } else if (std::shared_ptr<void> block = e.take_context_memory()) {  // the engine's block has room for one context
     uint8_t* base = static_cast<uint8_t*>(block.get());
     if (e.memory_.arena_bytes) arena_ = std::shared_ptr<void>(block, base);
-    if (e.workspace_) workspace_ = std::shared_ptr<void>(block, base + block_rounded(be, e.memory_.arena_bytes));
+    if (e.workspace_)
+      workspace_ = std::shared_ptr<void>(block, base + block_rounded(be.alignment(), e.memory_.arena_bytes));
   } else {
     if (e.memory_.arena_bytes) arena_ = be.allocate(e.memory_.arena_bytes);
     if (e.workspace_) workspace_ = be.allocate(e.workspace_);

@@ -5,6 +5,7 @@
 
 #include "kiln/engine.h"
 #include "kiln/errors.h"
+#include "src/runtime/device_block.h"
 
 namespace kiln {
 
@@ -42,7 +43,7 @@ std::shared_ptr<Engine> Engine::instance(Graph plan, const KernelOptions& option
   for (ValueId c : own) {
     KILN_CHECK(!borrowed_[size_t(c)] && !plan_.value(c).is_weight, kInvalidArgument, "instance: weight '",
                plan_.value(c).name, "' has other bytes than the engine's");
-    total += (e->plan_.value(c).data->size() + 255) / 256 * 256;
+    total += block_rounded(backend_->alignment(), e->plan_.value(c).data->size());
   }
   if (device_.type == DeviceType::kCPU) {
     for (ValueId c : own) e->constant_ptr_[size_t(c)] = e->plan_.value(c).data->data();
@@ -55,7 +56,7 @@ std::shared_ptr<Engine> Engine::instance(Graph plan, const KernelOptions& option
       void* p = static_cast<uint8_t*>(e->constant_memory_.get()) + at;
       copies.push_back({p, bytes.data(), bytes.size()});
       e->constant_ptr_[size_t(c)] = p;
-      at += (bytes.size() + 255) / 256 * 256;
+      at += block_rounded(backend_->alignment(), bytes.size());
     }
     backend_->upload(copies);
   }

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "src/backends/cuda/codegen/pointwise_program.h"
+#include "src/common/element_access.h"
 #include "src/ops/shape_rules.h"
 
 namespace kiln::cuda::pwgen {
@@ -94,12 +95,6 @@ bool op_supported(OpKind op, DType in, std::string* why) {
   return fail(why, std::string(op_name(op)) + " is not a pointwise op");
 }
 
-// Element k of a constant i64 / i32 index.
-int64_t index_at(const Value& iv, int64_t k) {
-  return iv.type.dtype == DType::kI64 ? reinterpret_cast<const int64_t*>(iv.data->data())[k]
-                                      : reinterpret_cast<const int32_t*>(iv.data->data())[k];
-}
-
 // Why index_select `s` of n's body cannot be a gathered leaf, or "": its data and index must be
 // node inputs, the index a constant 1-D i64 / i32 tensor of the graph with every value in range
 // (the kernel does not check), and its result must broadcast to the group.
@@ -112,7 +107,7 @@ std::string gather_refusal(const Node& n, const Graph& g, const Node& s) {
     return "fused_pointwise body index_select needs a constant 1-D i64 / i32 index";
   const int64_t dim = body.type(s.inputs[0]).dims[size_t(s.attrs.get_int("axis"))].extent;
   for (int64_t k = 0; k < iv.type.numel(); ++k) {
-    const int64_t v = index_at(iv, k);
+    const int64_t v = load_index(iv.data->data(), iv.type.dtype, k);
     if (v < -dim || v >= dim)
       return "fused_pointwise body index_select index " + std::to_string(v) + " is out of range for a dim of " +
              std::to_string(dim);
@@ -340,7 +335,7 @@ bool gathers_runs(const Node& n, const Graph& g, const Gather& q, int vec) {
   if (q.inner != 1 || q.count % vec != 0 || q.dim % vec != 0) return false;
   const Value& iv = g.value(n.inputs[size_t(q.index)]);
   auto at = [&](int64_t k) {
-    const int64_t v = index_at(iv, k);
+    const int64_t v = load_index(iv.data->data(), iv.type.dtype, k);
     return v < 0 ? v + q.dim : v;
   };
   for (int64_t b = 0; b < q.count; b += vec) {
