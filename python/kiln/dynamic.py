@@ -34,7 +34,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import sympy  # type: ignore[import-untyped]
@@ -45,7 +45,7 @@ import torch.utils._pytree as pytree
 from kiln import _C
 from kiln._logging import get_logger
 from kiln.dryrun import emit_report, format_report
-from kiln.instances import SizeRange, Tuning, fit_range, make_instance
+from kiln.instances import RowPadded, SizeRange, Tuning, fit_range, make_instance, row_symbol
 from kiln.lowering import LoweredGraph, drop_unused
 from kiln.partition import Block, PartitionResult, is_op, op_name, partition, replace_block
 from kiln.pipeline import CompileSummary, build_block
@@ -511,17 +511,22 @@ class _BlockSource:
 class Specialization:
     """The engines (or concrete PyTorch copies) of every block for one binding of the symbols."""
 
-    def __init__(self, binding: Binding, runners: list[torch.nn.Module], block_keys: list[tuple[int, ...]]) -> None:
+    def __init__(self, binding: Binding, runners: list[torch.nn.Module], block_keys: list[tuple[int, ...]],
+                 jobs: list[Callable[[], None]] | None = None) -> None:
         self.binding = binding
         self.runners = runners
         self.block_keys = block_keys
+        # Background work on its runners (instances to make), started once it is live.
+        self.jobs = jobs or []
 
     def text(self) -> str:
         return ", ".join(f"{s}={v}" for s, v in self.binding.items())
 
     def holds_instances(self) -> bool:
-        """Whether a block runs an instance (kiln/instances.py) here."""
-        return any(isinstance(r, KilnEngineModule) and r.engine.is_instance for r in self.runners)
+        """Whether a block runs an instance (kiln/instances.py) here, or another size's engine on
+        padded rows until its instance is made."""
+        return any(isinstance(r, RowPadded) or (isinstance(r, KilnEngineModule) and r.engine.is_instance)
+                   for r in self.runners)
 
 
 class DynamicBlock(torch.nn.Module):
@@ -644,6 +649,9 @@ class Specializations(torch.nn.Module):
         self._count += 1
         self._names[id(spec)] = name
         self.built[name] = torch.nn.ModuleList(spec.runners)
+        for job in spec.jobs:  # they replace runners of live specializations only
+            self.tuning.submit(job)
+        spec.jobs = []
         # The specialization whose engines the instances run on stays, beyond the capacity if need be
         # (they hold its engines anyway, and kiln.save writes it), as does the one just added: the
         # least recently used of the others goes.
@@ -677,6 +685,7 @@ class Specializations(torch.nn.Module):
         runners: list[torch.nn.Module] = []
         keys: list[tuple[int, ...]] = []
         built = instances = 0
+        jobs: list[Callable[[], None]] = []
         if shared is None:
             shared = self._shared_runners()
         for b in self.blocks:
@@ -684,14 +693,14 @@ class Specializations(torch.nn.Module):
             keys.append(key)
             runner = shared.get((b.index, key))
             if runner is None and b.index in self.ranges:
-                runner = self._instance(b, binding)
+                runner = self._instance(b, binding, jobs)
                 instances += runner is not None
             if runner is None:
                 runner, ok = self._build(b, binding)
                 built += ok
             runners.append(runner)
         seconds = time.perf_counter() - start
-        spec = Specialization(dict(binding), runners, keys)
+        spec = Specialization(dict(binding), runners, keys, jobs)
         log.info("%s: new specialization %s: %d engine(s) built, %d instance(s) made in %.3f s (%d of %d kept)",
                  self.graph_name, spec.text(), built, instances, seconds, min(len(self.live) + 1, self.capacity),
                  self.capacity)
@@ -701,42 +710,78 @@ class Specializations(torch.nn.Module):
         text = ", ".join(f"{s}={binding[s]}" for s in b.symbols)
         return f"engine {b.index} of {self.graph_name}" + (f" [{text}]" if text else "")
 
-    def _instance(self, b: _BlockSource, binding: Binding) -> torch.nn.Module | None:
+    def _instance(self, b: _BlockSource, binding: Binding, jobs: list[Callable[[], None]]) -> torch.nn.Module | None:
         """An instance of the block's range engine at ``binding``, untimed; None (logged) where the
         fitted plan does not hold, for the caller to build an engine instead. On a GPU, an instance
-        with timed tactics is then made in the background and takes its place (:meth:`_tune`)."""
+        with timed tactics is then made in the background and takes its place (:meth:`_tune`).
+        A block whose varying symbol only counts rows is served at once by an engine of another
+        row count on padded rows (:meth:`_row_padded`), and its instance made in the background.
+        The background work goes into ``jobs``, for the specialization to start once live."""
         name = self._engine_name(b, binding)
+        cuda = torch.device(self.device).type == "cuda"
+        padded = self._row_padded(b, binding)
+        if padded is not None:
+            level = self.settings.optimization_level if cuda else 0
+            jobs.append(lambda: self._tune(b, dict(binding), padded, level))
+            log.info("%s: runs on padded rows of the engine for %d until its instance is made", name,
+                     padded.built_rows)
+            return padded
         try:
             module = make_instance(self.ranges[b.index], binding, name)
         except _C.KilnError as err:
             log.info("%s: no instance, building an engine: %s", name, err)
             return None
-        if self.settings.optimization_level > 0 and torch.device(self.device).type == "cuda":
-            self.tuning.submit(lambda: self._tune(b, dict(binding), module))
+        if self.settings.optimization_level > 0 and cuda:
+            jobs.append(lambda: self._tune(b, dict(binding), module))
         return module
 
-    def _tune(self, b: _BlockSource, binding: Binding, untimed: torch.nn.Module) -> None:
-        """Replaces the untimed instance ``untimed`` by one whose tactics are timed at the
-        program's optimization level, in every live specialization that still runs it."""
+    def _row_padded(self, b: _BlockSource, binding: Binding) -> RowPadded | None:
+        """For a block whose range has a row symbol (kiln/instances.py row_symbol): the engine of a
+        live specialization that agrees with ``binding`` on the other symbols, run on padded rows
+        (the smallest that holds the row count, else the largest, in chunks). None otherwise."""
+        r = self.ranges[b.index]
+        if r.rows is None:
+            return None
+        s, rows_in, rows_out = r.rows
+        want = binding[s]
+        with self._lock:
+            candidates = {spec.binding[s]: spec.runners[b.index] for spec in self.live.values()
+                          if isinstance(spec.runners[b.index], KilnEngineModule)
+                          and all(spec.binding[t] == binding[t] for t in b.symbols if t != s)}
+        if not candidates:
+            return None
+        rows = min((n for n in candidates if n >= want), default=max(candidates))
+        return RowPadded(candidates[rows], rows, rows_in, rows_out)
+
+    def _tune(self, b: _BlockSource, binding: Binding, current: torch.nn.Module, level: int | None = None) -> None:
+        """Replaces ``current`` (an untimed instance, or padded rows) by an instance whose tactics
+        are timed at ``level`` (default: the program's optimization level), in every live
+        specialization that still runs it."""
         name = self._engine_name(b, binding)
         with self._lock:
-            if not any(spec.runners[b.index] is untimed for spec in self.live.values()):
+            if not any(spec.runners[b.index] is current for spec in self.live.values()):
                 return  # dropped meanwhile (LRU, a refit)
         start = time.perf_counter()
+        level = self.settings.optimization_level if level is None else level
         try:
-            timed = make_instance(self.ranges[b.index], binding, name, self.settings.optimization_level)
+            made = make_instance(self.ranges[b.index], binding, name, level)
         except _C.KilnError as err:
-            log.info("%s: keeps its untimed kernels (timing failed: %s)", name, err)
-            return
+            if not isinstance(current, RowPadded):
+                log.info("%s: keeps its untimed kernels (timing failed: %s)", name, err)
+                return
+            log.info("%s: no instance (%s); building an engine in the background", name, err)
+            with self._build_lock:
+                made, _ = self._build(b, binding)
         with self._lock:
             swapped = 0
             for spec in self.live.values():
-                if spec.runners[b.index] is untimed:
-                    spec.runners[b.index] = timed
-                    self.built[self._names[id(spec)]][b.index] = timed
+                if spec.runners[b.index] is current:
+                    spec.runners[b.index] = made
+                    self.built[self._names[id(spec)]][b.index] = made
                     swapped += 1
         if swapped:
-            log.info("%s: tactics timed in the background in %.3f s", name, time.perf_counter() - start)
+            log.info("%s: instance made in the background in %.3f s (optimization level %d)", name,
+                     time.perf_counter() - start, level)
 
     def wait_tuned(self) -> None:
         """Returns once the instances made so far run with timed tactics (or kept untimed ones)."""
@@ -759,6 +804,7 @@ class Specializations(torch.nn.Module):
             r = fit_range(runner, base, self.shapes.ranges, b.block.nodes, concrete, self.settings, self.device,
                           self._engine_name(b, base))
             if r is not None:
+                r.rows = row_symbol(b.tensor_inputs, b.block.nodes, b.block.outputs, r.symbols)
                 self.ranges[b.index] = r
                 self.range_parents[str(b.index)] = runner
                 runner.refit_hooks.append(self._drop_instances)

@@ -25,6 +25,7 @@ range too narrow for the samples, and every block when the ``dynamic_instances``
 from __future__ import annotations
 
 import dataclasses
+import operator
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -42,8 +43,8 @@ from kiln.translate import describe_block_parts
 
 log = get_logger("instances")
 
-__all__ = ["SizeRange", "Tuning", "pinned_symbols", "multilinear_problem", "sample_bindings", "fit_range",
-           "make_instance"]
+__all__ = ["SizeRange", "Tuning", "RowPadded", "pinned_symbols", "multilinear_problem", "row_symbol",
+           "sample_bindings", "fit_range", "make_instance"]
 
 Binding = dict[sympy.Symbol, int]
 
@@ -64,6 +65,8 @@ class SizeRange:
     symbols: tuple[sympy.Symbol, ...]  # those the program fits
     largest: dict[str, int]
     pinned: dict[sympy.Symbol, int]  # the block's other symbols, at the values instances serve
+    # The fitted symbol that only counts rows (row_symbol), and the row dims of the inputs and outputs.
+    rows: tuple[sympy.Symbol, dict[int, int], dict[int, int]] | None = None
     arena: Any = None  # _C.SharedArena
     shares: bool = True  # False once the arena was found too large or could not be allocated
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
@@ -136,6 +139,228 @@ def multilinear_problem(sizes: Sequence[tuple[str, Any]], symbols: Sequence[symp
         if any(poly.degree(s) > 1 for s in symbols):
             return f"{name}: size {expr} is of degree above 1 in a symbol"
     return None
+
+
+# ---- rows: a symbol that only counts independent rows --------------------------------------
+
+# How ops treat a dim of independent rows (a tensor's row dim: its one dim whose size is the row
+# symbol). Pointwise ops (torch.Tag.pointwise) and these keep rows apart wherever the row dim is,
+# the shapes deciding the rest (a concat or a slice along it changes its size; a permute moves it).
+_ROW_FREE = frozenset({
+    "_to_copy", "_unsafe_view", "alias", "cat", "clone", "constant_pad_nd", "detach", "embedding",
+    "empty", "empty_like", "expand", "full", "full_like", "ones_like", "permute", "repeat", "reshape",
+    "select", "slice", "split", "split_with_sizes", "squeeze", "t", "transpose", "unbind", "unsqueeze",
+    "view", "zeros", "zeros_like", "_native_batch_norm_legit_no_training",
+    # Products: a contracted row dim leaves the output without one, which the shapes refuse.
+    "addmm", "baddbmm", "bmm", "linear", "matmul", "mm",
+})
+# Ops that work along the dims their dim-like arguments name: rows stay apart where the row dim
+# is not among them.
+_ROW_ALONG = frozenset({
+    "_log_softmax", "_softmax", "amax", "amin", "any", "argmax", "argmin", "cumsum", "flip", "gather",
+    "index_select", "log_softmax", "max", "mean", "min", "prod", "softmax", "sort", "std", "sum", "topk",
+    "var", "var_mean",
+})
+_DIM_ARGS = frozenset({"dim", "dims"})
+# Ops that mix every dim but the first (convolutions, pooling, resampling, group norm): rows only at dim 0.
+_ROW_FIRST = frozenset({
+    "_adaptive_avg_pool2d", "_upsample_bilinear2d_aa", "adaptive_avg_pool2d", "avg_pool2d", "convolution",
+    "max_pool2d", "max_pool2d_with_indices", "native_group_norm", "upsample_bilinear2d", "upsample_nearest2d",
+})
+# Attention mixes the sequence dims: rows only along batch or heads (dim 0 or 1) of each input.
+_ATTENTION = frozenset({
+    "scaled_dot_product_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
+})
+# Of all of those, the ops whose integer arguments are sizes and may hold the row count itself.
+_SIZE_ARG_OPS = frozenset({"_unsafe_view", "empty", "expand", "full", "native_group_norm", "repeat", "reshape",
+                           "view", "zeros"})
+
+
+def _op_name(node: fx.Node) -> str:
+    packet = getattr(node.target, "overloadpacket", None)
+    return getattr(packet, "__name__", "") if packet is not None else ""
+
+
+def _tensors(val: Any) -> list[Any]:
+    if isinstance(val, torch.Tensor):
+        return [val]
+    if isinstance(val, (tuple, list)):
+        return [t for v in val for t in _tensors(v)]
+    return []
+
+
+def _row_dim(t: Any, s: sympy.Symbol) -> int | None:
+    """The dim of tensor ``t`` whose size is ``s``; -1 where no size reads ``s``; None where one
+    does otherwise (``2*s``, or ``s`` twice)."""
+    found = -1
+    for d, size in enumerate(t.shape):
+        e = sympy.sympify(size.node.expr) if isinstance(size, torch.SymInt) else None
+        if e is None or s not in e.free_symbols:
+            continue
+        if e != s or found >= 0:
+            return None
+        found = d
+    return found
+
+
+def _scalar_reads(arg: Any, s: sympy.Symbol) -> bool:
+    """Whether an op argument holds an integer or float that depends on ``s`` (a size used as a value)."""
+    if isinstance(arg, (tuple, list)):
+        return any(_scalar_reads(a, s) for a in arg)
+    val = arg.meta.get("val") if isinstance(arg, fx.Node) else arg
+    return isinstance(val, (torch.SymInt, torch.SymFloat)) and s in sympy.sympify(val.node.expr).free_symbols
+
+
+def _outer(t: Any, d: int) -> Any:
+    """The product of ``t``'s sizes before dim ``d``, as an expression."""
+    return sympy.Mul(*(sympy.sympify(x.node.expr) if isinstance(x, torch.SymInt) else x for x in t.shape[:d]))
+
+
+_ROW_INDEX_KEPT = frozenset({"_to_copy", "_unsafe_view", "clone", "expand", "reshape", "unsqueeze", "view"})
+
+
+def _row_arange(node: fx.Node, s: sympy.Symbol) -> bool:
+    """Whether ``node`` is arange(s): each row's own index, which only picks rows (see ``index``)."""
+    if _op_name(node) != "arange":
+        return False
+    args = list(node.args)
+    if len(args) == 1:
+        args = [0, args[0], 1]
+    if len(args) == 2:
+        args.append(1)
+    end = args[1].meta.get("val") if isinstance(args[1], fx.Node) else args[1]
+    return args[0] == 0 and args[2] == 1 and isinstance(end, torch.SymInt) and sympy.sympify(end.node.expr) == s
+
+
+def _keeps_rows(node: fx.Node, s: sympy.Symbol, rows: dict[fx.Node, int], index_of_row: set[fx.Node]) -> bool:
+    """Whether op ``node`` computes each row of its outputs from the same row of its inputs alone;
+    ``rows`` has the row dim of every value before it (-1: none), ``index_of_row`` the values that
+    hold each row's own index (arange(s)): they may only pick rows, through ``index``."""
+    name = _op_name(node)
+    if any(a in index_of_row for a in node.all_input_nodes) and not (
+            name == "index" or (name in _ROW_INDEX_KEPT and node.args[0] in index_of_row)):
+        return False  # a row's index used as a value
+    scalar = any(_scalar_reads(a, s) for a in (*node.args, *node.kwargs.values()))
+    reads = [a for a in node.all_input_nodes if rows.get(a, -1) >= 0]
+    if not reads and not scalar:
+        return True  # no row enters it
+    overload = node.target if isinstance(node.target, torch._ops.OpOverload) else None
+    if overload is None or (scalar and name not in _SIZE_ARG_OPS):
+        return False  # a row count used as a value
+    if not reads:
+        return name in _SIZE_ARG_OPS
+    out = node.meta.get("val")
+    outs = [_row_dim(t, s) for t in _tensors(out)]
+    if not any(d is not None and d >= 0 for d in outs):
+        return False  # rows in, none out: reduced over them
+    first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else reads[0]
+    row = rows.get(first, -1)
+    if torch.Tag.pointwise in overload.tags or name in _ROW_FREE:
+        if name in ("view", "reshape", "_unsafe_view"):  # the same elements before the rows
+            out_row = next(d for d in outs if d is not None and d >= 0)
+            return sympy.simplify(_outer(first.meta["val"], row) - _outer(out, out_row)) == 0
+        return True
+    if name in _ROW_ALONG:
+        rank = max(first.meta["val"].dim(), 1)
+        for i, arg in enumerate(overload._schema.arguments):
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name, arg.default_value)
+            if arg.name in _DIM_ARGS:
+                dims = value if isinstance(value, (tuple, list)) else [value]
+                if value is None or not dims or any(not isinstance(d, int) or d % rank == row for d in dims):
+                    return False  # along the rows, or along every dim
+        return True
+    if name in _ROW_FIRST:
+        return row == 0 and all(rows.get(a, -1) <= 0 for a in reads)
+    if name in _ATTENTION:
+        return all(rows[a] in (0, 1) for a in reads)
+    if name == "native_layer_norm":  # normalized over the last dims: not the rows'
+        return len(reads) == 1 and row < first.meta["val"].dim() - len(node.args[1])
+    if name == "index":  # x[i0, i1, ...]: rows at dim 0 of x and of the result
+        source, indices = node.args[0], list(node.args[1])
+        x_rows = rows.get(source, -1) if isinstance(source, fx.Node) else -1
+        picks = [k for k, i in enumerate(indices) if isinstance(i, fx.Node) and rows.get(i, -1) >= 0]
+        if outs[0] != 0 or x_rows > 0 or any(k != 0 or rows[indices[k]] != 0 for k in picks):
+            return False
+        # Rows of x kept (not indexed, or picked by their own index), or rows of a lookup's indices.
+        return x_rows < 0 or not picks and (not indices or indices[0] is None) or (
+            bool(picks) and indices[0] in index_of_row)
+    return False
+
+
+def row_symbol(inputs: Sequence[fx.Node], nodes: Sequence[fx.Node], outputs: Sequence[fx.Node],
+               symbols: Sequence[sympy.Symbol]) -> tuple[sympy.Symbol, dict[int, int], dict[int, int]] | None:
+    """The symbol among ``symbols`` that only counts rows of a block: each tensor it sizes has it as
+    the size of one dim (its row dim), no value depends on it, and every op computes each row from
+    the same row of its inputs. The block's engine built for S rows then serves any count, run on
+    rows padded to S (or in chunks of S): what a new size runs on before its instance is made.
+    Returns the symbol and, per input and output with rows (by position), its row dim."""
+    sources = set(inputs)
+    for s in symbols:
+        rows: dict[fx.Node, int] = {}
+        index_of_row: set[fx.Node] = set()
+        ok = True
+        for n in (*inputs, *nodes):
+            val = n.meta.get("val")
+            if isinstance(val, (torch.SymInt, torch.SymFloat)):
+                continue  # a size computation: the ops that read it are checked
+            dims = [_row_dim(t, s) for t in _tensors(val)]
+            if n not in sources and _row_arange(n, s):
+                index_of_row.add(n)
+            elif any(d is None for d in dims) or (n not in sources and (
+                    n.op != "call_function" or (n.target is not operator.getitem
+                                                and not _keeps_rows(n, s, rows, index_of_row)))):
+                ok = False
+                break
+            elif n.args and n.args[0] in index_of_row and _op_name(n) in _ROW_INDEX_KEPT:
+                index_of_row.add(n)
+            # A tuple's elements: its getitems have their own.
+            rows[n] = dims[0] if len(dims) == 1 and dims[0] is not None else -1
+        rows_in = {i: rows[n] for i, n in enumerate(inputs) if rows.get(n, -1) >= 0}
+        rows_out = {i: rows[n] for i, n in enumerate(outputs) if rows.get(n, -1) >= 0}
+        if ok and rows_in and all(n in rows for n in outputs):
+            return s, rows_in, rows_out
+    return None
+
+
+class RowPadded(torch.nn.Module):
+    """Serves a row count of a block with the engine module ``runner`` built for ``built_rows``:
+    the inputs with rows are padded to ``built_rows`` along their row dim with copies of their last
+    row (or cut in chunks of it), and the outputs with rows cut back. Valid for a block whose row
+    symbol :func:`row_symbol` found (``rows_in`` / ``rows_out``: position -> row dim)."""
+
+    def __init__(self, runner: KilnEngineModule, built_rows: int, rows_in: dict[int, int],
+                 rows_out: dict[int, int]) -> None:
+        super().__init__()
+        self.runner = runner
+        self.built_rows = built_rows
+        self.rows_in = rows_in
+        self.rows_out = rows_out
+
+    def _run(self, inputs: Sequence[torch.Tensor], start: int) -> tuple[torch.Tensor, ...]:
+        n = self.built_rows
+        args = list(inputs)
+        for i, d in self.rows_in.items():
+            x = args[i].narrow(d, start, min(n, args[i].shape[d] - start))
+            if x.shape[d] < n:
+                last = x.narrow(d, x.shape[d] - 1, 1)
+                x = torch.cat([x, last.expand(*x.shape[:d], n - x.shape[d], *x.shape[d + 1:])], d)
+            args[i] = x
+        return tuple(self.runner(*args))
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        i, d = next(iter(self.rows_in.items()))
+        rows = inputs[i].shape[d]
+        parts = [self._run(inputs, start) for start in range(0, rows, self.built_rows)]
+        out = []
+        for j, first in enumerate(parts[0]):
+            dim = self.rows_out.get(j)
+            if dim is None:
+                out.append(first)  # no rows: the same in every part
+            else:
+                whole = torch.cat([p[j] for p in parts], dim) if len(parts) > 1 else first
+                out.append(whole.narrow(dim, 0, rows))
+        return tuple(out)
 
 
 def _generic_near(opt: int, lo: int, hi: int, avoid: set[int]) -> int | None:
