@@ -21,7 +21,7 @@ bool fold_constants(Graph& g);
 bool fold_batch_norm(Graph& g);
 // Which sdpa nodes fold_attention_layout (and, for their q / k / v, fuse_sibling_linears) may
 // give strided operands. fused_attention_shape: those the fused attention kernels serve (f16 /
-// bf16, head dim 64 or 128), the default, for backends whose other attention paths want whole
+// bf16, head dim 32, 64, 96 or 128), the default, for backends whose other attention paths want whole
 // heads contiguous (the CPU's runs strided operands through copies). strided_attention_shape:
 // every f32 / f16 / bf16 sdpa node, for backends whose fallback reads strided operands in one
 // pass whatever their batch strides (CUDA's cuBLASLt fallback batches the [B, H] views of a

@@ -88,13 +88,70 @@ def _core_table() -> dict[Any, Callable[..., Any]]:
 
 
 def decomposition_table(keep: Iterable[str]) -> dict[Any, Callable[..., Any]]:
-    """Core ATen decompositions minus the overloads in ``keep`` (those stay whole)."""
+    """Core ATen decompositions minus the overloads in ``keep`` (those stay whole); where the
+    importers take matmul whole, einsum becomes matmul (:func:`einsum_as_matmul`)."""
+    keep = set(keep)
     table = _core_table()
     for name in keep:
         op = resolve_op(name)
         if isinstance(op, torch._ops.OpOverload) and op in table:
             del table[op]
+    if "aten.matmul.default" in keep:
+        table[torch.ops.aten.einsum.default] = einsum_as_matmul
     return table
+
+
+def einsum_as_matmul(equation: str, operands: Sequence[torch.Tensor], path: Any = None) -> torch.Tensor:
+    """A two-operand einsum that is a batched matrix product, as permutes, reshapes and one
+    matmul that keeps the batch dims apart: ``"bhid,bhjd->bhij"`` is ``q @ k.transpose(-1, -2)``
+    on the 4-D tensors. PyTorch's own decomposition flattens the batch dims into a bmm between
+    permutes of 5-D or 6-D views, which hides attention from form_attention. Any other equation
+    (one or three operands, ``...``, a repeated letter, a letter summed within one operand)
+    takes PyTorch's decomposition."""
+    def fallback() -> Any:
+        return NotImplemented  # PyTorch's decomposition
+    eq = equation.replace(" ", "")
+    if len(operands) != 2 or "..." in eq or "->" not in eq:
+        return fallback()
+    ins, out = eq.split("->")
+    parts = ins.split(",")
+    if len(parts) != 2:
+        return fallback()
+    sa, sb = parts
+    a, b = operands
+    if (len(set(sa)) != len(sa) or len(set(sb)) != len(sb) or len(set(out)) != len(out)
+            or len(sa) != a.dim() or len(sb) != b.dim() or set(out) - set(sa) - set(sb)):
+        return fallback()
+    batch = [c for c in out if c in sa and c in sb]
+    m = [c for c in sa if c in out and c not in sb]
+    n = [c for c in sb if c in out and c not in sa]
+    k = [c for c in sa if c in sb and c not in out]
+    if len(batch) + len(m) + len(k) != len(sa) or len(batch) + len(n) + len(k) != len(sb):
+        return fallback()  # a letter summed within one operand
+    size = {**{c: a.shape[i] for i, c in enumerate(sa)}, **{c: b.shape[i] for i, c in enumerate(sb)}}
+
+    def arrange(x: torch.Tensor, have: str, order: list[str], rows: list[str], cols: list[str]) -> torch.Tensor:
+        perm = [have.index(c) for c in order + rows + cols]
+        if perm != list(range(len(perm))):
+            x = torch.ops.aten.permute.default(x, perm)
+        if len(rows) != 1 or len(cols) != 1:  # several letters (or none) per matrix dim: one dim each
+            lead = [x.shape[i] for i in range(len(order))]
+            x = torch.ops.aten.reshape.default(x, lead + [_product(x.shape[len(order):len(order) + len(rows)]),
+                                                          _product(x.shape[len(order) + len(rows):])])
+        return x
+    y = torch.ops.aten.matmul.default(arrange(a, sa, batch, m, k), arrange(b, sb, batch, k, n))
+    if len(m) != 1 or len(n) != 1:
+        y = torch.ops.aten.reshape.default(y, list(y.shape[:len(batch)]) + [size[c] for c in m + n])
+    have = batch + m + n
+    perm = [have.index(c) for c in out]
+    return torch.ops.aten.permute.default(y, perm) if perm != list(range(len(perm))) else y
+
+
+def _product(sizes: Iterable[Any]) -> Any:
+    total: Any = 1
+    for s in sizes:
+        total = total * s
+    return total
 
 
 def _extra_decompositions(gm: fx.GraphModule, keep: set[str]) -> dict[Any, Callable[..., Any]]:

@@ -182,7 +182,7 @@ bool rewrite_views(Graph& g, size_t pos, const AttentionFilter& foldable) {
 bool fused_attention_shape(const Graph& g, const Node& sdpa) {
   const TensorType& q = g.type(sdpa.inputs[0]);
   const int64_t d = q.rank() ? q.dims.back().extent : 0;
-  return (q.dtype == DType::kF16 || q.dtype == DType::kBF16) && (d == 64 || d == 128);
+  return (q.dtype == DType::kF16 || q.dtype == DType::kBF16) && d >= 32 && d <= 128 && d % 32 == 0;
 }
 
 bool strided_attention_shape(const Graph& g, const Node& sdpa) {

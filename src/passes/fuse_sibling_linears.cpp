@@ -18,8 +18,8 @@
 // epilogue (no activation, no residual; the pass runs before fuse_epilogue) and whose
 // attributes are equal. Every output of the group must reach only sdpa q / k / v operands,
 // through reshape and permute nodes only, of sdpa nodes that the filter accepts, the one
-// fold_attention_layout is given (by default fused_attention_shape: f16 / bf16, head dim 64 or
-// 128; on CUDA strided_attention_shape): then each slice is the start of a head split that
+// fold_attention_layout is given (by default fused_attention_shape: f16 / bf16, head dim 32, 64,
+// 96 or 128; on CUDA strided_attention_shape): then each slice is the start of a head split that
 // fold_attention_layout reads as a strided view of y. An output with any other reader (an add,
 // a graph output, a mask), or feeding an sdpa that fold_attention_layout leaves with dense
 // operands, keeps its own linear: its slice would stay a copy, which costs about what the saved

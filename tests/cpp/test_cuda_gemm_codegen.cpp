@@ -48,7 +48,7 @@ TEST(CudaGemmCodegen, SoftmaxSourcesCompile) {
 
 TEST(CudaGemmCodegen, FlashAttentionSourcesCompile) {
   for (DType dt : {DType::kF16, DType::kBF16})
-    for (int d : {64, 128})
+    for (int d : {32, 64, 96, 128})
       for (int mask = 0; mask <= 2; ++mask) {
         const std::string src = flash_attention_source(dt, d, mask);
         EXPECT_NE(src.find("mma.sync.aligned.m16n8k16"), std::string::npos);
@@ -56,7 +56,8 @@ TEST(CudaGemmCodegen, FlashAttentionSourcesCompile) {
             << dtype_name(dt) << " d" << d << " mask " << mask;
       }
   EXPECT_THROW(flash_attention_source(DType::kF32, 64, 0), Error);
-  EXPECT_THROW(flash_attention_source(DType::kF16, 96, 0), Error);
+  EXPECT_THROW(flash_attention_source(DType::kF16, 80, 0), Error);
+  EXPECT_THROW(flash_attention_source(DType::kF16, 160, 0), Error);
 }
 
 TEST(CudaGemmBatchPlan, AffineBatchesBecomeOneStridedBatch) {

@@ -226,7 +226,7 @@ TEST(FoldAttentionLayout, LeavesOtherAttentionAlone) {
   EXPECT_EQ(g.to_string(), before);
 }
 
-// By default only the sdpa fused kernels serve folds: f16 / bf16 with head dim 64 or 128.
+// By default only the sdpa fused kernels serve folds: f16 / bf16 with head dim 32, 64, 96 or 128.
 TEST(FoldAttentionLayout, DefaultFilterTakesWhatFusedKernelsServe) {
   struct Case {
     DType dt;
@@ -234,7 +234,8 @@ TEST(FoldAttentionLayout, DefaultFilterTakesWhatFusedKernelsServe) {
     bool folds;
   };
   for (const Case& c : {Case{DType::kF16, 64, true}, Case{DType::kBF16, 128, true}, Case{DType::kF32, 64, false},
-                        Case{DType::kF16, 40, false}}) {
+                        Case{DType::kF16, 40, false}, Case{DType::kF16, 32, true}, Case{DType::kBF16, 96, true},
+                        Case{DType::kF16, 160, false}}) {
     Graph g;
     std::vector<ValueId> qkv;
     for (const char* name : {"q", "k", "v"}) qkv.push_back(swap(g, g.add_input(name, TensorType(c.dt, {2, 5, 3, c.d}))));

@@ -249,7 +249,7 @@ TEST(SiblingLinears, KeepsLinearsFeedingDenseAttention) {
   Graph f32 = bert_block(Block{});
   EXPECT_FALSE(fuse_sibling_linears(f32));
   Block narrow;
-  narrow.H = 4, narrow.D = 32;
+  narrow.H = 4, narrow.D = 40;
   Graph f16 = lowered(bert_block(narrow));
   EXPECT_FALSE(fuse_sibling_linears(f16));
   EXPECT_EQ(count_ops(f16, OpKind::kLinear), 4);

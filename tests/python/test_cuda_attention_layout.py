@@ -10,7 +10,7 @@ unwritten element fails) and checks:
   - that the path the case is meant to take was taken (the build log names it);
 cases: the shapes that matter (head dim 64, L = S = 128 with an additive [B, 1, 1, S] mask as
 BERT, L = S = 197 unmasked as ViT), and what the flash kernel must keep right: causal, bool
-masks, head dim 128, odd L and S, L != S, heads of k / v broadcast, f16 and bf16; f32 (BERT's
+masks, head dims 32 (Swin's 8 x 8 windows), 96 and 128, odd L and S, L != S, heads of k / v broadcast, f16 and bf16; f32 (BERT's
 shape, rows of 1500 keys: the fallback's softmax takes a warp per row, k / v heads broadcast) and
 head dim 40 go through the fallback, which in layout "bshd" at batch > 1 (two batch strides, b
 and h) runs its GEMMs through pointer arrays; an engine saved and loaded keeps that path and its
@@ -51,6 +51,10 @@ CASES = [
     (1, 100, 67, 2, 2, 128, "additive", True, torch.bfloat16),
     (2, 65, 130, 3, 1, 64, "none", False, torch.float16),          # one k / v head for all
     (1, 1, 9, 2, 2, 64, "bool", True, torch.float16),
+    (4, 64, 64, 3, 3, 32, "additive", False, torch.float16),       # Swin: 8 x 8 windows, head dim 32
+    (2, 49, 49, 4, 4, 32, "bool", True, torch.bfloat16),
+    (2, 77, 90, 2, 2, 96, "additive", False, torch.float16),       # head dim 96
+    (1, 130, 130, 2, 2, 96, "none", True, torch.bfloat16),
     (2, 33, 47, 3, 3, 40, "additive", False, torch.float16),       # fallback: head dim 40
     (2, 29, 31, 2, 2, 32, "bool", True, torch.float32),            # fallback: f32
     (2, 128, 128, 12, 12, 64, "additive", False, torch.float32),   # fallback: BERT in f32
@@ -128,7 +132,7 @@ def test_sdpa_layouts_cuda_match_cpu(c: tuple, bshd: bool) -> None:
     if bshd:
         ref = ref.transpose(1, 2)
     assert not torch.isnan(got).any(), "CUDA left output elements unwritten (NaN)"
-    fused = dt != torch.float32 and d in (64, 128)
+    fused = dt != torch.float32 and d in (32, 64, 96, 128)
     assert ("fused flash attention" in log) == fused, log
     tol = {torch.float16: 4e-3, torch.bfloat16: 2e-2, torch.float32: 2e-3}[dt]  # f32: TF32 GEMMs allowed
     assert _rel(want, ref) < tol, f"CPU vs float64: {_rel(want, ref):.2e}"

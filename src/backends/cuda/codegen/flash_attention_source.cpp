@@ -4,8 +4,8 @@
 // through shared memory into mma A fragments held in registers for the whole kernel; then for
 // each block of 64 keys, K and V are copied to shared memory by cp.async (16 bytes per thread
 // step, rows past S zero-filled; K and V in separate groups, so the scores start while V is in
-// flight; with head dim 64 two stages, so block j + 1 loads while block j computes; head dim
-// 128 has one, its tiles would pass the 48 KB of static shared memory), K's fragments come by
+// flight; with head dims up to 64 two stages, so block j + 1 loads while block j computes; head
+// dims 96 and 128 have one, their tiles would pass the 48 KB of static shared memory), K's fragments come by
 // ldmatrix.x4, and each warp computes its 16 x 64 scores with mma.sync.m16n8k16 (f32
 // accumulators), applies scale, causal/bool/additive masks and the online softmax (running
 // max and sum in f32, exp2 domain), converts the probabilities to f16/bf16 in registers (the
@@ -25,7 +25,7 @@ namespace kiln::cuda {
 
 std::string flash_attention_source(DType dtype, int head_dim, int mask_kind) {
   KILN_CHECK(dtype == DType::kF16 || dtype == DType::kBF16, kInternal, "flash attention: dtype ", dtype_name(dtype));
-  KILN_CHECK(head_dim == 64 || head_dim == 128, kInternal, "flash attention: head dim ", head_dim);
+  KILN_CHECK(flash_attention_head_dim(head_dim), kInternal, "flash attention: head dim ", head_dim);
   KILN_CHECK(mask_kind >= 0 && mask_kind <= 2, kInternal, "flash attention: mask kind ", mask_kind);
   const bool bf16 = dtype == DType::kBF16;
   std::string s = prelude();

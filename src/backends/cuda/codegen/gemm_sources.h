@@ -45,7 +45,7 @@ std::string gemm_epilogue_source(DType dtype, const std::string& activation, boo
 std::string sdpa_softmax_source(DType dtype, int mask_kind);
 
 // The fused flash-attention kernel (f16/bf16, tensor cores via mma.sync m16n8k16, online
-// softmax in f32) for head dim `head_dim` (64 or 128; q, k and v share it):
+// softmax in f32) for head dim `head_dim` (flash_attention_head_dim; q, k and v share it):
 //   kiln_flash_attention(const T* q, const T* k, const T* v, T* o, const M* mask,
 //                        int L, int S, float scale_log2, int causal, KilnDims qd, KilnDims kd,
 //                        KilnDims vd, KilnDims od, KilnDims md, int brank, long long mrow_stride,
@@ -56,6 +56,9 @@ std::string sdpa_softmax_source(DType dtype, int mask_kind);
 // between sequence rows (multiples of 8); scale_log2 is the softmax scale times log2(e).
 // Pointers must be 16-byte aligned.
 std::string flash_attention_source(DType dtype, int head_dim, int mask_kind);
+// The head dims the kernel takes: multiples of 32 (K's fragments load 32 dims at a time) up to
+// 128 (the registers of a row's accumulators).
+constexpr bool flash_attention_head_dim(int64_t d) { return d >= 32 && d <= 128 && d % 32 == 0; }
 inline constexpr int kFlashBlockM = 64;
 inline constexpr int kFlashBlockN = 64;
 inline constexpr int kFlashThreads = 128;

@@ -1,5 +1,5 @@
-// CUDA kernel of sdpa: a fused flash-attention kernel where it serves (f16/bf16, head dim 64
-// or 128 for q, k and v; flash_attention_source.cpp), else the fallback:
+// CUDA kernel of sdpa: a fused flash-attention kernel where it serves (f16/bf16, head dim 32,
+// 64, 96 or 128 for q, k and v; flash_attention_source.cpp), else the fallback:
 //   scores[f32] = scale * q k^T     cuBLASLt strided batched GEMM (f32 output)
 //   probs[T]    = masked softmax    generated kernel (gemm_sources.h), causal / bool / additive
 //   out         = probs v           cuBLASLt strided batched GEMM

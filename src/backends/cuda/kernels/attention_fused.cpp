@@ -123,9 +123,9 @@ bool fused_attention_serves(const AttentionGeometry& geo, std::string* why) {
   };
   if (geo.dtype != DType::kF16 && geo.dtype != DType::kBF16)
     return no(std::string("the fused kernel takes f16/bf16, not ") + dtype_name(geo.dtype));
-  if (geo.E != geo.Ev || (geo.E != 64 && geo.E != 128))
-    return no("the fused kernel needs q, k and v head dims of 64 or 128 (got " + std::to_string(geo.E) + ", " +
-              std::to_string(geo.Ev) + ")");
+  if (geo.E != geo.Ev || !flash_attention_head_dim(geo.E))
+    return no("the fused kernel needs equal q, k and v head dims of 32, 64, 96 or 128 (got " + std::to_string(geo.E) +
+              ", " + std::to_string(geo.Ev) + ")");
   if (geo.batch_count > 65535) return no("more than 65535 batch matrices");
   if (geo.batch_rank > kKilnMaxDims) return no("more than 8 batch dims");
   // 16-byte vector loads and stores from every row of every batch matrix.

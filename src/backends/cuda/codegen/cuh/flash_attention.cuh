@@ -1,11 +1,11 @@
 // The fused flash-attention kernel (codegen/flash_attention_source.cpp has the design).
 // Compiled by NVRTC after the prelude and these definitions, which the source function sets:
-//   FA_D      head dim of q, k and v (64 or 128)
+//   FA_D      head dim of q, k and v (32, 64, 96 or 128: K's fragments come 32 dims at a time)
 //   FA_MASK   0 none, 1 bool mask (true keeps), 2 additive mask in the input dtype
 //   FA_BF16   1 for bf16, 0 for f16; FA_TY its PTX type name ("bf16" / "f16")
 //   FA_BM, FA_BN  query rows per CTA and keys per block
 #define FA_LDS (FA_D + 8)  // padded rows: the 8 rows of an ldmatrix phase hit distinct banks
-#define FA_STAGES (FA_D == 64 ? 2 : 1)
+#define FA_STAGES (FA_D <= 64 ? 2 : 1)
 #define FA_NEG_INF __int_as_float(0xff800000)
 typedef unsigned short fa_u16;
 typedef unsigned int fa_u32;
