@@ -38,6 +38,9 @@ bool convs_to_linears(Graph& g);
 // in row-major order by a reshape of that value (free in the memory plan). Run it after the
 // layout passes.
 bool collapse_view_chains(Graph& g);
+// A pointwise op reading expand(y) reads y itself where y broadcasts to its output alone, so the
+// expand is not written (broadcast_expands.cpp). Run it before fuse_pointwise.
+bool broadcast_expands(Graph& g);
 // Runs two or more plain linears that read the same x with constant weights (q, k and v
 // projections) as one linear over the weights concatenated along N, with a slice of its output
 // per former linear. Only when every output reaches sdpa q / k / v operands through reshape /

@@ -82,6 +82,7 @@ Graph Builder::optimize(const Graph& network, std::ostream& log, std::shared_ptr
   run("collapse_view_chains", &collapse_view_chains);
   run("gather_concats", &gather_concats);
   run("fold_constants", &fold_constants);
+  run("broadcast_expands", &broadcast_expands);
   if (config_.fuse_pointwise) run("fuse_pointwise", &fuse_pointwise);
   run("eliminate_dead_code", &eliminate_dead_code);
   if (recorder) {

@@ -769,3 +769,52 @@ TEST(Pipeline, BuilderFoldsFusesAndMatchesTheUnoptimizedGraph) {
 }
 
 }  // namespace
+
+// ---- broadcast_expands ----------------------------------------------------------------------
+
+ValueId expanded(Graph& g, ValueId v, const Shape& shape) {
+  Attrs a;
+  a.set("shape", shape);
+  return g.add_node1(OpKind::kExpand, {v}, a);
+}
+
+// F.normalize's x / expand(norm): the division reads the [B, N, 1] norm broadcast; a sum of two
+// expands that broadcast against each other keeps its shape with neither; the results match.
+TEST(BroadcastExpands, PointwiseOpsReadTheExpandedValue) {
+  Graph g;
+  const ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 3, 4}));
+  const ValueId n = g.add_input("n", TensorType(DType::kF32, {2, 3, 1}));
+  const ValueId a = g.add_input("a", TensorType(DType::kF32, {3, 1}));
+  const ValueId b = g.add_input("b", TensorType(DType::kF32, {1, 4}));
+  g.mark_output(g.add_node1(OpKind::kDiv, {x, expanded(g, n, {2, 3, 4})}), "normalized");
+  g.mark_output(g.add_node1(OpKind::kAdd, {expanded(g, a, {3, 4}), expanded(g, b, {3, 4})}), "outer");
+  const Graph f = pass_applied(g, broadcast_expands, 3, 1e-6f);
+  EXPECT_EQ(count_ops(f, OpKind::kExpand), 0) << f.to_string();
+}
+
+// What keeps its expand: a unary op (its output would shrink), an expand that is also a graph
+// output (its reader takes the value, the expand stays for the output), and the operand that
+// carries the output shape once the other reads its value.
+TEST(BroadcastExpands, KeepsExpandsTheOutputNeeds) {
+  Graph g;
+  const ValueId y = g.add_input("y", TensorType(DType::kF32, {3, 1}));
+  const ValueId z = g.add_input("z", TensorType(DType::kF32, {3, 1}));
+  g.mark_output(g.add_node1(OpKind::kRelu, {expanded(g, y, {3, 4})}), "relu");
+  const ValueId shown = expanded(g, z, {3, 4});
+  g.mark_output(shown, "shown");
+  g.mark_output(g.add_node1(OpKind::kMul, {shown, expanded(g, y, {3, 4})}), "both");
+  Graph f = g;
+  EXPECT_TRUE(broadcast_expands(f));  // the mul reads z itself; y's expand carries the shape
+  f.verify();
+  EXPECT_EQ(count_ops(f, OpKind::kExpand), 3) << f.to_string();
+  const Node& mul = *f.nodes().back();
+  ASSERT_EQ(mul.op, OpKind::kMul);
+  EXPECT_EQ(mul.inputs[0], z);
+  EXPECT_EQ(f.value(mul.inputs[1]).producer->op, OpKind::kExpand);
+  const auto in = random_inputs(g, 5);
+  expect_close(run_plain(f, in), run_plain(g, in), 1e-6f, 1e-6f);
+  Graph lone;
+  const ValueId w = lone.add_input("w", TensorType(DType::kF32, {3, 1}));
+  lone.mark_output(lone.add_node1(OpKind::kNeg, {expanded(lone, w, {3, 4})}), "neg");
+  EXPECT_FALSE(broadcast_expands(lone));
+}
