@@ -1,13 +1,15 @@
 // kiln-run: load a Kiln engine file or bundle, run it on random or given inputs, report latency
 // and throughput, and optionally write the outputs as .npy files.
 //
-//   kiln-run FILE [--inputs a.npy,b.npy] [--iterations N] [--warmup N] [--outputs DIR]
-//            [--threads N] [--device cpu|cuda:N] [--seed N] [--info]
+//   kiln-run FILE [--inputs a.npy,b.npy] [--shapes NAME:AxBxC,...] [--iterations N] [--warmup N]
+//            [--outputs DIR] [--threads N] [--device cpu|cuda:N] [--seed N] [--info]
 //
 // FILE is an engine file (Engine::save, kiln.extract_engines) or a bundle (kiln.save(...,
 // output_format="kiln_bundle"), kiln/bundle.h), told apart by their magic; an engine runs as a
 // bundle of one call. A program saved by kiln.save as a torch.export archive is refused with a
-// message saying how to save a bundle instead.
+// message saying how to save a bundle instead. A bundle of a dynamic program runs at the shapes
+// --shapes (or the --inputs files) give, any in its ranges, its engines' instances made for them
+// (Bundle::at); inputs not named run at the sizes the program was compiled at.
 //
 // Random inputs are deterministic (a fixed generator, not the C++ library's distributions,
 // so every platform draws the same numbers): floats uniform in [-1, 1], integers in [0, 3],
@@ -36,10 +38,12 @@
 namespace {
 
 constexpr const char* kUsage =
-    "usage: kiln-run FILE [--inputs a.npy,b.npy] [--iterations N] [--warmup N] [--outputs DIR]\n"
-    "                [--threads N] [--device cpu|cuda:N] [--seed N] [--info]\n"
+    "usage: kiln-run FILE [--inputs a.npy,b.npy] [--shapes NAME:AxBxC,...] [--iterations N] [--warmup N]\n"
+    "                [--outputs DIR] [--threads N] [--device cpu|cuda:N] [--seed N] [--info]\n"
     "  FILE          an engine file or a Kiln bundle (kiln.save(..., output_format=\"kiln_bundle\"))\n"
     "  --inputs      one .npy per input, in order (default: random inputs)\n"
+    "  --shapes      the shape of each named input (its name or input<i>), e.g. input0:8x3x224x224; a\n"
+    "                dynamic program's bundle runs at any shape in its ranges (default: compiled sizes)\n"
     "  --iterations  timed runs (default 100)   --warmup  untimed runs first (default 10)\n"
     "  --outputs     write each output to DIR/out<i>_<name>.npy\n"
     "  --threads     CPU worker threads          --device  default: the engines' backend\n"
@@ -52,6 +56,7 @@ struct UsageError {
 struct Options {
   std::string file;
   std::vector<std::string> inputs;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
   int64_t iterations = 100, warmup = 10, threads = 0;
   uint64_t seed = 0;
   std::string outputs, device;
@@ -90,6 +95,24 @@ Options parse_args(int argc, char** argv) {
         o.inputs.push_back(list.substr(start, comma - start));
         start = comma + 1;
       }
+    } else if (a == "--shapes") {
+      std::string list = take();
+      for (size_t start = 0; start <= list.size();) {
+        const size_t comma = std::min(list.find(',', start), list.size());
+        const std::string item = list.substr(start, comma - start);
+        const size_t colon = item.rfind(':');
+        if (colon == std::string::npos || colon == 0 || colon + 1 == item.size())
+          throw UsageError{"--shapes takes NAME:AxBxC items, got '" + item + "'"};
+        std::vector<int64_t> shape;
+        const std::string dims = item.substr(colon + 1);
+        for (size_t d = 0; d <= dims.size();) {
+          const size_t x = std::min(dims.find('x', d), dims.size());
+          shape.push_back(parse_count("--shapes", dims.substr(d, x - d), 0));
+          d = x + 1;
+        }
+        o.shapes.emplace_back(item.substr(0, colon), std::move(shape));
+        start = comma + 1;
+      }
     } else if (a == "--iterations") {
       o.iterations = parse_count(a, take(), 0);
     } else if (a == "--warmup") {
@@ -113,6 +136,7 @@ Options parse_args(int argc, char** argv) {
     }
   }
   if (o.file.empty()) throw UsageError{"no engine file or bundle given"};
+  if (!o.inputs.empty() && !o.shapes.empty()) throw UsageError{"--inputs and --shapes both give the shapes"};
   return o;
 }
 
@@ -247,21 +271,51 @@ Program load(const Options& o) {
   return {kiln::Bundle::of_engine(std::move(engine)), "engine"};
 }
 
+// The input shapes --shapes gives (by name or input<i>), the others as compiled.
+std::vector<std::vector<int64_t>> requested_shapes(const kiln::Bundle& b, const Options& o) {
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& in : b.inputs()) shapes.push_back(in.type.shape());
+  for (const auto& [name, shape] : o.shapes) {
+    size_t i = 0;
+    while (i < b.inputs().size() && b.inputs()[i].name != name && "input" + std::to_string(i) != name) ++i;
+    if (i == b.inputs().size()) {
+      std::string names;
+      for (size_t k = 0; k < b.inputs().size(); ++k)
+        names += (k ? ", " : "") + b.inputs()[k].name + " (input" + std::to_string(k) + ")";
+      KILN_FAIL(kInvalidArgument, "--shapes names '", name, "', which is no input; the inputs are ", names);
+    }
+    shapes[i] = shape;
+  }
+  return shapes;
+}
+
 int run(const Options& o) {
   if (o.threads > 0) setenv("KILN_NUM_THREADS", std::to_string(o.threads).c_str(), 1);
   const Program loaded = load(o);
   if (o.info) return 0;
-  const std::shared_ptr<kiln::Bundle>& program = loaded.bundle;
-  const kiln::Device device = program->device();
 
-  // Host inputs: given files (checked against the program) or random.
+  // Host inputs: given files (checked against the program) or random, of the shapes given.
+  std::vector<kiln::npy::Array> files;
+  for (const std::string& path : o.inputs) files.push_back(kiln::npy::read_file(path));
+  std::vector<std::vector<int64_t>> shapes = requested_shapes(*loaded.bundle, o);
+  if (!o.inputs.empty()) {
+    KILN_CHECK(o.inputs.size() == shapes.size(), kInvalidArgument, "the ", loaded.kind, " takes ", shapes.size(),
+               " inputs, --inputs gives ", o.inputs.size(), " files");
+    for (size_t i = 0; i < files.size(); ++i) shapes[i] = files[i].shape;
+  }
+  const kiln::SymbolBinding binding = loaded.bundle->bind(shapes);
+  if (!binding.empty()) {
+    std::string text;
+    for (const auto& [name, value] : binding) text += (text.empty() ? "" : ", ") + name + "=" + std::to_string(value);
+    std::printf("sizes: %s\n", text.c_str());
+  }
+  const std::shared_ptr<const kiln::Bundle> program = loaded.bundle->at(binding);
+  const kiln::Device device = program->device();
   std::vector<kiln::Bytes> host_in;
   const auto& want = program->inputs();
   if (!o.inputs.empty()) {
-    KILN_CHECK(o.inputs.size() == want.size(), kInvalidArgument, "the ", loaded.kind, " takes ", want.size(),
-               " inputs, --inputs gives ", o.inputs.size(), " files");
     for (size_t i = 0; i < want.size(); ++i) {
-      kiln::npy::Array a = kiln::npy::read_file(o.inputs[i]);
+      kiln::npy::Array& a = files[i];
       kiln::TensorType got(a.dtype, a.shape);
       KILN_CHECK(a.dtype == want[i].type.dtype && a.shape == want[i].type.shape(), kInvalidArgument, "input ", i, " '",
                  want[i].name, "' must be ", want[i].type.to_string(), ", '", o.inputs[i], "' holds ", got.to_string());

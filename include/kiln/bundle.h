@@ -28,6 +28,7 @@
 
 #include "kiln/backend.h"
 #include "kiln/engine.h"
+#include "kiln/size_program.h"
 
 namespace kiln {
 
@@ -52,11 +53,25 @@ struct BundleOutput {
   TensorType type;
 };
 
-// The glue of a bundle. Program inputs and outputs are dense tensors of static shape.
+// An engine of a dynamic program that serves a range of sizes: it was built at `built_at` (its
+// block's symbols), `program` writes the sizes of another binding into its plan
+// (kiln/size_program.h), and `pinned` holds the symbols its plan keeps at one value.
+struct BundleRange {
+  uint32_t engine = 0;
+  SymbolBinding built_at;
+  SizeProgram program;
+  SymbolBinding pinned;
+};
+
+// The glue of a bundle. Program inputs and outputs are dense tensors. In a dynamic program
+// (kiln.save of a program compiled with dynamic shapes) an input dim may be a symbol with its
+// range (Dim::symbol, min, max; the extent is the value the program was compiled at), and every
+// engine whose sizes depend on the symbols has a range; Bundle::at makes it static.
 struct BundleProgram {
   std::vector<IOTensor> inputs;
   std::vector<BundleStep> steps;
   std::vector<BundleOutput> outputs;
+  std::vector<BundleRange> ranges;
 };
 
 // The bundle file's bytes for engine files (Engine::serialize's bytes) and their glue. Throws
@@ -82,6 +97,19 @@ class Bundle : public std::enable_shared_from_this<Bundle> {
   // Whether `data` starts as a bundle file does (its magic), to tell it from an engine file.
   static bool has_bundle_magic(const uint8_t* data, size_t size);
 
+  // Whether an input has a symbolic dim: the bundle runs through at(), one binding at a time.
+  bool dynamic() const;
+  // The binding of the inputs' symbols that inputs of these shapes give (empty for a static
+  // bundle). kShapeMismatch naming the input, the dim, the value and the range (or the static
+  // extent) for a shape that does not fit, kInvalidArgument for a count or rank that differs.
+  SymbolBinding bind(const std::vector<std::vector<int64_t>>& shapes) const;
+  // This bundle at `binding` (of every input symbol): a static bundle running each ranged engine
+  // as an instance at those sizes (Engine::instance, kernels made now and untimed; the engine
+  // itself at the binding it was built at). kUnsupported when an engine's fitted sizes do not
+  // hold at `binding` or it holds a symbol at another value; kInvalidArgument for a binding of
+  // other symbols. A static bundle returns itself.
+  std::shared_ptr<const Bundle> at(const SymbolBinding& binding) const;
+
   const std::vector<IOTensor>& inputs() const { return program_.inputs; }
   const std::vector<IOTensor>& outputs() const { return outputs_; }  // names and types of program_.outputs
   const BundleProgram& program() const { return program_; }
@@ -90,6 +118,7 @@ class Bundle : public std::enable_shared_from_this<Bundle> {
   // The Kiln version that wrote the file ("" for of_engine).
   const std::string& kiln_version() const { return kiln_version_; }
 
+  // A dynamic bundle's context runs at(bind(the inputs' compiled extents)).
   std::unique_ptr<BundleContext> create_context(bool use_graphs = true) const;
   // Convenience: host bytes of each input in, host bytes of each output out, on a context made
   // for this call (make one with create_context for repeated calls).

@@ -51,6 +51,13 @@ class SizeProgram {
   // not hold there), naming it.
   Graph evaluate(const Graph& base, const SymbolBinding& binding) const;
 
+  // Its bytes (little-endian, src/builder/size_program.cpp), for bundles (kiln/bundle.h), and back.
+  // deserialize throws kCorrupted naming what is malformed (a count past the end, a grid that is
+  // not 2^n corners); a program read back from damaged bytes that names integers its base does
+  // not have fails in evaluate (kInvalidArgument), as a program for another plan does.
+  Bytes serialize() const;
+  static SizeProgram deserialize(const uint8_t* data, size_t size);
+
   const std::vector<std::string>& symbols() const { return symbols_; }
   size_t fitted() const { return slots_.size(); }  // integers that depend on the symbols
   std::string to_string() const;                   // one line per fitted integer, for logs and tests

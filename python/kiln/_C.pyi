@@ -977,9 +977,9 @@ def import_aten(graph: ImportGraph) -> Graph:
 def supported_aten_targets() -> list[str]:
     """Every ATen overload with an importer, sorted."""
 
-def write_bundle(engines: Sequence[bytes | bytearray | memoryview | numpy.ndarray], inputs: Sequence[tuple[str, DType, Sequence[int]]], steps: Sequence[tuple[str, int, Sequence[tuple[int, int]]]], outputs: Sequence[tuple[str, tuple[int, int], DType, Sequence[int]]]) -> bytes:
+def write_bundle(engines: Sequence[bytes | bytearray | memoryview | numpy.ndarray], inputs: Sequence[tuple[str, DType, Sequence[int]]], steps: Sequence[tuple[str, int, Sequence[tuple[int, int]]]], outputs: Sequence[tuple[str, tuple[int, int], DType, Sequence[int]]], input_symbols: Sequence[tuple[int, int, str, int, int]] = [], output_symbols: Sequence[tuple[int, int, str, int, int]] = [], ranges: Sequence[tuple[int, Mapping[str, int], SizeProgram, Mapping[str, int]]] = []) -> bytes:
     """
-    The bytes of a Kiln bundle: engine files, the program's inputs (name, dtype, shape), its steps (name, engine index, arguments) and outputs (name, value, dtype, shape). A value is (-1, i): program input i, or (s, k): output k of step s. Raises InvalidArgumentError naming what does not fit the engines.
+    The bytes of a Kiln bundle: engine files, the program's inputs (name, dtype, shape), its steps (name, engine index, arguments) and outputs (name, value, dtype, shape). A value is (-1, i): program input i, or (s, k): output k of step s. A dynamic program also gives the symbolic dims of its inputs and outputs (tensor, dim, symbol, min, max; the shapes hold the compiled extents) and the ranges of its engines (engine, the binding it was built at, its SizeProgram, the symbols its plan holds). Raises InvalidArgumentError naming what does not fit the engines.
     """
 
 class Bundle:
@@ -1017,12 +1017,24 @@ class Bundle:
 
     def create_context(self, use_graphs: bool = True) -> BundleContext:
         """
-        A context with its own buffers; use_graphs replays captured CUDA graphs per engine call.
+        A context with its own buffers; use_graphs replays captured CUDA graphs per engine call. A dynamic bundle's runs at the sizes it was compiled at (at() for others).
+        """
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether an input has a symbolic dim (see at())."""
+
+    def bind(self, shapes: Sequence[Sequence[int]]) -> dict[str, int]:
+        """The binding of the inputs' symbols that inputs of these shapes give."""
+
+    def at(self, binding: Mapping[str, int]) -> Bundle:
+        """
+        This bundle at a binding of its symbols: a static bundle (instances made now).
         """
 
     def run(self, inputs: Sequence[numpy.ndarray]) -> list[numpy.ndarray]:
         """
-        Runs on CPU arrays in the bundle's input order (a context made for the call); returns numpy arrays.
+        Runs on CPU arrays in the bundle's input order (a context made for the call; a dynamic bundle at the sizes of the arrays); returns numpy arrays.
         """
 
 class BundleContext:

@@ -262,7 +262,9 @@ def save(module: torch.nn.Module, path: str | os.PathLike[str], arg_inputs: Sequ
 
     A dynamic-shape program (kiln.compile with ``dynamic_shapes`` or kiln.Input ranges) is saved
     as its symbolic ExportedProgram with the engines of the sizes built so far (returned: the
-    symbolic program; ``arg_inputs`` and ``kwarg_inputs`` are not used); it has no bundle form."""
+    symbolic program; ``arg_inputs`` and ``kwarg_inputs`` are not used). Its bundle holds, per
+    block, the engine its instances run on and the block's fitted sizes (kiln/instances.py), so
+    that kiln-run and ``kiln::Bundle::at`` serve any size in the ranges."""
     if output_format not in _OUTPUT_FORMATS:
         raise ValueError(f"kiln.save: unknown output_format {output_format!r}; expected one of "
                          f"{', '.join(repr(f) for f in _OUTPUT_FORMATS)}")
@@ -308,16 +310,16 @@ def save(module: torch.nn.Module, path: str | os.PathLike[str], arg_inputs: Sequ
 def _save_dynamic(module: torch.nn.Module, path: str, output_format: str) -> torch.export.ExportedProgram:
     """kiln.save of a dynamic-shape program: its symbolic ExportedProgram, the engines of its live
     specializations and their description, in one torch.export archive (kiln/dynamic.py)."""
-    if output_format == "kiln_bundle":
-        raise _C.UnsupportedError(
-            "kiln.save(output_format='kiln_bundle'): the module is a dynamic-shape program; a bundle holds one "
-            "engine per block for one set of input shapes, and kiln-run has no Python to bind sizes, check their "
-            "ranges and build engines for new sizes; compile with static shapes to bundle it, or save with "
-            "output_format='exported_program'")
     table = dynamic_program_of(module)
     if not isinstance(module, KilnModule) or table is None or dynamic_program_of(module.gm) is not table:
         raise _C.UnsupportedError("kiln.save: a dynamic-shape program is saved as the module kiln.compile returned, "
                                   "not inside another module")
+    if output_format == "kiln_bundle":  # its engines over the ranges, run by kiln-run and Bundle::at
+        from kiln.bundle import dynamic_bundle_bytes, write_file
+        data = dynamic_bundle_bytes(module.gm)
+        write_file(path, data)
+        log.info("kiln.save: %s: bundle of a dynamic-shape program, %d bytes", path, len(data))
+        return table.__dict__["source_program"]
     from torch.export.pt2_archive._package import package_pt2
     ep, engines, description = table.saved_form()
     with open(path, "wb") as f:  # a file object: torch warns about a path not ending in .pt2

@@ -7,8 +7,11 @@ A bundle holds the engines of a program saved by kiln.save and its glue: the pro
 (the tensor leaves of ``(args, kwargs)``, flattened in order), the engine calls in order with the
 values each takes, and which values are the program's outputs (flattened). Nothing else runs:
 a program with ops left to PyTorch cannot be bundled, and :func:`write_bundle` raises
-``kiln.UnsupportedError`` naming them. The byte layout is in src/runtime/bundle_file.h; the C++
-API in include/kiln/bundle.h; docs/deploy.md says how to build against it.
+``kiln.UnsupportedError`` naming them. A dynamic-shape program's bundle (:func:`dynamic_bundle_bytes`)
+keeps its inputs' symbolic dims and, per block, the engine its instances run on with the block's
+fitted sizes, so that ``kiln::Bundle::at`` and kiln-run serve any size in the ranges. The byte
+layout is in src/runtime/bundle_file.h; the C++ API in include/kiln/bundle.h; docs/deploy.md says
+how to build against it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+import sympy  # type: ignore[import-untyped]
 import torch
 import torch.fx as fx
 
@@ -30,7 +34,7 @@ from kiln.translate import EncodeError, kiln_dtype
 
 log = get_logger("bundle")
 
-__all__ = ["write_bundle", "bundle_bytes"]
+__all__ = ["write_bundle", "bundle_bytes", "dynamic_bundle_bytes"]
 
 _HINT = ("compile so that every op runs in an engine (require_full_compilation=True names those that cannot), "
          "or save with output_format='exported_program'")
@@ -51,6 +55,13 @@ def write_bundle(program: torch.nn.Module | torch.export.ExportedProgram, path: 
         raise TypeError(f"kiln.bundle.write_bundle writes a torch.nn.Module or a torch.export.ExportedProgram, got a "
                         f"{type(program).__name__}")
     data = bundle_bytes(program)
+    write_file(path, data)
+    log.info("kiln bundle: %s: %d bytes", os.fspath(path), len(data))
+    return program
+
+
+def write_file(path: str | os.PathLike[str], data: bytes) -> None:
+    """Writes ``data`` next to ``path`` and renames it over it, so a reader never sees half a file."""
     target = os.fspath(path)
     tmp = f"{target}.tmp.{os.getpid()}.{threading.get_ident()}"  # as Engine::save: created with the usual mode
     try:
@@ -61,8 +72,6 @@ def write_bundle(program: torch.nn.Module | torch.export.ExportedProgram, path: 
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    log.info("kiln bundle: %s: %d bytes", target, len(data))
-    return program
 
 
 def _problem(text: str) -> _C.UnsupportedError:
@@ -188,3 +197,108 @@ def _op_name(node: fx.Node) -> str:
 
 def _has_float64(spec: dict[str, Any]) -> bool:
     return any(dt == "float64" for dt, _ in spec.get("inputs", []) + spec.get("outputs", []))
+
+
+def dynamic_bundle_bytes(glue: fx.GraphModule) -> bytes:
+    """The bundle file of a dynamic-shape program (the glue graph kiln.compile made, kiln/dynamic.py):
+    its inputs with their symbolic dims and ranges, per block the engine its instances run on with
+    the block's SizeProgram (kiln/instances.py), so that Bundle::at and kiln-run serve any size in
+    the ranges without Python. Raises ``kiln.UnsupportedError`` naming what a bundle cannot hold:
+    ops left to PyTorch, a block whose plans do not fit one engine over the range, an input dim
+    that is an expression of a symbol."""
+    from kiln.dynamic import DynamicBlock, Specializations  # kiln.dynamic imports kiln.aot, which imports this
+    from kiln.runtime import KilnEngineModule
+
+    table = next((m for m in glue.modules() if isinstance(m, Specializations)), None)
+    if table is None:
+        raise _problem("the module holds no dynamic-shape program")
+    shapes = table.shapes
+    if shapes.inverse:
+        names = ", ".join(sorted(map(str, shapes.inverse)))
+        raise _problem(f"the symbols {names} are read from input dims that are expressions of them; a bundle binds "
+                       f"each symbol from an input dim that is the symbol alone")
+    opt = shapes.opt_binding()
+    refs: dict[fx.Node, tuple[int, int]] = {}
+    inputs: list[tuple[str, Any, list[int]]] = []
+    input_symbols: list[tuple[int, int, str, int, int]] = []
+    steps: list[tuple[str, int, list[tuple[int, int]]]] = []
+    engines: list[bytes] = []
+    ranges: list[tuple[int, dict[str, int], Any, dict[str, int]]] = []
+    in_pytorch: list[fx.Node] = []
+    outputs: list[tuple[str, tuple[int, int], Any, list[int]]] = []
+    output_symbols: list[tuple[int, int, str, int, int]] = []
+
+    def symbolic_type(node: fx.Node, what: str, marks: list[tuple[int, int, str, int, int]], index: int
+                      ) -> tuple[Any, list[int]]:
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            raise _problem(f"{what} is a {type(val).__name__}, not a tensor; a Kiln bundle's inputs and outputs are "
+                           f"tensors")
+        try:
+            dtype = kiln_dtype(val.dtype)
+        except EncodeError as err:
+            raise _problem(f"{what}: {err}") from None
+        shape = []
+        for d, size in enumerate(val.shape):
+            expr = sympy.sympify(size.node.expr) if isinstance(size, torch.SymInt) else sympy.Integer(int(size))
+            shape.append(int(expr.subs(opt)))
+            if isinstance(expr, sympy.Symbol) and expr in shapes.ranges:
+                r = shapes.ranges[expr]
+                marks.append((index, d, r.name, r.min, r.max))
+        return dtype, shape
+
+    for node in glue.graph.nodes:
+        if node.op == "placeholder":
+            refs[node] = (-1, len(inputs))
+            inputs.append((node.name, *symbolic_type(node, f"input '{node.name}'", input_symbols, len(inputs))))
+        elif node.op == "call_module" and isinstance(glue.get_submodule(str(node.target)), Specializations):
+            continue
+        elif node.op == "call_module" and isinstance(glue.get_submodule(str(node.target)), DynamicBlock):
+            b = table.blocks[glue.get_submodule(str(node.target)).index]
+            r = table.ranges.get(b.index)
+            if r is not None:
+                runner = r.parent
+                ranges.append((len(engines), dict(r.built_at), r.program, {str(s): v for s, v in r.pinned.items()}))
+            elif not b.symbols:
+                runner = next(iter(table.live.values())).runners[b.index]
+            else:
+                raise _problem(f"block {b.index} ({_ops_text(b.histogram)}) has no engine for the whole range: its "
+                               f"plans differ from size to size (kiln.compile's log names the difference), so it "
+                               f"builds an engine per size, which a bundle cannot do")
+            if not isinstance(runner, KilnEngineModule) or runner._casts:
+                raise _problem(f"block {b.index} runs {type(runner).__name__} with dtype conversions around its "
+                               f"engine, which a bundle does not make; compile the model in float32")
+            args = []
+            for a in node.args[1:]:
+                if a not in refs:
+                    raise _problem(f"block {b.index} takes '{a}', which is not a program input or an engine output; "
+                                   f"{_HINT}")
+                args.append(refs[a])
+            refs[node] = (len(steps), 0)
+            steps.append((f"block {b.index}", len(engines), args))
+            engines.append(runner.engine.serialize())
+        elif node.op == "call_function" and node.target is operator.getitem and node.args[0] in refs \
+                and refs[node.args[0]][0] >= 0:
+            refs[node] = (refs[node.args[0]][0], int(node.args[1]))
+        elif node.op == "output":
+            for i, out in enumerate(pytree_leaves(node.args[0])):
+                if not isinstance(out, fx.Node) or out not in refs:
+                    raise _problem(f"output {i} is '{out}', not a value a Kiln bundle computes; {_HINT}")
+                outputs.append((f"result_{i}", refs[out], *symbolic_type(out, f"output {i}", output_symbols, i)))
+        else:
+            in_pytorch.append(node)
+    ops = [n for n in in_pytorch if n.op == "call_function"]
+    if ops:
+        names = ", ".join(f"{_op_name(n)} (node '{n.name}')" for n in ops[:20])
+        raise _problem(f"{len(ops)} op(s) of the program run in PyTorch, which a Kiln bundle cannot hold: {names}; "
+                       f"{_HINT}")
+    if in_pytorch:
+        raise _problem(f"the program has {in_pytorch[0].op} node '{in_pytorch[0].name}', which a Kiln bundle cannot "
+                       f"hold; {_HINT}")
+    if not engines:
+        raise _problem(f"the program has no Kiln engine; {_HINT}")
+    return _C.write_bundle(engines, inputs, steps, outputs, input_symbols, output_symbols, ranges)
+
+
+def _ops_text(histogram: Any) -> str:
+    return ", ".join(f"{n} x {op}" for op, n in histogram.most_common(3))

@@ -65,6 +65,7 @@ class SizeRange:
     symbols: tuple[sympy.Symbol, ...]  # those the program fits
     largest: dict[str, int]
     pinned: dict[sympy.Symbol, int]  # the block's other symbols, at the values instances serve
+    built_at: dict[str, int]  # the fitted symbols' values the parent engine was built at
     # The fitted symbol that only counts rows (row_symbol), and the row dims of the inputs and outputs.
     rows: tuple[sympy.Symbol, dict[int, int], dict[int, int]] | None = None
     arena: Any = None  # _C.SharedArena
@@ -444,7 +445,7 @@ def fit_range(parent: KilnEngineModule, base: Binding, ranges: dict[sympy.Symbol
              ", ".join(ranges[s].text() for s in symbols), held, program.fitted, len(samples),
              time.perf_counter() - start)
     return SizeRange(parent, program, symbols, {str(s): ranges[s].max for s in symbols},
-                     {s: base[s] for s in pinned})
+                     {s: base[s] for s in pinned}, {str(s): base[s] for s in symbols})
 
 
 def make_instance(r: SizeRange, binding: Binding, name: str, level: int = 0) -> KilnEngineModule:

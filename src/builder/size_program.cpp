@@ -12,6 +12,7 @@
 #include "kiln/errors.h"
 #include "kiln/size_program.h"
 #include "src/common/element_access.h"
+#include "src/serialize/byte_io.h"
 
 namespace kiln {
 
@@ -331,6 +332,58 @@ Graph SizeProgram::evaluate(const Graph& base, const SymbolBinding& binding) con
     KILN_FAIL(kUnsupported, "size program: the plan at ", binding_text(symbols_, x), " does not hold: ", e.what());
   }
   return g;
+}
+
+// Layout: u32 nsymbols, per symbol: str name, i64 lo, i64 hi; u32 nslots, per slot: u32 depth,
+// depth x u64 body index, u8 kind, u64 index, str key, u64 element, 2^nsymbols x i64 corner.
+Bytes SizeProgram::serialize() const {
+  serialize::ByteWriter w;
+  w.u32(uint32_t(symbols_.size()));
+  for (size_t i = 0; i < symbols_.size(); ++i) {
+    w.str(symbols_[i], "a size program's symbol");
+    w.i64(lo_[i]);
+    w.i64(hi_[i]);
+  }
+  w.u32(uint32_t(slots_.size()));
+  for (const Slot& s : slots_) {
+    w.u32(uint32_t(s.body.size()));
+    for (size_t b : s.body) w.u64(b);
+    w.u8(uint8_t(s.kind));
+    w.u64(s.index);
+    w.str(s.key, "a size program's attribute name");
+    w.u64(s.element);
+    for (int64_t c : s.corners) w.i64(c);
+  }
+  return std::move(w.buffer());
+}
+
+SizeProgram SizeProgram::deserialize(const uint8_t* data, size_t size) {
+  serialize::ByteReader r(data, size, 0, "a size program");
+  SizeProgram p;
+  const uint64_t n = r.count32(4 + 16, "size program symbols");
+  if (n < 1 || n > kMaxSymbols) r.fail_corrupted(detail::concat("a size program of ", n, " symbols"));
+  for (uint64_t i = 0; i < n; ++i) {
+    p.symbols_.push_back(r.str("a size program's symbol"));
+    p.lo_.push_back(r.i64());
+    p.hi_.push_back(r.i64());
+    if (p.lo_.back() == p.hi_.back())
+      r.fail_corrupted("a size program whose grid has one value of " + p.symbols_.back());
+  }
+  const size_t corners = size_t(1) << n;
+  p.slots_.resize(size_t(r.count32(4 + 1 + 8 + 4 + 8 + 8 * corners, "size program slots")));
+  for (Slot& s : p.slots_) {
+    s.body.resize(size_t(r.count32(8, "fused body indices")));
+    for (size_t& b : s.body) b = size_t(r.u64());
+    const uint8_t kind = r.u8();
+    if (kind > Slot::kConstant) r.fail_corrupted(detail::concat("a size program slot of unknown kind ", int(kind)));
+    s.kind = Slot::Kind(kind);
+    s.index = size_t(r.u64());
+    s.key = r.str("a size program's attribute name");
+    s.element = size_t(r.u64());
+    for (size_t c = 0; c < corners; ++c) s.corners.push_back(r.i64());
+  }
+  if (!r.done()) r.fail_corrupted(detail::concat(r.remaining(), " bytes after the size program"));
+  return p;
 }
 
 std::string SizeProgram::to_string() const {

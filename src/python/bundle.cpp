@@ -6,6 +6,7 @@
 //   BundleContext.execute_ptrs(ins, outs, stream)   raw addresses on the bundle's device
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/filesystem.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
@@ -104,10 +105,28 @@ TensorType tensor_type(const std::string& name, DType dtype, const std::vector<i
   return TensorType(dtype, shape);
 }
 
+using SymbolDim = std::tuple<uint32_t, uint32_t, std::string, int64_t, int64_t>;  // tensor, dim, symbol, min, max
+using RangeTuple = std::tuple<uint32_t, SymbolBinding, const SizeProgram*, SymbolBinding>;
+
+// Marks dims of the program's inputs or outputs as symbols with their ranges.
+void mark_symbols(std::vector<IOTensor>& tensors, const std::vector<SymbolDim>& dims, const char* what) {
+  for (const auto& [i, d, symbol, lo, hi] : dims) {
+    KILN_CHECK(i < tensors.size() && d < tensors[i].type.dims.size(), kInvalidArgument, "write_bundle: ", what, " ", i,
+               " has no dim ", d);
+    Dim& dim = tensors[i].type.dims[d];
+    KILN_CHECK(!symbol.empty() && lo >= 0 && lo <= dim.extent && dim.extent <= hi, kInvalidArgument,
+               "write_bundle: ", what, " ", i, " dim ", d, ": ", dim.extent, " is not in the range [", lo, ", ", hi,
+               "] of '", symbol, "'");
+    dim.symbol = symbol, dim.min = lo, dim.max = hi;
+  }
+}
+
 nb::bytes write(const std::vector<nb::handle>& engines,
                 const std::vector<std::tuple<std::string, DType, std::vector<int64_t>>>& inputs,
                 const std::vector<std::tuple<std::string, uint32_t, std::vector<RefTuple>>>& steps,
-                const std::vector<std::tuple<std::string, RefTuple, DType, std::vector<int64_t>>>& outputs) {
+                const std::vector<std::tuple<std::string, RefTuple, DType, std::vector<int64_t>>>& outputs,
+                const std::vector<SymbolDim>& input_symbols, const std::vector<SymbolDim>& output_symbols,
+                const std::vector<RangeTuple>& ranges) {
   std::vector<std::unique_ptr<BufferView>> views;
   std::vector<std::span<const uint8_t>> files;
   for (nb::handle e : engines) {
@@ -123,6 +142,15 @@ nb::bytes write(const std::vector<nb::handle>& engines,
   }
   for (const auto& [name, ref, dtype, shape] : outputs)
     p.outputs.push_back({name, ref_of(ref), tensor_type(name, dtype, shape)});
+  mark_symbols(p.inputs, input_symbols, "input");
+  std::vector<IOTensor> outs;
+  for (const BundleOutput& o : p.outputs) outs.push_back({o.name, o.type});
+  mark_symbols(outs, output_symbols, "output");
+  for (size_t i = 0; i < outs.size(); ++i) p.outputs[i].type = outs[i].type;
+  for (const auto& [engine, built_at, program, pinned] : ranges) {
+    KILN_CHECK(program != nullptr, kInvalidArgument, "write_bundle: a range without a size program");
+    p.ranges.push_back({engine, built_at, *program, pinned});
+  }
   Bytes bytes;
   {
     nb::gil_scoped_release release;
@@ -134,15 +162,23 @@ nb::bytes write(const std::vector<nb::handle>& engines,
 }  // namespace
 
 void bind_bundle(nb::module_& m) {
-  m.def("write_bundle", &write, nb::arg("engines"), nb::arg("inputs"), nb::arg("steps"), nb::arg("outputs"),
-        nb::sig("def write_bundle(engines: Sequence[bytes | bytearray | memoryview | numpy.ndarray], "
-                "inputs: Sequence[tuple[str, DType, Sequence[int]]], "
-                "steps: Sequence[tuple[str, int, Sequence[tuple[int, int]]]], "
-                "outputs: Sequence[tuple[str, tuple[int, int], DType, Sequence[int]]]) -> bytes"),
-        "The bytes of a Kiln bundle: engine files, the program's inputs (name, dtype, shape), its steps (name, "
-        "engine index, arguments) and outputs (name, value, dtype, shape). A value is (-1, i): program input i, or (s, "
-        "k): "
-        "output k of step s. Raises InvalidArgumentError naming what does not fit the engines.");
+  m.def(
+      "write_bundle", &write, nb::arg("engines"), nb::arg("inputs"), nb::arg("steps"), nb::arg("outputs"),
+      nb::arg("input_symbols") = std::vector<SymbolDim>{}, nb::arg("output_symbols") = std::vector<SymbolDim>{},
+      nb::arg("ranges") = std::vector<RangeTuple>{},
+      nb::sig("def write_bundle(engines: Sequence[bytes | bytearray | memoryview | numpy.ndarray], "
+              "inputs: Sequence[tuple[str, DType, Sequence[int]]], "
+              "steps: Sequence[tuple[str, int, Sequence[tuple[int, int]]]], "
+              "outputs: Sequence[tuple[str, tuple[int, int], DType, Sequence[int]]], "
+              "input_symbols: Sequence[tuple[int, int, str, int, int]] = [], "
+              "output_symbols: Sequence[tuple[int, int, str, int, int]] = [], "
+              "ranges: Sequence[tuple[int, Mapping[str, int], SizeProgram, Mapping[str, int]]] = []) -> bytes"),
+      "The bytes of a Kiln bundle: engine files, the program's inputs (name, dtype, shape), its steps (name, "
+      "engine index, arguments) and outputs (name, value, dtype, shape). A value is (-1, i): program input i, or (s, "
+      "k): output k of step s. A dynamic program also gives the symbolic dims of its inputs and outputs (tensor, dim, "
+      "symbol, min, max; the shapes hold the compiled extents) and the ranges of its engines (engine, the binding "
+      "it was built at, its SizeProgram, the symbols its plan holds). Raises InvalidArgumentError naming what does "
+      "not fit the engines.");
 
   nb::class_<Bundle>(m, "Bundle", "A Kiln bundle: engines and the glue that calls them (kiln/bundle.h).")
       .def_static(
@@ -183,12 +219,36 @@ void bind_bundle(nb::module_& m) {
           },
           "Each engine call: (name, engine index, arguments as (-1, input) or (step, output)).")
       .def("create_context", &Bundle::create_context, nb::arg("use_graphs") = true,
-           "A context with its own buffers; use_graphs replays captured CUDA graphs per engine call.")
+           "A context with its own buffers; use_graphs replays captured CUDA graphs per engine call. A dynamic "
+           "bundle's runs at the sizes it was compiled at (at() for others).")
+      .def_prop_ro("dynamic", &Bundle::dynamic, "Whether an input has a symbolic dim (see at()).")
+      .def(
+          "bind", [](const Bundle& b, const std::vector<std::vector<int64_t>>& shapes) { return b.bind(shapes); },
+          nb::arg("shapes"), "The binding of the inputs' symbols that inputs of these shapes give.")
+      .def(
+          "at",
+          [](const Bundle& b, const SymbolBinding& binding) {
+            nb::gil_scoped_release release;
+            return std::const_pointer_cast<Bundle>(b.at(binding));
+          },
+          nb::arg("binding"), "This bundle at a binding of its symbols: a static bundle (instances made now).")
       .def(
           "run",
-          [](const Bundle& b, const std::vector<InArray>& arrays) { return run_arrays(*b.create_context(), arrays); },
+          [](const Bundle& b, const std::vector<InArray>& arrays) {
+            if (!b.dynamic()) return run_arrays(*b.create_context(), arrays);
+            std::vector<std::vector<int64_t>> shapes;
+            for (const InArray& a : arrays) shapes.emplace_back(a.shape_ptr(), a.shape_ptr() + a.ndim());
+            const SymbolBinding binding = b.bind(shapes);
+            std::shared_ptr<const Bundle> sized;
+            {
+              nb::gil_scoped_release release;
+              sized = b.at(binding);
+            }
+            return run_arrays(*sized->create_context(), arrays);
+          },
           nb::arg("inputs"), nb::sig("def run(self, inputs: Sequence[numpy.ndarray]) -> list[numpy.ndarray]"),
-          "Runs on CPU arrays in the bundle's input order (a context made for the call); returns numpy arrays.");
+          "Runs on CPU arrays in the bundle's input order (a context made for the call; a dynamic bundle at the "
+          "sizes of the arrays); returns numpy arrays.");
 
   nb::class_<BundleContext>(m, "BundleContext", "Runs a bundle; one call at a time per context.")
       .def("run", &run_arrays, nb::arg("inputs"),

@@ -118,6 +118,100 @@ std::shared_ptr<Bundle> Bundle::of_engine(std::shared_ptr<Engine> engine) {
   return b;
 }
 
+bool Bundle::dynamic() const {
+  for (const IOTensor& in : program_.inputs)
+    for (const Dim& d : in.type.dims)
+      if (!d.is_static()) return true;
+  return !program_.ranges.empty();
+}
+
+SymbolBinding Bundle::bind(const std::vector<std::vector<int64_t>>& shapes) const {
+  const auto& ins = program_.inputs;
+  KILN_CHECK(shapes.size() == ins.size(), kInvalidArgument, "the bundle takes ", ins.size(), " inputs, got ",
+             shapes.size(), " shapes");
+  SymbolBinding b;
+  for (size_t i = 0; i < ins.size(); ++i) {
+    const TensorType& t = ins[i].type;
+    const std::vector<int64_t>& s = shapes[i];
+    const std::string where = detail::concat("input ", i, " '", ins[i].name, "'");
+    KILN_CHECK(s.size() == t.dims.size(), kInvalidArgument, where, " has rank ", t.rank(), ", got the shape ",
+               TensorType(t.dtype, s).to_string());
+    for (size_t d = 0; d < s.size(); ++d) {
+      const Dim& dim = t.dims[d];
+      if (dim.is_static()) {
+        KILN_CHECK(s[d] == dim.extent, kShapeMismatch, where, " dim ", d, " is ", s[d], "; the bundle takes ",
+                   dim.extent, " there (a static dim)");
+        continue;
+      }
+      KILN_CHECK(s[d] >= dim.min && s[d] <= dim.max, kShapeMismatch, where, " dim ", d, " (", dim.symbol, ") is ", s[d],
+                 ", outside its range [", dim.min, ", ", dim.max, "]");
+      const auto [it, fresh] = b.emplace(dim.symbol, s[d]);
+      KILN_CHECK(fresh || it->second == s[d], kShapeMismatch, where, " dim ", d, " (", dim.symbol, ") is ", s[d],
+                 ", an earlier input gave ", dim.symbol, " = ", it->second);
+    }
+  }
+  return b;
+}
+
+std::shared_ptr<const Bundle> Bundle::at(const SymbolBinding& binding) const {
+  if (!dynamic()) return shared_from_this();
+  std::string text;
+  for (const auto& [name, value] : binding) text += detail::concat(text.empty() ? "" : ", ", name, "=", value);
+  std::shared_ptr<Bundle> b(new Bundle());
+  b->device_ = device_;
+  b->kiln_version_ = kiln_version_;
+  b->program_.steps = program_.steps;
+  for (const IOTensor& in : program_.inputs) {
+    std::vector<int64_t> shape;
+    for (const Dim& d : in.type.dims) {
+      if (d.is_static()) {
+        shape.push_back(d.extent);
+        continue;
+      }
+      const auto it = binding.find(d.symbol);
+      KILN_CHECK(it != binding.end(), kInvalidArgument, "Bundle::at: the binding (", text, ") lacks ", d.symbol,
+                 ", a dim of input '", in.name, "'");
+      KILN_CHECK(it->second >= d.min && it->second <= d.max, kShapeMismatch, "Bundle::at: ", d.symbol, " = ",
+                 it->second, " is outside its range [", d.min, ", ", d.max, "] (input '", in.name, "')");
+      shape.push_back(it->second);
+    }
+    b->program_.inputs.push_back({in.name, TensorType(in.type.dtype, shape)});
+  }
+  b->engines_ = engines_;
+  for (const BundleRange& r : program_.ranges) {
+    const std::string which = detail::concat("bundle engine ", r.engine, " (", callers_of(program_, r.engine), ")");
+    for (const auto& [name, value] : r.pinned) {
+      const auto it = binding.find(name);
+      KILN_CHECK(it != binding.end() && it->second == value, kUnsupported, which, " serves ", name, " = ", value,
+                 " only (its plan holds it there), not ", text);
+    }
+    SymbolBinding sub;
+    for (const std::string& name : r.program.symbols()) {
+      const auto it = binding.find(name);
+      KILN_CHECK(it != binding.end(), kInvalidArgument, "Bundle::at: the binding (", text, ") lacks ", name);
+      sub[name] = it->second;
+    }
+    if (sub == r.built_at) continue;
+    const Engine& e = *engines_[r.engine];
+    KernelOptions options = e.kernel_options();
+    options.optimization_level = 0;  // made now, untimed, as a new size of a dynamic program is
+    options.precompiled_only = true;
+    try {
+      b->engines_[r.engine] = e.instance(r.program.evaluate(e.graph(), sub), options);
+    } catch (const Error& err) {
+      throw Error(err.code(), detail::concat(which, " at ", text, ": ", message_of(err)));
+    }
+  }
+  for (const BundleOutput& o : program_.outputs) {
+    const TensorType& t = o.ref.step < 0
+                              ? b->program_.inputs[o.ref.index].type
+                              : b->engines_[program_.steps[size_t(o.ref.step)].engine]->outputs()[o.ref.index].type;
+    b->program_.outputs.push_back({o.name, o.ref, TensorType(t.dtype, t.shape())});
+  }
+  b->finish();
+  return b;
+}
+
 void Bundle::finish() {
   std::vector<bundle_file::EngineIO> io;
   for (const auto& e : engines_) io.push_back({e->inputs(), e->outputs()});
@@ -126,6 +220,11 @@ void Bundle::finish() {
 }
 
 std::unique_ptr<BundleContext> Bundle::create_context(bool use_graphs) const {
+  if (dynamic()) {  // at the sizes it was compiled at
+    std::vector<std::vector<int64_t>> shapes;
+    for (const IOTensor& in : program_.inputs) shapes.push_back(in.type.shape());
+    return at(bind(shapes))->create_context(use_graphs);
+  }
   return std::make_unique<BundleContext>(shared_from_this(), use_graphs);
 }
 
@@ -135,6 +234,8 @@ std::vector<Bytes> Bundle::run(const std::vector<Bytes>& inputs) const { return 
 
 BundleContext::BundleContext(std::shared_ptr<const Bundle> bundle, bool use_graphs) : bundle_(std::move(bundle)) {
   const Bundle& b = *bundle_;
+  KILN_CHECK(!b.dynamic(), kInvalidArgument,
+             "a dynamic bundle runs at one binding of its symbols: Bundle::at(binding)->create_context()");
   const BundleProgram& p = b.program();
   backend_ = &get_backend(b.device());
   // Each step output goes into the first program output that names it, else a buffer of ours.

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <set>
 
 #include "kiln/errors.h"
 #include "src/runtime/bundle_file.h"
@@ -23,6 +24,7 @@ constexpr size_t kMinStepBytes = 4 + 4 + 4;        // name length, engine, nargs
 constexpr size_t kMinRefBytes = 4 + 4;             // step, index
 constexpr size_t kMinOutputBytes = 4 + kMinRefBytes + 1 + 4;  // name length, ref, dtype, rank
 constexpr size_t kMinEngineBytes = 8;              // length
+constexpr size_t kMinRangeBytes = 4 + 4 + 8 + 4;   // engine, built_at count, program length, pinned count
 constexpr int64_t kMaxTensorBytes = int64_t(1) << 50;
 
 // The message of `e` without its "[code] " prefix, "engine file" reworded to "bundle".
@@ -52,25 +54,58 @@ BundleRef read_ref(ByteReader& r) {
   return ref;
 }
 
-void write_tensor(ByteWriter& w, const TensorType& t) {
-  w.u8(uint8_t(t.dtype));
-  w.u32(uint32_t(t.rank()));
-  for (int64_t e : t.shape()) w.i64(e);
-}
-
-// A dense tensor's dtype and extents; `what` names it in errors.
+// A tensor's dtype and dims (extents, and symbols with their ranges); `what` names it in errors.
 TensorType read_tensor(ByteReader& r, const std::string& what) {
   const uint8_t dtype = r.u8();
   if (dtype >= kNumDTypes) r.fail_corrupted(detail::concat(what, " has the unknown dtype code ", int(dtype)));
-  std::vector<int64_t> shape(size_t(r.count32(8, "dimensions")));
-  int64_t bytes = int64_t(dtype_size(DType(dtype)));
-  for (int64_t& e : shape) {
-    e = r.i64();
-    if (e < 0 || (e > 0 && bytes > kMaxTensorBytes / e))
-      r.fail_corrupted(detail::concat(what, " has the impossible extent ", e));
-    bytes *= e;
+  TensorType t;
+  t.dtype = DType(dtype);
+  t.dims.resize(size_t(r.count32(8 + 4 + 16, "dimensions")));
+  int64_t bytes = int64_t(dtype_size(t.dtype));
+  for (Dim& d : t.dims) {
+    d.extent = r.i64();
+    d.symbol = r.str("a dimension's symbol");
+    d.min = r.i64();
+    d.max = r.i64();
+    if (!d.is_static() && (d.min < 0 || d.extent < d.min || d.extent > d.max))
+      r.fail_corrupted(detail::concat(what, " has the dim ", d.symbol, " = ", d.extent, " outside its range [", d.min,
+                                      ", ", d.max, "]"));
+    if (d.extent < 0 || (d.extent > 0 && bytes > kMaxTensorBytes / d.extent))
+      r.fail_corrupted(detail::concat(what, " has the impossible extent ", d.extent));
+    bytes *= d.extent;
   }
-  return TensorType(DType(dtype), shape);
+  return t;
+}
+
+// A tensor: dtype, rank, per dim its extent, symbol ("" when static), min and max (0 when static).
+void write_tensor(ByteWriter& w, const TensorType& t) {
+  w.u8(uint8_t(t.dtype));
+  w.u32(uint32_t(t.rank()));
+  for (const Dim& d : t.dims) {
+    w.i64(d.extent);
+    w.str(d.symbol, "a dimension's symbol");
+    w.i64(d.is_static() ? 0 : d.min);
+    w.i64(d.is_static() ? 0 : d.max);
+  }
+}
+
+void write_binding(ByteWriter& w, const SymbolBinding& b) {
+  w.u32(uint32_t(b.size()));
+  for (const auto& [symbol, value] : b) {
+    w.str(symbol, "a symbol's name");
+    w.i64(value);
+  }
+}
+
+SymbolBinding read_binding(ByteReader& r) {
+  SymbolBinding b;
+  const uint64_t n = r.count32(4 + 8, "symbols of a binding");
+  for (uint64_t i = 0; i < n; ++i) {
+    std::string symbol = r.str("a symbol's name");
+    const int64_t value = r.i64();
+    if (!b.emplace(std::move(symbol), value).second) r.fail_corrupted("a binding that names a symbol twice");
+  }
+  return b;
 }
 
 // The container checks and the glue; throws with the ByteReader's "engine file" wording.
@@ -125,6 +160,15 @@ BundleFile read_unnamed(const uint8_t* data, size_t size) {
     o.ref = read_ref(r);
     o.type = read_tensor(r, "program output '" + o.name + "'");
   }
+  p.ranges.resize(size_t(r.count32(kMinRangeBytes, "engine ranges")));
+  for (BundleRange& range : p.ranges) {
+    range.engine = r.u32();
+    range.built_at = read_binding(r);
+    const uint64_t length = r.u64();
+    const uint8_t* bytes = r.take(length);
+    range.program = SizeProgram::deserialize(bytes, size_t(length));
+    range.pinned = read_binding(r);
+  }
 
   r = ByteReader(data + r.offset(), body - r.offset(), r.offset(), "the bundle's engines");
   f.engines.resize(size_t(r.count32(kMinEngineBytes, "engines")));
@@ -173,6 +217,15 @@ Bytes write(const std::string& kiln_version, const BundleProgram& program,
     write_ref(w, o.ref);
     write_tensor(w, o.type);
   }
+  w.u32(uint32_t(program.ranges.size()));
+  for (const BundleRange& range : program.ranges) {
+    w.u32(range.engine);
+    write_binding(w, range.built_at);
+    const Bytes bytes = range.program.serialize();
+    w.u64(bytes.size());
+    w.bytes(bytes.data(), bytes.size());
+    write_binding(w, range.pinned);
+  }
   w.u32(uint32_t(engines.size()));
   for (const auto& e : engines) {
     w.u64(e.size());
@@ -203,7 +256,36 @@ std::string program_problem(const BundleProgram& p, const std::vector<EngineIO>&
     const auto& outs = *step_outputs[size_t(r.step)];
     return r.index < outs.size() ? &outs[r.index] : nullptr;
   };
-  auto same = [](const TensorType& a, const TensorType& b) { return a.dtype == b.dtype && a.shape() == b.shape(); };
+  // A dynamic program's engines were built at sizes of their own: types compare by dtype and rank
+  // here, and by extent once Bundle::at made the program static.
+  std::set<std::string> symbols;
+  for (const IOTensor& in : p.inputs)
+    for (const Dim& d : in.type.dims)
+      if (!d.is_static()) symbols.insert(d.symbol);
+  const bool sized = symbols.empty() && p.ranges.empty();
+  auto same = [&](const TensorType& a, const TensorType& b) {
+    return a.dtype == b.dtype && (sized ? a.shape() == b.shape() : a.rank() == b.rank());
+  };
+  std::set<uint32_t> ranged;
+  for (size_t i = 0; i < p.ranges.size(); ++i) {
+    const BundleRange& r = p.ranges[i];
+    if (r.engine >= engines.size() || !ranged.insert(r.engine).second)
+      return detail::concat("range ", i, " is of engine ", r.engine, ", which is not an engine or has a range already");
+    std::set<std::string> fitted(r.program.symbols().begin(), r.program.symbols().end()), at;
+    for (const auto& [name, value] : r.built_at) at.insert(name);
+    if (at != fitted)
+      return detail::concat("range ", i, " (engine ", r.engine,
+                            ") records where it was built for other symbols than "
+                            "its size program's");
+    for (const std::string& name : fitted)
+      if (!symbols.count(name))
+        return detail::concat("range ", i, " (engine ", r.engine, ") fits the symbol ", name,
+                              ", which no program input has");
+    for (const auto& [name, value] : r.pinned)
+      if (!symbols.count(name))
+        return detail::concat("range ", i, " (engine ", r.engine, ") holds the symbol ", name,
+                              ", which no program input has");
+  }
   for (size_t s = 0; s < p.steps.size(); ++s) {
     const BundleStep& step = p.steps[s];
     const std::string where = detail::concat("step ", s, " ('", step.name, "')");

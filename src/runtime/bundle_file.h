@@ -12,7 +12,11 @@
 //                u32 ninputs,  per input:  str name, tensor
 //                u32 nsteps,   per step:   str name, u32 engine index, u32 nargs, ref*
 //                u32 noutputs, per output: str name, ref, tensor
-//                tensor := u8 dtype (DType enum), u32 rank, rank x i64 extent
+//                u32 nranges,  per range:  u32 engine, binding built_at, u64 length + the SizeProgram's
+//                              bytes (SizeProgram::serialize), binding pinned
+//                tensor := u8 dtype (DType enum), u32 rank, per dim: i64 extent, str symbol ("" for a
+//                          static dim), i64 min, i64 max (0, 0 for a static dim)
+//                binding := u32 count, per symbol: str name, i64 value
 //                ref := i32 step (-1: a program input), u32 index (of the program input, or of
 //                       the step's engine outputs)
 //              u32 nengines, per engine: u64 length, zero padding to the next file offset that is a
@@ -24,7 +28,8 @@
 // parsed (kCorrupted), then every read is bounds checked (kTruncated) and every count checked
 // against the bytes left before allocating (kCorrupted). The glue is then checked against the
 // engines' inputs and outputs (program_problem): a failure is kCorrupted for a file read and
-// kInvalidArgument for a program being written.
+// kInvalidArgument for a program being written. Format 1 (no symbols, no ranges) is refused
+// with kVersionMismatch.
 #pragma once
 
 #include <cstddef>
@@ -38,7 +43,7 @@
 namespace kiln::bundle_file {
 
 inline constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'B', 'D', 'L', '\0'};
-inline constexpr uint32_t kBundleFormatVersion = 1;
+inline constexpr uint32_t kBundleFormatVersion = 2;
 inline constexpr size_t kFixedHeaderBytes = 20;  // magic, version, file size
 inline constexpr size_t kTrailerBytes = 8;
 inline constexpr size_t kEngineAlignment = 64;
@@ -61,8 +66,10 @@ struct EngineIO {
 // What is wrong with `program` for engines with these inputs and outputs ("" when nothing is): at
 // least one engine, engine indices in range, each step's argument count and types equal to its
 // engine's inputs, references only to program inputs and earlier steps' outputs, each program
-// output's type that of its value (types compare by dtype and extents). When nothing is wrong
-// and `outputs` is not null, it receives the program outputs' names and types.
+// output's type that of its value (types compare by dtype and extents; in a dynamic program,
+// whose engines were built at sizes of their own, by dtype and rank), each range of a distinct
+// engine, its symbols those of the program's inputs. When nothing is wrong and `outputs` is not
+// null, it receives the program outputs' names and types.
 std::string program_problem(const BundleProgram& program, const std::vector<EngineIO>& engines,
                             std::vector<IOTensor>* outputs);
 

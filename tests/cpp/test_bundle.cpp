@@ -42,7 +42,7 @@ struct GlueOffsets {
   std::vector<size_t> step_engine;   // per step
   std::vector<size_t> step_args;     // per step: its first argument's i32 step
   std::vector<size_t> output_dtype;  // per program output
-  size_t nsteps = 0, engines = 0;    // the step count; the engine count
+  size_t nsteps = 0, ranges = 0, engines = 0;  // the step count; the range count; the engine count
 };
 GlueOffsets walk(const Bytes& b) {
   GlueOffsets g;
@@ -52,7 +52,12 @@ GlueOffsets walk(const Bytes& b) {
     dtype_at.push_back(at);
     at += 1;
     const size_t rank = size_t(get_le(b, at, 4));
-    at += 4 + 8 * rank;
+    at += 4;
+    for (size_t d = 0; d < rank; ++d) {
+      at += 8;  // the extent
+      skip_str();  // the symbol ("" for a static dim)
+      at += 16;    // min, max
+    }
   };
   skip_str();  // the Kiln version
   const size_t ninputs = size_t(get_le(b, at, 4));
@@ -79,6 +84,9 @@ GlueOffsets walk(const Bytes& b) {
     at += 8;  // the ref
     skip_tensor(g.output_dtype);
   }
+  g.ranges = at;
+  EXPECT_EQ(get_le(b, at, 4), 0u);  // a static program's bundle has no engine ranges
+  at += 4;
   g.engines = at;
   return g;
 }
@@ -205,7 +213,7 @@ TEST_F(BundleTest, WriteRefusesProgramsThatDoNotFitTheirEngines) {
 TEST_F(BundleTest, DamagedFilesAreRefusedNamingTheCause) {
   const Bytes good = routed();
   EXPECT_EQ(std::string(good.begin(), good.begin() + 8), std::string("KILNBDL\0", 8));
-  EXPECT_EQ(get_le(good, 8, 4), 1u);
+  EXPECT_EQ(get_le(good, 8, 4), 2u);
   EXPECT_EQ(get_le(good, 12, 8), good.size());
   const GlueOffsets g = walk(good);
   ASSERT_EQ(g.step_engine.size(), 3u);
@@ -229,10 +237,10 @@ TEST_F(BundleTest, DamagedFilesAreRefusedNamingTheCause) {
   b[0] = 'X';
   expect_error([&] { read(b); }, ErrorCode::kCorrupted, {"not a Kiln bundle: bad magic"});
   b = good;
-  put_le(b, 8, 2, 4);
+  put_le(b, 8, 3, 4);
   reseal(b);
   expect_error([&] { read(b); }, ErrorCode::kVersionMismatch,
-               {"bundle format version 2, this Kiln reads format version 1"});
+               {"bundle format version 3, this Kiln reads format version 2"});
   b = good;
   b.push_back(0);
   expect_error([&] { read(b); }, ErrorCode::kCorrupted, {"bundle corrupted: it has 1 bytes past the end"});

@@ -5,15 +5,20 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <span>
 
+#include "kiln/bundle.h"
 #include "kiln/kiln.h"
 #include "kiln/refit.h"
 #include "kiln/size_program.h"
+#include "tests/cpp/error_test_util.h"
 #include "tests/cpp/pass_test_util.h"
 
 namespace {
 
 using namespace kiln;
+using kiln::test::expect_error;
 using kiln::test::random_floats;
 using Floats = std::vector<float>;
 
@@ -177,3 +182,76 @@ TEST(SizeProgram, AnInstanceRefusesToRunOnceItsParentWasRefitted) {
 }
 
 }  // namespace
+
+// ---- serialized programs and dynamic bundles ------------------------------------------------
+
+TEST(SizeProgram, ASerializedProgramEvaluatesAsTheOriginal) {
+  Fixture f;
+  const Graph base = f.plan(3);
+  const SizeProgram p = SizeProgram::fit({{{{"b", 3}}, Graph(base)}, f.sample(5), f.sample(7), f.sample(2)});
+  const Bytes bytes = p.serialize();
+  const SizeProgram q = SizeProgram::deserialize(bytes.data(), bytes.size());
+  EXPECT_EQ(q.symbols(), p.symbols());
+  EXPECT_EQ(q.to_string(), p.to_string());
+  for (int64_t b : {1, 11})
+    EXPECT_EQ(q.evaluate(base, {{"b", b}}).to_string(), p.evaluate(base, {{"b", b}}).to_string());
+
+  for (size_t n : {size_t(0), size_t(3), bytes.size() - 1})
+    expect_error([&] { SizeProgram::deserialize(bytes.data(), n); }, ErrorCode::kTruncated, {"truncated"});
+  Bytes longer = bytes;
+  longer.push_back(0);
+  expect_error([&] { SizeProgram::deserialize(longer.data(), longer.size()); }, ErrorCode::kCorrupted,
+               {"1 bytes after the size program"});
+  Bytes none = bytes;
+  none[0] = 0;  // no symbols
+  expect_error([&] { SizeProgram::deserialize(none.data(), none.size()); }, ErrorCode::kCorrupted,
+               {"a size program of 0 symbols"});
+}
+
+// A bundle of one ranged engine (built at b = 3, fitted over b in 1..64): Bundle::at makes its
+// instance for a batch and runs what an engine built for that batch computes; shapes outside the
+// range, or binding a symbol two ways, are refused naming the input, the dim and the range.
+TEST(SizeProgram, ADynamicBundleServesEveryBatchOfItsRange) {
+  Fixture f;
+  std::shared_ptr<Engine> parent = Builder(f.config).build(network(3, f.c, f.w));
+  BundleProgram prog;
+  TensorType x(DType::kF32, {3, kCols});
+  x.dims[0].symbol = "b", x.dims[0].min = 1, x.dims[0].max = 64;
+  prog.inputs.push_back({"x", x});
+  prog.steps.push_back({"net", 0, {{-1, 0}}});
+  for (uint32_t k = 0; k < 2; ++k)
+    prog.outputs.push_back({parent->outputs()[k].name, {0, k}, parent->outputs()[k].type});
+  prog.ranges.push_back(
+      {0,
+       {{"b", 3}},
+       SizeProgram::fit({{{{"b", 3}}, Graph(parent->graph())}, f.sample(5), f.sample(7), f.sample(2)}),
+       {}});
+  const Bytes engine = parent->serialize();
+  const Bytes file = write_bundle({std::span<const uint8_t>(engine)}, prog);
+  std::shared_ptr<Bundle> bundle = Bundle::deserialize(file.data(), file.size());
+  ASSERT_TRUE(bundle->dynamic());
+  for (int64_t b : {1, 3, 11, 64}) {
+    const SymbolBinding binding = bundle->bind({{b, kCols}});
+    EXPECT_EQ(binding, (SymbolBinding{{"b", b}}));
+    std::shared_ptr<const Bundle> sized = bundle->at(binding);
+    ASSERT_FALSE(sized->dynamic());
+    EXPECT_EQ(sized->engines()[0] == bundle->engines()[0], b == 3) << "the engine itself where it was built";
+    const Floats xs = random_floats(size_t(b * kCols), uint32_t(b + 100));
+    Bytes in(xs.size() * 4);
+    std::memcpy(in.data(), xs.data(), in.size());
+    const std::vector<Bytes> got = sized->run({in});
+    const std::vector<Floats> want = run(*Builder(f.config).build(network(b, f.c, f.w)), xs, b);
+    for (size_t o = 0; o < 2; ++o) {
+      ASSERT_EQ(got[o].size(), want[o].size() * 4);
+      EXPECT_EQ(std::memcmp(got[o].data(), want[o].data(), got[o].size()), 0) << "b=" << b << " output " << o;
+    }
+  }
+  expect_error([&] { bundle->bind({{65, kCols}}); }, ErrorCode::kShapeMismatch,
+               {"input 0 'x' dim 0 (b) is 65, outside its range [1, 64]"});
+  expect_error([&] { bundle->bind({{4, kCols + 1}}); }, ErrorCode::kShapeMismatch,
+               {"input 0 'x' dim 1 is 9; the bundle takes 8 there (a static dim)"});
+  expect_error([&] { bundle->at({{"b", 0}}); }, ErrorCode::kShapeMismatch, {"b = 0 is outside its range [1, 64]"});
+  expect_error([&] { bundle->at({}); }, ErrorCode::kInvalidArgument, {"lacks b"});
+  // A context of the dynamic bundle runs at the sizes it was compiled at.
+  EXPECT_EQ(bundle->create_context()->bundle().inputs()[0].type.shape(), (std::vector<int64_t>{3, kCols}));
+}

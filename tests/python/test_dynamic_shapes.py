@@ -3,7 +3,8 @@
 Outputs are compared with eager PyTorch at several sizes, through kiln.compile (torch.export's
 dynamic_shapes, kiln.Input ranges) and torch.compile (dynamic=True, mark_dynamic); export and
 lowering are counted to happen once; errors, settings and the dry-run report are checked
-word for word."""
+word for word. A dynamic program's bundle is run by the C++ runtime and kiln-run at several
+sizes, against eager."""
 
 from __future__ import annotations
 
@@ -11,12 +12,15 @@ import json
 import logging
 import math
 import os
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -27,6 +31,7 @@ import kiln.aot
 import kiln.dynamic
 import kiln.dynamo
 import kiln.lowering
+from kiln import _C
 from kiln.archive import _safe_expression
 from kiln.cached_build import cache_stats, reset_cache_stats
 from kiln.dynamic import Specializations, dynamic_program_of
@@ -579,14 +584,74 @@ def test_damaged_dynamic_files_raise_at_load(saved_cnn: dict, tmp_path: Path) ->
         kiln.load(bad)
 
 
-def test_dynamic_program_cannot_be_bundled_or_extracted(saved_cnn: dict, tmp_path: Path) -> None:
+def _kiln_run() -> str | None:
+    build = os.environ.get("KILN_BUILD_DIR")
+    if build and (Path(build) / "kiln-run").exists():
+        return str(Path(build) / "kiln-run")
+    return shutil.which("kiln-run")
+
+
+def test_dynamic_program_bundle_serves_its_range(tmp_path: Path) -> None:
+    """A bundle of a dynamic program holds, per block, the engine its instances run on and the
+    fitted sizes: the C++ runtime and kiln-run serve any batch in the range without Python, and
+    refuse one outside it naming the input, the dim and the range."""
     m = _cnn()
     x = torch.randn(2, 3, 16, 16)
     compiled = kiln.compile(m, [x], dynamic_shapes=({0: Dim("b", min=1, max=8)},), min_block_size=1)
-    with pytest.raises(kiln.UnsupportedError) as err:
+    path = tmp_path / "m.kiln"
+    assert isinstance(kiln.save(compiled, path, [x], output_format="kiln_bundle"), torch.export.ExportedProgram)
+    bundle = _C.Bundle.load(path)
+    assert bundle.dynamic
+    with torch.no_grad():
+        for b in (2, 1, 5, 8):
+            xb = torch.randn(b, 3, 16, 16)
+            _close(torch.from_numpy(bundle.run([xb.numpy()])[0]), m(xb))
+    with pytest.raises(kiln.ShapeMismatchError, match=r"input 0 'x' dim 0 \(\w+\) is 9, outside its range \[1, 8\]"):
+        bundle.run([torch.randn(9, 3, 16, 16).numpy()])
+    with pytest.raises(kiln.ShapeMismatchError, match=r"dim 2 is 15; the bundle takes 16 there \(a static dim\)"):
+        bundle.bind([[2, 3, 15, 16]])
+
+    runner = _kiln_run()
+    if runner is None:
+        pytest.skip("kiln-run is not built (set KILN_BUILD_DIR)")
+    x5 = torch.randn(5, 3, 16, 16)
+    np.save(tmp_path / "x5.npy", x5.numpy())
+    run = subprocess.run([runner, str(path), "--inputs", str(tmp_path / "x5.npy"), "--iterations", "1", "--outputs",
+                          str(tmp_path / "out")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert re.search(r"sizes: \w+=5", run.stdout), run.stdout
+    with torch.no_grad():
+        _close(torch.from_numpy(np.load(tmp_path / "out" / "out0_result_0.npy")), m(x5))
+    run = subprocess.run([runner, str(path), "--shapes", "x:7x3x16x16", "--iterations", "1"], capture_output=True,
+                         text=True)
+    assert run.returncode == 0 and re.search(r"sizes: \w+=7", run.stdout), run.stdout + run.stderr
+    run = subprocess.run([runner, str(path), "--shapes", "input0:9x3x16x16"], capture_output=True, text=True)
+    assert run.returncode == 1 and "outside its range [1, 8]" in run.stderr, run.stderr
+
+
+def test_encoder_bundle_serves_sequence_lengths(tmp_path: Path) -> None:
+    torch.manual_seed(1)
+    m = Encoder().eval()
+    seq = Dim("seq", min=2, max=64)
+    compiled = kiln.compile(m, list(_encoder_inputs(2, 8)), dynamic_shapes=({1: seq}, {1: seq}))
+    kiln.save(compiled, tmp_path / "enc.kiln", list(_encoder_inputs(2, 8)), output_format="kiln_bundle")
+    bundle = _C.Bundle.load(tmp_path / "enc.kiln")
+    with torch.no_grad():
+        for s in (8, 3, 17, 64):
+            ids, mask = _encoder_inputs(2, s)
+            _close(torch.from_numpy(bundle.run([ids.numpy(), mask.numpy()])[0]), m(ids, mask))
+    with pytest.raises(kiln.ShapeMismatchError, match=r"input 1 'mask' dim 1 \(\w+\) is 9, an earlier input gave"):
+        bundle.bind([[2, 8], [2, 9]])
+
+
+def test_a_block_without_one_engine_for_its_range_is_not_bundled(saved_cnn: dict, tmp_path: Path) -> None:
+    m = _cnn()
+    x = torch.randn(2, 3, 16, 16)
+    compiled = kiln.compile(m, [x], dynamic_shapes=({0: Dim("b", min=1, max=8)},), min_block_size=1,
+                            dynamic_instances=False)
+    with pytest.raises(kiln.UnsupportedError, match=r"kiln.save\(output_format='kiln_bundle'\): block 0 \(.*\) has no "
+                       r"engine for the whole range"):
         kiln.save(compiled, tmp_path / "m.kiln", [x], output_format="kiln_bundle")
-    assert str(err.value).startswith("kiln.save(output_format='kiln_bundle'): the module is a dynamic-shape program; "
-                                     "a bundle holds one engine per block for one set of input shapes")
     assert not (tmp_path / "m.kiln").exists()
     with pytest.raises(kiln.UnsupportedError, match=r"kiln.extract_engines: .* is a dynamic-shape program"):
         kiln.extract_engines(saved_cnn["path"], tmp_path / "engines")
@@ -777,3 +842,19 @@ def test_cuda_sequence_range_serves_lengths_that_are_no_multiple_of_8() -> None:
         for s in (33, 17, 100):
             x = inputs(s)
             torch.testing.assert_close(compiled(*x), m(*x), rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.cuda
+def test_cuda_dynamic_bundle_serves_its_range(tmp_path: Path) -> None:
+    """The C++ runtime makes a CUDA bundle's instances (Bundle::at) for each batch it is given."""
+    m = _cnn().cuda()
+    x = torch.randn(2, 3, 16, 16, device="cuda")
+    compiled = kiln.compile(m, [x], dynamic_shapes=({0: Dim("b", min=1, max=8)},), min_block_size=1, device="cuda")
+    kiln.save(compiled, tmp_path / "m.kiln", [x], output_format="kiln_bundle")
+    bundle = _C.Bundle.load(tmp_path / "m.kiln")
+    assert bundle.dynamic and bundle.device.startswith("cuda")
+    with torch.no_grad():
+        for b in (3, 8, 1):
+            xb = torch.randn(b, 3, 16, 16)
+            got = torch.from_numpy(bundle.run([xb.numpy()])[0])
+            torch.testing.assert_close(got, m(xb.cuda()).cpu(), rtol=2e-3, atol=2e-3)
