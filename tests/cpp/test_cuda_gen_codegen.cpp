@@ -77,6 +77,16 @@ TEST(CudaGenCodegen, Reduce) {
   const std::string rows = check(gen::generate_reduce, one_node(OpKind::kReduceMean, {tt(DType::kF16, {8, 4096})},
                                                                 attrs({{"axes", std::vector<int64_t>{1}}})));
   EXPECT_NE(rows.find("block per output, 8-wide"), std::string::npos) << rows;
+  // A short run takes the lanes that cover its words, several outputs per warp.
+  const std::pair<Shape, std::string> short_rows[] = {{{389, 32}, "(4 lanes per output, 8-wide"},
+                                                      {{50, 7}, "(8 lanes per output, 1-wide"},
+                                                      {{9, 8}, "(1 lane per output, 8-wide"},
+                                                      {{4, 600}, "(warp per output, 8-wide"}};
+  for (const auto& [shape, want] : short_rows) {
+    const std::string d = check(gen::generate_reduce, one_node(OpKind::kReduceSum, {tt(DType::kF16, shape)},
+                                                               attrs({{"axes", std::vector<int64_t>{1}}})));
+    EXPECT_NE(d.find(want), std::string::npos) << d;
+  }
   const std::string cols = check(gen::generate_reduce, one_node(OpKind::kReduceSum, {tt(DType::kF32, {64, 3, 100})},
                                                                 attrs({{"axes", std::vector<int64_t>{0}}})));
   EXPECT_NE(cols.find("columns"), std::string::npos) << cols;

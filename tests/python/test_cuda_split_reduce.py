@@ -1,4 +1,5 @@
-"""Few long rows split across blocks (plan.h's split_rows) on CUDA, against PyTorch.
+"""Few long rows split across blocks (plan.h's split_rows), and short rows sharing a warp, on
+CUDA, against PyTorch.
 
 A norm, reduction or softmax whose rows are fewer than two per multiprocessor (under 228 on any
 H100 or H200) and long runs each row on several blocks: a first kernel writes each chunk's
@@ -19,6 +20,7 @@ one launch or both). Skipped where Kiln has no CUDA device.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -251,3 +253,38 @@ def test_many_rows_keep_one_block_per_row() -> None:
     assert engine.workspace_size == 0
     (got,) = _run(engine, [t for t in inputs if t is not None])
     _compare(case, torch.float16, got, inputs, "")
+
+
+# Short rows: a single reduced run of at most 16 words takes the power of two of lanes that covers
+# it, several outputs per warp (Swin V2's norm over a head dim of 32; odd lengths; output counts
+# that leave a warp's last groups past the end; a variance's two passes; a run of one word).
+SHORT_CASES = [
+    Case("sum-head-dim", "reduce_sum", [[6 * 64 + 5, 32]], {"axes": [1], "keepdim": True},
+         lambda x: x.sum(1, keepdim=True), uniform=True),
+    Case("mean-24", "reduce_mean", [[77, 24]], {"axes": [1], "keepdim": False}, lambda x: x.mean(1), uniform=True),
+    Case("var-odd-7", "reduce_var", [[50, 7]], {"axes": [1], "keepdim": False, "correction": 1.0},
+         lambda x: x.var(1, correction=1), uniform=True),
+    Case("max-16", "reduce_max", [[33, 3, 16]], {"axes": [2], "keepdim": False}, lambda x: x.amax(2), exact=True),
+    Case("sum-one-word", "reduce_sum", [[9, 8]], {"axes": [1], "keepdim": False}, lambda x: x.sum(1), uniform=True),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("case", SHORT_CASES, ids=[c.id for c in SHORT_CASES])
+def test_short_rows_share_a_warp_and_match_pytorch(case: Case, dtype: torch.dtype) -> None:
+    inputs = _inputs(case, dtype, seed=4)
+    feeds = [t for t in inputs if t is not None]
+    engine = _build(_graph(case, dtype))
+    assert re.search(r"\(\d+ lanes? per output", engine.build_log), engine.build_log
+    (got,) = _run(engine, feeds)
+    _compare(case, dtype, got, inputs, "")
+    ctx = engine.create_execution_context(use_graphs=True)
+    with _side_stream():
+        _run(engine, [_rolled(t) for t in feeds], ctx=ctx)
+        other = _inputs(case, dtype, seed=5)
+        (got,) = _run(engine, [t for t in other if t is not None], ctx=ctx)
+    _compare(case, dtype, got, other, " (CUDA graph replay)")
+    if dtype == torch.float16:
+        for inputs_too in (True, False):
+            got = _run_offset(engine, feeds, inputs_too)
+            _compare(case, dtype, got, inputs, " (misaligned output" + (" and inputs)" if inputs_too else ")"))

@@ -4,9 +4,10 @@
 // At make time x's dims are collapsed as on the CPU (unit dims dropped, neighbours that are
 // both reduced or both kept merged), leaving kept dims and reduced dims around an innermost
 // run that is either reduced (rows) or kept (columns):
-//   rows:    one warp per output (at most 2048 reduced elements) or one 256-thread block,
-//            16-byte loads when every run starts aligned; warp shuffles combine the lanes
-//            (codegen/cuh/reduce_rows.cuh);
+//   rows:    one warp per output (at most 2048 reduced elements; a single run of at most 16
+//            words takes the power of two of lanes that covers it, several outputs per warp)
+//            or one 256-thread block, 16-byte loads when every run starts aligned; shuffles
+//            combine the lanes (codegen/cuh/reduce_rows.cuh);
 //   columns: where every run starts 16-byte aligned, one 16-byte word of consecutive outputs
 //            per block, 32 to 256 threads splitting the reduction with up to four words in
 //            flight each (reduce_cols_vec.cuh); else 32 consecutive outputs per block, 8 or 32
@@ -197,17 +198,31 @@ Generated generate_reduce(const Node& n, const Graph& g, const Target& t) {
     const int vec = word_elements(L, dt);
     const bool block = L.count > 2048;
     const int64_t nro = L.count / L.inner;
+    // Lanes per output: a warp, or for one short run the power of two that covers its words (a
+    // head dim of 32 halves is 4 words: 8 outputs per warp instead of 4 busy lanes in 32).
+    auto group_of = [&](int v) {
+      int lanes = 32;
+      while (!block && nro == 1 && lanes > 1 && int64_t(lanes / 2) * v >= L.inner) lanes /= 2;
+      return lanes;
+    };
     auto rows = [&](int v) {
       const std::string name = "kg_reduce_rows_v" + std::to_string(v);
-      gn.source += define("KG_BLOCK", block) + define("KG_V", v) + std::string(embedded_source("reduce_rows.cuh"));
-      Launch l(name, block ? blocks_for(L.outputs, 1) : blocks_for(L.outputs, 8), 256);
+      const int lanes = group_of(v);
+      gn.source += define("KG_BLOCK", block) + define("KG_GROUP", lanes) + define("KG_V", v) +
+                   std::string(embedded_source("reduce_rows.cuh"));
+      const int64_t warps = (L.outputs + 32 / lanes - 1) / (32 / lanes);
+      Launch l(name, block ? blocks_for(L.outputs, 1) : blocks_for(warps, 8), 256);
       l.in(0).out(0).val(side).i64(L.outputs).i64(nro).i64(L.inner).i64(L.count).f64(correction);
       return l;
     };
     Launch l = rows(vec);
     if (vec > 1) with_fallback(l, 16, rows(1));
     gn.plan.launches.push_back(std::move(l));
-    gn.plan.describe = desc + (block ? " (block" : " (warp") + " per output, " + std::to_string(vec) + "-wide loads)";
+    const int lanes = group_of(vec);
+    const std::string who = block         ? "block"
+                            : lanes == 32 ? "warp"
+                                          : std::to_string(lanes) + (lanes == 1 ? " lane" : " lanes");
+    gn.plan.describe = desc + " (" + who + " per output, " + std::to_string(vec) + "-wide loads)";
   } else {
     gn.source += std::string(embedded_source("reduce_cols.cuh"));
     const int64_t rows = L.outputs / L.inner, tiles = (L.inner + 31) / 32;

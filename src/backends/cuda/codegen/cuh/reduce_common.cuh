@@ -50,6 +50,14 @@ __device__ __forceinline__ A kg_wred(A v) {
   for (int o = 16; o > 0; o >>= 1) v = kg_comb(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
+// The combination over an aligned group of G lanes (a power of two up to 32), in every lane of it;
+// the whole warp calls it.
+template <int G>
+__device__ __forceinline__ A kg_gred(A v) {
+#pragma unroll
+  for (int o = G / 2; o > 0; o >>= 1) v = kg_comb(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
 __device__ __forceinline__ A kg_bred(A v, A* sm) {
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
   v = kg_wred(v);
