@@ -224,7 +224,11 @@ TEST(CudaGenCodegen, Shape) {
   }
   const std::string nhwc = check(gen::generate_shape, one_node(OpKind::kPermute, {tt(DType::kF16, {8, 64, 56, 56})},
                                                                attrs({{"perm", Shape{0, 2, 3, 1}}})));
-  EXPECT_NE(nhwc.find("tiled transpose"), std::string::npos) << nhwc;
+  EXPECT_NE(nhwc.find("tiled transpose of pairs"), std::string::npos) << nhwc;
+  const std::string odd = check(gen::generate_shape, one_node(OpKind::kPermute, {tt(DType::kF16, {4, 33, 18})},
+                                                              attrs({{"perm", Shape{0, 2, 1}}})));
+  EXPECT_NE(odd.find("tiled transpose"), std::string::npos) << odd;
+  EXPECT_EQ(odd.find("pairs"), std::string::npos) << odd;
   const std::string heads = check(gen::generate_shape, one_node(OpKind::kPermute, {tt(DType::kF16, {2, 128, 12, 64})},
                                                                 attrs({{"perm", Shape{0, 2, 1, 3}}})));
   EXPECT_NE(heads.find("16-byte words"), std::string::npos) << heads;

@@ -349,3 +349,33 @@ def test_a_plain_matmul_is_one_gemm_with_no_epilogue_kernel(dtype: torch.dtype) 
     assert "cuBLASLt matmul" in engine.build_log and "generated epilogue" not in engine.build_log, engine.build_log
     xa, xb = torch.randn(3, 40, 24).to(dtype), torch.randn(3, 24, 56).to(dtype)
     _compare("matmul", _run(engine, [xa, xb]), _run(_build(g, "cpu"), [xa, xb]))
+
+
+# Transposes of 2-byte elements whose extents and strides are even move as pairs in 64 x 64 tiles
+# (NHWC, DeBERTa's scores, tile edges, batch dims); odd extents take the 32 x 32 kernel, and so
+# does a buffer that is not 4-byte aligned (the launch's fallback). Every copy is exact.
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("shape,perm,pairs", [
+    ([8, 64, 56, 56], [0, 2, 3, 1], True),
+    ([6, 128, 128], [0, 2, 1], True),
+    ([3, 70, 66], [0, 2, 1], True),
+    ([2, 6, 10, 14], [0, 3, 1, 2], True),
+    ([2, 4, 66, 3, 2], [0, 2, 4, 3, 1], False),
+    ([4, 33, 18], [0, 2, 1], False),
+])
+def test_transposes_of_pairs_match_torch(shape: list[int], perm: list[int], pairs: bool, dtype: torch.dtype) -> None:
+    x = torch.randn(shape).to(dtype)
+    g = _graph("permute", [x], {"perm": perm})
+    engine = _build(g, "cuda")
+    assert ("tiled transpose of pairs" in engine.build_log) == pairs, engine.build_log
+    want = x.permute(perm).contiguous()
+    assert torch.equal(_run(engine, [x])[0], want)
+    # Input and output one element past an aligned address: the 32 x 32 kernel, the same bytes.
+    n = x.numel()
+    xs = torch.empty(n + 1, dtype=dtype, device="cuda")[1:]
+    xs.copy_(x.flatten())
+    out = torch.empty(n + 1, dtype=dtype, device="cuda")[1:].fill_(float("nan"))
+    engine.create_execution_context(use_graphs=False).execute_ptrs([xs.data_ptr()], [out.data_ptr()],
+                                                                   torch.cuda.current_stream().cuda_stream)
+    torch.cuda.current_stream().synchronize()
+    assert torch.equal(out.cpu().view(want.shape), want)

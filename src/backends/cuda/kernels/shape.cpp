@@ -12,7 +12,9 @@
 // copy moves the widest word (up to 16 bytes) that divides every extent, stride and offset.
 // When the last dim is strided in the input but some other dim is contiguous there (e.g.
 // NCHW -> NHWC), a 32 x 32 tile goes through shared memory so that reads and writes are both
-// coalesced. reshape and copy (and a permute, expand or slice that reads its input in order,
+// coalesced; 2-byte elements whose extents and strides are even move as 4-byte pairs through a
+// 64 x 64 tile (128 bytes per warp row), the 32 x 32 kernel the fallback for a buffer that is not
+// 4-byte aligned. reshape and copy (and a permute, expand or slice that reads its input in order,
 // src/ops/access.h) are a flat copy, and no launch at all when their input and output
 // pointers are equal (the memory planner's alias rule, src/passes/memory_plan.cpp, puts an
 // intermediate's reshape on its input's bytes), so a captured CUDA graph has no node for them.
@@ -219,6 +221,16 @@ std::string transpose_kernel(int batch_rank, int w) {
          std::to_string(batch_rank) + ", " + word + ">(x, y, d, L, sl, D, od, tilesL, batch);\n}\n";
 }
 
+std::string transpose_pairs_name(int batch_rank) { return "kg_transpose_pairs_b" + std::to_string(batch_rank); }
+
+// The extern "C" kernel of the paired transpose of 2-byte elements (shape_copy.cuh).
+std::string transpose_pairs_kernel(int batch_rank) {
+  return "extern \"C\" __global__ void " + transpose_pairs_name(batch_rank) +
+         "(const unsigned short* __restrict__ x, unsigned short* __restrict__ y, Dims d, long long L, long long sl,"
+         " long long D, long long od, long long tilesL, long long batch) {\n  kg_transpose_pairs<" +
+         std::to_string(batch_rank) + ">(x, y, d, L, sl, D, od, tilesL, batch);\n}\n";
+}
+
 void add_kernel_once(std::string& source, const std::string& kernel) {
   const size_t end = kernel.find('(');
   if (source.find(kernel.substr(0, end) + "(") == std::string::npos) source += kernel;
@@ -250,12 +262,26 @@ std::string add_strided(std::string& source, Plan& plan, const StridedCopy& c, i
     const int br = int(batch.ext.size());
     add_kernel_once(source, transpose_kernel(br, esz));
     const int64_t L = w.ext[last], D = w.ext[size_t(dcont)];
-    const int64_t tilesL = (L + 31) / 32, tilesD = (D + 31) / 32;
     const int64_t nb = product(batch.ext);
-    Launch l(transpose_name(br, esz), uint32_t(tilesL * tilesD), 32, uint32_t(std::min<int64_t>(nb, 65535)), 8);
-    l.in(c.in, c.ioff).out(c.out, c.ooff).val(dims_of(batch, 0, size_t(br)));
-    l.i64(L).i64(w.ist[last]).i64(D).i64(w.ost[size_t(dcont)]).i64(tilesL).i64(nb);
-    plan.launches.push_back(std::move(l));
+    auto tiled = [&](const std::string& name, int64_t tile) {
+      const int64_t tilesL = (L + tile - 1) / tile, tilesD = (D + tile - 1) / tile;
+      Launch l(name, uint32_t(tilesL * tilesD), 32, uint32_t(std::min<int64_t>(nb, 65535)), 8);
+      l.in(c.in, c.ioff).out(c.out, c.ooff).val(dims_of(batch, 0, size_t(br)));
+      l.i64(L).i64(w.ist[last]).i64(D).i64(w.ost[size_t(dcont)]).i64(tilesL).i64(nb);
+      return l;
+    };
+    // 2-byte elements move as pairs where every extent and stride the pairs cross is even (and,
+    // checked per run, the buffers 4-byte aligned: else the 32 x 32 kernel runs).
+    bool pairs = esz == 2 && L % 2 == 0 && D % 2 == 0 && w.ist[last] % 2 == 0 && w.ost[size_t(dcont)] % 2 == 0;
+    for (size_t k = 0; k < batch.ext.size(); ++k) pairs = pairs && batch.ist[k] % 2 == 0 && batch.ost[k] % 2 == 0;
+    if (pairs) {
+      add_kernel_once(source, transpose_pairs_kernel(br));
+      Launch l = tiled(transpose_pairs_name(br), 64);
+      with_fallback(l, 4, tiled(transpose_name(br, esz), 32));
+      plan.launches.push_back(std::move(l));
+      return "tiled transpose of pairs";
+    }
+    plan.launches.push_back(tiled(transpose_name(br, esz), 32));
     return "tiled transpose";
   }
 

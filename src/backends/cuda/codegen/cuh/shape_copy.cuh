@@ -5,6 +5,7 @@
 //                                     (unsigned int, or unsigned long long past 2^31 words),
 //                                     OUT_CONTIG: the output is written in order (y[i])
 //   kg_transpose<BATCH_RANK, W>       32 x 32 tiles through shared memory, BATCH_RANK outer dims
+//   kg_transpose_pairs<BATCH_RANK>    2-byte elements in 64 x 64 tiles, moved as 4-byte pairs
 //   kg_concat<W, I>                   up to 8 parts of a concat written by one launch
 
 // One thread per word (grid-stride): word i of the row-major walk of d.ext reads the input at
@@ -52,6 +53,41 @@ __device__ __forceinline__ void kg_transpose(const W* __restrict__ x, W* __restr
     __syncthreads();
     for (int j = ty; j < 32; j += 8)
       if (d0 + j < D && l0 + tx < L) y[oo + (d0 + j) * od + l0 + tx] = tile[tx][j];
+    __syncthreads();
+  }
+}
+
+// kg_transpose for 2-byte elements, moved as pairs: a 64 x 64 tile is read as pairs along D (the
+// input's contiguous dim) and written as pairs along L (the output's), each warp row 128 bytes.
+// L, D, sl, od and every batch stride are even and the buffers 4-byte aligned (kernels/shape.cpp
+// and the launch's fallback see to it).
+template <int BATCH_RANK>
+__device__ __forceinline__ void kg_transpose_pairs(const unsigned short* __restrict__ x, unsigned short* __restrict__ y,
+                                                   Dims d, long long L, long long sl, long long D, long long od,
+                                                   long long tilesL, long long batch) {
+  __shared__ unsigned int tile[64][33];  // [l][pair of d]: one padding word keeps the columns apart
+  const long long t = blockIdx.x, l0 = (t % tilesL) * 64, d0 = (t / tilesL) * 64;
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  for (long long b = blockIdx.y; b < batch; b += gridDim.y) {
+    long long r = b, io = 0, oo = 0;
+#pragma unroll
+    for (int k = BATCH_RANK - 1; k >= 0; --k) {
+      const long long c = r % d.ext[k];
+      r /= d.ext[k];
+      io += c * d.ist[k];
+      oo += c * d.ost[k];
+    }
+    for (int j = ty; j < 64; j += 8)
+      if (l0 + j < L && d0 + 2 * tx < D)
+        tile[j][tx] = reinterpret_cast<const unsigned int*>(x + io + (l0 + j) * sl + d0)[tx];
+    __syncthreads();
+    for (int j = ty; j < 64; j += 8)
+      if (d0 + j < D && l0 + 2 * tx < L) {
+        const int shift = (j & 1) * 16;
+        const unsigned int lo = (tile[2 * tx][j >> 1] >> shift) & 0xffffu;
+        const unsigned int hi = (tile[2 * tx + 1][j >> 1] >> shift) & 0xffffu;
+        reinterpret_cast<unsigned int*>(y + oo + (d0 + j) * od + l0)[tx] = lo | (hi << 16);
+      }
     __syncthreads();
   }
 }
