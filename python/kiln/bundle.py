@@ -155,15 +155,7 @@ def bundle_bytes(ep: torch.export.ExportedProgram) -> bytes:
         else:
             in_pytorch.append(node)
 
-    ops = [n for n in in_pytorch if n.op == "call_function"]
-    if ops:
-        names = ", ".join(f"{_op_name(n)} (node '{n.name}')" for n in ops[:20])
-        more = f" and {len(ops) - 20} more" if len(ops) > 20 else ""
-        raise _problem(f"{len(ops)} op(s) of the program run in PyTorch, which a Kiln bundle cannot hold: "
-                       f"{names}{more}; {_HINT}")
-    if in_pytorch:
-        raise _problem(f"the program has {in_pytorch[0].op} node '{in_pytorch[0].name}', which a Kiln bundle cannot "
-                       f"hold; {_HINT}")
+    _refuse_pytorch_nodes(in_pytorch)
     if unroutable:
         raise _problem(unroutable)
     if not engines:
@@ -287,17 +279,23 @@ def dynamic_bundle_bytes(glue: fx.GraphModule) -> bytes:
                 outputs.append((f"result_{i}", refs[out], *symbolic_type(out, f"output {i}", output_symbols, i)))
         else:
             in_pytorch.append(node)
-    ops = [n for n in in_pytorch if n.op == "call_function"]
-    if ops:
-        names = ", ".join(f"{_op_name(n)} (node '{n.name}')" for n in ops[:20])
-        raise _problem(f"{len(ops)} op(s) of the program run in PyTorch, which a Kiln bundle cannot hold: {names}; "
-                       f"{_HINT}")
-    if in_pytorch:
-        raise _problem(f"the program has {in_pytorch[0].op} node '{in_pytorch[0].name}', which a Kiln bundle cannot "
-                       f"hold; {_HINT}")
+    _refuse_pytorch_nodes(in_pytorch)
     if not engines:
         raise _problem(f"the program has no Kiln engine; {_HINT}")
     return _C.write_bundle(engines, inputs, steps, outputs, input_symbols, output_symbols, ranges)
+
+
+def _refuse_pytorch_nodes(in_pytorch: list[fx.Node]) -> None:
+    """Raises naming the ops (or the first other node) of the program that run in PyTorch."""
+    ops = [n for n in in_pytorch if n.op == "call_function"]
+    if ops:
+        names = ", ".join(f"{_op_name(n)} (node '{n.name}')" for n in ops[:20])
+        more = f" and {len(ops) - 20} more" if len(ops) > 20 else ""
+        raise _problem(f"{len(ops)} op(s) of the program run in PyTorch, which a Kiln bundle cannot hold: "
+                       f"{names}{more}; {_HINT}")
+    if in_pytorch:
+        raise _problem(f"the program has {in_pytorch[0].op} node '{in_pytorch[0].name}', which a Kiln bundle cannot "
+                       f"hold; {_HINT}")
 
 
 def _ops_text(histogram: Any) -> str:
