@@ -78,16 +78,22 @@ def _problem(text: str) -> _C.UnsupportedError:
     return _C.UnsupportedError(f"kiln.save(output_format='kiln_bundle'): {text}")
 
 
-def _tensor(node: fx.Node, what: str) -> tuple[Any, list[int]]:
-    """The Kiln dtype and static shape of a program input or output."""
+def _tensor_value(node: fx.Node, what: str) -> tuple[torch.Tensor, Any]:
+    """The example value of a program input or output and its Kiln dtype (raises naming what a
+    bundle cannot hold: a value that is no tensor, a dtype Kiln lacks)."""
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor):
         raise _problem(f"{what} is a {type(val).__name__}, not a tensor; a Kiln bundle's inputs and outputs are "
                        f"tensors")
     try:
-        dtype = kiln_dtype(val.dtype)
+        return val, kiln_dtype(val.dtype)
     except EncodeError as err:
         raise _problem(f"{what}: {err}") from None
+
+
+def _tensor(node: fx.Node, what: str) -> tuple[Any, list[int]]:
+    """The Kiln dtype and static shape of a program input or output."""
+    val, dtype = _tensor_value(node, what)
     if not all(isinstance(d, int) for d in val.shape):
         raise _problem(f"{what} has the dynamic shape {list(val.shape)}; a Kiln bundle holds static shapes")
     return dtype, [int(d) for d in val.shape]
@@ -222,14 +228,7 @@ def dynamic_bundle_bytes(glue: fx.GraphModule) -> bytes:
 
     def symbolic_type(node: fx.Node, what: str, marks: list[tuple[int, int, str, int, int]], index: int
                       ) -> tuple[Any, list[int]]:
-        val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor):
-            raise _problem(f"{what} is a {type(val).__name__}, not a tensor; a Kiln bundle's inputs and outputs are "
-                           f"tensors")
-        try:
-            dtype = kiln_dtype(val.dtype)
-        except EncodeError as err:
-            raise _problem(f"{what}: {err}") from None
+        val, dtype = _tensor_value(node, what)
         shape = []
         for d, size in enumerate(val.shape):
             expr = sympy.sympify(size.node.expr) if isinstance(size, torch.SymInt) else sympy.Integer(int(size))

@@ -37,15 +37,18 @@ class WindowAttention(torch.nn.Module):
         return self.proj((attn @ v).transpose(1, 2).reshape(b, n, c))
 
 
-def test_window_attention_is_one_sdpa_and_matches_eager() -> None:
-    torch.manual_seed(0)
-    model, x = WindowAttention().eval(), torch.randn(4, 9, 32)
+def _is_one_sdpa_matching_eager(model: torch.nn.Module, x: torch.Tensor) -> None:
     ops = [n.op for g in plan_graphs(model, [x], torch.float32, "cpu") for n in g.nodes]
     assert ops.count("sdpa") == 1 and "softmax" not in ops and "matmul" not in ops, ops
     with torch.no_grad():
         want = model(x)
         got = kiln.compile(model, [x], min_block_size=1, require_full_compilation=True)(x)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_window_attention_is_one_sdpa_and_matches_eager() -> None:
+    torch.manual_seed(0)
+    _is_one_sdpa_matching_eager(WindowAttention().eval(), torch.randn(4, 9, 32))
 
 
 @pytest.mark.cuda
@@ -81,13 +84,7 @@ class EinsumAttention(torch.nn.Module):
 
 def test_einsum_attention_is_one_sdpa_and_matches_eager() -> None:
     torch.manual_seed(0)
-    model, x = EinsumAttention().eval(), torch.randn(2, 3, 9, 32)
-    ops = [n.op for g in plan_graphs(model, [x], torch.float32, "cpu") for n in g.nodes]
-    assert ops.count("sdpa") == 1 and "softmax" not in ops and "matmul" not in ops, ops
-    with torch.no_grad():
-        want = model(x)
-        got = kiln.compile(model, [x], min_block_size=1, require_full_compilation=True)(x)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    _is_one_sdpa_matching_eager(EinsumAttention().eval(), torch.randn(2, 3, 9, 32))
 
 
 class Einsum(torch.nn.Module):
