@@ -10,15 +10,21 @@ dynamic batch 1..8 (opt 2); ``resnet50-b32``, batch 1..32 (opt 8); a small trans
 (the default BertConfig) with a dynamic sequence 16..512 at batch 8 (opt 128). Per model the
 script:
 
-* compiles once with ``kiln.compile(..., dynamic_shapes=...)`` (export, lowering, partitioning
-  and the opt shape's engines: "dynamic compile");
+* in a process of its own, warmed up on a small model (CUDA context, cuDNN, cuBLASLt,
+  torch.export), compiles the model statically at the opt size with a timing cache of its own
+  ("one static build": what a user's first build of one shape costs, with none of the kernels
+  that this process's builds compiled);
+* warms this process up the same way;
+* compiles once with ``kiln.compile(..., dynamic_shapes=...)`` (export, lowering, partitioning,
+  the opt shape's engines and the range fit: "dynamic compile"), with a new timing cache;
 * then, per size, times the first call at that size ("first call": binding, then per block an
   instance of the opt engine (kiln/instances.py) or, with ``--no-instances`` or where a block's
   plan does not fit one, a concrete copy and its engine build; then the run) and the steady
   latency (median of ``--iters`` calls, after the instances' background tactic timing);
 * compiles the same model statically at each size ("static compile") for comparison, and
   reports the total time to serve ``--sizes`` sizes both ways: one dynamic compile plus every
-  new size's first call, against one static compile per size;
+  new size's first call, against one static compile per size, and that total over one static
+  build;
 * with ``--reduce-overhead``, does the same with ``torch.compile(mode="reduce-overhead",
   dynamic=True)``: its first call at each size and its steady latency there.
 
@@ -34,6 +40,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -119,7 +126,41 @@ def _timed(fn: Callable[[], Any], device: str) -> tuple[Any, float]:
     return out, time.perf_counter() - t
 
 
-def run(name: str, args: argparse.Namespace, tol: float, timing_cache: str) -> tuple[list[str], bool]:
+def _warm_up(device: str, dtype: torch.dtype, timing_cache: str) -> None:
+    """One small build and run, so that neither timed compile pays the process's first-use costs."""
+    import kiln
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                torch.nn.Linear(8 * 6 * 6, 4)).to(device, dtype).eval()
+    x = torch.randn(2, 3, 8, 8, device=device, dtype=dtype)
+    with torch.no_grad():
+        kiln.compile(model, [x], enabled_precisions={dtype}, timing_cache_path=timing_cache)(x)
+        kiln.compile(model, [x], dynamic_shapes=({0: torch.export.Dim("b", min=1, max=4)},),
+                     enabled_precisions={dtype}, timing_cache_path=timing_cache)(x)
+
+
+def _one_static_build(name: str, args: argparse.Namespace, tmp: str) -> float:
+    """Seconds of a static compile at the opt size, in a new warmed-up process (see --one-static-build)."""
+    command = [sys.executable, os.path.abspath(__file__), "--one-static-build", name, "--device", args.device,
+               "--precision", args.precision, "--tmp", tmp]
+    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def _static_build_only(name: str, args: argparse.Namespace) -> float:
+    import kiln
+
+    model, make, spec, _ = _MODELS[name]()
+    dtype = torch.half if args.precision == "fp16" else torch.float32
+    model = model.to(args.device, dtype)
+    inputs = [x.to(dtype) if x.is_floating_point() else x for x in make(spec["opt"], args.device)]
+    _warm_up(args.device, dtype, os.path.join(args.tmp, "warm-up-static.cache"))
+    with torch.no_grad():
+        return _timed(lambda: kiln.compile(model, inputs, enabled_precisions={dtype}, timing_cache_path=os.path.join(
+            args.tmp, f"{name}-static.cache")), args.device)[1]
+
+
+def run(name: str, args: argparse.Namespace, tol: float, tmp: str) -> tuple[list[str], bool]:
     import kiln
     import kiln.dynamic
 
@@ -127,14 +168,16 @@ def run(name: str, args: argparse.Namespace, tol: float, timing_cache: str) -> t
     model, make, spec, all_sizes = _MODELS[name]()
     dtype = torch.half if args.precision == "fp16" else torch.float32
     model = model.to(device, dtype)
-    options: dict[str, Any] = {"enabled_precisions": {dtype}, "timing_cache_path": timing_cache}
+    options: dict[str, Any] = {"enabled_precisions": {dtype}, "timing_cache_path": os.path.join(tmp, f"{name}.cache")}
     dynamic_options = {**options, "dynamic_instances": args.instances}
+    _warm_up(device, dtype, os.path.join(tmp, "warm-up.cache"))
 
     def inputs_at(size: int) -> list[torch.Tensor]:
         return [x.to(dtype) if x.is_floating_point() else x for x in make(size, device)]
     chosen = all_sizes[:args.sizes]
     ok = True
     rows: list[str] = []
+    one_static = _one_static_build(name, args, tmp)
     with torch.no_grad():
         compiled, dynamic_compile = _timed(
             lambda: kiln.compile(model, inputs_at(spec["opt"]), dynamic_shapes=spec["dims"], **dynamic_options), device)
@@ -165,7 +208,8 @@ def run(name: str, args: argparse.Namespace, tol: float, timing_cache: str) -> t
                         f"{static_steady * 1e3:.2f} | {ro_cells} | {err:.1e} |")
         ro_sum = f"reduce-overhead: {ro_total:.2f} s" if ro is not None else ""
         rows.append(f"| {name} | total, {len(chosen)} sizes | dynamic: {dynamic_total:.2f} s "
-                    f"(compile {dynamic_compile:.2f} s) | | static: {static_total:.2f} s | | {ro_sum} | | |")
+                    f"(compile {dynamic_compile:.2f} s; {dynamic_total / one_static:.2f}x one static build of "
+                    f"{one_static:.2f} s) | | static: {static_total:.2f} s | | {ro_sum} | | |")
     return rows, ok
 
 
@@ -181,7 +225,12 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="also write the table to this file")
     parser.add_argument("--no-instances", dest="instances", action="store_false",
                         help="build an engine per size instead of instances of the opt engine (dynamic_instances=False)")
+    parser.add_argument("--one-static-build", metavar="MODEL", help=argparse.SUPPRESS)
+    parser.add_argument("--tmp", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.one_static_build:
+        print(_static_build_only(args.one_static_build, args))
+        return 0
     unknown = [m for m in args.models.split(",") if m.strip() not in _MODELS]
     if unknown:
         parser.error(f"unknown models {unknown}; choose from {sorted(_MODELS)}")
@@ -195,7 +244,7 @@ def main() -> int:
     ok = True
     with tempfile.TemporaryDirectory(prefix="kiln-dynamic-shapes-") as tmp:
         for name in args.models.split(","):
-            rows, good = run(name.strip(), args, tol, os.path.join(tmp, "timing.cache"))
+            rows, good = run(name.strip(), args, tol, tmp)
             lines += rows
             ok = ok and good
     text = "\n".join(lines)

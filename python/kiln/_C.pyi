@@ -903,6 +903,13 @@ class ImportSupport:
 
     def __repr__(self) -> str: ...
 
+class ConstantBytes:
+    """The host bytes of one described constant, shared by descriptions."""
+
+    @property
+    def nbytes(self) -> int:
+        """Its size in bytes."""
+
 class ImportGraph:
     """A whole ATen graph: tensors, inputs, constants, nodes, outputs."""
 
@@ -926,9 +933,14 @@ class ImportGraph:
         A constant copied from a C-contiguous buffer (bytes, numpy array, ...).
         """
 
-    def add_constant_from_ptr(self, tensor: int, name: str, data_ptr: int, nbytes: int, weight: bool = True) -> None:
+    def add_constant_from_ptr(self, tensor: int, name: str, data_ptr: int, nbytes: int, weight: bool = True) -> ConstantBytes:
         """
-        A constant copied from host memory (e.g. a CPU torch tensor's data_ptr()).
+        A constant copied from host memory (e.g. a CPU torch tensor's data_ptr()); returns the copy, which add_shared_constant gives other descriptions of the same tensor.
+        """
+
+    def add_shared_constant(self, tensor: int, name: str, data: ConstantBytes, weight: bool = True) -> None:
+        """
+        A constant whose bytes another description copied (add_constant_from_ptr), shared, not copied.
         """
 
     @overload

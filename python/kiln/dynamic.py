@@ -29,12 +29,13 @@ engines (:meth:`Specializations.install`), so the saved sizes build nothing.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import sympy  # type: ignore[import-untyped]
@@ -52,7 +53,7 @@ from kiln.pipeline import CompileSummary, build_block
 from kiln.pipeline import _check_engine as check_engine
 from kiln.runtime import KilnEngineModule, warm_up
 from kiln.settings import CompilationSettings
-from kiln.translate import Capability
+from kiln.translate import Capability, SharedConstants
 
 log = get_logger("dynamic")
 
@@ -572,6 +573,7 @@ class Specializations(torch.nn.Module):
         self.ranges: dict[int, SizeRange] = {}
         self.range_parents = torch.nn.ModuleDict()
         self.tuning = Tuning()  # timed instances, made after the untimed ones serve
+        self.shared_constants: SharedConstants | None = None  # see sharing_constants
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -582,6 +584,16 @@ class Specializations(torch.nn.Module):
         state.pop("source_versions", None)
         return state
 
+    @contextlib.contextmanager
+    def sharing_constants(self) -> Iterator[None]:
+        """Within: the blocks' descriptions share their constants' host copies (an engine build and
+        its range fit describe the same weights); after, the copies are let go."""
+        self.shared_constants = SharedConstants()
+        try:
+            yield
+        finally:
+            self.shared_constants = None
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.RLock()
@@ -589,6 +601,7 @@ class Specializations(torch.nn.Module):
         self._building = {}
         self.tuning = Tuning()
         self.ranges = {}
+        self.shared_constants = None
 
     @staticmethod
     def _key(args: Sequence[Any]) -> tuple[Any, ...]:
@@ -802,7 +815,7 @@ class Specializations(torch.nn.Module):
                 gm, block, _ = self._concrete(b, {**spec.binding, **at})
                 return gm, block
             r = fit_range(runner, base, self.shapes.ranges, b.block.nodes, concrete, self.settings, self.device,
-                          self._engine_name(b, base))
+                          self._engine_name(b, base), self.shared_constants)
             if r is not None:
                 r.rows = row_symbol(b.tensor_inputs, b.block.nodes, b.block.outputs, r.symbols)
                 self.ranges[b.index] = r
@@ -834,7 +847,7 @@ class Specializations(torch.nn.Module):
 
     def _build(self, b: _BlockSource, binding: Binding) -> tuple[torch.nn.Module, bool]:
         gm, concrete, name = self._concrete(b, binding)
-        module = build_block(gm, concrete, self.settings, self.device, name)
+        module = build_block(gm, concrete, self.settings, self.device, name, constants=self.shared_constants)
         if module is None:
             return gm, False  # the concrete copy runs in PyTorch at this shape
         return module, True
@@ -1275,12 +1288,14 @@ def compile_dynamic(lowered: LoweredGraph, settings: CompilationSettings, device
         installed = table.install(saved, saved.path)
         log.info("%s: %d saved specialization(s) with %d engine(s) installed", graph_name,
                  len(saved.specializations), installed)
-        for spec in list(table.live.values()):
-            table.fit_ranges(spec)
+        with table.sharing_constants():
+            for spec in list(table.live.values()):
+                table.fit_ranges(spec)
     else:  # the opt shape's engines are built now
-        spec = table.specialize(opt)
-        table.add(spec)
-        table.fit_ranges(spec)
+        with table.sharing_constants():
+            spec = table.specialize(opt)
+            table.add(spec)
+            table.fit_ranges(spec)
     in_engines: collections.Counter[str] = collections.Counter()
     for b in blocks:
         in_engines.update(b.histogram)

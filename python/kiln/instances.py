@@ -39,7 +39,7 @@ from kiln import _C
 from kiln._logging import get_logger
 from kiln.runtime import KilnEngineModule, builder_config
 from kiln.settings import CompilationSettings
-from kiln.translate import describe_block_parts
+from kiln.translate import SharedConstants, describe_block_parts
 
 log = get_logger("instances")
 
@@ -414,10 +414,11 @@ def sample_bindings(symbols: Sequence[sympy.Symbol], ranges: dict[sympy.Symbol, 
 
 def fit_range(parent: KilnEngineModule, base: Binding, ranges: dict[sympy.Symbol, Any], nodes: Sequence[fx.Node],
               concrete: Callable[[Binding], tuple[fx.GraphModule, Any]], settings: CompilationSettings, device: str,
-              name: str) -> SizeRange | None:
+              name: str, shared: SharedConstants | None = None) -> SizeRange | None:
     """The SizeRange of a block whose engine ``parent`` was built at ``base`` (its symbols'
     values), or None (logged) when its plans do not fit one. ``concrete(binding)`` gives the
-    block's concrete copy (graph module, Block) at another binding."""
+    block's concrete copy (graph module, Block) at another binding; its description takes the
+    constants' host copies from ``shared`` where they are there."""
     start = time.perf_counter()
     sizes = _sizes(nodes)
     pinned = pinned_symbols(sizes, tuple(base))
@@ -434,7 +435,7 @@ def fit_range(parent: KilnEngineModule, base: Binding, ranges: dict[sympy.Symbol
     try:
         for binding in bindings[1:]:
             gm, block = concrete(binding)
-            network = _C.import_aten(describe_block_parts(gm, block, settings).graph)
+            network = _C.import_aten(describe_block_parts(gm, block, settings, shared=shared).graph)
             samples.append(({str(s): v for s, v in binding.items()}, builder.optimize(network)))
         program = _C.SizeProgram.fit(samples)
     except _C.KilnError as err:

@@ -40,7 +40,7 @@ from kiln.lowering import LoweredGraph, drop_unused
 from kiln.partition import Block, is_op, op_name, partition, replace_block
 from kiln.runtime import KilnEngineModule, borrowable_weights, build_engine, build_policy, warm_up
 from kiln.settings import CompilationSettings
-from kiln.translate import Capability, EncodeError, describe_block_parts, kiln_dtype
+from kiln.translate import Capability, EncodeError, SharedConstants, describe_block_parts, kiln_dtype
 
 log = get_logger("compile")
 
@@ -112,10 +112,11 @@ def _node_named_in(block: Block, err: Exception) -> fx.Node | None:
 
 
 def build_block(gm: fx.GraphModule, block: Block, settings: CompilationSettings, device: str,
-                 name: str, split: bool = False) -> KilnEngineModule | None:
+                 name: str, split: bool = False, constants: SharedConstants | None = None) -> KilnEngineModule | None:
     """The engine module of one block: from the engine cache (refitted) or freshly built; None
     (with a warning) when it cannot be built. With `split`, a failure on one node that the error
-    names raises _NodeFailed instead, for the caller to partition again without that node."""
+    names raises _NodeFailed instead, for the caller to partition again without that node.
+    ``constants``: host copies of constants that other descriptions made or may reuse."""
     truncated: frozenset[str] = frozenset()
 
     def make_module(engine: Any) -> KilnEngineModule:
@@ -136,9 +137,9 @@ def build_block(gm: fx.GraphModule, block: Block, settings: CompilationSettings,
                 module = cached.load(make_module, lambda e: _check_engine(e, block, settings))
                 if module is not None:
                     return module
-            parts = lite if lite.weight_bytes else describe_block_parts(gm, block, settings)
+            parts = lite if lite.weight_bytes else describe_block_parts(gm, block, settings, shared=constants)
         else:
-            parts = describe_block_parts(gm, block, settings)
+            parts = describe_block_parts(gm, block, settings, shared=constants)
         truncated = _truncated(parts.constants)
         shared = borrowable_weights(parts.constants, device) if settings.share_weights else None
         engine = build_engine(parts.graph, settings, device, shared)

@@ -96,13 +96,36 @@ class BlockDescription:
     weight_bytes: bool
 
 
+class SharedConstants:
+    """Host copies of constants that several descriptions share (a dynamic program's opt build and
+    the samples of its range fit describe the same weights): each tensor is copied once."""
+
+    def __init__(self) -> None:
+        # Keyed by what makes the copied bytes equal; the tensor is kept so its address stays its own.
+        self._copies: dict[tuple[Any, ...], tuple[torch.Tensor, _C.ConstantBytes]] = {}
+
+    @staticmethod
+    def _key(tensor: torch.Tensor, dtype: torch.dtype) -> tuple[Any, ...]:
+        return (tensor.data_ptr(), tensor.device, tensor.dtype, dtype, tuple(tensor.shape), tuple(tensor.stride()),
+                tensor._version)
+
+    def get(self, tensor: torch.Tensor, dtype: torch.dtype) -> _C.ConstantBytes | None:
+        found = self._copies.get(self._key(tensor, dtype))
+        return found[1] if found is not None else None
+
+    def put(self, tensor: torch.Tensor, dtype: torch.dtype, data: _C.ConstantBytes) -> None:
+        self._copies[self._key(tensor, dtype)] = (tensor, data)
+
+
 class Encoder:
     """Builds one ImportGraph; remembers the tensor id of every FX value it has described."""
 
-    def __init__(self, settings: CompilationSettings, weight_bytes: bool = True) -> None:
+    def __init__(self, settings: CompilationSettings, weight_bytes: bool = True,
+                 shared: SharedConstants | None = None) -> None:
         self.graph = _C.ImportGraph()
         self.truncate_double = settings.truncate_double
         self.weight_bytes = weight_bytes
+        self.shared = shared
         self.ids: dict[fx.Node, int] = {}
         self.constants: list[ConstantInfo] = []
 
@@ -138,8 +161,14 @@ class Encoder:
             nbytes = tensor.numel() * dtype.itemsize
             self.constants.append(ConstantInfo(tid, name, weight, nbytes, dtype, tuple(tensor.shape), tensor))
             if self.weight_bytes or not weight:
+                copy = self.shared.get(tensor, dtype) if self.shared is not None else None
+                if copy is not None:
+                    self.graph.add_shared_constant(tid, name, copy, weight)
+                    return tid
                 data = tensor.detach().to(dtype).to("cpu").contiguous()
-                self.graph.add_constant_from_ptr(tid, name, data.data_ptr(), nbytes, weight)
+                copy = self.graph.add_constant_from_ptr(tid, name, data.data_ptr(), nbytes, weight)
+                if self.shared is not None:
+                    self.shared.put(tensor, dtype, copy)
         return tid
 
     # -- nodes --
@@ -250,10 +279,11 @@ def describe_block(gm: fx.GraphModule, block: Block, settings: CompilationSettin
 
 
 def describe_block_parts(gm: fx.GraphModule, block: Block, settings: CompilationSettings,
-                         weight_bytes: bool = True) -> BlockDescription:
+                         weight_bytes: bool = True, shared: SharedConstants | None = None) -> BlockDescription:
     """The import description of one block and its constants; ``weight_bytes=False`` leaves the
-    weights out of the graph (their metadata stays in ``constants``)."""
-    enc = Encoder(settings, weight_bytes)
+    weights out of the graph (their metadata stays in ``constants``); ``shared`` lends and keeps
+    the constants' host copies."""
+    enc = Encoder(settings, weight_bytes, shared)
     for node in block.inputs:
         enc.add_input(node)
     for node in block.constants:

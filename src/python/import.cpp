@@ -5,7 +5,8 @@
 // ImportGraph.add_node takes the node's arguments as plain Python values (None, bool, int,
 // float, str, DType, nested lists/tuples) and converts them in one C++ pass; only tensor
 // references need an object (ImportArg.of_tensor(id)), since they are otherwise ints.
-// Constants are copied once, from a buffer (bytes, numpy) or from a host address.
+// Constants are copied once, from a buffer (bytes, numpy) or from a host address; descriptions of
+// the same weights may share one copy (ConstantBytes).
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
@@ -144,16 +145,31 @@ size_t dense_bytes(const ImportTensor& t) {
   return n;
 }
 
-void add_constant_bytes(ImportGraph& g, int32_t tensor, const std::string& name, const void* data, size_t nbytes,
-                        bool weight) {
+// The host bytes of one constant, which several descriptions of the same weights share (the
+// samples of a dynamic program's range fit) instead of copying them again.
+struct ConstantBytes {
+  std::shared_ptr<const HostBuffer> data;
+};
+
+void add_shared_bytes(ImportGraph& g, int32_t tensor, const std::string& name, std::shared_ptr<const HostBuffer> bytes,
+                      bool weight) {
   check_tensor_id(g, tensor, "add_constant");
   size_t want = dense_bytes(g.tensors[size_t(tensor)]);
-  KILN_CHECK(nbytes == want, kInvalidArgument, "constant '", name, "' (tensor ", tensor, ") needs ", want,
-             " dense bytes, got ", nbytes);
+  KILN_CHECK(bytes->size() == want, kInvalidArgument, "constant '", name, "' (tensor ", tensor, ") needs ", want,
+             " dense bytes, got ", bytes->size());
+  g.constants.push_back(ImportConstant{tensor, name, std::move(bytes), weight});
+}
+
+ConstantBytes add_constant_bytes(ImportGraph& g, int32_t tensor, const std::string& name, const void* data,
+                                 size_t nbytes, bool weight) {
+  check_tensor_id(g, tensor, "add_constant");
   KILN_CHECK(data != nullptr || nbytes == 0, kInvalidArgument, "constant '", name, "' has a null data pointer");
+  KILN_CHECK(nbytes == dense_bytes(g.tensors[size_t(tensor)]), kInvalidArgument, "constant '", name, "' (tensor ",
+             tensor, ") needs ", dense_bytes(g.tensors[size_t(tensor)]), " dense bytes, got ", nbytes);
   auto bytes = std::make_shared<HostBuffer>(nbytes);
   if (nbytes) std::memcpy(bytes->data(), data, nbytes);
-  g.constants.push_back(ImportConstant{tensor, name, std::move(bytes), weight});
+  add_shared_bytes(g, tensor, name, bytes, weight);
+  return ConstantBytes{std::move(bytes)};
 }
 
 }  // namespace
@@ -254,6 +270,9 @@ void bind_import(nb::module_& m) {
         return s.supported ? std::string("ImportSupport(True)") : "ImportSupport(False, '" + s.reason + "')";
       });
 
+  nb::class_<ConstantBytes>(m, "ConstantBytes", "The host bytes of one described constant, shared by descriptions.")
+      .def_prop_ro("nbytes", [](const ConstantBytes& c) { return c.data->size(); }, "Its size in bytes.");
+
   nb::class_<ImportGraph>(m, "ImportGraph", "A whole ATen graph: tensors, inputs, constants, nodes, outputs.")
       .def(nb::init<>())
       .def(
@@ -303,12 +322,20 @@ void bind_import(nb::module_& m) {
       .def(
           "add_constant_from_ptr",
           [](ImportGraph& g, int32_t tensor, const std::string& name, nb::handle data_ptr, size_t nbytes, bool weight) {
-            add_constant_bytes(g, tensor, name, pointer_from_int(data_ptr, "data_ptr"), nbytes, weight);
+            return add_constant_bytes(g, tensor, name, pointer_from_int(data_ptr, "data_ptr"), nbytes, weight);
           },
           nb::arg("tensor"), nb::arg("name"), nb::arg("data_ptr"), nb::arg("nbytes"), nb::arg("weight") = true,
           nb::sig("def add_constant_from_ptr(self, tensor: int, name: str, data_ptr: int, nbytes: int, "
-                  "weight: bool = True) -> None"),
-          "A constant copied from host memory (e.g. a CPU torch tensor's data_ptr()).")
+                  "weight: bool = True) -> ConstantBytes"),
+          "A constant copied from host memory (e.g. a CPU torch tensor's data_ptr()); returns the copy, "
+          "which add_shared_constant gives other descriptions of the same tensor.")
+      .def(
+          "add_shared_constant",
+          [](ImportGraph& g, int32_t tensor, const std::string& name, const ConstantBytes& data, bool weight) {
+            add_shared_bytes(g, tensor, name, data.data, weight);
+          },
+          nb::arg("tensor"), nb::arg("name"), nb::arg("data"), nb::arg("weight") = true,
+          "A constant whose bytes another description copied (add_constant_from_ptr), shared, not copied.")
       .def(
           "add_node",
           [](ImportGraph& g, std::string target, nb::handle args, nb::handle kwargs, std::vector<int32_t> outputs,

@@ -410,6 +410,19 @@ def test_import_graph_description() -> None:
         ig.add_input(9, "nope")
 
 
+def test_import_graphs_share_a_constant_copy() -> None:
+    wdata = np.arange(3, dtype=np.float32)
+    first, second = kiln.ImportGraph(), kiln.ImportGraph()
+    copy = first.add_constant_from_ptr(first.add_tensor(DType.f32, [3]), "bias", wdata.ctypes.data, wdata.nbytes)
+    wdata[:] = -1.0  # the descriptions hold the copy, not the buffer
+    second.add_shared_constant(second.add_tensor(DType.f32, [3]), "bias", copy, weight=False)
+    assert copy.nbytes == 12
+    assert first.constants[0].data == second.constants[0].data == np.arange(3, dtype=np.float32).tobytes()
+    assert first.constants[0].weight and not second.constants[0].weight
+    with pytest.raises(kiln.InvalidArgumentError, match="constant 'short' .* needs 8 dense bytes, got 12"):
+        second.add_shared_constant(second.add_tensor(DType.f32, [2]), "short", copy)
+
+
 def test_can_import_and_targets() -> None:
     targets = kiln.supported_aten_targets()
     assert targets == sorted(targets) and all(isinstance(t, str) for t in targets)

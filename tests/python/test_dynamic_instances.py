@@ -5,6 +5,7 @@ setting that turns them off to build per size again."""
 
 from __future__ import annotations
 
+import collections
 import logging
 
 import pytest
@@ -17,6 +18,7 @@ from kiln.cached_build import cache_stats, reset_cache_stats
 from kiln.dynamic import dynamic_program_of
 from kiln.instances import RowPadded
 from kiln.runtime import KilnEngineModule
+from kiln.translate import SharedConstants
 
 
 class Encoder(torch.nn.Module):
@@ -90,6 +92,39 @@ def test_batch_range_of_a_cnn_is_served_by_instances() -> None:
         table.wait_tuned()  # made in the background: the first call ran on padded rows
         assert all(e.engine.is_instance for e in _engines(compiled, b))
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+@torch.no_grad()
+def test_the_opt_build_and_the_range_fit_copy_each_constant_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    copies: collections.Counter[int] = collections.Counter()
+    put = SharedConstants.put
+
+    def counting_put(self: SharedConstants, tensor: torch.Tensor, dtype: torch.dtype, data: object) -> None:
+        copies[tensor.data_ptr()] += 1
+        put(self, tensor, dtype, data)  # type: ignore[arg-type]
+    monkeypatch.setattr(SharedConstants, "put", counting_put)
+    torch.manual_seed(0)
+    model = Encoder().eval()
+    compiled = _compile(model)
+    table = dynamic_program_of(compiled)
+    assert table is not None and table.ranges and table.shared_constants is None  # fitted; the copies let go
+    # The opt build and each of the fit's samples describe the weights: one host copy each.
+    assert len(copies) >= len(list(model.parameters())) and set(copies.values()) == {1}
+    x = _inputs(2, 41)
+    torch.testing.assert_close(compiled(*x), model(*x), rtol=1e-4, atol=1e-4)
+
+
+def test_shared_constants_serve_a_copy_only_for_the_same_bytes() -> None:
+    w = torch.randn(3, 4)
+    graph = kiln._C.ImportGraph()
+    copy = graph.add_constant_from_ptr(graph.add_tensor(kiln.DType.f32, [3, 4]), "w", w.data_ptr(), w.nbytes)
+    shared = SharedConstants()
+    shared.put(w, torch.float32, copy)
+    assert shared.get(w, torch.float32) is copy
+    assert shared.get(w, torch.float16) is None  # described in another dtype
+    assert shared.get(w.t(), torch.float32) is None  # another view of the storage
+    w.add_(1.0)  # changed in place: the copy holds the old values
+    assert shared.get(w, torch.float32) is None
 
 
 @torch.no_grad()

@@ -515,8 +515,8 @@ def test_saved_engines_shared_between_sizes_are_saved_once(tmp_path: Path, monke
     after loading; at b=3 its build fails (made to), so it runs in PyTorch there, after loading too."""
     real_build = kiln.dynamic.build_block
 
-    def build(gm, block, settings, device, name):
-        return None if name.endswith("=3]") else real_build(gm, block, settings, device, name)
+    def build(gm, block, settings, device, name, **kwargs):
+        return None if name.endswith("=3]") else real_build(gm, block, settings, device, name, **kwargs)
 
     monkeypatch.setattr(kiln.dynamic, "build_block", build)
     torch.manual_seed(3)
