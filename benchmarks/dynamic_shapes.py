@@ -30,9 +30,11 @@ script:
 
 Every output is checked against eager PyTorch (relative error at most 1e-4 on the CPU, 2e-3 on
 CUDA in fp32, 1e-2 in fp16); the script exits with status 1 when one is off (after printing the
-table). The engine cache is off and the tactic timing cache is a new file of this run's, so every
-build is a real build (the static compiles, which follow the dynamic program's builds, find the
-same shapes' timings in it).
+table). The engine cache is off and the tactic timing caches are new files of this run's, so every
+build is a real build (the per-size static compiles, which follow the dynamic program's builds,
+find the same shapes' timings in its cache; the one static build has a cache of its own). Run it
+with ``CUDA_CACHE_DISABLE=1`` for cold builds in both processes (the driver's on-disk kernel cache
+would give the later one the earlier one's kernels).
 """
 
 from __future__ import annotations

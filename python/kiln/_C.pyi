@@ -435,7 +435,7 @@ class Builder:
 
     def optimize(self, network: Graph) -> Graph:
         """
-        The plan graph build() would give the backend: the network after this config's passes (for its device type; no device is needed), before kernels are chosen.
+        The plan graph build() would give the backend: the network after this config's passes (for its device type; no device is needed), before kernels are chosen. Other Python threads run meanwhile.
         """
 
 class SizeProgram:

@@ -29,6 +29,7 @@ engines (:meth:`Specializations.install`), so the saved sizes build nothing.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -46,7 +47,17 @@ import torch.utils._pytree as pytree
 from kiln import _C
 from kiln._logging import get_logger
 from kiln.dryrun import emit_report, format_report
-from kiln.instances import RowPadded, SizeRange, Tuning, fit_range, make_instance, row_symbol
+from kiln.instances import (
+    PendingFit,
+    RowPadded,
+    SizeRange,
+    Tuning,
+    finish_fit,
+    fit_pool,
+    make_instance,
+    row_symbol,
+    start_fit,
+)
 from kiln.lowering import LoweredGraph, drop_unused
 from kiln.partition import Block, PartitionResult, is_op, op_name, partition, replace_block
 from kiln.pipeline import CompileSummary, build_block
@@ -800,27 +811,46 @@ class Specializations(torch.nn.Module):
         """Returns once the instances made so far run with timed tactics (or kept untimed ones)."""
         self.tuning.wait()
 
-    def fit_ranges(self, spec: Specialization) -> None:
-        """Makes the engines ``spec`` built (not instances) the range engines of their blocks, for
-        the blocks that have none yet and whose plans fit a SizeProgram (kiln/instances.py)."""
+    def start_fits(self, binding: Binding, pool: concurrent.futures.Executor,
+                   runners: Sequence[torch.nn.Module] | None = None) -> dict[int, PendingFit]:
+        """Starts the range fits at ``binding`` of the blocks that have no range engine yet (of
+        those whose runner in ``runners``, when given, is a built engine): their samples are
+        described now and optimized on ``pool``, while the engines build. See finish_fits."""
+        pending: dict[int, PendingFit] = {}
         if not self.settings.dynamic_instances:
-            return
-        for b, runner in zip(self.blocks, spec.runners):
-            if (not b.symbols or b.index in self.ranges or not isinstance(runner, KilnEngineModule)
-                    or runner.engine.is_instance):
+            return pending
+        for b in self.blocks:
+            if not b.symbols or b.index in self.ranges or (runners is not None and not _built(runners[b.index])):
                 continue
-            base = {s: spec.binding[s] for s in b.symbols}
+            base = {s: binding[s] for s in b.symbols}
 
             def concrete(at: Binding, b: _BlockSource = b) -> tuple[fx.GraphModule, Block]:
-                gm, block, _ = self._concrete(b, {**spec.binding, **at})
+                gm, block, _ = self._concrete(b, {**binding, **at})
                 return gm, block
-            r = fit_range(runner, base, self.shapes.ranges, b.block.nodes, concrete, self.settings, self.device,
-                          self._engine_name(b, base), self.shared_constants)
+            fit = start_fit(base, self.shapes.ranges, b.block.nodes, concrete, self.settings, self.device,
+                            self._engine_name(b, base), pool, self.shared_constants)
+            if fit is not None:
+                pending[b.index] = fit
+        return pending
+
+    def finish_fits(self, spec: Specialization, pending: dict[int, PendingFit]) -> None:
+        """Makes the engines ``spec`` built (not instances) at the binding ``pending`` started at
+        the range engines of their blocks, where their plans fit a SizeProgram (kiln/instances.py)."""
+        for b, runner in zip(self.blocks, spec.runners):
+            fit = pending.get(b.index)
+            if fit is None or b.index in self.ranges or not _built(runner):
+                continue
+            r = finish_fit(fit, runner)
             if r is not None:
                 r.rows = row_symbol(b.tensor_inputs, b.block.nodes, b.block.outputs, r.symbols)
                 self.ranges[b.index] = r
                 self.range_parents[str(b.index)] = runner
                 runner.refit_hooks.append(self._drop_instances)
+
+    def fit_ranges(self, spec: Specialization) -> None:
+        """Fits ranges to the engines ``spec`` holds already (start_fits, then finish_fits)."""
+        with fit_pool() as pool:
+            self.finish_fits(spec, self.start_fits(spec.binding, pool, spec.runners))
 
     def _drop_instances(self) -> None:
         """Drops the specializations that hold instances (after a refit of their range engine,
@@ -986,6 +1016,11 @@ class Specializations(torch.nn.Module):
                                   use_cuda_graphs=self.settings.use_cuda_graphs)
         module.truncated_weights = engine.truncated_weights
         return module
+
+
+def _built(runner: torch.nn.Module) -> bool:
+    """Whether a block's runner is an engine built for its binding (not an instance, not PyTorch)."""
+    return isinstance(runner, KilnEngineModule) and not runner.engine.is_instance
 
 
 def _symbols_of(nodes: Iterable[fx.Node]) -> set[sympy.Symbol]:
@@ -1291,11 +1326,12 @@ def compile_dynamic(lowered: LoweredGraph, settings: CompilationSettings, device
         with table.sharing_constants():
             for spec in list(table.live.values()):
                 table.fit_ranges(spec)
-    else:  # the opt shape's engines are built now
-        with table.sharing_constants():
+    else:  # the opt shape's engines are built now, the samples of their range fits optimized meanwhile
+        with table.sharing_constants(), fit_pool() as pool:
+            pending = table.start_fits(opt, pool)
             spec = table.specialize(opt)
             table.add(spec)
-            table.fit_ranges(spec)
+            table.finish_fits(spec, pending)
     in_engines: collections.Counter[str] = collections.Counter()
     for b in blocks:
         in_engines.update(b.histogram)

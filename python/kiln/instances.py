@@ -24,8 +24,10 @@ range too narrow for the samples, and every block when the ``dynamic_instances``
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import operator
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -44,7 +46,7 @@ from kiln.translate import SharedConstants, describe_block_parts
 log = get_logger("instances")
 
 __all__ = ["SizeRange", "Tuning", "RowPadded", "pinned_symbols", "multilinear_problem", "row_symbol",
-           "sample_bindings", "fit_range", "make_instance"]
+           "sample_bindings", "fit_pool", "PendingFit", "start_fit", "finish_fit", "make_instance"]
 
 Binding = dict[sympy.Symbol, int]
 
@@ -52,6 +54,9 @@ Binding = dict[sympy.Symbol, int]
 # The most activation memory one range's instances share; a range whose largest size needs
 # more (an unbounded dim served up to dynamic_max_size) gives each instance its own arena.
 _MAX_SHARED_ARENA = 4 << 30
+# Fit samples optimized at once: a few where the host has cores to spare (the passes fold and
+# cast weights with threads of their own), else one, beside the describing and building thread.
+_FIT_THREADS = max(1, min(4, (os.cpu_count() or 1) // 4))
 
 
 @dataclasses.dataclass
@@ -412,13 +417,33 @@ def sample_bindings(symbols: Sequence[sympy.Symbol], ranges: dict[sympy.Symbol, 
     return corners + extra
 
 
-def fit_range(parent: KilnEngineModule, base: Binding, ranges: dict[sympy.Symbol, Any], nodes: Sequence[fx.Node],
+def fit_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """Threads for the passes of range fits' samples (C++, without the GIL)."""
+    return concurrent.futures.ThreadPoolExecutor(_FIT_THREADS, thread_name_prefix="kiln-fit")
+
+
+@dataclasses.dataclass
+class PendingFit:
+    """A block's range fit whose samples are being optimized, waiting for the engine built at its
+    first binding (:func:`start_fit`, :func:`finish_fit`)."""
+
+    name: str
+    ranges: dict[sympy.Symbol, Any]
+    base: Binding
+    symbols: tuple[sympy.Symbol, ...]
+    pinned: dict[sympy.Symbol, int]  # the block's other symbols, held at their base values
+    first: dict[str, int]  # the binding the engine is built at (sample 0)
+    plans: list[tuple[dict[str, int], concurrent.futures.Future[Any]]]
+    seconds: float  # spent describing the samples
+
+
+def start_fit(base: Binding, ranges: dict[sympy.Symbol, Any], nodes: Sequence[fx.Node],
               concrete: Callable[[Binding], tuple[fx.GraphModule, Any]], settings: CompilationSettings, device: str,
-              name: str, shared: SharedConstants | None = None) -> SizeRange | None:
-    """The SizeRange of a block whose engine ``parent`` was built at ``base`` (its symbols'
-    values), or None (logged) when its plans do not fit one. ``concrete(binding)`` gives the
-    block's concrete copy (graph module, Block) at another binding; its description takes the
-    constants' host copies from ``shared`` where they are there."""
+              name: str, pool: concurrent.futures.Executor, shared: SharedConstants | None = None) -> PendingFit | None:
+    """Starts the range fit of a block whose engine is (to be) built at ``base`` (its symbols'
+    values): describes the block at the other sample bindings (``concrete(binding)`` gives its
+    concrete copy, graph module and Block; the constants' host copies come from ``shared`` where
+    they are there) and optimizes them on ``pool``. None (logged) when its sizes cannot be fitted."""
     start = time.perf_counter()
     sizes = _sizes(nodes)
     pinned = pinned_symbols(sizes, tuple(base))
@@ -430,23 +455,37 @@ def fit_range(parent: KilnEngineModule, base: Binding, ranges: dict[sympy.Symbol
     if problem is not None or bindings is None:
         log.info("%s: an engine per size (%s)", name, problem)
         return None
-    samples: list[tuple[dict[str, int], Any]] = [({str(s): v for s, v in bindings[0].items()}, parent.engine.graph())]
     builder = _C.Builder(builder_config(settings, device))
+    plans = []
     try:
         for binding in bindings[1:]:
             gm, block = concrete(binding)
             network = _C.import_aten(describe_block_parts(gm, block, settings, shared=shared).graph)
-            samples.append(({str(s): v for s, v in binding.items()}, builder.optimize(network)))
-        program = _C.SizeProgram.fit(samples)
+            plans.append(({str(s): v for s, v in binding.items()}, pool.submit(builder.optimize, network)))
     except _C.KilnError as err:
         log.info("%s: an engine per size (its plans do not fit one: %s)", name, err)
         return None
-    held = "".join(f", {s}={base[s]} held" for s in pinned)
-    log.info("%s: one engine for %s%s (%d sizes fitted from %d plans in %.3f s)", name,
-             ", ".join(ranges[s].text() for s in symbols), held, program.fitted, len(samples),
-             time.perf_counter() - start)
-    return SizeRange(parent, program, symbols, {str(s): ranges[s].max for s in symbols},
-                     {s: base[s] for s in pinned}, {str(s): base[s] for s in symbols})
+    return PendingFit(name, ranges, base, symbols, {s: base[s] for s in pinned},
+                      {str(s): v for s, v in bindings[0].items()}, plans, time.perf_counter() - start)
+
+
+def finish_fit(fit: PendingFit, parent: KilnEngineModule) -> SizeRange | None:
+    """The SizeRange of the block whose engine ``parent`` was built at ``fit``'s base, or None
+    (logged) when its plans do not fit one."""
+    start = time.perf_counter()
+    try:
+        samples = [(fit.first, parent.engine.graph())] + [(binding, plan.result()) for binding, plan in fit.plans]
+        program = _C.SizeProgram.fit(samples)
+    except _C.KilnError as err:
+        log.info("%s: an engine per size (its plans do not fit one: %s)", fit.name, err)
+        return None
+    held = "".join(f", {s}={fit.base[s]} held" for s in fit.pinned)
+    # The samples' passes ran beside the build: the time counted is what the fit added to it.
+    log.info("%s: one engine for %s%s (%d sizes fitted from %d plans in %.3f s besides the build)", fit.name,
+             ", ".join(fit.ranges[s].text() for s in fit.symbols), held, program.fitted, len(samples),
+             fit.seconds + time.perf_counter() - start)
+    return SizeRange(parent, program, fit.symbols, {str(s): fit.ranges[s].max for s in fit.symbols},
+                     fit.pinned, {str(s): fit.base[s] for s in fit.symbols})
 
 
 def make_instance(r: SizeRange, binding: Binding, name: str, level: int = 0) -> KilnEngineModule:

@@ -151,8 +151,10 @@ void bind_builder(nb::module_& m) {
           "alive as long as the engine reads them).")
       .def(
           "optimize", [](const Builder& b, const Graph& network) { return b.optimize(network); }, nb::arg("network"),
+          nb::call_guard<nb::gil_scoped_release>(),
           "The plan graph build() would give the backend: the network after this config's passes (for "
-          "its device type; no device is needed), before kernels are chosen.");
+          "its device type; no device is needed), before kernels are chosen. Other Python threads run "
+          "meanwhile.");
 }
 
 }  // namespace kiln::python
