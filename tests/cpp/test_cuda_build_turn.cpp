@@ -1,8 +1,9 @@
 // The build turn (src/backends/cuda/tuning/build_turn.h) and TimingClaim (tactics.h), with which a CUDA
 // build makes several kernels at once: one thread at a time holds the turn; one that gives it up
 // (OffTurn) lets another in and gets it back; a second claim of a timing key waits, off its
-// turn, for the first. No device is needed, except for the support kernel case (skipped without
-// one): build workers that ask for one kernel at once get it, none left waiting.
+// turn, for the first; a graph's recording (DeviceTurn) keeps build workers out. No device is
+// needed, except for the support kernel case (skipped without one): build workers that ask for
+// one kernel at once get it, none left waiting.
 #ifdef KILN_WITH_CUDA
 
 #include <gtest/gtest.h>
@@ -70,6 +71,35 @@ TEST(BuildTurn, OffTurnLetsAnotherThreadInAndTakesTheTurnBack) {
   });
   b.join();
   a.join();
+}
+
+TEST(BuildTurn, ADeviceTurnExcludesBuildWorkersAndNestsInsideATurn) {
+  std::atomic<bool> worker_in{false};
+  std::thread worker;
+  {
+    const DeviceTurn turn;  // a graph being recorded
+    EXPECT_TRUE(holds_build_turn());
+    {
+      const DeviceTurn nested;  // a whole-device synchronize inside it: no second lock
+      EXPECT_TRUE(holds_build_turn());
+    }
+    EXPECT_TRUE(holds_build_turn());
+    worker = std::thread([&] {
+      const BuildTurn build;  // a build worker timing a kernel waits for the recording
+      worker_in = true;
+    });
+    std::this_thread::sleep_for(20ms);
+    EXPECT_FALSE(worker_in.load()) << "a build worker ran while a graph was being recorded";
+  }
+  EXPECT_FALSE(holds_build_turn());
+  worker.join();
+  EXPECT_TRUE(worker_in.load());
+  {
+    const BuildTurn build;  // and a device turn inside a build's turn takes nothing more
+    const DeviceTurn inside;
+    EXPECT_TRUE(holds_build_turn());
+  }
+  EXPECT_FALSE(holds_build_turn());
 }
 
 TEST(BuildTurn, OffTurnWithoutATurnDoesNothing) {

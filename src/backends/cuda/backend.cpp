@@ -161,14 +161,15 @@ class CudaBackend final : public Backend {
     KILN_FAIL(kInternal, "no CUDA kernel family for ", op_name(n.op));
   }
 
-  // A build makes its kernels on up to build_workers() threads at once, each node under the build
-  // turn, which a worker gives up while it compiles (build_turn.h). A load has nothing to compile
-  // (its kernels' states hold the cubins and cuDNN plans) and makes them in order.
+  // A build makes its kernels on up to build_workers() threads at once (one: the calling thread),
+  // each node under the build turn, which a worker gives up while it compiles (build_turn.h). A
+  // load has nothing to compile (its kernels' states hold the cubins and cuDNN plans) and makes
+  // them in order.
   std::vector<std::unique_ptr<Kernel>> make_kernels(const Graph& g, const KernelOptions& o,
                                                     const std::vector<Bytes>* states,
                                                     std::vector<double>* ms) override {
-    const size_t n = g.nodes().size(), workers = std::min(build_workers(), n);
-    if (states || workers <= 1) return Backend::make_kernels(g, o, states, ms);
+    const size_t n = g.nodes().size(), workers = std::clamp<size_t>(build_workers(), 1, std::max<size_t>(n, 1));
+    if (states) return Backend::make_kernels(g, o, states, ms);
     std::vector<std::unique_ptr<Kernel>> kernels(n);
     ms->assign(n, 0.0);
     std::vector<std::exception_ptr> errors(n);
@@ -242,10 +243,12 @@ class CudaBackend final : public Backend {
   void synchronize(void* stream) override {
     DeviceGuard guard(index_);
     // No stream: the whole device (work on non-blocking streams included).
-    if (stream == nullptr)
+    if (stream == nullptr) {
+      const DeviceTurn turn;  // not while another thread records a graph
       KILN_CUDA_CHECK(cudaDeviceSynchronize());
-    else
+    } else {
       KILN_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+    }
   }
 
   std::unique_ptr<CapturedGraph> capture(const std::function<void(void* stream)>& launches, void* stream,

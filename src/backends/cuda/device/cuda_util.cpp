@@ -16,6 +16,7 @@
 #include "src/backends/cuda/codegen/embedded.h"
 #include "src/backends/cuda/codegen/nvrtc.h"
 #include "src/backends/cuda/device/cuda_util.h"
+#include "src/backends/cuda/tuning/build_turn.h"
 
 namespace kiln::cuda {
 
@@ -190,6 +191,9 @@ void small_memsets_as_kernels(cudaGraph_t graph) {
 }
 
 GraphPtr record_graph(cudaStream_t stream, const std::function<void(cudaStream_t)>& launches) {
+  // No build on another thread synchronizes the device while this records (starts_early's probe
+  // records without the turn: a probe that fails keeps the fence, nothing else).
+  const DeviceTurn turn;
   GraphPtr graph = record_as_is(stream, launches);
   make_edges_full(graph.get());
   small_memsets_as_kernels(graph.get());

@@ -71,7 +71,9 @@ using GraphPtr = std::unique_ptr<CUgraph_st, GraphDeleter>;
 
 // Records what `launches` enqueues on `stream` into a graph (thread-local capture mode, so other
 // threads' CUDA calls are unaffected) and returns it; it runs nothing. An exception thrown by
-// `launches` ends the capture, leaving the stream usable, and is rethrown.
+// `launches` ends the capture, leaving the stream usable, and is rethrown. It records under the
+// build turn (DeviceTurn, build_turn.h): a build on another thread synchronizes the whole device
+// when it times kernels, which would end the capture with an error.
 //
 // Library kernels launched for programmatic dependent launch record "programmatic" edges, which
 // let a kernel start before its predecessor has finished; every such edge becomes a full

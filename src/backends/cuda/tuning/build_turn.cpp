@@ -30,6 +30,16 @@ OffTurn::~OffTurn() {
   if (given_) given_->lock();
 }
 
+DeviceTurn::DeviceTurn() : outer_(current) {
+  if (holds_build_turn()) return;
+  lock_ = std::unique_lock<std::mutex>(turn());
+  current = &lock_;
+}
+
+DeviceTurn::~DeviceTurn() {
+  if (current == &lock_) current = outer_;
+}
+
 bool holds_build_turn() { return current && current->owns_lock(); }
 
 }  // namespace kiln::cuda

@@ -7,7 +7,11 @@
 // (the same source compiling, the same timing key being searched). Those are most of a cold
 // build's time, and they overlap; the device work stays one at a time.
 //
-// The turn is one mutex; it is held only by threads in a BuildTurn. OffTurn on a thread that
+// Recording a CUDA graph and synchronizing the whole device take the turn too (DeviceTurn): a
+// build on another thread (an instance timed in the background) would otherwise synchronize the
+// device in the middle of a capture, which ends the capture with an error.
+//
+// The turn is one mutex; it is held only by threads in a BuildTurn or a DeviceTurn. OffTurn on a thread that
 // holds none (a load, a sequential build, the warm-up thread) does nothing, so the code that
 // compiles need not know who called it. Rule: no other lock may be held across an OffTurn,
 // since taking the turn back while holding one could wait on a worker that waits for that lock.
@@ -37,6 +41,21 @@ class OffTurn {
 
  private:
   std::unique_lock<std::mutex>* given_ = nullptr;
+};
+
+// The turn for device work outside a build's kernels that must not overlap with them: recording
+// a CUDA graph (a build's device-wide synchronization would end another thread's capture) and
+// synchronizing the whole device. Takes the turn unless the calling thread holds it already.
+class DeviceTurn {
+ public:
+  DeviceTurn();
+  ~DeviceTurn();
+  DeviceTurn(const DeviceTurn&) = delete;
+  DeviceTurn& operator=(const DeviceTurn&) = delete;
+
+ private:
+  std::unique_lock<std::mutex> lock_;  // empty when the thread held the turn already
+  std::unique_lock<std::mutex>* outer_ = nullptr;
 };
 
 // Whether the calling thread holds the turn now (for tests).
