@@ -153,10 +153,10 @@ def multilinear_problem(sizes: Sequence[tuple[str, Any]], symbols: Sequence[symp
 # symbol). Pointwise ops (torch.Tag.pointwise) and these keep rows apart wherever the row dim is,
 # the shapes deciding the rest (a concat or a slice along it changes its size; a permute moves it).
 _ROW_FREE = frozenset({
-    "_to_copy", "_unsafe_view", "alias", "cat", "clone", "constant_pad_nd", "detach", "embedding",
-    "empty", "empty_like", "expand", "full", "full_like", "ones_like", "permute", "repeat", "reshape",
-    "select", "slice", "split", "split_with_sizes", "squeeze", "t", "transpose", "unbind", "unsqueeze",
-    "view", "zeros", "zeros_like", "_native_batch_norm_legit_no_training",
+    "_to_copy", "_unsafe_view", "alias", "cat", "clone", "constant_pad_nd", "contiguous", "detach", "dropout",
+    "embedding", "empty", "empty_like", "expand", "flatten", "full", "full_like", "ones_like", "permute", "repeat",
+    "reshape", "select", "slice", "split", "split_with_sizes", "squeeze", "t", "transpose", "unbind", "unflatten",
+    "unsqueeze", "view", "zeros", "zeros_like", "_native_batch_norm_legit_no_training",
     # Products: a contracted row dim leaves the output without one, which the shapes refuse.
     "addmm", "baddbmm", "bmm", "linear", "matmul", "mm",
 })
@@ -224,6 +224,8 @@ def _outer(t: Any, d: int) -> Any:
 
 
 _ROW_INDEX_KEPT = frozenset({"_to_copy", "_unsafe_view", "clone", "expand", "reshape", "unsqueeze", "view"})
+# Ops that lay the same elements out in another shape (the training IR's composites among them).
+_RESHAPES = frozenset({"_unsafe_view", "flatten", "reshape", "unflatten", "view"})
 
 
 def _row_arange(node: fx.Node, s: sympy.Symbol) -> bool:
@@ -263,7 +265,7 @@ def _keeps_rows(node: fx.Node, s: sympy.Symbol, rows: dict[fx.Node, int], index_
     first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else reads[0]
     row = rows.get(first, -1)
     if torch.Tag.pointwise in overload.tags or name in _ROW_FREE:
-        if name in ("view", "reshape", "_unsafe_view"):  # the same elements before the rows
+        if name in _RESHAPES:  # the same elements before the rows
             out_row = next(d for d in outs if d is not None and d >= 0)
             return sympy.simplify(_outer(first.meta["val"], row) - _outer(out, out_row)) == 0
         return True

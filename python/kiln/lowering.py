@@ -40,6 +40,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from kiln import training_ops
 from kiln._logging import get_logger
 from kiln.outputs import OutputTemplate, export_flat, output_hint, unregistered_output
 
@@ -229,13 +230,22 @@ def lower_exported_program(ep: torch.export.ExportedProgram, keep: Iterable[str]
     ``fold_weights`` lets the clean-up fold computations on weights (see the module docstring).
     """
     keep = set(keep)
-    with torch.no_grad():
-        ep = _decompose(ep, keep)
+    # Where every op is one the importers take or a known composite, the graph is rewritten
+    # without tracing it again (kiln/training_ops.py).
+    why = training_ops.rewritable(ep.graph, keep) if keep else "no importer coverage given"
+    direct = why is None
+    if not direct:
+        log.debug("decomposing the exported program (%s)", why)
+        with torch.no_grad():
+            ep = _decompose(ep, keep)
     sig = ep.graph_signature
     if sig.buffers_to_mutate or getattr(sig, "user_inputs_to_mutate", None):
         raise NotImplementedError("the program mutates its inputs or buffers in place "
                                   "(Kiln compiles pure inference graphs)")
     gm = _constants_to_attrs(ep, names or {})
+    if direct:
+        with torch.no_grad():
+            training_ops.lower_in_place(gm)
     from kiln.control_flow import prepare_subgraphs  # it builds on this module
     prepare_subgraphs(gm, fold_weights)
     cleanup(gm, fold_weights)

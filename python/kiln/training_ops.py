@@ -1,0 +1,209 @@
+"""Core ATen from torch.export's training IR without tracing the program again.
+
+``ExportedProgram.run_decompositions`` traces every op once more (functionalization, fake
+tensors, symbolic size arithmetic for dynamic programs), although most of a typical export is
+already made of ops the importers take. When every op of the graph is one the importers take or
+one of the few below (convolution, batch and layer norm in their composite forms, the in-place
+activations and additions of torchvision models, ``to``, ``&``), :func:`lower_in_place`
+rewrites those nodes in the copied graph, each into what the decomposition gives, and the trace
+is skipped. Anything else (another op, a higher-order op, an in-place op on a value something
+else reads afterwards or through a view) makes :func:`rewritable` name the node, and the caller
+decomposes the program as before.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+aten = torch.ops.aten
+
+# In-place op -> its functional form (same arguments).
+_IN_PLACE = {
+    aten.relu_.default: aten.relu.default,
+    aten.silu_.default: aten.silu.default,
+    aten.hardswish_.default: aten.hardswish.default,
+    aten.hardsigmoid_.default: aten.hardsigmoid.default,
+    aten.hardtanh_.default: aten.hardtanh.default,
+    aten.sigmoid_.default: aten.sigmoid.default,
+    aten.add_.Tensor: aten.add.Tensor,
+    aten.mul_.Tensor: aten.mul.Tensor,
+    aten.dropout_.default: aten.dropout.default,
+}
+# Composite op -> the op it always becomes (same arguments).
+_RENAMED = {
+    aten.__and__.Tensor: aten.bitwise_and.Tensor,
+    aten.__or__.Tensor: aten.bitwise_or.Tensor,
+}
+_CONVS = {aten.conv1d.default: 1, aten.conv2d.default: 2, aten.conv3d.default: 3}
+_TO = (aten.to.dtype, aten.to.dtype_layout, aten.to.device)
+_SCALARS = {"int", "SymInt", "bool", "SymBool", "float", "SymFloat"}
+
+
+def _arguments(node: fx.Node) -> dict[str, Any]:
+    """The node's arguments by schema name, defaults filled in."""
+    schema = node.target._schema  # type: ignore[union-attr]
+    out: dict[str, Any] = {}
+    for i, a in enumerate(schema.arguments):
+        if not a.kwarg_only and i < len(node.args):
+            out[a.name] = node.args[i]
+        elif a.name in node.kwargs:
+            out[a.name] = node.kwargs[a.name]
+        elif a.has_default_value():
+            out[a.name] = a.default_value
+    return out
+
+
+def _returns_alias(target: Any) -> bool:
+    return any(r.alias_info is not None for r in target._schema.returns)
+
+
+def _fresh(node: Any, accepted: set[fx.Node]) -> bool:
+    """Whether ``node`` is a value of its own (no view of another): an op result that aliases
+    nothing, an item of one, or an in-place op already accepted (it becomes functional)."""
+    if not isinstance(node, fx.Node) or node.op != "call_function":
+        return False
+    if node in accepted:
+        return True
+    if node.target is operator.getitem:
+        return _fresh(node.args[0], accepted)
+    return isinstance(node.target, torch._ops.OpOverload) and not _returns_alias(node.target)
+
+
+def _in_place_ok(node: fx.Node, order: dict[fx.Node, int], accepted: set[fx.Node]) -> bool:
+    """An in-place op may become functional when what it writes is a value of its own that
+    nothing reads after it or through a view."""
+    x = node.args[0] if node.args else None
+    if not isinstance(x, fx.Node) or not _fresh(x, accepted):
+        return False
+    for user in x.users:
+        if user is node:
+            continue
+        if order[user] > order[node]:
+            return False
+        if isinstance(user.target, torch._ops.OpOverload) and _returns_alias(user.target):
+            return False
+    return True
+
+
+def _conv_ok(node: fx.Node) -> bool:
+    return not isinstance(_arguments(node).get("padding"), str)
+
+
+def _batch_norm_ok(node: fx.Node) -> bool:
+    a = _arguments(node)
+    return a.get("training") is False and a.get("running_mean") is not None and a.get("running_var") is not None
+
+
+def _to_ok(node: fx.Node) -> bool:
+    a = _arguments(node)
+    return (a.get("memory_format") in (None, torch.preserve_format) and a.get("layout") in (None, torch.strided)
+            and isinstance(node.args[0], fx.Node) and isinstance(node.args[0].meta.get("val"), torch.Tensor))
+
+
+def _same_device(named: Any, device: torch.device) -> bool:
+    d = torch.device(named)
+    return d.type == device.type and (d.index is None or device.index is None or d.index == device.index)
+
+
+def rewritable(graph: fx.Graph, keep: set[str]) -> str | None:
+    """None when :func:`lower_in_place` gives the graph in ops of ``keep``, else the node it
+    cannot rewrite and why (see the module docstring)."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    accepted: set[fx.Node] = set()
+    checks: dict[Any, Callable[[fx.Node], bool]] = {
+        **{op: _conv_ok for op in _CONVS}, aten.batch_norm.default: _batch_norm_ok,
+        aten.layer_norm.default: lambda n: True, **{op: _to_ok for op in _TO},
+        **{op: lambda n: True for op in _RENAMED}}
+    replaced = {**{op: aten.convolution.default for op in _CONVS},
+                aten.batch_norm.default: aten._native_batch_norm_legit_no_training.default,
+                aten.layer_norm.default: aten.native_layer_norm.default,
+                **{op: aten._to_copy.default for op in _TO}, **_RENAMED, **_IN_PLACE}
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        target = node.target
+        if not isinstance(target, torch._ops.OpOverload):
+            if isinstance(target, torch._ops.HigherOrderOperator):
+                return f"{node.name}: a higher-order op ({target})"
+            continue  # getitem, arithmetic on sizes
+        if str(target) in keep:
+            continue
+        if all(str(r.type) in _SCALARS for r in target._schema.returns):
+            continue  # sizes and asserts (sym_size, _assert_scalar), which the decomposition keeps too
+        if target not in replaced or str(replaced[target]) not in keep:
+            return f"{node.name}: {target} has no rewrite"
+        if target in _IN_PLACE:
+            if not _in_place_ok(node, order, accepted):
+                return f"{node.name}: {target} writes a value that is read afterwards or is a view"
+            accepted.add(node)
+        elif not checks[target](node):
+            return f"{node.name}: {target} with these arguments has no rewrite"
+    return None
+
+
+def _list(value: Any, n: int) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value] * n
+
+
+def _replace(graph: fx.Graph, node: fx.Node, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+             item: bool = False) -> None:
+    """Replaces ``node`` by ``target(*args, **kwargs)`` (its first result with ``item``), keeping
+    the node's metadata; a result of several values gets its own (from the op's meta kernel)."""
+    with graph.inserting_before(node):
+        new = graph.call_function(target, args, kwargs)
+        new.meta.update(node.meta)
+        if item:
+            vals = fx.map_arg((args, kwargs), lambda a: a.meta["val"])
+            new.meta["val"] = target(*vals[0], **vals[1])
+            first = graph.call_function(operator.getitem, (new, 0))
+            first.meta.update(node.meta)
+            new = first
+    node.replace_all_uses_with(new)
+    graph.erase_node(node)
+
+
+def lower_in_place(gm: fx.GraphModule) -> None:
+    """Rewrites the training-IR ops of a graph that :func:`rewritable` accepted (returned None for)."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+            continue
+        if target in _IN_PLACE:
+            _replace(graph, node, _IN_PLACE[target], node.args, dict(node.kwargs))
+        elif target in _RENAMED:
+            _replace(graph, node, _RENAMED[target], node.args, dict(node.kwargs))
+        elif target in _CONVS:
+            a, k = _arguments(node), _CONVS[target]
+            _replace(graph, node, aten.convolution.default,
+                     (a["input"], a["weight"], a["bias"], _list(a["stride"], k), _list(a["padding"], k),
+                      _list(a["dilation"], k), False, [0] * k, a["groups"]), {})
+        elif target == aten.batch_norm.default:
+            a = _arguments(node)
+            _replace(graph, node, aten._native_batch_norm_legit_no_training.default,
+                     (a["input"], a["weight"], a["bias"], a["running_mean"], a["running_var"], a["momentum"],
+                      a["eps"]), {}, item=True)
+        elif target == aten.layer_norm.default:
+            a = _arguments(node)
+            _replace(graph, node, aten.native_layer_norm.default,
+                     (a["input"], a["normalized_shape"], a["weight"], a["bias"], a["eps"]), {}, item=True)
+        elif target in _TO:
+            # As the decomposition: a cast names only what changes; a .to() that changes nothing is its input.
+            a, x = _arguments(node), node.args[0]
+            val = x.meta["val"]
+            kwargs = {}
+            if a.get("dtype") is not None and a["dtype"] != val.dtype:
+                kwargs["dtype"] = a["dtype"]
+            if a.get("device") is not None and not _same_device(a["device"], val.device):
+                kwargs["device"] = a["device"]
+            if kwargs:
+                _replace(graph, node, aten._to_copy.default, (x,), kwargs)
+            else:
+                node.replace_all_uses_with(x)
+                graph.erase_node(node)
+    gm.recompile()
