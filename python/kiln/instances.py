@@ -153,7 +153,7 @@ def multilinear_problem(sizes: Sequence[tuple[str, Any]], symbols: Sequence[symp
 # symbol). Pointwise ops (torch.Tag.pointwise) and these keep rows apart wherever the row dim is,
 # the shapes deciding the rest (a concat or a slice along it changes its size; a permute moves it).
 _ROW_FREE = frozenset({
-    "_to_copy", "_unsafe_view", "alias", "cat", "clone", "constant_pad_nd", "contiguous", "detach", "dropout",
+    "_to_copy", "_unsafe_view", "alias", "cat", "chunk", "clone", "constant_pad_nd", "contiguous", "detach", "dropout",
     "embedding", "empty", "empty_like", "expand", "flatten", "full", "full_like", "ones_like", "permute", "repeat",
     "reshape", "select", "slice", "split", "split_with_sizes", "squeeze", "t", "transpose", "unbind", "unflatten",
     "unsqueeze", "view", "zeros", "zeros_like", "_native_batch_norm_legit_no_training",

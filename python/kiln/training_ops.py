@@ -3,8 +3,9 @@
 ``ExportedProgram.run_decompositions`` traces every op once more (functionalization, fake
 tensors, symbolic size arithmetic for dynamic programs), although most of a typical export is
 already made of ops the importers take. When every op of the graph is one the importers take or
-one of the few below (convolution, batch and layer norm in their composite forms, the in-place
-activations and additions of torchvision models, ``to``, ``&``), :func:`lower_in_place`
+one of the few below (convolution, batch, layer and group norm in their composite forms, the
+in-place activations and additions of torchvision models, ``to`` and ``type_as``, constant
+``pad``, ``&``, ``min`` / ``max`` of two tensors, eval dropout), :func:`lower_in_place`
 rewrites those nodes in the copied graph, each into what the decomposition gives, and the trace
 is skipped. Anything else (another op, a higher-order op, an in-place op on a value something
 else reads afterwards or through a view) makes :func:`rewritable` name the node, and the caller
@@ -13,6 +14,7 @@ decomposes the program as before.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -32,13 +34,16 @@ _IN_PLACE = {
     aten.sigmoid_.default: aten.sigmoid.default,
     aten.add_.Tensor: aten.add.Tensor,
     aten.mul_.Tensor: aten.mul.Tensor,
-    aten.dropout_.default: aten.dropout.default,
 }
 # Composite op -> the op it always becomes (same arguments).
 _RENAMED = {
     aten.__and__.Tensor: aten.bitwise_and.Tensor,
     aten.__or__.Tensor: aten.bitwise_or.Tensor,
+    aten.min.other: aten.minimum.default,
+    aten.max.other: aten.maximum.default,
 }
+# Ops that leave their input's values as they are (eval dropout, in place or not; detach_).
+_IDENTITY = (aten.dropout_.default, aten.detach_.default)
 _CONVS = {aten.conv1d.default: 1, aten.conv2d.default: 2, aten.conv3d.default: 3}
 _TO = (aten.to.dtype, aten.to.dtype_layout, aten.to.device)
 _SCALARS = {"int", "SymInt", "bool", "SymBool", "float", "SymFloat"}
@@ -105,6 +110,23 @@ def _to_ok(node: fx.Node) -> bool:
             and isinstance(node.args[0], fx.Node) and isinstance(node.args[0].meta.get("val"), torch.Tensor))
 
 
+def _identity_ok(node: fx.Node) -> bool:
+    return node.target == aten.detach_.default or _arguments(node).get("train") is False
+
+
+def _pad_ok(node: fx.Node) -> bool:
+    return _arguments(node).get("mode") == "constant"
+
+
+def _group_norm_ok(node: fx.Node) -> bool:
+    val = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.dim() >= 2 and all(isinstance(d, int) for d in val.shape)
+
+
+def _type_as_ok(node: fx.Node) -> bool:
+    return all(isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor) for a in node.args[:2])
+
+
 def _same_device(named: Any, device: torch.device) -> bool:
     d = torch.device(named)
     return d.type == device.type and (d.index is None or device.index is None or d.index == device.index)
@@ -118,11 +140,15 @@ def rewritable(graph: fx.Graph, keep: set[str]) -> str | None:
     checks: dict[Any, Callable[[fx.Node], bool]] = {
         **{op: _conv_ok for op in _CONVS}, aten.batch_norm.default: _batch_norm_ok,
         aten.layer_norm.default: lambda n: True, **{op: _to_ok for op in _TO},
-        **{op: lambda n: True for op in _RENAMED}}
+        **{op: lambda n: True for op in _RENAMED}, **{op: _identity_ok for op in _IDENTITY},
+        aten.pad.default: _pad_ok, aten.group_norm.default: _group_norm_ok, aten.type_as.default: _type_as_ok}
     replaced = {**{op: aten.convolution.default for op in _CONVS},
                 aten.batch_norm.default: aten._native_batch_norm_legit_no_training.default,
                 aten.layer_norm.default: aten.native_layer_norm.default,
-                **{op: aten._to_copy.default for op in _TO}, **_RENAMED, **_IN_PLACE}
+                aten.group_norm.default: aten.native_group_norm.default,
+                aten.pad.default: aten.constant_pad_nd.default,
+                **{op: aten._to_copy.default for op in (*_TO, aten.type_as.default)},
+                **{op: aten.alias.default for op in _IDENTITY}, **_RENAMED, **_IN_PLACE}
     for node in graph.nodes:
         if node.op != "call_function":
             continue
@@ -167,6 +193,12 @@ def _replace(graph: fx.Graph, node: fx.Node, target: Any, args: tuple[Any, ...],
     graph.erase_node(node)
 
 
+def _drop(graph: fx.Graph, node: fx.Node) -> None:
+    """Removes a node whose result is its first argument's value."""
+    node.replace_all_uses_with(node.args[0])
+    graph.erase_node(node)
+
+
 def lower_in_place(gm: fx.GraphModule) -> None:
     """Rewrites the training-IR ops of a graph that :func:`rewritable` accepted (returned None for)."""
     graph = gm.graph
@@ -192,9 +224,11 @@ def lower_in_place(gm: fx.GraphModule) -> None:
             a = _arguments(node)
             _replace(graph, node, aten.native_layer_norm.default,
                      (a["input"], a["normalized_shape"], a["weight"], a["bias"], a["eps"]), {}, item=True)
-        elif target in _TO:
+        elif target in _TO or target == aten.type_as.default:
             # As the decomposition: a cast names only what changes; a .to() that changes nothing is its input.
             a, x = _arguments(node), node.args[0]
+            if target == aten.type_as.default:
+                a = {"dtype": node.args[1].meta["val"].dtype}
             val = x.meta["val"]
             kwargs = {}
             if a.get("dtype") is not None and a["dtype"] != val.dtype:
@@ -204,6 +238,17 @@ def lower_in_place(gm: fx.GraphModule) -> None:
             if kwargs:
                 _replace(graph, node, aten._to_copy.default, (x,), kwargs)
             else:
-                node.replace_all_uses_with(x)
-                graph.erase_node(node)
+                _drop(graph, node)
+        elif target in _IDENTITY:
+            _drop(graph, node)
+        elif target == aten.pad.default:
+            a = _arguments(node)
+            _replace(graph, node, aten.constant_pad_nd.default,
+                     (node.args[0], a["pad"], 0.0 if a.get("value") is None else a["value"]), {})
+        elif target == aten.group_norm.default:
+            a = _arguments(node)
+            shape = node.args[0].meta["val"].shape
+            _replace(graph, node, aten.native_group_norm.default,
+                     (a["input"], a["weight"], a["bias"], shape[0], shape[1], math.prod(shape[2:]), a["num_groups"],
+                      a["eps"]), {}, item=True)
     gm.recompile()

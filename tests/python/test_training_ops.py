@@ -1,7 +1,7 @@
 """Lowering torch.export's training IR without tracing it again (kiln/training_ops.py): where it
 applies, the graph holds only ops the importers take, the same ones as the graph run_decompositions
 gives but for the shape composites the importers take whole (reshape, flatten, unflatten,
-contiguous, eval dropout), and computes the same values; where it cannot (another op, an in-place
+contiguous, chunk, eval dropout), and computes the same values; where it cannot (another op, an in-place
 write that something reads afterwards or through a view), the program is decomposed as before."""
 
 from __future__ import annotations
@@ -56,7 +56,22 @@ class Masked(torch.nn.Module):
 
 # What the decomposition makes of the shape composites that the importers also take whole.
 _SHAPE_FORMS = {"aten.reshape.default", "aten.flatten.using_ints", "aten.unflatten.int", "aten.contiguous.default",
-                "aten.dropout.default", "aten.view.default", "aten.clone.default", "aten._unsafe_view.default"}
+                "aten.dropout.default", "aten.view.default", "aten.clone.default", "aten._unsafe_view.default",
+                "aten.chunk.default", "aten.split.Tensor"}
+
+
+class Composites(torch.nn.Module):
+    """Group norm, constant pad, type_as, min / max of two tensors, eval dropout in place, detach_."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.GroupNorm(2, 4)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = F.pad(self.norm(x), (1, 2, 0, 1), value=0.5)
+        h = F.dropout(h * 1, p=0.3, training=False, inplace=True)
+        m = torch.min(h[..., :3, :3], y).detach_() + torch.max(h[..., 1:4, 1:4], y)
+        return m.type_as(y.half()).float()
 
 
 def _histogram(gm: torch.fx.GraphModule) -> collections.Counter[str]:
@@ -81,7 +96,8 @@ def _both(model: torch.nn.Module, inputs: list[Any], monkeypatch: pytest.MonkeyP
 @pytest.mark.parametrize("make", [
     lambda: (Residual(), [torch.randn(2, 4, 6, 6)]),
     lambda: (Masked(), [torch.randn(2, 5, 8), torch.randint(0, 4, (2, 5))]),
-], ids=["residual", "masked"])
+    lambda: (Composites(), [torch.randn(2, 4, 3, 3), torch.randn(2, 4, 3, 3)]),
+], ids=["residual", "masked", "composites"])
 @torch.no_grad()
 def test_the_rewritten_graph_holds_the_decomposed_ops_and_values(make: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     torch.manual_seed(0)
@@ -97,7 +113,7 @@ def test_the_rewritten_graph_holds_the_decomposed_ops_and_values(make: Any, monk
         torch.testing.assert_close(lowered.gm(*inputs)[0], want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["resnet50", "bert", "vit_b_16", "mobilenet_v3_large"])
+@pytest.mark.parametrize("name", ["resnet50", "bert", "vit_b_16", "mobilenet_v3_large", "swin_t", "unet_ddpm", "t5_encoder"])
 @torch.no_grad()
 def test_zoo_models_lower_without_the_trace_and_match_eager(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     model, inputs = zoo_models.MODELS[name].create_randomized(2, small=True)
