@@ -5,7 +5,7 @@ tensors, symbolic size arithmetic for dynamic programs), although most of a typi
 already made of ops the importers take. When every op of the graph is one the importers take or
 one of the few below (convolution, batch, layer and group norm in their composite forms, the
 in-place activations and additions of torchvision models, ``to`` and ``type_as``, constant
-``pad``, ``&``, ``min`` / ``max`` of two tensors, eval dropout), :func:`lower_in_place`
+``pad``, ``&``, ``min`` / ``max`` of two tensors, first-order ``diff``, eval dropout), :func:`lower_in_place`
 rewrites those nodes in the copied graph, each into what the decomposition gives, and the trace
 is skipped. Anything else (another op, a higher-order op, an in-place op on a value something
 else reads afterwards or through a view) makes :func:`rewritable` name the node, and the caller
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import operator
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,7 @@ _IN_PLACE = {
     aten.sigmoid_.default: aten.sigmoid.default,
     aten.add_.Tensor: aten.add.Tensor,
     aten.mul_.Tensor: aten.mul.Tensor,
+    aten.zero_.default: aten.zeros_like.default,
 }
 # Composite op -> the op it always becomes (same arguments).
 _RENAMED = {
@@ -123,6 +125,14 @@ def _group_norm_ok(node: fx.Node) -> bool:
     return isinstance(val, torch.Tensor) and val.dim() >= 2 and all(isinstance(d, int) for d in val.shape)
 
 
+def _diff_ok(node: fx.Node) -> bool:
+    a = _arguments(node)
+    val = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
+    joined = [a.get(k) for k in ("prepend", "append") if a.get(k) is not None]
+    return (a.get("n") == 1 and isinstance(val, torch.Tensor) and val.dtype != torch.bool
+            and all(isinstance(j, fx.Node) and isinstance(j.meta.get("val"), torch.Tensor) for j in joined))
+
+
 def _type_as_ok(node: fx.Node) -> bool:
     return all(isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor) for a in node.args[:2])
 
@@ -141,12 +151,14 @@ def rewritable(graph: fx.Graph, keep: set[str]) -> str | None:
         **{op: _conv_ok for op in _CONVS}, aten.batch_norm.default: _batch_norm_ok,
         aten.layer_norm.default: lambda n: True, **{op: _to_ok for op in _TO},
         **{op: lambda n: True for op in _RENAMED}, **{op: _identity_ok for op in _IDENTITY},
-        aten.pad.default: _pad_ok, aten.group_norm.default: _group_norm_ok, aten.type_as.default: _type_as_ok}
+        aten.pad.default: _pad_ok, aten.group_norm.default: _group_norm_ok, aten.type_as.default: _type_as_ok,
+        aten.diff.default: _diff_ok}
+    # What each op becomes, for the check that the importers take it (an identity: nothing; alias stands in).
     replaced = {**{op: aten.convolution.default for op in _CONVS},
                 aten.batch_norm.default: aten._native_batch_norm_legit_no_training.default,
                 aten.layer_norm.default: aten.native_layer_norm.default,
                 aten.group_norm.default: aten.native_group_norm.default,
-                aten.pad.default: aten.constant_pad_nd.default,
+                aten.pad.default: aten.constant_pad_nd.default, aten.diff.default: aten.slice.Tensor,
                 **{op: aten._to_copy.default for op in (*_TO, aten.type_as.default)},
                 **{op: aten.alias.default for op in _IDENTITY}, **_RENAMED, **_IN_PLACE}
     for node in graph.nodes:
@@ -245,6 +257,24 @@ def lower_in_place(gm: fx.GraphModule) -> None:
             a = _arguments(node)
             _replace(graph, node, aten.constant_pad_nd.default,
                      (node.args[0], a["pad"], 0.0 if a.get("value") is None else a["value"]), {})
+        elif target == aten.diff.default:  # x[1:] - x[:-1] along dim, x with prepend and append joined
+            a = _arguments(node)
+            x, dim = node.args[0], a["dim"]
+            parts = [p for p in (a.get("prepend"), x, a.get("append")) if p is not None]
+            if len(parts) > 1:
+                with graph.inserting_before(node):
+                    joined = graph.call_function(aten.cat.default, (parts, dim))
+                joined.meta.update(node.meta)
+                joined.meta["val"] = aten.cat.default([p.meta["val"] for p in parts], dim)
+                x = joined
+            ends = []
+            for start, end in ((1, sys.maxsize), (0, -1)):
+                with graph.inserting_before(node):
+                    part = graph.call_function(aten.slice.Tensor, (x, dim, start, end))
+                part.meta.update(node.meta)
+                part.meta["val"] = aten.slice.Tensor(x.meta["val"], dim, start, end)
+                ends.append(part)
+            _replace(graph, node, aten.sub.Tensor, tuple(ends), {})
         elif target == aten.group_norm.default:
             a = _arguments(node)
             shape = node.args[0].meta["val"].shape

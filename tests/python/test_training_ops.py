@@ -61,7 +61,8 @@ _SHAPE_FORMS = {"aten.reshape.default", "aten.flatten.using_ints", "aten.unflatt
 
 
 class Composites(torch.nn.Module):
-    """Group norm, constant pad, type_as, min / max of two tensors, eval dropout in place, detach_."""
+    """Group norm, constant pad, type_as, min / max of two tensors, eval dropout in place, detach_,
+    diff and zero_."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -71,7 +72,7 @@ class Composites(torch.nn.Module):
         h = F.pad(self.norm(x), (1, 2, 0, 1), value=0.5)
         h = F.dropout(h * 1, p=0.3, training=False, inplace=True)
         m = torch.min(h[..., :3, :3], y).detach_() + torch.max(h[..., 1:4, 1:4], y)
-        return m.type_as(y.half()).float()
+        return m.type_as(y.half()).float() + y.diff(dim=2, prepend=y[:, :, :1] - 1)[..., :1, :] + (y * 3).zero_()
 
 
 def _histogram(gm: torch.fx.GraphModule) -> collections.Counter[str]:
@@ -113,7 +114,7 @@ def test_the_rewritten_graph_holds_the_decomposed_ops_and_values(make: Any, monk
         torch.testing.assert_close(lowered.gm(*inputs)[0], want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["resnet50", "bert", "vit_b_16", "mobilenet_v3_large", "swin_t", "unet_ddpm", "t5_encoder"])
+@pytest.mark.parametrize("name", ["resnet50", "bert", "vit_b_16", "mobilenet_v3_large", "swin_t", "unet_ddpm", "t5_encoder", "llama"])
 @torch.no_grad()
 def test_zoo_models_lower_without_the_trace_and_match_eager(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     model, inputs = zoo_models.MODELS[name].create_randomized(2, small=True)
