@@ -444,21 +444,42 @@ def _fake_mode() -> Any:
     return _FAKE[0]
 
 
-def concrete_value(val: Any, binding: Binding) -> Any:
+def concrete_value(val: Any, binding: Binding, made: dict[tuple[Any, ...], torch.Tensor] | None = None) -> Any:
     """A node's ``meta["val"]`` with every symbolic size evaluated: a FakeTensor of concrete shape
-    and strides, a tuple of them, or a Python scalar."""
+    and strides, a tuple of them, or a Python scalar. ``made`` keeps the FakeTensors made so far
+    by shape, strides, dtype and device, for values that agree in all four to share one (only
+    their metadata is read)."""
     if isinstance(val, torch.Tensor):
         if not symbolic_tensor(val):
             return val
-        shape = [evaluate(s, binding) for s in val.shape]
-        stride = [evaluate(s, binding) for s in val.stride()]
+        shape = tuple(evaluate(s, binding) for s in val.shape)
+        stride = tuple(evaluate(s, binding) for s in val.stride())
+        key = (shape, stride, val.dtype, val.device)
+        if made is not None and key in made:
+            return made[key]
         with _fake_mode():
-            return torch.empty_strided(shape, stride, dtype=val.dtype, device=val.device)
+            fake = torch.empty_strided(shape, stride, dtype=val.dtype, device=val.device)
+        if made is not None:
+            made[key] = fake
+        return fake
     if isinstance(val, (tuple, list)):
-        return type(val)(concrete_value(v, binding) for v in val)
+        return type(val)(concrete_value(v, binding, made) for v in val)
     if isinstance(val, _SYM_TYPES):
         return evaluate(val, binding)
     return val
+
+
+def _evaluate_sizes(value: Any, binding: Binding) -> Any:
+    """A node argument with every symbolic scalar in it evaluated (the same object where none is)."""
+    if isinstance(value, _SYM_TYPES):
+        return evaluate(value, binding)
+    if isinstance(value, (tuple, list)):
+        items = [_evaluate_sizes(v, binding) for v in value]
+        return value if all(a is b for a, b in zip(items, value)) else type(value)(items)
+    if isinstance(value, dict):
+        mapped = {k: _evaluate_sizes(v, binding) for k, v in value.items()}
+        return value if all(mapped[k] is v for k, v in value.items()) else mapped
+    return value
 
 
 def specialize_nodes(src: fx.GraphModule, inputs: Sequence[fx.Node], nodes: Iterable[fx.Node], outputs: Any,
@@ -471,10 +492,11 @@ def specialize_nodes(src: fx.GraphModule, inputs: Sequence[fx.Node], nodes: Iter
     the nodes that cannot be made concrete (data-dependent sizes) and those reading them."""
     graph = fx.Graph()
     env: dict[fx.Node, Any] = {}
+    made: dict[tuple[Any, ...], torch.Tensor] = {}
     for node in inputs:
         new = graph.placeholder(node.name)
         new.meta.update(node.meta)
-        new.meta["val"] = concrete_value(node.meta.get("val"), binding)
+        new.meta["val"] = concrete_value(node.meta.get("val"), binding, made)
         env[node] = new
 
     def lookup(n: fx.Node) -> Any:
@@ -492,13 +514,13 @@ def specialize_nodes(src: fx.GraphModule, inputs: Sequence[fx.Node], nodes: Iter
             if _scalar_node(node):
                 env[node] = evaluate(node.meta["val"], binding)
                 continue
-            val = concrete_value(node.meta.get("val"), binding)
+            val = concrete_value(node.meta.get("val"), binding, made)
             new = graph.node_copy(node, lookup)
         except (KeyError, _C.UnsupportedError):
             if not lenient:
                 raise
             continue
-        new.args, new.kwargs = pytree.tree_map_only(_SYM_TYPES, lambda v: evaluate(v, binding), (new.args, new.kwargs))
+        new.args, new.kwargs = _evaluate_sizes(new.args, binding), _evaluate_sizes(new.kwargs, binding)
         new.meta["kiln_sized"] = symbolic_tensor(node.meta.get("val"))  # kept a node (kiln/instances.py)
         new.meta["val"] = val
         env[node] = new
