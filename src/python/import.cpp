@@ -151,24 +151,27 @@ struct ConstantBytes {
   std::shared_ptr<const HostBuffer> data;
 };
 
-void add_shared_bytes(ImportGraph& g, int32_t tensor, const std::string& name, std::shared_ptr<const HostBuffer> bytes,
-                      bool weight) {
+// Refuses a constant for an unknown tensor or of the wrong size.
+void check_constant(const ImportGraph& g, int32_t tensor, const std::string& name, size_t nbytes) {
   check_tensor_id(g, tensor, "add_constant");
   size_t want = dense_bytes(g.tensors[size_t(tensor)]);
-  KILN_CHECK(bytes->size() == want, kInvalidArgument, "constant '", name, "' (tensor ", tensor, ") needs ", want,
-             " dense bytes, got ", bytes->size());
+  KILN_CHECK(nbytes == want, kInvalidArgument, "constant '", name, "' (tensor ", tensor, ") needs ", want,
+             " dense bytes, got ", nbytes);
+}
+
+void add_shared_bytes(ImportGraph& g, int32_t tensor, const std::string& name, std::shared_ptr<const HostBuffer> bytes,
+                      bool weight) {
+  check_constant(g, tensor, name, bytes->size());
   g.constants.push_back(ImportConstant{tensor, name, std::move(bytes), weight});
 }
 
 ConstantBytes add_constant_bytes(ImportGraph& g, int32_t tensor, const std::string& name, const void* data,
                                  size_t nbytes, bool weight) {
-  check_tensor_id(g, tensor, "add_constant");
+  check_constant(g, tensor, name, nbytes);
   KILN_CHECK(data != nullptr || nbytes == 0, kInvalidArgument, "constant '", name, "' has a null data pointer");
-  KILN_CHECK(nbytes == dense_bytes(g.tensors[size_t(tensor)]), kInvalidArgument, "constant '", name, "' (tensor ",
-             tensor, ") needs ", dense_bytes(g.tensors[size_t(tensor)]), " dense bytes, got ", nbytes);
   auto bytes = std::make_shared<HostBuffer>(nbytes);
   if (nbytes) std::memcpy(bytes->data(), data, nbytes);
-  add_shared_bytes(g, tensor, name, bytes, weight);
+  g.constants.push_back(ImportConstant{tensor, name, bytes, weight});
   return ConstantBytes{std::move(bytes)};
 }
 
