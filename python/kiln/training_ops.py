@@ -14,6 +14,8 @@ decomposes the program as before.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import operator
 import sys
@@ -142,25 +144,138 @@ def _same_device(named: Any, device: torch.device) -> bool:
     return d.type == device.type and (d.index is None or device.index is None or d.index == device.index)
 
 
+def _list(value: Any, n: int) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value] * n
+
+
+def _call(graph: fx.Graph, node: fx.Node, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None,
+          val: bool = True) -> fx.Node:
+    """A new ``target(*args, **kwargs)`` node in front of ``node``, with its metadata and, with
+    ``val``, its own value (from the op's meta kernel)."""
+    kwargs = kwargs or {}
+    with graph.inserting_before(node):
+        new = graph.call_function(target, args, kwargs)
+    new.meta.update(node.meta)
+    if val:
+        vals = fx.map_arg((args, kwargs), lambda a: a.meta["val"])
+        new.meta["val"] = target(*vals[0], **vals[1])
+    return new
+
+
+def _replace(graph: fx.Graph, node: fx.Node, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None,
+             item: bool = False) -> None:
+    """Replaces ``node`` by ``target(*args, **kwargs)`` (its first result with ``item``, the op
+    returning several values), keeping the node's metadata."""
+    new = _call(graph, node, target, args, kwargs, val=item)
+    if item:
+        new = _call(graph, node, operator.getitem, (new, 0), val=False)
+    node.replace_all_uses_with(new)
+    graph.erase_node(node)
+
+
+def _drop(graph: fx.Graph, node: fx.Node) -> None:
+    """Removes a node whose result is its first argument's value."""
+    node.replace_all_uses_with(node.args[0])
+    graph.erase_node(node)
+
+
+def _same_args(graph: fx.Graph, node: fx.Node, target: Any) -> None:
+    _replace(graph, node, target, node.args, dict(node.kwargs))
+
+
+def _conv(graph: fx.Graph, node: fx.Node) -> None:
+    a, k = _arguments(node), _CONVS[node.target]
+    _replace(graph, node, aten.convolution.default,
+             (a["input"], a["weight"], a["bias"], _list(a["stride"], k), _list(a["padding"], k),
+              _list(a["dilation"], k), False, [0] * k, a["groups"]))
+
+
+def _batch_norm(graph: fx.Graph, node: fx.Node) -> None:
+    a = _arguments(node)
+    _replace(graph, node, aten._native_batch_norm_legit_no_training.default,
+             (a["input"], a["weight"], a["bias"], a["running_mean"], a["running_var"], a["momentum"], a["eps"]),
+             item=True)
+
+
+def _layer_norm(graph: fx.Graph, node: fx.Node) -> None:
+    a = _arguments(node)
+    _replace(graph, node, aten.native_layer_norm.default,
+             (a["input"], a["normalized_shape"], a["weight"], a["bias"], a["eps"]), item=True)
+
+
+def _group_norm(graph: fx.Graph, node: fx.Node) -> None:
+    a = _arguments(node)
+    shape = node.args[0].meta["val"].shape
+    _replace(graph, node, aten.native_group_norm.default,
+             (a["input"], a["weight"], a["bias"], shape[0], shape[1], math.prod(shape[2:]), a["num_groups"],
+              a["eps"]), item=True)
+
+
+def _cast(graph: fx.Graph, node: fx.Node) -> None:
+    """As the decomposition: a cast names only what changes; a .to() that changes nothing is its input."""
+    x = node.args[0]
+    a = {"dtype": node.args[1].meta["val"].dtype} if node.target == aten.type_as.default else _arguments(node)
+    val = x.meta["val"]
+    kwargs = {}
+    if a.get("dtype") is not None and a["dtype"] != val.dtype:
+        kwargs["dtype"] = a["dtype"]
+    if a.get("device") is not None and not _same_device(a["device"], val.device):
+        kwargs["device"] = a["device"]
+    if kwargs:
+        _replace(graph, node, aten._to_copy.default, (x,), kwargs)
+    else:
+        _drop(graph, node)
+
+
+def _pad(graph: fx.Graph, node: fx.Node) -> None:
+    a = _arguments(node)
+    _replace(graph, node, aten.constant_pad_nd.default,
+             (node.args[0], a["pad"], 0.0 if a.get("value") is None else a["value"]))
+
+
+def _diff(graph: fx.Graph, node: fx.Node) -> None:
+    """x[1:] - x[:-1] along dim, x with prepend and append joined."""
+    a = _arguments(node)
+    x, dim = node.args[0], a["dim"]
+    parts = [p for p in (a.get("prepend"), x, a.get("append")) if p is not None]
+    if len(parts) > 1:
+        x = _call(graph, node, aten.cat.default, (parts, dim))
+    ends = tuple(_call(graph, node, aten.slice.Tensor, (x, dim, start, end))
+                 for start, end in ((1, sys.maxsize), (0, -1)))
+    _replace(graph, node, aten.sub.Tensor, ends)
+
+
+def _any(node: fx.Node) -> bool:
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rewrite:
+    becomes: Any  # the op the importers must take (an identity: alias stands in)
+    ok: Callable[[fx.Node], bool]  # whether these arguments have the rewrite (in-place ops: see _in_place_ok)
+    apply: Callable[[fx.Graph, fx.Node], None]
+
+
+_REWRITES: dict[Any, _Rewrite] = {
+    **{op: _Rewrite(aten.convolution.default, _conv_ok, _conv) for op in _CONVS},
+    aten.batch_norm.default: _Rewrite(aten._native_batch_norm_legit_no_training.default, _batch_norm_ok, _batch_norm),
+    aten.layer_norm.default: _Rewrite(aten.native_layer_norm.default, _any, _layer_norm),
+    aten.group_norm.default: _Rewrite(aten.native_group_norm.default, _group_norm_ok, _group_norm),
+    **{op: _Rewrite(aten._to_copy.default, _to_ok, _cast) for op in _TO},
+    aten.type_as.default: _Rewrite(aten._to_copy.default, _type_as_ok, _cast),
+    aten.pad.default: _Rewrite(aten.constant_pad_nd.default, _pad_ok, _pad),
+    aten.diff.default: _Rewrite(aten.slice.Tensor, _diff_ok, _diff),
+    **{op: _Rewrite(aten.alias.default, _identity_ok, _drop) for op in _IDENTITY},
+    **{op: _Rewrite(new, _any, functools.partial(_same_args, target=new))
+       for op, new in {**_RENAMED, **_IN_PLACE}.items()},
+}
+
+
 def rewritable(graph: fx.Graph, keep: set[str]) -> str | None:
     """None when :func:`lower_in_place` gives the graph in ops of ``keep``, else the node it
     cannot rewrite and why (see the module docstring)."""
     order = {n: i for i, n in enumerate(graph.nodes)}
     accepted: set[fx.Node] = set()
-    checks: dict[Any, Callable[[fx.Node], bool]] = {
-        **{op: _conv_ok for op in _CONVS}, aten.batch_norm.default: _batch_norm_ok,
-        aten.layer_norm.default: lambda n: True, **{op: _to_ok for op in _TO},
-        **{op: lambda n: True for op in _RENAMED}, **{op: _identity_ok for op in _IDENTITY},
-        aten.pad.default: _pad_ok, aten.group_norm.default: _group_norm_ok, aten.type_as.default: _type_as_ok,
-        aten.diff.default: _diff_ok}
-    # What each op becomes, for the check that the importers take it (an identity: nothing; alias stands in).
-    replaced = {**{op: aten.convolution.default for op in _CONVS},
-                aten.batch_norm.default: aten._native_batch_norm_legit_no_training.default,
-                aten.layer_norm.default: aten.native_layer_norm.default,
-                aten.group_norm.default: aten.native_group_norm.default,
-                aten.pad.default: aten.constant_pad_nd.default, aten.diff.default: aten.slice.Tensor,
-                **{op: aten._to_copy.default for op in (*_TO, aten.type_as.default)},
-                **{op: aten.alias.default for op in _IDENTITY}, **_RENAMED, **_IN_PLACE}
     for node in graph.nodes:
         if node.op != "call_function":
             continue
@@ -173,112 +288,23 @@ def rewritable(graph: fx.Graph, keep: set[str]) -> str | None:
             continue
         if all(str(r.type) in _SCALARS for r in target._schema.returns):
             continue  # sizes and asserts (sym_size, _assert_scalar), which the decomposition keeps too
-        if target not in replaced or str(replaced[target]) not in keep:
+        rewrite = _REWRITES.get(target)
+        if rewrite is None or str(rewrite.becomes) not in keep:
             return f"{node.name}: {target} has no rewrite"
         if target in _IN_PLACE:
             if not _in_place_ok(node, order, accepted):
                 return f"{node.name}: {target} writes a value that is read afterwards or is a view"
             accepted.add(node)
-        elif not checks[target](node):
+        elif not rewrite.ok(node):
             return f"{node.name}: {target} with these arguments has no rewrite"
     return None
-
-
-def _list(value: Any, n: int) -> list[Any]:
-    return list(value) if isinstance(value, (list, tuple)) else [value] * n
-
-
-def _replace(graph: fx.Graph, node: fx.Node, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-             item: bool = False) -> None:
-    """Replaces ``node`` by ``target(*args, **kwargs)`` (its first result with ``item``), keeping
-    the node's metadata; a result of several values gets its own (from the op's meta kernel)."""
-    with graph.inserting_before(node):
-        new = graph.call_function(target, args, kwargs)
-        new.meta.update(node.meta)
-        if item:
-            vals = fx.map_arg((args, kwargs), lambda a: a.meta["val"])
-            new.meta["val"] = target(*vals[0], **vals[1])
-            first = graph.call_function(operator.getitem, (new, 0))
-            first.meta.update(node.meta)
-            new = first
-    node.replace_all_uses_with(new)
-    graph.erase_node(node)
-
-
-def _drop(graph: fx.Graph, node: fx.Node) -> None:
-    """Removes a node whose result is its first argument's value."""
-    node.replace_all_uses_with(node.args[0])
-    graph.erase_node(node)
 
 
 def lower_in_place(gm: fx.GraphModule) -> None:
     """Rewrites the training-IR ops of a graph that :func:`rewritable` accepted (returned None for)."""
     graph = gm.graph
     for node in list(graph.nodes):
-        target = node.target
-        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
-            continue
-        if target in _IN_PLACE:
-            _replace(graph, node, _IN_PLACE[target], node.args, dict(node.kwargs))
-        elif target in _RENAMED:
-            _replace(graph, node, _RENAMED[target], node.args, dict(node.kwargs))
-        elif target in _CONVS:
-            a, k = _arguments(node), _CONVS[target]
-            _replace(graph, node, aten.convolution.default,
-                     (a["input"], a["weight"], a["bias"], _list(a["stride"], k), _list(a["padding"], k),
-                      _list(a["dilation"], k), False, [0] * k, a["groups"]), {})
-        elif target == aten.batch_norm.default:
-            a = _arguments(node)
-            _replace(graph, node, aten._native_batch_norm_legit_no_training.default,
-                     (a["input"], a["weight"], a["bias"], a["running_mean"], a["running_var"], a["momentum"],
-                      a["eps"]), {}, item=True)
-        elif target == aten.layer_norm.default:
-            a = _arguments(node)
-            _replace(graph, node, aten.native_layer_norm.default,
-                     (a["input"], a["normalized_shape"], a["weight"], a["bias"], a["eps"]), {}, item=True)
-        elif target in _TO or target == aten.type_as.default:
-            # As the decomposition: a cast names only what changes; a .to() that changes nothing is its input.
-            a, x = _arguments(node), node.args[0]
-            if target == aten.type_as.default:
-                a = {"dtype": node.args[1].meta["val"].dtype}
-            val = x.meta["val"]
-            kwargs = {}
-            if a.get("dtype") is not None and a["dtype"] != val.dtype:
-                kwargs["dtype"] = a["dtype"]
-            if a.get("device") is not None and not _same_device(a["device"], val.device):
-                kwargs["device"] = a["device"]
-            if kwargs:
-                _replace(graph, node, aten._to_copy.default, (x,), kwargs)
-            else:
-                _drop(graph, node)
-        elif target in _IDENTITY:
-            _drop(graph, node)
-        elif target == aten.pad.default:
-            a = _arguments(node)
-            _replace(graph, node, aten.constant_pad_nd.default,
-                     (node.args[0], a["pad"], 0.0 if a.get("value") is None else a["value"]), {})
-        elif target == aten.diff.default:  # x[1:] - x[:-1] along dim, x with prepend and append joined
-            a = _arguments(node)
-            x, dim = node.args[0], a["dim"]
-            parts = [p for p in (a.get("prepend"), x, a.get("append")) if p is not None]
-            if len(parts) > 1:
-                with graph.inserting_before(node):
-                    joined = graph.call_function(aten.cat.default, (parts, dim))
-                joined.meta.update(node.meta)
-                joined.meta["val"] = aten.cat.default([p.meta["val"] for p in parts], dim)
-                x = joined
-            ends = []
-            for start, end in ((1, sys.maxsize), (0, -1)):
-                with graph.inserting_before(node):
-                    part = graph.call_function(aten.slice.Tensor, (x, dim, start, end))
-                part.meta.update(node.meta)
-                part.meta["val"] = aten.slice.Tensor(x.meta["val"], dim, start, end)
-                ends.append(part)
-            _replace(graph, node, aten.sub.Tensor, tuple(ends), {})
-        elif target == aten.group_norm.default:
-            a = _arguments(node)
-            shape = node.args[0].meta["val"].shape
-            _replace(graph, node, aten.native_group_norm.default,
-                     (a["input"], a["weight"], a["bias"], shape[0], shape[1], math.prod(shape[2:]), a["num_groups"],
-                      a["eps"]), {}, item=True)
+        rewrite = _REWRITES.get(node.target) if node.op == "call_function" else None
+        if rewrite is not None:
+            rewrite.apply(graph, node)
     gm.recompile()
