@@ -41,6 +41,10 @@ bool collapse_view_chains(Graph& g);
 // A pointwise op reading expand(y) reads y itself where y broadcasts to its output alone, so the
 // expand is not written (broadcast_expands.cpp). Run it before fuse_pointwise.
 bool broadcast_expands(Graph& g);
+// A gather reading expand(y) as its index reads y broadcast (its `broadcast` dims) where y has
+// extent 1 in the dims the expand widens to x's extent (broadcast_expands.cpp). Run it before
+// fold_constants, which would otherwise fold the expanded copy.
+bool broadcast_gather_indices(Graph& g);
 // Runs two or more plain linears that read the same x with constant weights (q, k and v
 // projections) as one linear over the weights concatenated along N, with a slice of its output
 // per former linear. Only when every output reaches sdpa q / k / v operands through reshape /

@@ -57,6 +57,7 @@ Graph Builder::optimize(const Graph& network, std::ostream& log, std::shared_ptr
         << " nodes\n";
   };
   run("eliminate_dead_code", &eliminate_dead_code);
+  run("broadcast_gather_indices", &broadcast_gather_indices);
   run("fold_constants", &fold_constants);
   run("fold_batch_norm", &fold_batch_norm);
   run("convs_to_linears", &convs_to_linears);

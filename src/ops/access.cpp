@@ -17,6 +17,12 @@ std::vector<int64_t> row_major_strides(const std::vector<int64_t>& shape) {
   return s;
 }
 
+std::vector<int64_t> gather_index_strides(const Node& n, const Graph& g) {
+  std::vector<int64_t> s = row_major_strides(g.type(n.inputs[1]).shape());
+  for (int64_t d : n.attrs.get_ints("broadcast", {})) s.at(size_t(d)) = 0;
+  return s;
+}
+
 ReduceLayout collapse_reduction(const std::vector<int64_t>& shape, const std::vector<char>& reduced) {
   struct D {
     int64_t extent, stride;

@@ -54,6 +54,10 @@ struct PadInput {
 };
 PadInput pad_input(const Node& n, const Graph& g);
 
+// gather: the element strides of its index per output dim, row-major over the index's own
+// shape and 0 in the op's `broadcast` dims (where the index has extent 1).
+std::vector<int64_t> gather_index_strides(const Node& n, const Graph& g);
+
 // Whether a shape-family node's output is its input's elements in their own order, so its
 // bytes are the input's bytes: reshape and copy always; permute, expand and slice when their
 // view walks the input contiguously from its start (a permute that moves only size-1 dims, a

@@ -1,7 +1,9 @@
 // Shape rules of the gather family: gather (torch.gather) and index_select.
 //
-//   gather (x, index) {axis}: out[i...] = x[i... with i_axis := index[i...]]; index has the
-//     rank of x and, in every other dim, an extent <= x's; out has index's shape, x's dtype.
+//   gather (x, index) {axis, broadcast}: out[i...] = x[i... with i_axis := index[i...]]; index
+//     has the rank of x and, in every other dim, an extent <= x's; out has index's shape, x's
+//     dtype. In the dims listed in `broadcast` (optional, never axis) index has extent 1 and is
+//     read broadcast: out takes x's extent there (torch.gather of an expanded index).
 //   index_select (x, index[K]) {axis}: out = x with dim `axis` replaced by K.
 //
 // Index values are data, so their range is checked by the kernels (negative values count
@@ -47,7 +49,15 @@ std::vector<TensorType> infer_gather(OpKind op, const TypeList& in, const Attrs&
     KILN_CHECK(d == axis || index.dims[size_t(d)].extent <= x.dims[size_t(d)].extent, kShapeMismatch, op_name(op),
                ": index ", index.to_string(), " is larger than x ", x.to_string(), " in dim ", d,
                " (only axis ", axis, " may be larger)");
-  return {with_dtype(index, x.dtype)};
+  TensorType out = with_dtype(index, x.dtype);
+  for (int64_t d : a.get_ints("broadcast", {})) {
+    KILN_CHECK(d >= 0 && d < x.rank() && d != axis, kInvalidArgument, op_name(op), ": broadcast dim ", d,
+               " must be a dim of x ", x.to_string(), " other than axis ", axis);
+    KILN_CHECK(index.dims[size_t(d)].extent == 1, kShapeMismatch, op_name(op), ": index ", index.to_string(),
+               " must have extent 1 in broadcast dim ", d);
+    out.dims[size_t(d)] = x.dims[size_t(d)];
+  }
+  return {out};
 }
 
 }  // namespace kiln

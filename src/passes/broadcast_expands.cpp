@@ -6,6 +6,10 @@
 // Does: rewrite an operand when the op's shape rule gives the same output types with y in the
 // expand's place (another operand carries the full shape). Does not: touch an expand that is a
 // graph output or read by other ops (it stays for them), or drop rank-changing reshapes.
+//
+// broadcast_gather_indices: a gather whose index is expand(y), y of the same rank with extent 1
+// where the expand widens it to x's extent, reads y in those `broadcast` dims (DeBERTa's relative
+// position index, expanded over batch and heads: its expanded copy is never made or folded).
 #include "kiln/passes.h"
 #include "src/ops/shape_rules.h"
 #include "src/passes/pass_util.h"
@@ -39,6 +43,30 @@ bool broadcast_expands(Graph& g) {
       changed = true;
     }
     return changed;
+  });
+}
+
+bool broadcast_gather_indices(Graph& g) {
+  return passes::rewrite_each(g, [](Graph& graph, size_t pos) {
+    Node& n = *graph.nodes()[pos];
+    if (n.op != OpKind::kGather) return false;
+    const Node* p = graph.value(n.inputs[1]).producer;
+    if (p == nullptr || p->op != OpKind::kExpand) return false;
+    const TensorType& x = graph.type(n.inputs[0]);
+    const TensorType& y = graph.type(p->inputs[0]);
+    const TensorType& out = graph.type(n.outputs[0]);
+    if (y.rank() != out.rank()) return false;
+    const int64_t axis = n.attrs.get_int("axis");
+    std::vector<int64_t> dims = n.attrs.get_ints("broadcast", {});
+    for (int64_t d = 0; d < out.rank(); ++d) {
+      const Dim& want = out.dims[size_t(d)];
+      if (y.dims[size_t(d)] == want) continue;
+      if (d == axis || y.dims[size_t(d)].extent != 1 || !(want == x.dims[size_t(d)])) return false;
+      dims.push_back(d);
+    }
+    n.inputs[1] = p->inputs[0];
+    n.attrs.set("broadcast", dims);
+    return true;
   });
 }
 

@@ -278,6 +278,8 @@ TEST(CudaGenCodegen, GatherAndGenerator) {
     for (DType it : {DType::kI64, DType::kI32}) {
       check(gen::generate_gather, one_node(OpKind::kGather, {tt(dt, {3, 5}), tt(it, {3, 4})}, attrs({{"axis", int64_t(1)}})));
       check(gen::generate_gather, one_node(OpKind::kGather, {tt(dt, {4, 3}), tt(it, {2, 3})}, attrs({{"axis", int64_t(0)}})));
+      check(gen::generate_gather, one_node(OpKind::kGather, {tt(dt, {4, 3, 5}), tt(it, {1, 3, 2})},
+                                           attrs({{"axis", int64_t(2)}, {"broadcast", std::vector<int64_t>{0}}})));
       check(gen::generate_gather, one_node(OpKind::kIndexSelect, {tt(dt, {5, 3}), tt(it, {4})}, attrs({{"axis", int64_t(0)}})));
       check(gen::generate_gather, one_node(OpKind::kIndexSelect, {tt(dt, {2, 6, 3}), tt(it, {2})}, attrs({{"axis", int64_t(1)}})));
     }

@@ -396,6 +396,58 @@ TEST(GatherOps, GatherMatchesTorchGatherWithNegativeIndices) {
       }
 }
 
+TEST(GatherOps, GatherReadsItsIndexBroadcastInBroadcastDims) {
+  for (DType it : {DType::kI64, DType::kI32})
+    for (int trial = 0; trial < 12; ++trial) {
+      const int rank = int(rand_int(2, 4));
+      const Shape s = random_shape(rank, 2, 6);
+      const int64_t axis = rand_int(0, rank - 1);
+      Shape is = s, os = s;
+      std::vector<int64_t> dims;
+      for (int64_t k = 0; k < rank; ++k) {
+        if (k == axis) {
+          is[size_t(k)] = os[size_t(k)] = rand_int(1, 8);
+        } else if (rand_int(0, 1) == 1) {
+          is[size_t(k)] = 1;  // broadcast: the output keeps x's extent
+          dims.push_back(k);
+        } else {
+          is[size_t(k)] = os[size_t(k)] = rand_int(1, s[size_t(k)]);
+        }
+      }
+      Tensor x = random_tensor(DType::kF32, s);
+      Tensor idx = index_tensor(it, is, -s[size_t(axis)], s[size_t(axis)] - 1);
+      Attrs a;
+      a.set("axis", axis);
+      a.set("broadcast", dims);
+      auto y = run_op(OpKind::kGather, {&x, &idx}, a);
+      ASSERT_EQ(y[0].type.shape(), os);
+      expect_moved(
+          y[0], x,
+          [&](const Shape& o) {
+            Shape at = o;  // the index element this output reads: 0 in the broadcast dims
+            for (int64_t d : dims) at[size_t(d)] = 0;
+            Shape i = o;
+            const int64_t v = read_index(idx, ravel(at, is));
+            i[size_t(axis)] = v < 0 ? v + s[size_t(axis)] : v;
+            return ravel(i, s);
+          },
+          0, "broadcast gather axis " + std::to_string(axis) + " of " + str(s));
+    }
+}
+
+TEST(GatherOps, BroadcastDimsAreCheckedByTheShapeRule) {
+  Tensor x = random_tensor(DType::kF32, {4, 5});
+  Tensor idx = index_tensor(DType::kI64, {2, 3}, 0, 4);
+  Attrs a;
+  a.set("axis", int64_t{1});
+  a.set("broadcast", std::vector<int64_t>{0});
+  expect_error([&] { run_op(OpKind::kGather, {&x, &idx}, a); }, ErrorCode::kShapeMismatch,
+               {"gather", "extent 1 in broadcast dim 0"});
+  a.set("broadcast", std::vector<int64_t>{1});
+  expect_error([&] { run_op(OpKind::kGather, {&x, &idx}, a); }, ErrorCode::kInvalidArgument,
+               {"gather", "broadcast dim 1", "other than axis 1"});
+}
+
 TEST(GatherOps, IndexSelectMatchesReference) {
   for (DType dt : kDTypes)
     for (DType it : {DType::kI64, DType::kI32})

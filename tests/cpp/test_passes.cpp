@@ -792,6 +792,33 @@ TEST(BroadcastExpands, PointwiseOpsReadTheExpandedValue) {
   EXPECT_EQ(count_ops(f, OpKind::kExpand), 0) << f.to_string();
 }
 
+// DeBERTa's relative-position gather: an index of extent 1 over batch and heads, expanded to
+// the scores' shape, is read broadcast; an expand to less than x's extent or along the axis stays.
+TEST(BroadcastExpands, GatherReadsItsExpandedIndexBroadcast) {
+  Graph g;
+  const ValueId x = g.add_input("x", TensorType(DType::kF32, {6, 4, 10}));
+  std::vector<int64_t> values(4 * 5);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = int64_t((i * 7) % 10);
+  const ValueId idx =
+      g.add_constant("idx", TensorType(DType::kI64, {1, 4, 5}), values.data(), values.size() * 8, false);
+  Attrs last;
+  last.set("axis", int64_t{2});
+  g.mark_output(g.add_node1(OpKind::kGather, {x, expanded(g, idx, {6, 4, 5})}, last), "scores");
+  const Graph f = pass_applied(g, broadcast_gather_indices, 4, 0.0f);
+  EXPECT_EQ(count_ops(f, OpKind::kExpand), 0) << f.to_string();
+  EXPECT_EQ(f.nodes().back()->attrs.get_ints("broadcast"), std::vector<int64_t>{0});
+
+  Graph keep;
+  const ValueId y = keep.add_input("y", TensorType(DType::kF32, {6, 4, 10}));
+  const ValueId k = keep.add_constant("k", TensorType(DType::kI64, {1, 4, 5}), values.data(), values.size() * 8, false);
+  keep.mark_output(keep.add_node1(OpKind::kGather, {y, expanded(keep, k, {3, 4, 5})}, last), "fewer");
+  Attrs first;
+  first.set("axis", int64_t{0});
+  const ValueId z = keep.add_input("z", TensorType(DType::kF32, {10, 4, 5}));
+  keep.mark_output(keep.add_node1(OpKind::kGather, {z, expanded(keep, k, {6, 4, 5})}, first), "along_axis");
+  EXPECT_FALSE(broadcast_gather_indices(keep)) << keep.to_string();
+}
+
 // What keeps its expand: a unary op (its output would shrink), an expand that is also a graph
 // output (its reader takes the value, the expand stays for the output), and the operand that
 // carries the output shape once the other reads its value.

@@ -416,6 +416,8 @@ case("gather", [r(3, 5), ints(3, 4, lo=0, hi=5)], {"axis": 1}, lambda x, i: torc
 case("gather", [r(4, 3), ints(2, 3, lo=0, hi=4)], {"axis": 0}, lambda x, i: torch.gather(x, 0, i), "axis0")
 case("gather", [r(2, 3, 4), ints(2, 3, 2, lo=0, hi=4, dtype=i32)], {"axis": 2},
      lambda x, i: torch.gather(x, 2, i.long()), "i32-index")
+case("gather", [r(4, 3, 5), ints(1, 3, 2, lo=-5, hi=5)], {"axis": 2, "broadcast": [0]},
+     lambda x, i: torch.gather(x, 2, i.expand(4, 3, 2) % 5), "broadcast-index")
 case("index_select", [r(5, 3), torch.tensor([4, 0, 2, 2])], {"axis": 0},
      lambda x, i: torch.index_select(x, 0, i))
 case("index_select", [r(2, 6, 3), torch.tensor([5, 1], dtype=i32)], {"axis": 1},

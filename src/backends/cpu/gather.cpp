@@ -1,7 +1,8 @@
 // CPU kernels of the gather family, moving elements as opaque 1/2/4/8-byte words.
 //
-// gather walks the output (index's shape) row by row over its last dim with an odometer that
-// tracks the input offset of every dim but `axis`; the index value supplies the rest.
+// gather walks the output row by row over its last dim with an odometer that tracks the input
+// offset of every dim but `axis` and the index offset (stride 0 in the op's broadcast dims);
+// the index value supplies the rest.
 // index_select copies, per outer index and selected entry, one contiguous inner block (one
 // element when axis is the last dim). Negative indices count from the end, as in PyTorch;
 // anything still outside [0, dim) throws kInvalidArgument naming the op and the index rather
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "src/backends/cpu/kernels.h"
+#include "src/ops/access.h"
 
 namespace kiln::cpu {
 
@@ -29,6 +31,7 @@ void for_units(int64_t units, int64_t unit_bytes, const std::function<void(int64
 struct Plan {
   int rank = 0, axis = 0;
   std::array<int64_t, kMaxDims> ext{}, xst{};  // output extents; x strides (0 at axis for gather)
+  std::array<int64_t, kMaxDims> ist{};         // gather: index strides (0 in broadcast dims)
   int64_t dim = 0, axis_stride = 0, numel = 0;   // x's extent and stride along axis
   int64_t outer = 1, count = 0, inner = 1;       // index_select: blocks of `inner` elements
   std::string what;                              // "gather: ... of x f32[2,3]", for messages
@@ -46,27 +49,30 @@ int64_t checked(const Plan& p, I raw) {
 template <typename T, typename I>
 void gather_rows(const Plan& p, const T* x, const I* index, T* out, int64_t rb, int64_t re) {
   const int last = p.rank - 1;
-  const int64_t L = p.ext[size_t(last)];
+  const int64_t L = p.ext[size_t(last)], il = p.ist[size_t(last)];
   const bool along_last = p.axis == last;
   std::array<int64_t, kMaxDims> idx{};
-  int64_t off = 0;
+  int64_t off = 0, ioff = 0;
   for (int64_t k = last - 1, r = rb; k >= 0; --k) {
     idx[size_t(k)] = r % p.ext[size_t(k)];
     r /= p.ext[size_t(k)];
     off += idx[size_t(k)] * p.xst[size_t(k)];
+    ioff += idx[size_t(k)] * p.ist[size_t(k)];
   }
   for (int64_t r = rb; r < re; ++r) {
-    const I* ir = index + r * L;
+    const I* ir = index + ioff;
     T* dst = out + r * L;
     if (along_last) {
-      for (int64_t j = 0; j < L; ++j) dst[j] = x[off + checked(p, ir[j])];
+      for (int64_t j = 0; j < L; ++j) dst[j] = x[off + checked(p, ir[j * il])];
     } else {
-      for (int64_t j = 0; j < L; ++j) dst[j] = x[off + j + checked(p, ir[j]) * p.axis_stride];
+      for (int64_t j = 0; j < L; ++j) dst[j] = x[off + j + checked(p, ir[j * il]) * p.axis_stride];
     }
     for (int k = last - 1; k >= 0; --k) {
       off += p.xst[size_t(k)];
+      ioff += p.ist[size_t(k)];
       if (++idx[size_t(k)] < p.ext[size_t(k)]) break;
       off -= p.xst[size_t(k)] * p.ext[size_t(k)];
+      ioff -= p.ist[size_t(k)] * p.ext[size_t(k)];
       idx[size_t(k)] = 0;
     }
   }
@@ -136,6 +142,8 @@ std::unique_ptr<Kernel> make_gather_kernel(const Node& n, const Graph& g) {
     KILN_CHECK(p->rank <= kMaxDims, kUnsupported, op_name(n.op), ": rank ", p->rank,
                " exceeds the CPU kernel's limit of ", kMaxDims);
     for (size_t k = 0; k < y.size(); ++k) p->ext[k] = y[k], p->xst[k] = int(k) == p->axis ? 0 : xs[k];
+    const std::vector<int64_t> ist = gather_index_strides(n, g);
+    std::copy(ist.begin(), ist.end(), p->ist.begin());
   } else {
     for (int k = 0; k < p->axis; ++k) p->outer *= x[size_t(k)];
     p->count = y[size_t(p->axis)];

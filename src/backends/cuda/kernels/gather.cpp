@@ -1,8 +1,9 @@
 // CUDA kernels of the gather family (gather, index_select; embedding lookups import as
 // index_select on axis 0), generated and compiled by NVRTC. Elements move as opaque words.
 //
-//   gather:       one thread per output element (index's shape, rank <= 8): the input offset
-//                 of every dim but `axis` plus the index value times the axis stride.
+//   gather:       one thread per output element (rank <= 8): the input offset of every dim but
+//                 `axis` plus the index value times the axis stride; the index is read at its
+//                 own strides (0 in the op's broadcast dims).
 //   index_select: the output is [outer, count, inner]; each thread moves one word of an inner
 //                 block, the widest word (up to 16 bytes) dividing the block, so an embedding
 //                 row of 768 f16 moves as 96 16-byte words.
@@ -21,6 +22,7 @@
 #include "src/backends/cuda/codegen/plan.h"
 #include "src/backends/cuda/kernels.h"
 #include "src/common/element_access.h"
+#include "src/ops/access.h"
 
 namespace kiln::cuda {
 
@@ -94,11 +96,13 @@ Generated generate_gather(const Node& n, const Graph& g) {
   if (numel == 0) return gn;
   if (n.op == OpKind::kGather) {
     Dims d{};
-    for (size_t k = 0; k < y.size(); ++k) d.ext[k] = y[k], d.ist[k] = k == axis ? 0 : xs[k];
+    const std::vector<int64_t> is = gather_index_strides(n, g);
+    for (size_t k = 0; k < y.size(); ++k) d.ext[k] = y[k], d.ist[k] = k == axis ? 0 : xs[k], d.ost[k] = is[k];
     const int R = std::max<int>(1, int(y.size()));
     if (y.empty()) d.ext[0] = 1;
-    gn.source = source_head() + kDimsDecl + "typedef " + word_type(esz) + " W;\ntypedef " + itype +
-                " I;\n#define KG_GATHER_RANK " + std::to_string(R) + "\n" +
+    const bool narrow = std::max({numel, xt.numel(), it.numel()}) < (int64_t(1) << 31);
+    gn.source = source_head() + kDimsDecl + "typedef " + word_type(esz) + " W;\ntypedef " + itype + " I;\ntypedef " +
+                (narrow ? "unsigned int" : "long long") + " P;\n#define KG_GATHER_RANK " + std::to_string(R) + "\n" +
                 std::string(embedded_source("gather_elements.cuh"));
     Launch l("kg_gather", blocks_for(numel, 256), 256);
     l.in(0).in(1).out(0).val(d).i64(xs[axis]).i64(dim).i64(numel);
