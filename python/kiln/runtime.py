@@ -186,6 +186,20 @@ class KilnEngineModule(torch.nn.Module):
             return tuple(o.to(dt) for o, dt in zip(outs, self._out_cast))
         return tuple(outs)
 
+    def prime(self) -> None:
+        """Runs a CUDA engine on two sets of zero inputs (valid for every input, indices included),
+        so that its CUDA graphs are captured now rather than in real calls: the first set's on its
+        own buffers, the second's on the staging buffers that calls with new buffers run through.
+        A capture waits for the device while a background build times tactics on it (a dynamic
+        program's instances), which would otherwise delay the first call at a new size."""
+        if not self._cuda:
+            return
+        sets = [[torch.zeros(shape, dtype=dtype, device=self._device) for (shape, _), dtype in
+                 zip(self._in, self._in_cast)] for _ in range(2)]
+        for inputs in sets:
+            self(*inputs)
+        torch.cuda.synchronize(self._device)
+
     def _bad_input(self, x: Any, i: int) -> None:
         shape, dtype = self._in[i]
         want = f"Kiln {self.name} input {i} ('{self.input_names[i]}') must be {dtype} {list(shape)} on {self._device}"

@@ -290,6 +290,9 @@ def test_cuda_cnn_batch_instances_match_eager_before_and_after_tuning() -> None:
                             dynamic_shapes=({0: Dim("b", min=1, max=32)},), enabled_precisions={torch.half})
     table = dynamic_program_of(compiled)
     assert table is not None
+    # The opt engine's graphs (its own buffers', the staging buffers') were captured at compile.
+    (opt,) = _engines(compiled, 4)
+    assert not opt.engine.is_instance and opt._context.graph_captures == 2
     for b in (3, 17):
         x = torch.randn(b, 16, 28, 28, device="cuda", dtype=torch.half)
         ref = model(x).float()
