@@ -471,6 +471,10 @@ void PlanRunner::run(void* const* ptrs, void* workspace, cudaStream_t stream) co
   }
   if (direct) {
     if (starts_early_.load() < 0) {
+      // The execution handle stays held while the probe's capture is open: another thread setting
+      // its stream meanwhile fails (CUDNN_STATUS_BAD_PARAM_STREAM_MISMATCH). execute() takes the
+      // same (recursive) lock again.
+      const HandleLock held = lock_handle();
       bool early = true;  // a plan that cannot be recorded keeps the fence
       try {
         early = starts_early([&](cudaStream_t s) {
