@@ -149,13 +149,22 @@ def _one_static_build(name: str, args: argparse.Namespace, tmp: str) -> float:
     return float(done.stdout.strip().splitlines()[-1])
 
 
+def _prepared(name: str, args: argparse.Namespace) -> tuple[torch.nn.Module, Callable[[int], list[torch.Tensor]],
+                                                              dict[str, Any], list[int], torch.dtype]:
+    """The model in the run's device and precision, its inputs at a size, its spec, sizes and dtype."""
+    model, make, spec, sizes = _MODELS[name]()
+    dtype = torch.half if args.precision == "fp16" else torch.float32
+
+    def inputs_at(size: int) -> list[torch.Tensor]:
+        return [x.to(dtype) if x.is_floating_point() else x for x in make(size, args.device)]
+    return model.to(args.device, dtype), inputs_at, spec, sizes, dtype
+
+
 def _static_build_only(name: str, args: argparse.Namespace) -> float:
     import kiln
 
-    model, make, spec, _ = _MODELS[name]()
-    dtype = torch.half if args.precision == "fp16" else torch.float32
-    model = model.to(args.device, dtype)
-    inputs = [x.to(dtype) if x.is_floating_point() else x for x in make(spec["opt"], args.device)]
+    model, inputs_at, spec, _, dtype = _prepared(name, args)
+    inputs = inputs_at(spec["opt"])
     _warm_up(args.device, dtype, os.path.join(args.tmp, "warm-up-static.cache"))
     with torch.no_grad():
         return _timed(lambda: kiln.compile(model, inputs, enabled_precisions={dtype}, timing_cache_path=os.path.join(
@@ -167,15 +176,10 @@ def run(name: str, args: argparse.Namespace, tol: float, tmp: str) -> tuple[list
     import kiln.dynamic
 
     device, iters = args.device, args.iters
-    model, make, spec, all_sizes = _MODELS[name]()
-    dtype = torch.half if args.precision == "fp16" else torch.float32
-    model = model.to(device, dtype)
+    model, inputs_at, spec, all_sizes, dtype = _prepared(name, args)
     options: dict[str, Any] = {"enabled_precisions": {dtype}, "timing_cache_path": os.path.join(tmp, f"{name}.cache")}
     dynamic_options = {**options, "dynamic_instances": args.instances}
     _warm_up(device, dtype, os.path.join(tmp, "warm-up.cache"))
-
-    def inputs_at(size: int) -> list[torch.Tensor]:
-        return [x.to(dtype) if x.is_floating_point() else x for x in make(size, device)]
     chosen = all_sizes[:args.sizes]
     ok = True
     rows: list[str] = []

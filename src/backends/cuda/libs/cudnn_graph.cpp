@@ -471,9 +471,9 @@ void PlanRunner::run(void* const* ptrs, void* workspace, cudaStream_t stream) co
   }
   if (direct) {
     if (starts_early_.load() < 0) {
-      // The execution handle stays held while the probe's capture is open: another thread setting
-      // its stream meanwhile fails (CUDNN_STATUS_BAD_PARAM_STREAM_MISMATCH). execute() takes the
-      // same (recursive) lock again.
+      // The execution handle stays held while the probe's capture is open, so that no other thread
+      // sets its stream meanwhile (a first call beside background builds once failed there with
+      // CUDNN_STATUS_BAD_PARAM_STREAM_MISMATCH). execute() takes the same (recursive) lock again.
       const HandleLock held = lock_handle();
       bool early = true;  // a plan that cannot be recorded keeps the fence
       try {
