@@ -76,6 +76,12 @@ bool pool_before_epilogue(Graph& g);
 // output permute becomes out_perm. Run it after fuse_epilogue, before fuse_pointwise.
 // Only sdpa nodes `foldable` accepts change (AttentionFilter above).
 bool fold_attention_layout(Graph& g, const AttentionFilter& foldable = fused_attention_shape);
+// Lets each matmul read an operand that a chain of permute / slice / expand / reshape nodes
+// made as a strided view of the value the chain starts from (a_view / b_view), so the chain
+// copies nothing; batch dims the chain merged from non-adjacent memory are split (the output is
+// reshaped back). Static shapes; where it saves a copy (matmul_views.cpp). Run it after
+// fold_attention_layout, before fuse_pointwise.
+bool fold_matmul_views(Graph& g);
 // Makes an sdpa whose mask is logical_and(all-true constant, m) read m (sdpa broadcasts its
 // mask over the scores), so transformers' folded index masks cost nothing per score.
 bool simplify_attention_masks(Graph& g);

@@ -75,6 +75,7 @@ Graph Builder::optimize(const Graph& network, std::ostream& log, std::shared_ptr
   run("simplify_attention_masks", &simplify_attention_masks);
   if (config_.device.type == DeviceType::kCUDA) run("additive_attention_masks", &additive_attention_masks);
   run("fold_attention_layout", [&](Graph& graph) { return fold_attention_layout(graph, foldable); });
+  run("fold_matmul_views", &fold_matmul_views);
   // Tensor-core convolutions want channels-last tensors; the CPU's run channels-first.
   if (config_.device.type == DeviceType::kCUDA) {
     run("to_channels_last", &to_channels_last);

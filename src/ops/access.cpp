@@ -1,4 +1,5 @@
 // Shared access geometry of reductions, pooling and strided views (see access.h).
+#include <algorithm>
 #include <cstring>
 #include <variant>
 
@@ -133,6 +134,12 @@ uint64_t full_value_bits(const Attrs& attrs, DType t) {
     store_double(&bits, t, 0, attrs.get_float("value"));
   }
   return bits;
+}
+
+MatrixLayout matrix_layout(int64_t R, int64_t C, int64_t rs, int64_t cs) {
+  if ((C == 1 || cs == 1) && (R == 1 || rs >= C)) return {true, false, R == 1 ? std::max<int64_t>(C, 1) : rs};
+  if ((R == 1 || rs == 1) && (C == 1 || cs >= R)) return {true, true, C == 1 ? std::max<int64_t>(R, 1) : cs};
+  return {};
 }
 
 }  // namespace kiln

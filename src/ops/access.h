@@ -58,6 +58,16 @@ PadInput pad_input(const Node& n, const Graph& g);
 // shape and 0 in the op's `broadcast` dims (where the index has extent 1).
 std::vector<int64_t> gather_index_strides(const Node& n, const Graph& g);
 
+// A GEMM operand's matrix [R, C] (row stride rs, column stride cs, elements) as a BLAS
+// reads it: stored as it is (column-major C x R with leading dim ld = rs) or transposed
+// (column-major R x C, ld = cs). ok is false when neither dim is contiguous or the other's stride
+// is shorter than the contiguous dim's extent (no valid leading dim). Extent-1 dims take any stride.
+struct MatrixLayout {
+  bool ok = false, trans = false;
+  int64_t ld = 0;
+};
+MatrixLayout matrix_layout(int64_t R, int64_t C, int64_t rs, int64_t cs);
+
 // Whether a shape-family node's output is its input's elements in their own order, so its
 // bytes are the input's bytes: reshape and copy always; permute, expand and slice when their
 // view walks the input contiguously from its start (a permute that moves only size-1 dims, a

@@ -77,15 +77,6 @@ TensorType swap_seq_heads(TensorType t) {
   return t;
 }
 
-bool SdpaView::dense() const {
-  if (offset != 0) return false;
-  const std::vector<int64_t> shape = logical.shape();
-  const std::vector<int64_t> st = row_major_strides(shape);
-  for (size_t i = 0; i < shape.size(); ++i)
-    if (shape[i] != 1 && strides[i] != st[i]) return false;
-  return true;
-}
-
 namespace {
 
 const char* const kViewKeys[3] = {"q_view", "k_view", "v_view"};
@@ -101,13 +92,6 @@ const std::vector<int64_t>& ints_attr(const Attrs& a, const char* key) {
   return *v;
 }
 
-SdpaView dense_view(const TensorType& t) {
-  SdpaView v;
-  v.logical = t;
-  v.strides = row_major_strides(t.shape());
-  return v;
-}
-
 // A [B, S, H, D] buffer read as [B, H, S, D].
 SdpaView bshd_view(const TensorType& t) {
   SdpaView v = dense_view(t);
@@ -116,41 +100,12 @@ SdpaView bshd_view(const TensorType& t) {
   return v;
 }
 
-// Operand i's view attribute over its input buffer `t`.
+// Operand i's view attribute over its input buffer `t`; the head dim is read contiguously.
 SdpaView parse_view(const Attrs& a, size_t i, const TensorType& t) {
-  const char* key = kViewKeys[i];
-  const std::vector<int64_t>& attr = ints_attr(a, key);
-  KILN_CHECK(attr.size() >= 5 && attr.size() % 2 == 1, kInvalidArgument, "sdpa: attribute '", key, "' ",
-             list_str(attr),
-             " must be [offset, size0, stride0, size1, stride1, ...] for rank >= 2 (an odd count >= 5)");
-  SdpaView v;
-  v.offset = attr[0];
-  std::vector<int64_t> sizes;
-  for (size_t j = 1; j < attr.size(); j += 2) sizes.push_back(attr[j]), v.strides.push_back(attr[j + 1]);
-  KILN_CHECK(v.offset >= 0, kInvalidArgument, "sdpa: attribute '", key, "' ", list_str(attr), " has a negative offset");
-  int64_t n = 1, last = v.offset;
-  bool overflow = false;
-  for (size_t d = 0; d < sizes.size(); ++d) {
-    KILN_CHECK(sizes[d] >= 0 && v.strides[d] >= 0, kInvalidArgument, "sdpa: attribute '", key, "' ", list_str(attr),
-               " has a negative size or stride (dim ", d, ")");
-    int64_t step = 0;
-    overflow |= __builtin_mul_overflow(n, sizes[d], &n);
-    if (sizes[d] > 0) {
-      overflow |= __builtin_mul_overflow(sizes[d] - 1, v.strides[d], &step);
-      overflow |= __builtin_add_overflow(last, step, &last);
-    }
-  }
-  KILN_CHECK(!overflow, kInvalidArgument, "sdpa: attribute '", key, "' ", list_str(attr), " overflows int64");
-  KILN_CHECK(v.strides.back() == 1, kInvalidArgument, "sdpa: attribute '", key, "' ", list_str(attr),
-             ": the head dim must be contiguous (stride 1), got stride ", v.strides.back());
-  const int64_t have = t.numel();
-  if (n > 0)
-    KILN_CHECK(last < have, kShapeMismatch, "sdpa: ", kOperands[i], " view ", key, "=", list_str(attr),
-               " reaches element ", last, " of its input ", t.to_string(), ", which has ", have, " elements");
-  else
-    KILN_CHECK(v.offset <= have, kShapeMismatch, "sdpa: ", kOperands[i], " view ", key, "=", list_str(attr),
-               " starts past the end of its input ", t.to_string());
-  v.logical = TensorType(t.dtype, sizes);
+  SdpaView v = parse_operand_view(OpKind::kSdpa, a, kViewKeys[i], kOperands[i], t, 2);
+  KILN_CHECK(v.strides.back() == 1, kInvalidArgument, "sdpa: attribute '", kViewKeys[i], "' ",
+             list_str(ints_attr(a, kViewKeys[i])), ": the head dim must be contiguous (stride 1), got stride ",
+             v.strides.back());
   return v;
 }
 

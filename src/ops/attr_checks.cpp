@@ -4,6 +4,7 @@
 #include <string>
 #include <variant>
 
+#include "src/ops/access.h"
 #include "src/ops/shape_rules.h"
 
 namespace kiln {
@@ -28,6 +29,60 @@ std::vector<int64_t> spatial_attr(OpKind op, const Attrs& a, const char* key, si
     KILN_CHECK(x >= lo, kInvalidArgument, op_name(op), ": attribute '", key, "' ", list_str(*v),
                " must have every value >= ", lo);
   return *v;
+}
+
+bool OperandView::dense() const {
+  if (offset != 0) return false;
+  const std::vector<int64_t> shape = logical.shape();
+  const std::vector<int64_t> st = row_major_strides(shape);
+  for (size_t i = 0; i < shape.size(); ++i)
+    if (shape[i] != 1 && strides[i] != st[i]) return false;
+  return true;
+}
+
+OperandView dense_view(const TensorType& t) {
+  OperandView v;
+  v.logical = t;
+  v.strides = row_major_strides(t.shape());
+  return v;
+}
+
+OperandView parse_operand_view(OpKind op, const Attrs& a, const char* key, const char* operand, const TensorType& t,
+                               size_t min_rank) {
+  const char* name = op_name(op);
+  const auto* attr = std::get_if<std::vector<int64_t>>(&a.items().at(key));
+  KILN_CHECK(attr != nullptr, kInvalidArgument, name, ": attribute '", key, "' must be a list of ints");
+  const std::string text = list_str(*attr);
+  KILN_CHECK(attr->size() >= 2 * min_rank + 1 && attr->size() % 2 == 1, kInvalidArgument, name, ": attribute '", key,
+             "' ", text, " must be [offset, size0, stride0, size1, stride1, ...] for rank >= ", min_rank,
+             " (an odd count >= ", 2 * min_rank + 1, ")");
+  OperandView v;
+  v.offset = (*attr)[0];
+  std::vector<int64_t> sizes;
+  for (size_t j = 1; j < attr->size(); j += 2) sizes.push_back((*attr)[j]), v.strides.push_back((*attr)[j + 1]);
+  KILN_CHECK(v.offset >= 0, kInvalidArgument, name, ": attribute '", key, "' ", text, " has a negative offset");
+  int64_t n = 1, last = v.offset;
+  bool overflow = false;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    KILN_CHECK(sizes[d] >= 0 && v.strides[d] >= 0, kInvalidArgument, name, ": attribute '", key, "' ", text,
+               " has a negative size or stride (dim ", d, ")");
+    int64_t step = 0;
+    overflow |= __builtin_mul_overflow(n, sizes[d], &n);
+    if (sizes[d] > 0) {
+      overflow |= __builtin_mul_overflow(sizes[d] - 1, v.strides[d], &step);
+      overflow |= __builtin_add_overflow(last, step, &last);
+    }
+  }
+  KILN_CHECK(!overflow, kInvalidArgument, name, ": attribute '", key, "' ", text, " overflows int64");
+  const int64_t have = t.numel();
+  if (n > 0)
+    KILN_CHECK(last < have, kShapeMismatch, name, ": ", operand, " view ", key, "=", text, " reaches element ", last,
+               " of its input ", t.to_string(), ", which has ", have, " elements");
+  else
+    KILN_CHECK(v.offset <= have, kShapeMismatch, name, ": ", operand, " view ", key, "=", text,
+               " starts past the end of its input ", t.to_string());
+  v.logical = TensorType(t.dtype, sizes);
+  return v;
 }
 
 void check_fits(OpKind op, DType dt, double v, const char* what) {

@@ -5,7 +5,15 @@
 // Both take floating inputs of one dtype. Batch dims of matmul broadcast; the output keeps
 // the Dim (symbol and range) of whichever operand supplies a dim, so dynamic batch sizes
 // survive. 1-D operands are not accepted: importers add and remove the unit dims.
+//
+// matmul's optional a_view / b_view ([offset, size0, stride0, ...], as sdpa's operand views;
+// set by fold_matmul_views) read an operand as a strided view of its input buffer: a permuted,
+// sliced or broadcast operand without a copy. The view's sizes are the operand's logical dims.
+// The optional float `alpha` (finite, default 1) scales the product in the GEMM's accumulator
+// (y = alpha * a @ b): a scaled operand without a pass over it.
 #include <algorithm>
+#include <cmath>
+#include <variant>
 
 #include "src/ops/epilogue.h"
 #include "src/ops/shape_rules.h"
@@ -105,9 +113,26 @@ std::vector<TensorType> infer_linear(OpKind op, const TypeList& in, const Attrs&
 
 }  // namespace
 
+double matmul_alpha(const Attrs& a) {
+  if (!a.has("alpha")) return 1.0;
+  const auto* v = std::get_if<double>(&a.items().at("alpha"));
+  KILN_CHECK(v != nullptr && std::isfinite(*v), kInvalidArgument, "matmul: attribute 'alpha' must be a finite float");
+  return *v;
+}
+
+MatmulOperands matmul_operands(const TypeList& in, const Attrs& a) {
+  return {a.has("a_view") ? parse_operand_view(OpKind::kMatmul, a, "a_view", "a", *in[0], 2) : dense_view(*in[0]),
+          a.has("b_view") ? parse_operand_view(OpKind::kMatmul, a, "b_view", "b", *in[1], 2) : dense_view(*in[1])};
+}
+
 std::vector<TensorType> infer_matmul(OpKind op, const TypeList& in, const Attrs& a) {
   switch (op) {
-    case OpKind::kMatmul: return infer_matmul_op(op, *in[0], *in[1]);
+    case OpKind::kMatmul: {
+      matmul_alpha(a);
+      if (!a.has("a_view") && !a.has("b_view")) return infer_matmul_op(op, *in[0], *in[1]);
+      const MatmulOperands v = matmul_operands(in, a);
+      return infer_matmul_op(op, v.a.logical, v.b.logical);
+    }
     case OpKind::kLinear: return infer_linear(op, in, a);
     default: KILN_FAIL(kInternal, op_name(op), " is not in the matmul family");
   }

@@ -59,17 +59,39 @@ bool sdpa_bshd(const Attrs& a);
 // naming sdpa's layout for another rank.
 TensorType swap_seq_heads(TensorType t);
 
+// An operand that an op reads through a view attribute [offset, size0, stride0, size1,
+// stride1, ...] of its input buffer (sdpa's q_view / k_view / v_view, matmul's a_view / b_view),
+// or the buffer itself (dense()).
+struct OperandView {
+  TensorType logical;            // the dims the op's math sees
+  int64_t offset = 0;            // elements from the start of the buffer
+  std::vector<int64_t> strides;  // elements per logical dim (0 where a dim broadcasts)
+  bool dense() const;            // offset 0 and row-major strides: the buffer is the logical tensor
+};
+// The buffer `t` read whole and row-major.
+OperandView dense_view(const TensorType& t);
+// View attribute `key` of `op` over input buffer `t` (the op's operand `operand`, for messages),
+// validated: at least `min_rank` dims, sizes, strides and offset >= 0, no int64 overflow, every
+// element reached inside the buffer (kInvalidArgument / kShapeMismatch naming the attribute).
+// The logical type has t's dtype and the view's (static) sizes.
+OperandView parse_operand_view(OpKind op, const Attrs& a, const char* key, const char* operand, const TensorType& t,
+                               size_t min_rank);
+
+// matmul's operands as it reads them: a_view / b_view (src/ops/matmul.cpp), else the inputs.
+struct MatmulOperands {
+  OperandView a, b;
+};
+MatmulOperands matmul_operands(const TypeList& in, const Attrs& a);
+// matmul's `alpha` (1 when absent); kInvalidArgument when it is no finite float.
+double matmul_alpha(const Attrs& a);
+
 // How an sdpa node reads q, k, v and writes its output, whatever its attributes say (layout
 // "bhsd" / "bshd", or the operand views q_view / k_view / v_view and out_perm; see
 // src/ops/attention.cpp): each as a strided view of its buffer over the operand's logical
-// default-layout dims ([..., L, E], [..., S, E], [..., S, Ev], output [..., L, Ev]). Backends
-// read this instead of the attributes, so every form runs through one description.
-struct SdpaView {
-  TensorType logical;            // the dims the attention math sees
-  int64_t offset = 0;            // elements from the start of the buffer
-  std::vector<int64_t> strides;  // elements per logical dim; the last (head dim) is 1
-  bool dense() const;            // offset 0 and row-major strides: the buffer is the logical tensor
-};
+// default-layout dims ([..., L, E], [..., S, E], [..., S, Ev], output [..., L, Ev]); the head
+// dim's stride is 1. Backends read this instead of the attributes, so every form runs through
+// one description.
+using SdpaView = OperandView;
 struct SdpaLayout {
   SdpaView q, k, v, out;
   std::vector<int64_t> out_perm;  // the output tensor is permute(logical output, out_perm)

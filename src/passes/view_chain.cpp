@@ -5,6 +5,7 @@
 // (size, stride): index i of a dim is decomposed in mixed radix over its atoms' sizes and each
 // digit steps its atom's stride. A dense value has one atom per dim (none for extent 1).
 //   permute  moves the lists;
+//   expand   gives each broadcast dim one atom of stride 0 (atom_view_of, when asked);
 //   slice    offsets and strides the dim's only atom, or (step 1) its outermost atom when the
 //            slice takes whole blocks of the inner atoms; otherwise the chain stops (output k of
 //            a split is the step-1 slice after outputs 0..k-1);
@@ -14,17 +15,15 @@
 // The chain is a view when at the end every dim has at most one atom. Chains are short (about
 // ten nodes in a head split), so each start is tried from the furthest value inward and the
 // first that gives a view wins: the longest chain.
-#include "src/passes/view_chain.h"
+#include <algorithm>
 
 #include "src/ops/access.h"
+#include "src/passes/view_chain.h"
 
 namespace kiln::passes {
 
 namespace {
 
-struct Atom {
-  int64_t size, stride;
-};
 using Atoms = std::vector<Atom>;
 
 struct Layout {
@@ -57,6 +56,20 @@ bool apply_permute(Layout& l, const std::vector<int64_t>& perm) {
   if (perm.size() != l.dims.size()) return false;
   std::vector<Atoms> dims;
   for (int64_t p : perm) dims.push_back(l.dims[size_t(p)]);
+  l.dims = std::move(dims);
+  return true;
+}
+
+// Broadcasts to `shape` (right-aligned): a new or extent-1 dim becomes one atom of stride 0.
+bool apply_expand(Layout& l, const std::vector<int64_t>& in, const std::vector<int64_t>& shape) {
+  if (shape.size() < in.size() || l.dims.size() != in.size()) return false;
+  std::vector<Atoms> dims(shape.size());
+  const size_t lead = shape.size() - in.size();
+  for (size_t i = 0; i < shape.size(); ++i) {
+    const bool broadcast = i < lead || (in[i - lead] == 1 && shape[i] != 1);
+    if (broadcast && shape[i] != 1) dims[i] = {{shape[i], 0}};
+    if (!broadcast) dims[i] = l.dims[i - lead];
+  }
   l.dims = std::move(dims);
   return true;
 }
@@ -124,6 +137,7 @@ bool apply_reshape(Layout& l, const std::vector<int64_t>& shape) {
 bool apply(Layout& l, const Node& n, const Graph& g, ValueId out) {
   switch (n.op) {
     case OpKind::kPermute: return apply_permute(l, n.attrs.get_ints("perm"));
+    case OpKind::kExpand: return apply_expand(l, g.type(n.inputs[0]).shape(), g.type(out).shape());
     case OpKind::kReshape: return apply_reshape(l, g.type(out).shape());
     case OpKind::kSlice: {
       const int64_t step = n.attrs.get_int("step");
@@ -140,10 +154,11 @@ bool apply(Layout& l, const Node& n, const Graph& g, ValueId out) {
   }
 }
 
-bool is_view_op(const Node* n) {
-  return n != nullptr && (n->op == OpKind::kSplit ||
-                          (n->outputs.size() == 1 &&
-                           (n->op == OpKind::kPermute || n->op == OpKind::kReshape || n->op == OpKind::kSlice)));
+bool is_view_op(const Node* n, bool through_expand) {
+  return n != nullptr &&
+         (n->op == OpKind::kSplit ||
+          (n->outputs.size() == 1 && (n->op == OpKind::kPermute || n->op == OpKind::kReshape ||
+                                      n->op == OpKind::kSlice || (through_expand && n->op == OpKind::kExpand))));
 }
 
 ValueView trivial(const Graph& g, ValueId v) {
@@ -168,36 +183,60 @@ bool ValueView::whole_base(const Graph& g) const {
   return true;
 }
 
-ValueView strided_view_of(const Graph& g, ValueId v) {
+bool AtomView::in_order(const Graph& g) const {
+  Atoms flat;
+  for (const Atoms& d : dims) flat.insert(flat.end(), d.begin(), d.end());
+  flat = coalesce(flat);
+  const int64_t n = g.type(base).numel();
+  return offset == 0 && (n == 1 ? flat.empty() : flat.size() == 1 && flat[0].size == n && flat[0].stride == 1);
+}
+
+AtomView atom_view_of(const Graph& g, ValueId v, bool through_expand,
+                      const std::function<bool(const AtomView&)>& accept) {
   constexpr size_t kMaxChain = 64;
   // chain[i + 1] is the input of the node producing chain[i].
   std::vector<ValueId> chain = {v};
   std::vector<const Node*> ops;
   while (chain.size() <= kMaxChain) {
     const Node* p = g.value(chain.back()).producer;
-    if (!is_view_op(p)) break;
+    if (!is_view_op(p, through_expand)) break;
     ops.push_back(p);
     chain.push_back(p->inputs[0]);
   }
-  if (g.type(v).numel() == 0) return trivial(g, v);
-  for (size_t start = chain.size() - 1; start >= 1; --start) {
-    if (g.type(chain[start]).numel() == 0) continue;
-    Layout l = dense(g.type(chain[start]).shape());
-    bool ok = true;
-    for (size_t i = start; ok && i-- > 0;) ok = apply(l, *ops[i], g, chain[i]);
-    if (!ok) continue;
-    ValueView r;
+  auto view_from = [&](size_t start, const Layout& l) {
+    AtomView r;
     r.base = chain[start];
     r.offset = l.offset;
-    r.sizes = g.type(v).shape();
-    for (size_t d = 0; ok && d < l.dims.size(); ++d) {
-      const Atoms a = coalesce(l.dims[d]);
-      ok = a.size() <= 1;
-      if (ok) r.strides.push_back(a.empty() ? 0 : a[0].stride);
+    for (const Atoms& d : l.dims) r.dims.push_back(coalesce(d));
+    return r;
+  };
+  if (g.type(v).numel() != 0) {
+    for (size_t start = chain.size() - 1; start >= 1; --start) {
+      if (g.type(chain[start]).numel() == 0) continue;
+      Layout l = dense(g.type(chain[start]).shape());
+      bool ok = true;
+      for (size_t i = start; ok && i-- > 0;) ok = apply(l, *ops[i], g, chain[i]);
+      if (!ok) continue;
+      AtomView r = view_from(start, l);
+      if (accept(r)) return r;
     }
-    if (ok) return r;
   }
-  return trivial(g, v);
+  return view_from(0, dense(g.type(v).shape()));
+}
+
+ValueView strided_view_of(const Graph& g, ValueId v) {
+  if (g.type(v).numel() == 0) return trivial(g, v);
+  auto single = [](const AtomView& a) {
+    return std::all_of(a.dims.begin(), a.dims.end(), [](const Atoms& d) { return d.size() <= 1; });
+  };
+  const AtomView a = atom_view_of(g, v, false, single);
+  if (a.base == v) return trivial(g, v);
+  ValueView r;
+  r.base = a.base;
+  r.offset = a.offset;
+  r.sizes = g.type(v).shape();
+  for (const Atoms& d : a.dims) r.strides.push_back(d.empty() ? 0 : d[0].stride);
+  return r;
 }
 
 }  // namespace kiln::passes

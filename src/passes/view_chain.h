@@ -15,11 +15,17 @@
 // non-adjacent memory holds several) and asks only at the end that every dim be one atom.
 // A slice of a dim of several atoms composes when it takes whole blocks of the inner atoms.
 //
-// Does not: look through expand, copy, cast or anything else; handle zero-size tensors (the
-// value itself is returned); check alignment (the caller decides what its kernels need).
+// atom_view_of keeps the atoms (a dim merged from non-adjacent memory, such as the B * H batch
+// of [B, S, H, D] read as [B * H, S, D], stays several atoms) for a caller that can split such
+// dims itself, and may also look through expand (a broadcast dim is one atom of stride 0).
+//
+// Does not: look through copy, cast or anything else (nor expand, for strided_view_of); handle
+// zero-size tensors (the value itself is returned); check alignment (the caller decides what its
+// kernels need).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "kiln/ir.h"
@@ -41,5 +47,25 @@ struct ValueView {
 // composite map is one strided view (the longest such chain); {v, 0, shape, row-major strides}
 // when none.
 ValueView strided_view_of(const Graph& g, ValueId v);
+
+// One factor of a dim: `size` indices `stride` elements apart (0: a broadcast).
+struct Atom {
+  int64_t size, stride;
+};
+// Index i of dim d of the value is decomposed in mixed radix over dims[d]'s atoms (outermost
+// first); element offset + sum(digit * stride) of `base` is read. A dim of extent 1 has no atoms;
+// neighbouring atoms that are contiguous are merged.
+struct AtomView {
+  ValueId base = kNoValue;
+  int64_t offset = 0;
+  std::vector<std::vector<Atom>> dims;
+  // Whether the view reads every element of `base` in row-major order (a reshape chain).
+  bool in_order(const Graph& g) const;
+};
+// `v` as an AtomView of the furthest value its chain of reshape / permute / slice / split nodes
+// (and expand nodes, with `through_expand`) reaches for which `accept` holds; v's own dense view
+// when none does.
+AtomView atom_view_of(const Graph& g, ValueId v, bool through_expand,
+                      const std::function<bool(const AtomView&)>& accept);
 
 }  // namespace kiln::passes

@@ -144,29 +144,34 @@ std::unique_ptr<Kernel> make_linear_f64(const Node& n, const Graph& g) {
 
 std::unique_ptr<Kernel> make_matmul_f64(const Node& n, const Graph& g) {
   check_f64(n, g);
-  const auto as = g.type(n.inputs[0]).shape(), bs = g.type(n.inputs[1]).shape();
+  const MatmulOperands views = matmul_operands({&g.type(n.inputs[0]), &g.type(n.inputs[1])}, n.attrs);
+  const auto as = views.a.logical.shape(), bs = views.b.logical.shape();
   const auto ys = g.type(n.outputs[0]).shape();
   const int64_t M = as[as.size() - 2], K = as.back(), N = bs.back();
   std::vector<int64_t> out_batch(ys.begin(), ys.end() - 2);
-  auto a_off = std::make_shared<const std::vector<int64_t>>(batch_offsets(out_batch, {as.begin(), as.end() - 2}, M * K));
-  auto b_off = std::make_shared<const std::vector<int64_t>>(batch_offsets(out_batch, {bs.begin(), bs.end() - 2}, K * N));
+  auto a_op = std::make_shared<const StridedOperand>(strided_operand(out_batch, views.a));
+  auto b_op = std::make_shared<const StridedOperand>(strided_operand(out_batch, views.b));
+  const double alpha = matmul_alpha(n.attrs);
   const size_t ws_total = dgemm_workspace(N, K);
   auto fn = [=](const void* const* in, void* const* out, const RunContext& ctx) {
     check_workspace(ctx, ws_total, "matmul (f64)");
     const auto* A = static_cast<const double*>(in[0]);
     const auto* B = static_cast<const double*>(in[1]);
     auto* Y = static_cast<double*>(out[0]);
-    for (size_t b = 0; b < a_off->size(); ++b) {
+    for (size_t b = 0; b < a_op->offsets.size(); ++b) {
       DgemmArgs d;
       d.m = M, d.n = N, d.k = K;
-      d.a = A + (*a_off)[b], d.a_rs = K, d.a_cs = 1;
-      d.b = B + (*b_off)[b], d.b_rs = N, d.b_cs = 1;
+      d.a = A + a_op->offsets[b], d.a_rs = a_op->rs, d.a_cs = a_op->cs;
+      d.b = B + b_op->offsets[b], d.b_rs = b_op->rs, d.b_cs = b_op->cs;
       d.c = Y + int64_t(b) * M * N, d.ldc = N;
       dgemm(d, static_cast<double*>(ctx.workspace));
     }
+    if (alpha != 1.0)
+      for (int64_t i = 0, total = int64_t(a_op->offsets.size()) * M * N; i < total; ++i) Y[i] *= alpha;
   };
-  return make_fn_kernel(fn, "cpu dgemm matmul " + std::to_string(a_off->size()) + " x " + std::to_string(M) + "x" +
-                                std::to_string(N) + "x" + std::to_string(K),
+  return make_fn_kernel(fn,
+                        "cpu dgemm matmul " + std::to_string(a_op->offsets.size()) + " x " + std::to_string(M) + "x" +
+                            std::to_string(N) + "x" + std::to_string(K),
                         ws_total);
 }
 

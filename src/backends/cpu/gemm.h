@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "src/backends/cpu/kernels.h"
+#include "src/ops/shape_rules.h"
 
 namespace kiln::cpu {
 
@@ -143,6 +144,14 @@ void from_f32_parallel(const float* src, DType t, void* dst, int64_t n);
 // matrix of an operand with batch dims `batch` (right-aligned; size-1 dims broadcast).
 std::vector<int64_t> batch_offsets(const std::vector<int64_t>& out_batch, const std::vector<int64_t>& batch,
                                    int64_t matrix_size);
+
+// A matmul operand as its kernels read it (its view, src/ops/shape_rules.h): element (i, j) of
+// the matrix for output batch index b is offsets[b] + i * rs + j * cs of the input buffer.
+struct StridedOperand {
+  std::vector<int64_t> offsets;
+  int64_t rs = 0, cs = 1;
+};
+StridedOperand strided_operand(const std::vector<int64_t>& out_batch, const OperandView& v);
 
 // Output positions o in [lo, hi) of [0, out) whose input position o * stride + off lies in
 // [0, in): the unpadded range of one kernel tap along one spatial dim.

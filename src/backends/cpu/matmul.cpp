@@ -91,20 +91,21 @@ std::unique_ptr<Kernel> make_linear(const Node& n, const Graph& g) {
 }
 
 std::unique_ptr<Kernel> make_batched_matmul(const Node& n, const Graph& g) {
-  const auto as = g.type(n.inputs[0]).shape(), bs = g.type(n.inputs[1]).shape();
+  const MatmulOperands views = matmul_operands({&g.type(n.inputs[0]), &g.type(n.inputs[1])}, n.attrs);
+  const float alpha = float(matmul_alpha(n.attrs));
+  const auto as = views.a.logical.shape(), bs = views.b.logical.shape();
   const auto ys = g.type(n.outputs[0]).shape();
   const DType dt = g.type(n.inputs[0]).dtype;
   const int64_t M = as[as.size() - 2], K = as.back(), N = bs.back();
   std::vector<int64_t> out_batch(ys.begin(), ys.end() - 2);
-  auto a_off = std::make_shared<const std::vector<int64_t>>(
-      batch_offsets(out_batch, {as.begin(), as.end() - 2}, M * K));
-  auto b_off = std::make_shared<const std::vector<int64_t>>(
-      batch_offsets(out_batch, {bs.begin(), bs.end() - 2}, K * N));
-  const int64_t batches = static_cast<int64_t>(a_off->size());
+  auto a_op = std::make_shared<const StridedOperand>(strided_operand(out_batch, views.a));
+  auto b_op = std::make_shared<const StridedOperand>(strided_operand(out_batch, views.b));
+  const int64_t batches = static_cast<int64_t>(a_op->offsets.size());
 
   // b shared by all batches and a dense in batch order: fold the batch into the rows.
-  bool fold = batches > 1;
-  for (int64_t b = 0; fold && b < batches; ++b) fold = (*b_off)[size_t(b)] == 0 && (*a_off)[size_t(b)] == b * M * K;
+  bool fold = batches > 1 && a_op->cs == 1 && (M == 1 || a_op->rs == K);
+  for (int64_t b = 0; fold && b < batches; ++b)
+    fold = b_op->offsets[size_t(b)] == b_op->offsets[0] && a_op->offsets[size_t(b)] == a_op->offsets[0] + b * M * K;
   const int64_t gm = fold ? batches * M : M, gbatches = fold ? 1 : batches;
   const int threads = num_threads();
   // Parallel over batches when they spread evenly, else split each GEMM over threads.
@@ -116,7 +117,7 @@ std::unique_ptr<Kernel> make_batched_matmul(const Node& n, const Graph& g) {
   F32Input a(g, n.inputs[0]), bmat(g, n.inputs[1]);
   std::shared_ptr<const float[]> packed;
   const int64_t packed_per = sgemm_packed_b_floats(N, K);
-  if (g.value(n.inputs[1]).is_constant() && gm > kFewRows && K * N > 0)
+  if (g.value(n.inputs[1]).is_constant() && views.b.dense() && gm > kFewRows && K * N > 0)
     packed = pack_constant_b(g, n.inputs[1], g.type(n.inputs[1]).numel() / (K * N), K, N, false);
   Carver sizes;
   sizes.take(a.scratch_floats());
@@ -136,9 +137,13 @@ std::unique_ptr<Kernel> make_batched_matmul(const Node& n, const Graph& g) {
     const float* B = bmat.get(in[1], bs_);
     float* Y = dt == DType::kF32 ? static_cast<float*>(out[0]) : ys_;
     auto one = [&](int64_t b, float* scratch, int gp) {
-      GemmArgs ga = gemm_rowmajor(gm, N, K, A + (*a_off)[size_t(b)], K, B + (*b_off)[size_t(b)], N, false,
-                                  Y + b * gm * N, N);
-      if (packed) ga.packed_b = packed.get() + (*b_off)[size_t(b)] / (K * N) * packed_per;
+      GemmArgs ga;
+      ga.m = gm, ga.n = N, ga.k = K;
+      ga.a = A + a_op->offsets[size_t(b)], ga.a_rs = fold ? K : a_op->rs, ga.a_cs = a_op->cs;
+      ga.b = B + b_op->offsets[size_t(b)], ga.b_rs = b_op->rs, ga.b_cs = b_op->cs;
+      ga.c = Y + b * gm * N, ga.ldc = N;
+      ga.alpha = alpha;
+      if (packed) ga.packed_b = packed.get() + b_op->offsets[size_t(b)] / (K * N) * packed_per;
       sgemm(ga, scratch, gp);
     };
     if (over_batches) {
@@ -152,7 +157,9 @@ std::unique_ptr<Kernel> make_batched_matmul(const Node& n, const Graph& g) {
   };
   std::string desc = "cpu sgemm matmul " + std::to_string(gbatches) + " x " + std::to_string(gm) + "x" +
                      std::to_string(N) + "x" + std::to_string(K) + (over_batches ? " (parallel over batches)" : "") +
-                     (packed ? " (prepacked b)" : "");
+                     (packed ? " (prepacked b)" : "") +
+                     (views.a.dense() && views.b.dense() ? "" : " (strided operands)") +
+                     (alpha == 1.0f ? "" : " (alpha " + std::to_string(alpha) + ")");
   return make_fn_kernel(fn, desc, ws);
 }
 

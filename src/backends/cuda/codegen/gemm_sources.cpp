@@ -1,5 +1,6 @@
 // Generated sources of the GEMM families (gemm_sources.h): the activation / broadcast-residual
-// epilogue after a cuBLASLt GEMM (cuh/gemm_epilogue.cuh), and the masked softmax of attention's
+// epilogue after a cuBLASLt GEMM (cuh/gemm_epilogue.cuh), the pointer arrays of a pointer-array
+// matmul (cuh/gemm_pointers.cuh), and the masked softmax of attention's
 // fallback path (cuh/gemm_sdpa_softmax.cuh). The fused attention kernel is in
 // flash_attention_source.cpp.
 //
@@ -22,6 +23,8 @@ std::string gemm_epilogue_source(DType dtype, const std::string& activation, boo
   s += embedded_source("gemm_epilogue.cuh");
   return s;
 }
+
+std::string gemm_pointers_source() { return prelude() + std::string(embedded_source("gemm_pointers.cuh")); }
 
 std::string sdpa_softmax_source(DType dtype, int mask_kind) {
   KILN_CHECK(mask_kind >= 0 && mask_kind <= 2, kInternal, "sdpa softmax: mask kind ", mask_kind);

@@ -28,6 +28,13 @@ struct KilnDims {
 //   kiln_gemm_epilogue_vec(T* y, long long nvec): activation only, 16 bytes per thread step.
 std::string gemm_epilogue_source(DType dtype, const std::string& activation, bool residual);
 
+// The pointer arrays of a matmul whose batches run through cuBLASLt's pointer arrays:
+//   kiln_gemm_ptrs(long long nb, int brank, KilnDims ad, bd, dd, const char* a, const char* b,
+//                  char* d, long long ab_bytes, long long d_bytes, const void** arr)
+// one thread per batch i (row-major over the output batch dims ad.size): arr[t * nb + i] for
+// t = a, b, d, each at its batch strides (ad / bd / dd .stride, in elements).
+std::string gemm_pointers_source();
+
 // The masked softmax of attention's fallback path, one warp per score row (any block size that
 // is a multiple of 32; a grid-stride loop covers the rows):
 //   kiln_sdpa_softmax_w(const float* scores, T* probs, const M* mask, long long rows, int L, int S,

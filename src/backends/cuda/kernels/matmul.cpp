@@ -14,19 +14,25 @@
 //     BuildPolicy::exact_gelu keeps exact GELU in the generated kernel; f32 always does;
 //   - gelu, silu, sigmoid, tanh, and a residual that broadcasts, run in a generated in-place
 //     kernel after the GEMM (gemm_sources.h).
-// matmul's batch dims map onto strided batches (plan_batches); a b shared by every batch with a
-// dense a folds the batch into M (one large GEMM); broadcasts that no single stride expresses
-// loop over groups of strided batches. The algorithm is timed at build (LtPlan). f32 GEMMs use
+// matmul's batch dims map onto strided batches (plan_strided_batches); a b shared by every batch
+// with a dense a folds the batch into M (one large GEMM); broadcasts that no single stride
+// expresses loop over groups of strided batches. Operands read through views (a_view / b_view:
+// src/ops/matmul.cpp) pose each matrix as stored or transposed with the view's row stride as
+// leading dim; when their batches need more than one group, the GEMM runs once over cuBLASLt's
+// pointer arrays, which a generated kernel (kiln_gemm_ptrs) writes into the workspace each run. The algorithm is timed at build (LtPlan). f32 GEMMs use
 // TF32 tensor cores when BuildPolicy::allow_tf32 (the engine's policy, at build and at load).
 //
-// State: pack_state(epilogue cubin or empty, saved algorithm). run() only enqueues.
+// State: pack_state(epilogue cubin (linear) or pointer-array cubin (matmul) or empty, saved
+// algorithm). run() only enqueues.
 #include <numeric>
 
 #include "src/backends/cuda/codegen/gemm_sources.h"
 #include "src/backends/cuda/codegen/nvrtc.h"
 #include "src/backends/cuda/kernels.h"
 #include "src/backends/cuda/libs/cublaslt.h"
+#include "src/ops/access.h"
 #include "src/ops/epilogue.h"
+#include "src/ops/shape_rules.h"
 
 namespace kiln::cuda {
 
@@ -82,8 +88,17 @@ class GemmKernel final : public Kernel {
     int64_t per_vec = 1;
   };
 
+  struct Pointers {
+    std::shared_ptr<const Module> module;
+    cudaKernel_t fill = nullptr;
+    long long nb = 0;
+    int brank = 0;
+    KilnDims dims[3]{};  // A, B, D: the output batch dims (size) and each operand's batch strides
+    int64_t offset[2] = {0, 0};  // A's and B's view offsets (elements)
+  };
   std::unique_ptr<LtPlan> plan;
   BatchPlan batches;  // operands: 0 = A (column-major), 1 = B, 2 = C/D
+  std::optional<Pointers> pointers;
   int a_in = 0, b_in = 1, bias_in = -1, c_in = -1;
   size_t a_es = 0, c_es = 0;
   std::optional<Epilogue> epi;
@@ -96,6 +111,24 @@ class GemmKernel final : public Kernel {
     const void* bias = bias_in >= 0 ? in[bias_in] : nullptr;
     const auto* c = c_in >= 0 ? static_cast<const uint8_t*>(in[c_in]) : nullptr;
     auto* d = static_cast<uint8_t*>(out[0]);
+    if (pointers) {
+      const Pointers& pa = *pointers;
+      RunContext gemm_rc = rc;
+      gemm_rc.workspace_size = plan->workspace_size();
+      auto** arr = reinterpret_cast<void**>(static_cast<uint8_t*>(rc.workspace) + pointer_array_at());
+      const char* pa_a = reinterpret_cast<const char*>(a + size_t(pa.offset[0]) * a_es);
+      const char* pa_b = reinterpret_cast<const char*>(b + size_t(pa.offset[1]) * a_es);
+      char* pa_d = reinterpret_cast<char*>(d);
+      long long nb = pa.nb, ab_bytes = (long long)a_es, d_bytes = (long long)c_es;
+      int brank = pa.brank;
+      KilnDims ad = pa.dims[0], bd = pa.dims[1], dd = pa.dims[2];
+      void* args[] = {&nb, &brank, &ad, &bd, &dd, &pa_a, &pa_b, &pa_d, &ab_bytes, &d_bytes, &arr};
+      launch(pa.fill, dim3(unsigned((nb + 127) / 128)), dim3(128), args, 0, stream_of(rc));
+      const size_t n = size_t(nb);
+      plan->run_pointers(arr, arr + n, nullptr, arr + 2 * n, uintptr_t(pa_a) | uintptr_t(pa_b) | uintptr_t(pa_d),
+                         gemm_rc);
+      return;
+    }
     for (size_t o = 0; o < batches.outer(); ++o) {
       const size_t oa = size_t(batches.outer_offset[0][o]) * a_es, ob = size_t(batches.outer_offset[1][o]) * a_es;
       const size_t oc = size_t(batches.outer_offset[2][o]) * c_es;
@@ -121,17 +154,27 @@ class GemmKernel final : public Kernel {
       launch(epi->scalar, dim3(grid), dim3(256), args, 0, st);
     }
   }
-  size_t workspace_size() const override { return plan ? plan->workspace_size() : 0; }
+  // The pointer arrays follow the GEMM's workspace.
+  size_t pointer_array_at() const { return (plan->workspace_size() + 255) / 256 * 256; }
+  size_t workspace_size() const override {
+    if (!plan) return 0;
+    return pointers ? pointer_array_at() + 3 * size_t(pointers->nb) * sizeof(void*) : plan->workspace_size();
+  }
   bool bakes_constants() const override { return false; }  // operands by pointer
   std::string describe() const override { return desc; }
   Bytes state() const override {
-    return pack_state(epi ? epi->module->cubin() : Bytes{}, plan ? plan->save() : Bytes{});
+    const Bytes cubin = epi ? epi->module->cubin() : pointers ? pointers->module->cubin() : Bytes{};
+    return pack_state(cubin, plan ? plan->save() : Bytes{});
   }
 };
 
 struct Problem {
   GemmShape shape;
   BatchPlan batches;
+  bool pointers = false;  // pointer-array batches (shape.pointer_array)
+  std::vector<int64_t> out_batch;
+  std::vector<int64_t> batch_strides[3];  // per output batch dim: A's, B's, D's (pointer arrays)
+  int64_t view_offset[2] = {0, 0};  // A's and B's
   int a_in = 0, b_in = 1, bias_in = -1, c_in = -1;
   std::string activation;  // run by the generated epilogue (empty: none needed)
   bool kernel_residual = false;
@@ -187,34 +230,85 @@ Problem linear_problem(const Node& n, const Graph& g, const BuildPolicy& policy,
   return p;
 }
 
+// A view's batch strides per output batch dim (right-aligned; 0 where it broadcasts).
+std::vector<int64_t> batch_strides(const std::vector<int64_t>& out_batch, const OperandView& v) {
+  const std::vector<int64_t> shape = v.logical.shape();
+  const size_t nb = shape.size() - 2;
+  std::vector<int64_t> st(out_batch.size(), 0);
+  for (size_t i = 0; i < nb; ++i) st[i + out_batch.size() - nb] = shape[i] == 1 ? 0 : v.strides[i];
+  return st;
+}
+
+MatmulOperands operands_of(const Node& n, const Graph& g) {
+  return matmul_operands({&g.type(n.inputs[0]), &g.type(n.inputs[1])}, n.attrs);
+}
+
+// Why cuBLASLt cannot read a matmul's operand views as they are, or "".
+std::string view_refusal(const Node& n, const Graph& g) {
+  const MatmulOperands v = operands_of(n, g);
+  const char* names[2] = {"a", "b"};
+  const OperandView* views[2] = {&v.a, &v.b};
+  for (size_t i = 0; i < 2; ++i) {
+    const std::vector<int64_t> sh = views[i]->logical.shape();
+    const size_t r = sh.size();
+    if (!matrix_layout(sh[r - 2], sh[r - 1], views[i]->strides[r - 2], views[i]->strides[r - 1]).ok)
+      return std::string("the view of ") + names[i] + " has no contiguous matrix dim";
+  }
+  if (g.type(n.outputs[0]).rank() - 2 > kKilnMaxDims) return "more than 8 batch dims read through views";
+  return "";
+}
+
 Problem matmul_problem(const Node& n, const Graph& g, const BuildPolicy& policy) {
-  const auto as = g.type(n.inputs[0]).shape(), bs = g.type(n.inputs[1]).shape(), ys = g.type(n.outputs[0]).shape();
+  const MatmulOperands v = operands_of(n, g);
+  const auto as = v.a.logical.shape(), bs = v.b.logical.shape(), ys = g.type(n.outputs[0]).shape();
   const DType dt = g.type(n.inputs[0]).dtype;
   const int64_t M = as[as.size() - 2], K = as.back(), N = bs.back();
-  const std::vector<int64_t> out_batch(ys.begin(), ys.end() - 2);
+  const bool views = !v.a.dense() || !v.b.dense();
   Problem p;
   p.a_in = 1, p.b_in = 0;
-  p.batches = plan_batches(out_batch, {{bs.begin(), bs.end() - 2}, {as.begin(), as.end() - 2}, out_batch},
-                           {K * N, M * K, M * N});
+  p.out_batch.assign(ys.begin(), ys.end() - 2);
+  p.batch_strides[0] = batch_strides(p.out_batch, v.b);
+  p.batch_strides[1] = batch_strides(p.out_batch, v.a);
+  p.batch_strides[2] = batch_strides(p.out_batch, dense_view(g.type(n.outputs[0])));
+  p.view_offset[0] = v.b.offset, p.view_offset[1] = v.a.offset;
+  p.batches = plan_strided_batches(p.out_batch, {p.batch_strides[0], p.batch_strides[1], p.batch_strides[2]});
+  for (size_t t = 0; t < 2; ++t)
+    for (int64_t& o : p.batches.outer_offset[t]) o += p.view_offset[t];
   GemmShape& s = p.shape;
   s.ab_type = s.cd_type = dt;
   s.tf32 = dt == DType::kF32 && policy.allow_tf32;
   s.m = N, s.n = M, s.k = K;
-  s.lda = N, s.ldb = K, s.ldc = N;
+  s.alpha = float(matmul_alpha(n.attrs));
+  const size_t ra = as.size(), rb = bs.size();
+  const MatrixLayout la = matrix_layout(K, N, v.b.strides[rb - 2], v.b.strides[rb - 1]);
+  const MatrixLayout lb = matrix_layout(M, K, v.a.strides[ra - 2], v.a.strides[ra - 1]);
+  KILN_CHECK(la.ok && lb.ok, kUnsupported, "CUDA matmul: ", view_refusal(n, g));
+  s.trans_a = la.trans, s.lda = la.ld, s.trans_b = lb.trans, s.ldb = lb.ld;
+  s.ldc = N;
   const BatchPlan& bp = p.batches;
-  const bool fold = bp.outer() == 1 && bp.inner > 1 && bp.inner_stride[0] == 0 && bp.inner_stride[1] == M * K;
+  const bool fold = bp.outer() == 1 && bp.inner > 1 && bp.inner_stride[0] == 0 && bp.inner_stride[1] == M * K &&
+                    !s.trans_b && s.ldb == K;
+  std::vector<int64_t> offsets[3];
   if (fold) {
     s.n = M * bp.inner;
     p.batches.inner = 1;
     p.batches.inner_stride = {0, 0, 0};
+  } else if (views && bp.outer() > 1) {
+    p.pointers = true;
+    s.pointer_array = true;
+    s.batch = int32_t(int64_t(bp.outer()) * bp.inner);
   } else if (bp.inner > 1) {
     s.batch = int32_t(bp.inner);
     s.stride_a = bp.inner_stride[0], s.stride_b = bp.inner_stride[1], s.stride_c = bp.inner_stride[2];
   }
   s.align = alignment_of(dtype_size(dt), {&bp.outer_offset[0], &bp.outer_offset[1], &bp.outer_offset[2]},
-                         {s.stride_a, s.stride_b, s.stride_c});
-  p.what = "matmul " + std::to_string(bp.outer()) + "x" + std::to_string(s.batch) + " batches of " +
-           std::to_string(s.n) + "x" + std::to_string(N) + "x" + std::to_string(K) + (fold ? " (batch folded)" : "");
+                         {bp.inner_stride[0], bp.inner_stride[1], bp.inner_stride[2]});
+  const std::string batching = p.pointers ? std::to_string(s.batch) + " batches through pointer arrays"
+                                          : std::to_string(bp.outer()) + "x" + std::to_string(s.batch) + " batches";
+  p.what = "matmul " + batching + " of " + std::to_string(s.n) + "x" + std::to_string(N) + "x" + std::to_string(K) +
+           (fold ? " (batch folded)" : "") + (s.alpha == 1.0f ? "" : " (alpha " + std::to_string(s.alpha) + ")") +
+           (views ? std::string(" reading views (a ") + (s.trans_b ? "T" : "N") + ", b " + (s.trans_a ? "T" : "N") + ")"
+                  : "");
   return p;
 }
 
@@ -230,6 +324,8 @@ bool supports_matmul(const Node& n, const Graph& g, std::string* why) {
   if (!gemm_dtype(dt)) return no(std::string("cuBLASLt GEMMs here take f32, f16 or bf16, not ") + dtype_name(dt));
   const TensorType& a = g.type(n.inputs[0]);
   if (a.dims.back().extent == 0 && g.type(n.outputs[0]).numel() > 0) return no("an empty reduction (K = 0)");
+  if (n.op == OpKind::kMatmul && (n.attrs.has("a_view") || n.attrs.has("b_view")))
+    if (std::string r = view_refusal(n, g); !r.empty()) return no(r);
   if (n.op == OpKind::kLinear && n.inputs.size() > 3 && n.inputs[3] != kNoValue) {
     KilnDims d{};
     if (collapse_residual(g.type(n.outputs[0]).shape(), g.type(n.inputs[3]).shape(), d) < 0)
@@ -253,8 +349,35 @@ std::unique_ptr<Kernel> make_matmul_kernel(const Node& n, const Graph& g, const 
   Problem p = n.op == OpKind::kLinear ? linear_problem(n, g, options.policy, saved ? &*saved : nullptr)
                                       : matmul_problem(n, g, options.policy);
   const size_t ws = std::min(kGemmWorkspace, options.workspace_limit);  // the bound; the plan keeps what it needs
+  BatchOffsets at;  // a pointer-array GEMM's matrices, for timing
+  if (p.pointers) {
+    GemmKernel::Pointers pa;
+    pa.nb = p.shape.batch;
+    pa.brank = int(p.out_batch.size());
+    for (size_t t = 0; t < 3; ++t)
+      for (size_t d = 0; d < p.out_batch.size(); ++d)
+        pa.dims[t].size[d] = p.out_batch[d], pa.dims[t].stride[d] = p.batch_strides[t][d];
+    pa.offset[0] = p.view_offset[0], pa.offset[1] = p.view_offset[1];
+    const BatchPlan& bp = p.batches;
+    for (size_t g2 = 0; g2 < bp.outer(); ++g2)
+      for (int64_t i = 0; i < bp.inner; ++i) {
+        auto off = [&](size_t t) {
+          return bp.outer_offset[t][g2] + i * bp.inner_stride[t] - (t < 2 ? p.view_offset[t] : 0);
+        };
+        at.a.push_back(off(0)), at.b.push_back(off(1)), at.c.push_back(off(2));
+      }
+    if (saved) {
+      KILN_CHECK(!saved->cubin.empty(), kCorrupted, "matmul state of node '", n.name,
+                 "' lacks its pointer-array kernel");
+      pa.module = Module::load(saved->cubin);
+    } else {
+      pa.module = Module::compile(gemm_pointers_source(), "matmul pointer arrays of node '" + n.name + "'");
+    }
+    pa.fill = pa.module->kernel("kiln_gemm_ptrs");
+    k->pointers = std::move(pa);
+  }
   k->plan = saved ? std::make_unique<LtPlan>(p.shape, ws, saved->params)
-                  : std::make_unique<LtPlan>(p.shape, ws, options.budget(), op_name(n.op));
+                  : std::make_unique<LtPlan>(p.shape, ws, options.budget(), op_name(n.op), p.pointers ? &at : nullptr);
   k->batches = p.batches;
   k->a_in = p.a_in, k->b_in = p.b_in, k->bias_in = p.bias_in, k->c_in = p.c_in;
   k->a_es = dtype_size(p.shape.ab_type), k->c_es = dtype_size(p.shape.cd_type);

@@ -1,0 +1,80 @@
+"""Matmuls read permuted, expanded and scaled operands where they lie (a_view / b_view, alpha):
+DeBERTa-style relative scores, with head splits, a key transposed and divided by a scale, and
+a position table expanded over the batch and transposed, build with no permute, expand or
+division left before a matmul, and match eager PyTorch (f32 reference) in f32 and f16, also
+after kiln.save / kiln.load."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import kiln
+from kiln.testing import relative_error
+
+_DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not (torch.cuda.is_available() and kiln.cuda_available()), reason="needs a CUDA device"))]
+
+
+class RelativeScores(torch.nn.Module):
+    """DeBERTa's score terms without its softmax (which would become one sdpa): q k^T / scale plus
+    q . pos^T over a position table given as an input (so not folded) and shared by every
+    sequence, then tanh(scores) v merged back to [b, s, h * d]."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.ModuleList(torch.nn.Linear(dim, dim) for _ in range(3))
+        self.pos = torch.nn.Linear(dim, dim)
+        self.out = torch.nn.Linear(dim, dim)
+
+    def split(self, x: torch.Tensor) -> torch.Tensor:  # [b, s, h * d] -> [b * h, s, d]
+        b, s, _ = x.shape
+        return x.view(b, s, self.heads, -1).permute(0, 2, 1, 3).reshape(b * self.heads, s, -1)
+
+    def forward(self, x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        b, s, e = x.shape
+        q, k, v = (self.split(p(x)) for p in self.qkv)
+        d = q.shape[-1]
+        scale = (3 * d) ** 0.5
+        pos = self.pos(table).view(1, -1, self.heads, d).permute(0, 2, 1, 3)  # [1, h, p, d]
+        pos = pos.expand(b, -1, -1, -1).reshape(b * self.heads, -1, d)
+        scores = q @ (k.transpose(-1, -2) / scale) + (q @ pos.transpose(-1, -2))[..., :s] / scale
+        out = torch.tanh(scores) @ v
+        return self.out(out.view(b, self.heads, s, d).permute(0, 2, 1, 3).reshape(b, s, e))
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_relative_attention_reads_operands_in_place(device: str, dtype: torch.dtype, tmp_path) -> None:
+    if device == "cpu" and dtype == torch.float16:
+        pytest.skip("the CPU backend computes f16 through f32; f32 covers its kernels")
+    torch.manual_seed(0)
+    model = RelativeScores(dim=64, heads=4).eval().to(device)
+    x = torch.randn(3, 24, 64, device=device)
+    table = torch.randn(40, 64, device=device)
+    with torch.no_grad():
+        ref = model(x, table)
+        model.to(dtype)
+        args = [x.to(dtype), table.to(dtype)]
+        # f32 without TF32, so that CUDA's GEMMs are held to the CPU's tolerance.
+        compiled = kiln.compile(model, args, enabled_precisions={dtype}, min_block_size=1,
+                                require_full_compilation=True, allow_tf32=False)
+        tol = 1e-5 if dtype == torch.float32 else 1e-2
+        assert relative_error(compiled(*args), ref) < tol
+        path = os.path.join(tmp_path, "relative.ep")
+        kiln.save(compiled, path, arg_inputs=args)
+        assert relative_error(kiln.load(path).module()(*args), ref) < tol
+    (engine,) = compiled.engines()
+    plan = engine.engine.graph()
+    matmuls = [n for n in plan.nodes if n.op == "matmul"]
+    assert len(matmuls) == 3
+    assert all("a_view" in n.attrs and "b_view" in n.attrs for n in matmuls)
+    assert sum("alpha" in n.attrs for n in matmuls) == 1
+    producers = {v: n for n in plan.nodes for v in n.outputs}
+    for n in matmuls:
+        for v in n.inputs:
+            assert producers[v].op not in ("permute", "expand", "div") if v in producers else True
+    assert not [n for n in plan.nodes if n.op == "expand"]
