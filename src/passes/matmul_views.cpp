@@ -125,13 +125,12 @@ bool fold_views(Graph& g, size_t pos) {
   const ValueId operand[2] = {unscaled(g, n.inputs[0], alpha), unscaled(g, n.inputs[1], alpha)};
   bool saves = operand[0] != n.inputs[0] || operand[1] != n.inputs[1];
   AtomView views[2];
+  bool viewed[2] = {false, false};
   for (size_t i = 0; i < 2; ++i) {
     views[i] = passes::atom_view_of(g, operand[i], true, gemm_readable);
-    if (views[i].base == operand[i] || views[i].in_order(g) || !all_static(g.type(views[i].base))) {
-      views[i] = passes::atom_view_of(g, operand[i], false, [](const AtomView&) { return false; });
-    } else {
-      saves = true;
-    }
+    viewed[i] = views[i].base != operand[i] && !views[i].in_order(g) && all_static(g.type(views[i].base));
+    if (!viewed[i]) views[i] = passes::atom_view_of(g, operand[i], false, [](const AtomView&) { return false; });
+    saves = saves || viewed[i];
   }
   if (!saves) return false;
 
@@ -156,22 +155,38 @@ bool fold_views(Graph& g, size_t pos) {
       for (const Atom& a : split_atoms(atoms, refined)) batch[i].push_back(it == side_of.end() ? Atom{1, 0} : a);
     }
   }
+  // A viewed operand is its view's base read through a_view / b_view; another one is itself,
+  // reshaped to the refined batch dims where they differ (free, and its sizes stay the reshape's,
+  // which a dynamic program fits more often than a view's stride products).
+  const std::string name = n.name;
+  const ValueId y = n.outputs[0];
   Attrs attrs = n.attrs;
   if (alpha != 1.0) attrs.set("alpha", alpha);
   const char* keys[2] = {"a_view", "b_view"};
+  ValueId ins[2];
+  size_t at = pos;
   for (size_t i = 0; i < 2; ++i) {
     const AtomView& v = views[i];
-    std::vector<int64_t> attr = {v.offset};
-    for (const Atom& a : batch[i]) attr.push_back(a.size), attr.push_back(a.size == 1 ? 0 : a.stride);
-    const std::vector<int64_t> shape = g.type(n.inputs[i]).shape();
-    for (size_t d = v.dims.size() - 2; d < v.dims.size(); ++d)
+    const std::vector<int64_t> shape = g.type(operand[i]).shape();
+    std::vector<int64_t> attr = {v.offset}, refined_shape;
+    for (const Atom& a : batch[i]) {
+      attr.push_back(a.size), attr.push_back(a.size == 1 ? 0 : a.stride);
+      refined_shape.push_back(a.size);
+    }
+    for (size_t d = shape.size() - 2; d < shape.size(); ++d) {
       attr.push_back(shape[d]), attr.push_back(v.dims[d].empty() ? 0 : v.dims[d][0].stride);
-    attrs.set(keys[i], attr);
+      refined_shape.push_back(shape[d]);
+    }
+    ins[i] = viewed[i] ? v.base : operand[i];
+    if (viewed[i]) {
+      attrs.set(keys[i], attr);
+    } else if (refined_shape != shape) {
+      Attrs r;
+      r.set("shape", refined_shape);
+      ins[i] = g.insert_node(at++, OpKind::kReshape, {operand[i]}, r, name)[0];
+    }
   }
-  const std::string name = n.name;
-  const ValueId y = n.outputs[0];
-  const ValueId y_new = g.insert_node(pos, OpKind::kMatmul, {views[0].base, views[1].base}, attrs, name)[0];
-  size_t at = pos + 1;
+  const ValueId y_new = g.insert_node(at++, OpKind::kMatmul, {ins[0], ins[1]}, attrs, name)[0];
   ValueId result = y_new;
   if (g.type(y_new).shape() != ys) {
     Attrs r;
