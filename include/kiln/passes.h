@@ -79,8 +79,9 @@ bool fold_attention_layout(Graph& g, const AttentionFilter& foldable = fused_att
 // Lets each matmul read an operand that a chain of permute / slice / expand / reshape nodes
 // made as a strided view of the value the chain starts from (a_view / b_view), so the chain
 // copies nothing; batch dims the chain merged from non-adjacent memory are split (the output is
-// reshaped back). Static shapes; where it saves a copy (matmul_views.cpp). Run it after
-// fold_attention_layout, before fuse_pointwise.
+// reshaped back); a scalar scale of an operand becomes alpha; a permute that alone reads the
+// output (keeping its last dim last) becomes out_perm. Static shapes; where it saves a copy
+// (matmul_views.cpp). Run it after fold_attention_layout, before fuse_pointwise.
 bool fold_matmul_views(Graph& g);
 // Makes an sdpa whose mask is logical_and(all-true constant, m) read m (sdpa broadcasts its
 // mask over the scores), so transformers' folded index masks cost nothing per score.

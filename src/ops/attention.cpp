@@ -109,22 +109,6 @@ SdpaView parse_view(const Attrs& a, size_t i, const TensorType& t) {
   return v;
 }
 
-std::vector<int64_t> out_perm_attr(const Attrs& a, int64_t rank) {
-  std::vector<int64_t> perm(static_cast<size_t>(rank));
-  for (int64_t i = 0; i < rank; ++i) perm[size_t(i)] = i;
-  if (!a.has("out_perm")) return perm;
-  const std::vector<int64_t>& p = ints_attr(a, "out_perm");
-  std::vector<bool> seen(size_t(rank), false);
-  bool ok = int64_t(p.size()) == rank && p.back() == rank - 1;
-  for (size_t i = 0; ok && i < p.size(); ++i) {
-    ok = p[i] >= 0 && p[i] < rank && !seen[size_t(p[i])];
-    if (ok) seen[size_t(p[i])] = true;
-  }
-  KILN_CHECK(ok, kInvalidArgument, "sdpa: attribute 'out_perm' ", list_str(p), " must be a permutation of the ", rank,
-             " output dims that keeps the head dim (", rank - 1, ") last");
-  return p;
-}
-
 }  // namespace
 
 SdpaLayout sdpa_layout(const TypeList& in, const Attrs& a) {
@@ -140,23 +124,15 @@ SdpaLayout sdpa_layout(const TypeList& in, const Attrs& a) {
     logical[i] = &views[i]->logical;
   }
   const TensorType y = infer_bhsd(logical, a)[0];
-  l.out_perm = bshd ? std::vector<int64_t>{0, 2, 1, 3} : out_perm_attr(a, y.rank());
-  // The output buffer is dense in the permuted order; a logical dim's stride is that of its place.
-  std::vector<int64_t> placed;
-  for (int64_t p : l.out_perm) placed.push_back(y.dims[size_t(p)].extent);
-  const std::vector<int64_t> placed_strides = row_major_strides(placed);
-  l.out.logical = y;
-  l.out.strides.assign(size_t(y.rank()), 0);
-  for (size_t j = 0; j < l.out_perm.size(); ++j) l.out.strides[size_t(l.out_perm[j])] = placed_strides[j];
+  l.out_perm = bshd ? std::vector<int64_t>{0, 2, 1, 3} : out_perm_attr(OpKind::kSdpa, a, y.rank(), "head dim");
+  l.out = permuted_output(y, l.out_perm);
   return l;
 }
 
 std::vector<TensorType> infer_attention(OpKind op, const TypeList& in, const Attrs& a) {
   KILN_CHECK(op == OpKind::kSdpa, kInternal, op_name(op), " is not in the attention family");
   const SdpaLayout l = sdpa_layout(in, a);
-  TensorType y = l.out.logical;
-  for (size_t j = 0; j < l.out_perm.size(); ++j) y.dims[j] = l.out.logical.dims[size_t(l.out_perm[j])];
-  return {y};
+  return {placed_type(l.out.logical, l.out_perm)};
 }
 
 namespace {

@@ -85,6 +85,40 @@ OperandView parse_operand_view(OpKind op, const Attrs& a, const char* key, const
   return v;
 }
 
+std::vector<int64_t> out_perm_attr(OpKind op, const Attrs& a, int64_t rank, const char* last) {
+  std::vector<int64_t> perm(static_cast<size_t>(rank));
+  for (int64_t i = 0; i < rank; ++i) perm[size_t(i)] = i;
+  if (!a.has("out_perm")) return perm;
+  const auto* p = std::get_if<std::vector<int64_t>>(&a.items().at("out_perm"));
+  KILN_CHECK(p != nullptr, kInvalidArgument, op_name(op), ": attribute 'out_perm' must be a list of ints");
+  std::vector<bool> seen(size_t(rank), false);
+  bool ok = int64_t(p->size()) == rank && p->back() == rank - 1;
+  for (size_t i = 0; ok && i < p->size(); ++i) {
+    ok = (*p)[i] >= 0 && (*p)[i] < rank && !seen[size_t((*p)[i])];
+    if (ok) seen[size_t((*p)[i])] = true;
+  }
+  KILN_CHECK(ok, kInvalidArgument, op_name(op), ": attribute 'out_perm' ", list_str(*p),
+             " must be a permutation of the ", rank, " output dims that keeps the ", last, " (", rank - 1, ") last");
+  return *p;
+}
+
+OperandView permuted_output(const TensorType& logical, const std::vector<int64_t>& perm) {
+  std::vector<int64_t> placed;
+  for (int64_t p : perm) placed.push_back(logical.dims[size_t(p)].extent);
+  const std::vector<int64_t> placed_strides = row_major_strides(placed);
+  OperandView v;
+  v.logical = logical;
+  v.strides.assign(perm.size(), 0);
+  for (size_t j = 0; j < perm.size(); ++j) v.strides[size_t(perm[j])] = placed_strides[j];
+  return v;
+}
+
+TensorType placed_type(const TensorType& logical, const std::vector<int64_t>& perm) {
+  TensorType y = logical;
+  for (size_t j = 0; j < perm.size(); ++j) y.dims[j] = logical.dims[size_t(perm[j])];
+  return y;
+}
+
 void check_fits(OpKind op, DType dt, double v, const char* what) {
   if (!is_integral(dt)) return;
   double lo = -9223372036854775808.0, hi = 9223372036854775807.0;

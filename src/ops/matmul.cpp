@@ -10,7 +10,9 @@
 // set by fold_matmul_views) read an operand as a strided view of its input buffer: a permuted,
 // sliced or broadcast operand without a copy. The view's sizes are the operand's logical dims.
 // The optional float `alpha` (finite, default 1) scales the product in the GEMM's accumulator
-// (y = alpha * a @ b): a scaled operand without a pass over it.
+// (y = alpha * a @ b): a scaled operand without a pass over it. The optional `out_perm` (as
+// sdpa's, keeping the column dim last) writes the output permuted: the head merge after a
+// batched product without a copy.
 #include <algorithm>
 #include <cmath>
 #include <variant>
@@ -120,18 +122,23 @@ double matmul_alpha(const Attrs& a) {
   return *v;
 }
 
-MatmulOperands matmul_operands(const TypeList& in, const Attrs& a) {
-  return {a.has("a_view") ? parse_operand_view(OpKind::kMatmul, a, "a_view", "a", *in[0], 2) : dense_view(*in[0]),
-          a.has("b_view") ? parse_operand_view(OpKind::kMatmul, a, "b_view", "b", *in[1], 2) : dense_view(*in[1])};
+MatmulLayout matmul_layout(const TypeList& in, const Attrs& a) {
+  MatmulLayout l;
+  l.a = a.has("a_view") ? parse_operand_view(OpKind::kMatmul, a, "a_view", "a", *in[0], 2) : dense_view(*in[0]);
+  l.b = a.has("b_view") ? parse_operand_view(OpKind::kMatmul, a, "b_view", "b", *in[1], 2) : dense_view(*in[1]);
+  const TensorType y = infer_matmul_op(OpKind::kMatmul, l.a.logical, l.b.logical)[0];
+  l.out_perm = out_perm_attr(OpKind::kMatmul, a, y.rank(), "column dim");
+  l.y = permuted_output(y, l.out_perm);
+  return l;
 }
 
 std::vector<TensorType> infer_matmul(OpKind op, const TypeList& in, const Attrs& a) {
   switch (op) {
     case OpKind::kMatmul: {
       matmul_alpha(a);
-      if (!a.has("a_view") && !a.has("b_view")) return infer_matmul_op(op, *in[0], *in[1]);
-      const MatmulOperands v = matmul_operands(in, a);
-      return infer_matmul_op(op, v.a.logical, v.b.logical);
+      if (!a.has("a_view") && !a.has("b_view") && !a.has("out_perm")) return infer_matmul_op(op, *in[0], *in[1]);
+      const MatmulLayout l = matmul_layout(in, a);
+      return {placed_type(l.y.logical, l.out_perm)};
     }
     case OpKind::kLinear: return infer_linear(op, in, a);
     default: KILN_FAIL(kInternal, op_name(op), " is not in the matmul family");

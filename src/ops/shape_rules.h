@@ -77,11 +77,22 @@ OperandView dense_view(const TensorType& t);
 OperandView parse_operand_view(OpKind op, const Attrs& a, const char* key, const char* operand, const TensorType& t,
                                size_t min_rank);
 
-// matmul's operands as it reads them: a_view / b_view (src/ops/matmul.cpp), else the inputs.
-struct MatmulOperands {
-  OperandView a, b;
+// An op's optional out_perm (sdpa, matmul): its output tensor is permute(logical output,
+// out_perm), dense in that order. The identity when absent; kInvalidArgument unless a
+// permutation of the `rank` dims that keeps the last one (`last`, for the message) last.
+std::vector<int64_t> out_perm_attr(OpKind op, const Attrs& a, int64_t rank, const char* last);
+// The logical output written dense in the order `perm` puts its dims: each dim's stride.
+OperandView permuted_output(const TensorType& logical, const std::vector<int64_t>& perm);
+// The output tensor's type: the logical dims in the order `perm` puts them.
+TensorType placed_type(const TensorType& logical, const std::vector<int64_t>& perm);
+
+// How a matmul reads its operands (a_view / b_view, src/ops/matmul.cpp, else the inputs) and
+// writes its logical output y (dense, or in out_perm's order).
+struct MatmulLayout {
+  OperandView a, b, y;
+  std::vector<int64_t> out_perm;
 };
-MatmulOperands matmul_operands(const TypeList& in, const Attrs& a);
+MatmulLayout matmul_layout(const TypeList& in, const Attrs& a);
 // matmul's `alpha` (1 when absent); kInvalidArgument when it is no finite float.
 double matmul_alpha(const Attrs& a);
 

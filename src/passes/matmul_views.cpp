@@ -22,6 +22,10 @@
 // (attention's scale applied to k before q @ k^T) becomes the GEMM's alpha, applied to the f32
 // accumulator: no pass over the operand, and no larger intermediate in f16 than the original had.
 //
+// The output: where the one reader of a matmul's output is a permute that keeps the column dim
+// last (through reshapes that come back to the output's shape: the head merge after p @ v), the
+// matmul writes that order itself (out_perm) and the permute goes.
+//
 // Only where it saves a copy or a scale: an operand whose chain reads its start value whole and
 // in order (reshapes alone) keeps its input. Static shapes only (the views are integers). Run it after
 // form_attention and fold_attention_layout (their patterns read the chains), before
@@ -198,8 +202,39 @@ bool fold_views(Graph& g, size_t pos) {
   return true;
 }
 
+// The matmul at `pos` writes its output in the order of the one permute that reads it (through
+// reshapes that come back to its shape), keeping the column dim last: out_perm, and the permute
+// goes.
+bool fold_output_permute(Graph& g, size_t pos) {
+  const Node& n = *g.nodes()[pos];
+  if (n.op != OpKind::kMatmul || n.attrs.has("out_perm") || !all_static(g.type(n.outputs[0]))) return false;
+  const std::vector<std::vector<int>> users = g.users();
+  auto only_reader = [&](ValueId v) -> const Node* {
+    const std::vector<int>& u = users[size_t(v)];
+    if (u.size() != 1 || passes::is_graph_output(g, v)) return nullptr;
+    return g.nodes()[size_t(u[0])].get();
+  };
+  const ValueId y = n.outputs[0];
+  const Node* r = only_reader(y);
+  while (r != nullptr && r->op == OpKind::kReshape) r = only_reader(r->outputs[0]);
+  if (r == nullptr || r->op != OpKind::kPermute || g.type(r->inputs[0]).shape() != g.type(y).shape()) return false;
+  const std::vector<int64_t> perm = r->attrs.get_ints("perm");
+  const int64_t rank = g.type(y).rank();
+  if (passes::is_identity(perm) || perm.back() != rank - 1) return false;
+  Attrs attrs = n.attrs;
+  attrs.set("out_perm", perm);
+  const ValueId placed = r->outputs[0];
+  const ValueId y_new = g.insert_node(pos, OpKind::kMatmul, n.inputs, attrs, n.name)[0];
+  g.replace_all_uses(placed, y_new);
+  g.erase_node(pos + 1);
+  return true;
+}
+
 }  // namespace
 
-bool fold_matmul_views(Graph& g) { return passes::rewrite_each(g, fold_views); }
+bool fold_matmul_views(Graph& g) {
+  const bool views = passes::rewrite_each(g, fold_views);
+  return passes::rewrite_each(g, fold_output_permute) || views;
+}
 
 }  // namespace kiln

@@ -64,6 +64,13 @@ TEST(MatmulViews, ShapeRuleReadsLogicalDimsFromTheViews) {
                {"matmul", "'a_view'", "rank >= 2"});
   expect_error([&] { g.add_node1(OpKind::kMatmul, {x, x}, views(a, {0, 2, -60, 3, 4, 4, 1, 5, 12})); },
                ErrorCode::kInvalidArgument, {"matmul", "'b_view'", "negative size or stride"});
+  // out_perm writes the output permuted, the column dim staying last.
+  Attrs placed = views(a, b);
+  placed.set("out_perm", Shape{0, 2, 1, 3});
+  EXPECT_EQ(g.type(g.add_node1(OpKind::kMatmul, {x, x}, placed)).shape(), (Shape{2, 5, 3, 5}));
+  placed.set("out_perm", Shape{0, 1, 3, 2});
+  expect_error([&] { g.add_node1(OpKind::kMatmul, {x, x}, placed); }, ErrorCode::kInvalidArgument,
+               {"matmul", "'out_perm'", "column dim (3) last"});
   Attrs inf = views(a, b);
   inf.set("alpha", std::numeric_limits<double>::infinity());
   expect_error([&] { g.add_node1(OpKind::kMatmul, {x, x}, inf); }, ErrorCode::kInvalidArgument,
@@ -85,8 +92,8 @@ ValueId cast(Graph& g, ValueId v, DType dt) {
 }
 
 // The CPU kernel reading views computes what a plain matmul computes on the copies the views
-// describe (permute / expand nodes run as given; alpha as a multiplication after), in f32
-// (sgemm) and f64 (dgemm).
+// describe (permute / expand nodes run as given; alpha as a multiplication after, out_perm as a
+// permute after), in f32 (sgemm) and f64 (dgemm).
 TEST(MatmulViews, CpuKernelMatchesTheProductOfCopies) {
   for (DType dt : {DType::kF32, DType::kF64}) {
     Graph viewed, copied;
@@ -98,13 +105,16 @@ TEST(MatmulViews, CpuKernelMatchesTheProductOfCopies) {
         Attrs scaled = views({0, 2, 60, 3, 4, 5, 12, 4, 1}, {0, 2, 60, 3, 4, 4, 1, 5, 12});
         scaled.set("alpha", -0.5);
         s = g->add_node1(OpKind::kMatmul, {x, x}, scaled);
-        p = g->add_node1(OpKind::kMatmul, {x, t}, views({0, 2, 60, 3, 4, 5, 12, 4, 1}, {0, 2, 0, 3, 28, 4, 7, 7, 1}));
+        Attrs placed = views({0, 2, 60, 3, 4, 5, 12, 4, 1}, {0, 2, 0, 3, 28, 4, 7, 7, 1});
+        placed.set("out_perm", Shape{0, 2, 1, 3});
+        p = g->add_node1(OpKind::kMatmul, {x, t}, placed);
       } else {
         ValueId heads = permute(*g, reshape(*g, x, {2, 5, 3, 4}), {0, 2, 1, 3});
         ValueId half = cast(*g, f32_constant(*g, "half", {}, {-0.5f}, false), dt);
         s = g->add_node1(OpKind::kMul,
                          {g->add_node1(OpKind::kMatmul, {heads, permute(*g, heads, {0, 1, 3, 2})}), half});
-        p = g->add_node1(OpKind::kMatmul, {heads, expand(*g, reshape(*g, t, {1, 3, 4, 7}), {2, 3, 4, 7})});
+        p = permute(*g, g->add_node1(OpKind::kMatmul, {heads, expand(*g, reshape(*g, t, {1, 3, 4, 7}), {2, 3, 4, 7})}),
+                    {0, 2, 1, 3});
       }
       g->mark_output(cast(*g, s, DType::kF32), "s");
       g->mark_output(cast(*g, p, DType::kF32), "p");
@@ -198,6 +208,29 @@ TEST(MatmulViews, PassLeavesWhatSavesNothingOrNoGemmReads) {
                 "crossed");
   Graph r = g;
   EXPECT_FALSE(fold_matmul_views(r));
+}
+
+// p @ v merged back to [B, S, H * D]: the matmul writes [B, S, H, D] itself (out_perm), through
+// the reshapes to [B * H, S, D] and back; a permute that moves the column dim stays.
+TEST(MatmulViews, PassWritesTheHeadMergeOrder) {
+  Graph g;
+  const int64_t B = 2, S = 5, H = 3, D = 4;
+  ValueId p = g.add_input("p", TensorType(DType::kF32, {B, H, S, S}));
+  ValueId v = g.add_input("v", TensorType(DType::kF32, {B, H, S, D}));
+  ValueId o = reshape(g, g.add_node1(OpKind::kMatmul, {p, v}), {B * H, S, D});
+  ValueId merged = reshape(g, permute(g, reshape(g, o, {B, H, S, D}), {0, 2, 1, 3}), {B, S, H * D});
+  g.mark_output(merged, "merged");
+  g.mark_output(permute(g, g.add_node1(OpKind::kMatmul, {p, v}), {0, 1, 3, 2}), "transposed");
+  const Graph r = pass_applied(g, fold_matmul_views, 13, 1e-5f);
+  EXPECT_EQ(count_op(r, OpKind::kPermute), 1u);  // the transposed output's
+  size_t placed = 0;
+  for (const auto& n : r.nodes())
+    if (n->op == OpKind::kMatmul && n->attrs.has("out_perm")) {
+      ++placed;
+      EXPECT_EQ(n->attrs.get_ints("out_perm"), (Shape{0, 2, 1, 3}));
+      EXPECT_EQ(r.type(n->outputs[0]).shape(), (Shape{B, S, H, D}));
+    }
+  EXPECT_EQ(placed, 1u);
 }
 
 // atom_view_of keeps a merged batch dim as its atoms and looks through expand only when asked;

@@ -1,8 +1,8 @@
-"""Matmuls read permuted, expanded and scaled operands where they lie (a_view / b_view, alpha):
-DeBERTa-style relative scores, with head splits, a key transposed and divided by a scale, and
-a position table expanded over the batch and transposed, build with no permute, expand or
-division left before a matmul, and match eager PyTorch (f32 reference) in f32 and f16, also
-after kiln.save / kiln.load."""
+"""Matmuls read permuted, expanded and scaled operands where they lie (a_view / b_view, alpha)
+and write the order their reader wants (out_perm): DeBERTa-style relative scores, with head
+splits, a key transposed and divided by a scale, a position table expanded over the batch and
+transposed, and the head merge after p @ v, build with no permute, expand or division left,
+and match eager PyTorch (f32 reference) in f32 and f16, also after kiln.save / kiln.load."""
 
 from __future__ import annotations
 
@@ -78,7 +78,8 @@ def test_relative_attention_reads_operands_in_place(device: str, dtype: torch.dt
     for n in matmuls:
         for v in n.inputs:
             assert producers[v].op not in ("permute", "expand", "div") if v in producers else True
-    assert not [n for n in plan.nodes if n.op == "expand"]
+    assert not [n for n in plan.nodes if n.op in ("expand", "permute")]  # the head merge too: out_perm
+    assert [n.attrs.get("out_perm") for n in matmuls if "out_perm" in n.attrs] == [[0, 2, 1, 3]]
 
 
 @torch.no_grad()

@@ -144,13 +144,14 @@ std::unique_ptr<Kernel> make_linear_f64(const Node& n, const Graph& g) {
 
 std::unique_ptr<Kernel> make_matmul_f64(const Node& n, const Graph& g) {
   check_f64(n, g);
-  const MatmulOperands views = matmul_operands({&g.type(n.inputs[0]), &g.type(n.inputs[1])}, n.attrs);
+  const MatmulLayout views = matmul_layout({&g.type(n.inputs[0]), &g.type(n.inputs[1])}, n.attrs);
   const auto as = views.a.logical.shape(), bs = views.b.logical.shape();
-  const auto ys = g.type(n.outputs[0]).shape();
+  const auto ys = views.y.logical.shape();  // the output's logical dims (out_perm places them)
   const int64_t M = as[as.size() - 2], K = as.back(), N = bs.back();
   std::vector<int64_t> out_batch(ys.begin(), ys.end() - 2);
   auto a_op = std::make_shared<const StridedOperand>(strided_operand(out_batch, views.a));
   auto b_op = std::make_shared<const StridedOperand>(strided_operand(out_batch, views.b));
+  auto y_op = std::make_shared<const StridedOperand>(strided_operand(out_batch, views.y));
   const double alpha = matmul_alpha(n.attrs);
   const size_t ws_total = dgemm_workspace(N, K);
   auto fn = [=](const void* const* in, void* const* out, const RunContext& ctx) {
@@ -163,7 +164,7 @@ std::unique_ptr<Kernel> make_matmul_f64(const Node& n, const Graph& g) {
       d.m = M, d.n = N, d.k = K;
       d.a = A + a_op->offsets[b], d.a_rs = a_op->rs, d.a_cs = a_op->cs;
       d.b = B + b_op->offsets[b], d.b_rs = b_op->rs, d.b_cs = b_op->cs;
-      d.c = Y + int64_t(b) * M * N, d.ldc = N;
+      d.c = Y + y_op->offsets[b], d.ldc = y_op->rs;
       dgemm(d, static_cast<double*>(ctx.workspace));
     }
     if (alpha != 1.0)

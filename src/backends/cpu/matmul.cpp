@@ -91,19 +91,20 @@ std::unique_ptr<Kernel> make_linear(const Node& n, const Graph& g) {
 }
 
 std::unique_ptr<Kernel> make_batched_matmul(const Node& n, const Graph& g) {
-  const MatmulOperands views = matmul_operands({&g.type(n.inputs[0]), &g.type(n.inputs[1])}, n.attrs);
+  const MatmulLayout views = matmul_layout({&g.type(n.inputs[0]), &g.type(n.inputs[1])}, n.attrs);
   const float alpha = float(matmul_alpha(n.attrs));
   const auto as = views.a.logical.shape(), bs = views.b.logical.shape();
-  const auto ys = g.type(n.outputs[0]).shape();
+  const auto ys = views.y.logical.shape();  // the output's logical dims (out_perm places them)
   const DType dt = g.type(n.inputs[0]).dtype;
   const int64_t M = as[as.size() - 2], K = as.back(), N = bs.back();
   std::vector<int64_t> out_batch(ys.begin(), ys.end() - 2);
   auto a_op = std::make_shared<const StridedOperand>(strided_operand(out_batch, views.a));
   auto b_op = std::make_shared<const StridedOperand>(strided_operand(out_batch, views.b));
+  auto y_op = std::make_shared<const StridedOperand>(strided_operand(out_batch, views.y));
   const int64_t batches = static_cast<int64_t>(a_op->offsets.size());
 
-  // b shared by all batches and a dense in batch order: fold the batch into the rows.
-  bool fold = batches > 1 && a_op->cs == 1 && (M == 1 || a_op->rs == K);
+  // b shared by all batches and a and y dense in batch order: fold the batch into the rows.
+  bool fold = batches > 1 && a_op->cs == 1 && (M == 1 || a_op->rs == K) && views.y.dense();
   for (int64_t b = 0; fold && b < batches; ++b)
     fold = b_op->offsets[size_t(b)] == b_op->offsets[0] && a_op->offsets[size_t(b)] == a_op->offsets[0] + b * M * K;
   const int64_t gm = fold ? batches * M : M, gbatches = fold ? 1 : batches;
@@ -141,7 +142,7 @@ std::unique_ptr<Kernel> make_batched_matmul(const Node& n, const Graph& g) {
       ga.m = gm, ga.n = N, ga.k = K;
       ga.a = A + a_op->offsets[size_t(b)], ga.a_rs = fold ? K : a_op->rs, ga.a_cs = a_op->cs;
       ga.b = B + b_op->offsets[size_t(b)], ga.b_rs = b_op->rs, ga.b_cs = b_op->cs;
-      ga.c = Y + b * gm * N, ga.ldc = N;
+      ga.c = Y + y_op->offsets[size_t(b)], ga.ldc = fold ? N : y_op->rs;
       ga.alpha = alpha;
       if (packed) ga.packed_b = packed.get() + b_op->offsets[size_t(b)] / (K * N) * packed_per;
       sgemm(ga, scratch, gp);
@@ -158,7 +159,7 @@ std::unique_ptr<Kernel> make_batched_matmul(const Node& n, const Graph& g) {
   std::string desc = "cpu sgemm matmul " + std::to_string(gbatches) + " x " + std::to_string(gm) + "x" +
                      std::to_string(N) + "x" + std::to_string(K) + (over_batches ? " (parallel over batches)" : "") +
                      (packed ? " (prepacked b)" : "") +
-                     (views.a.dense() && views.b.dense() ? "" : " (strided operands)") +
+                     (views.a.dense() && views.b.dense() && views.y.dense() ? "" : " (strided operands)") +
                      (alpha == 1.0f ? "" : " (alpha " + std::to_string(alpha) + ")");
   return make_fn_kernel(fn, desc, ws);
 }

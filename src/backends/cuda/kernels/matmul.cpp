@@ -18,9 +18,11 @@
 // with a dense a folds the batch into M (one large GEMM); broadcasts that no single stride
 // expresses loop over groups of strided batches. Operands read through views (a_view / b_view:
 // src/ops/matmul.cpp) pose each matrix as stored or transposed with the view's row stride as
-// leading dim; when their batches need more than one group, the GEMM runs once over cuBLASLt's
-// pointer arrays, which a generated kernel (kiln_gemm_ptrs) writes into the workspace each run. The algorithm is timed at build (LtPlan). f32 GEMMs use
-// TF32 tensor cores when BuildPolicy::allow_tf32 (the engine's policy, at build and at load).
+// leading dim, and out_perm writes D at the permuted layout's strides; when such a GEMM's
+// batches need more than one group, it runs once over cuBLASLt's pointer arrays, which a
+// generated kernel (kiln_gemm_ptrs) writes into the workspace each run. The algorithm is timed
+// at build (LtPlan). f32 GEMMs use TF32 tensor cores when BuildPolicy::allow_tf32 (the engine's
+// policy, at build and at load).
 //
 // State: pack_state(epilogue cubin (linear) or pointer-array cubin (matmul) or empty, saved
 // algorithm). run() only enqueues.
@@ -239,13 +241,13 @@ std::vector<int64_t> batch_strides(const std::vector<int64_t>& out_batch, const 
   return st;
 }
 
-MatmulOperands operands_of(const Node& n, const Graph& g) {
-  return matmul_operands({&g.type(n.inputs[0]), &g.type(n.inputs[1])}, n.attrs);
+MatmulLayout layout_of(const Node& n, const Graph& g) {
+  return matmul_layout({&g.type(n.inputs[0]), &g.type(n.inputs[1])}, n.attrs);
 }
 
 // Why cuBLASLt cannot read a matmul's operand views as they are, or "".
 std::string view_refusal(const Node& n, const Graph& g) {
-  const MatmulOperands v = operands_of(n, g);
+  const MatmulLayout v = layout_of(n, g);
   const char* names[2] = {"a", "b"};
   const OperandView* views[2] = {&v.a, &v.b};
   for (size_t i = 0; i < 2; ++i) {
@@ -259,17 +261,17 @@ std::string view_refusal(const Node& n, const Graph& g) {
 }
 
 Problem matmul_problem(const Node& n, const Graph& g, const BuildPolicy& policy) {
-  const MatmulOperands v = operands_of(n, g);
-  const auto as = v.a.logical.shape(), bs = v.b.logical.shape(), ys = g.type(n.outputs[0]).shape();
+  const MatmulLayout v = layout_of(n, g);
+  const auto as = v.a.logical.shape(), bs = v.b.logical.shape(), ys = v.y.logical.shape();
   const DType dt = g.type(n.inputs[0]).dtype;
   const int64_t M = as[as.size() - 2], K = as.back(), N = bs.back();
-  const bool views = !v.a.dense() || !v.b.dense();
+  const bool views = !v.a.dense() || !v.b.dense() || !v.y.dense();
   Problem p;
   p.a_in = 1, p.b_in = 0;
   p.out_batch.assign(ys.begin(), ys.end() - 2);
   p.batch_strides[0] = batch_strides(p.out_batch, v.b);
   p.batch_strides[1] = batch_strides(p.out_batch, v.a);
-  p.batch_strides[2] = batch_strides(p.out_batch, dense_view(g.type(n.outputs[0])));
+  p.batch_strides[2] = batch_strides(p.out_batch, v.y);
   p.view_offset[0] = v.b.offset, p.view_offset[1] = v.a.offset;
   p.batches = plan_strided_batches(p.out_batch, {p.batch_strides[0], p.batch_strides[1], p.batch_strides[2]});
   for (size_t t = 0; t < 2; ++t)
@@ -284,10 +286,11 @@ Problem matmul_problem(const Node& n, const Graph& g, const BuildPolicy& policy)
   const MatrixLayout lb = matrix_layout(M, K, v.a.strides[ra - 2], v.a.strides[ra - 1]);
   KILN_CHECK(la.ok && lb.ok, kUnsupported, "CUDA matmul: ", view_refusal(n, g));
   s.trans_a = la.trans, s.lda = la.ld, s.trans_b = lb.trans, s.ldb = lb.ld;
-  s.ldc = N;
+  const size_t ry = ys.size();
+  s.ldc = matrix_layout(M, N, v.y.strides[ry - 2], v.y.strides[ry - 1]).ld;  // out_perm keeps columns contiguous
   const BatchPlan& bp = p.batches;
   const bool fold = bp.outer() == 1 && bp.inner > 1 && bp.inner_stride[0] == 0 && bp.inner_stride[1] == M * K &&
-                    !s.trans_b && s.ldb == K;
+                    !s.trans_b && s.ldb == K && v.y.dense();
   std::vector<int64_t> offsets[3];
   if (fold) {
     s.n = M * bp.inner;
@@ -324,7 +327,7 @@ bool supports_matmul(const Node& n, const Graph& g, std::string* why) {
   if (!gemm_dtype(dt)) return no(std::string("cuBLASLt GEMMs here take f32, f16 or bf16, not ") + dtype_name(dt));
   const TensorType& a = g.type(n.inputs[0]);
   if (a.dims.back().extent == 0 && g.type(n.outputs[0]).numel() > 0) return no("an empty reduction (K = 0)");
-  if (n.op == OpKind::kMatmul && (n.attrs.has("a_view") || n.attrs.has("b_view")))
+  if (n.op == OpKind::kMatmul && (n.attrs.has("a_view") || n.attrs.has("b_view") || n.attrs.has("out_perm")))
     if (std::string r = view_refusal(n, g); !r.empty()) return no(r);
   if (n.op == OpKind::kLinear && n.inputs.size() > 3 && n.inputs[3] != kNoValue) {
     KilnDims d{};
