@@ -27,9 +27,10 @@
 // matmul writes that order itself (out_perm) and the permute goes.
 //
 // Only where it saves a copy or a scale: an operand whose chain reads its start value whole and
-// in order (reshapes alone) keeps its input. Static shapes only (the views are integers). Run it after
-// form_attention and fold_attention_layout (their patterns read the chains), before
-// fuse_pointwise; the chains left without readers are removed.
+// in order (reshapes alone) keeps its input, reshaped to the split batch where there is one.
+// Static, non-empty shapes only (the views are integers). Run it after form_attention and
+// fold_attention_layout (their patterns read the chains), before fuse_pointwise; the chains
+// left without readers are removed.
 #include <algorithm>
 #include <cmath>
 #include <set>
@@ -122,9 +123,11 @@ std::vector<Atom> split_atoms(const std::vector<Atom>& atoms, const std::vector<
 // Rewrites the matmul at `pos`; returns whether it did.
 bool fold_views(Graph& g, size_t pos) {
   const Node& n = *g.nodes()[pos];
-  if (n.op != OpKind::kMatmul || n.attrs.has("a_view") || n.attrs.has("b_view")) return false;
+  if (n.op != OpKind::kMatmul || n.attrs.has("a_view") || n.attrs.has("b_view") || n.attrs.has("out_perm"))
+    return false;
   const TensorType& yt = g.type(n.outputs[0]);
-  if (!all_static(yt) || !all_static(g.type(n.inputs[0])) || !all_static(g.type(n.inputs[1]))) return false;
+  for (const TensorType* t : {&yt, &g.type(n.inputs[0]), &g.type(n.inputs[1])})
+    if (!all_static(*t) || t->numel() == 0) return false;
   double alpha = matmul_alpha(n.attrs);
   const ValueId operand[2] = {unscaled(g, n.inputs[0], alpha), unscaled(g, n.inputs[1], alpha)};
   bool saves = operand[0] != n.inputs[0] || operand[1] != n.inputs[1];

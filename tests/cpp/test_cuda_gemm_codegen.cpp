@@ -61,21 +61,27 @@ TEST(CudaGemmCodegen, FlashAttentionSourcesCompile) {
 }
 
 TEST(CudaGemmBatchPlan, AffineBatchesBecomeOneStridedBatch) {
-  // a [2,3,M,K] with b [K,N] broadcast: one group of 6, b's stride 0.
-  BatchPlan p = plan_batches({2, 3}, {{}, {2, 3}, {2, 3}}, {20, 12, 15});
+  // a [2,3,M,K] (12 elements a matrix) with b [K,N] broadcast: one group of 6, b's stride 0.
+  BatchPlan p = plan_strided_batches({2, 3}, {{0, 0}, {36, 12}, {45, 15}});
   EXPECT_EQ(p.inner, 6);
   EXPECT_EQ(p.outer(), 1u);
   EXPECT_EQ(p.inner_stride, (std::vector<int64_t>{0, 12, 15}));
   // a [2,1,...] against b [5,...]: the out batch [2,5] is not affine in a as one group of 10
   // (a's offset repeats 5 times, then jumps), so it splits into 2 groups of 5.
-  p = plan_batches({2, 5}, {{5}, {2, 1}, {2, 5}}, {24, 12, 18});
+  p = plan_strided_batches({2, 5}, {{0, 24}, {12, 0}, {90, 18}});
   EXPECT_EQ(p.inner, 5);
   ASSERT_EQ(p.outer(), 2u);
   EXPECT_EQ(p.inner_stride, (std::vector<int64_t>{24, 0, 18}));
   EXPECT_EQ(p.outer_offset[1], (std::vector<int64_t>{0, 12}));
   EXPECT_EQ(p.outer_offset[2], (std::vector<int64_t>{0, 90}));
+  // The heads of a [B, S, H, D] view (b stride 60, h stride 4) against a dense output: no single
+  // stride reaches every batch, so B groups of H (a matmul reading views runs them through
+  // pointer arrays instead).
+  p = plan_strided_batches({2, 3}, {{60, 4}, {60, 4}, {75, 25}});
+  EXPECT_EQ(p.inner, 3);
+  EXPECT_EQ(p.outer(), 2u);
   // No batch dims: one matrix.
-  p = plan_batches({}, {{}, {}, {}}, {4, 4, 4});
+  p = plan_strided_batches({}, {{}, {}, {}});
   EXPECT_EQ(p.inner, 1);
   EXPECT_EQ(p.outer(), 1u);
 }

@@ -191,7 +191,8 @@ TEST(MatmulViews, PassReadsAnExpandedTransposedTable) {
 }
 
 // Left alone: plain operands, reshapes alone (free already), a view with no contiguous matrix
-// dim (a permute that moves the last dim into the batch), batch cuts that do not nest.
+// dim (a permute that moves the last dim into the batch), batch cuts that do not nest, an empty
+// batch.
 TEST(MatmulViews, PassLeavesWhatSavesNothingOrNoGemmReads) {
   Graph g;
   ValueId a = g.add_input("a", TensorType(DType::kF32, {6, 4, 5}));
@@ -206,6 +207,9 @@ TEST(MatmulViews, PassLeavesWhatSavesNothingOrNoGemmReads) {
   g.mark_output(g.add_node1(OpKind::kMatmul, {reshape(g, permute(g, d, {1, 0, 2, 3}), {6, 4, 5}),
                                               reshape(g, permute(g, e, {1, 0, 2, 3}), {6, 5, 3})}),
                 "crossed");
+  // An empty batch: nothing to read.
+  ValueId z = g.add_input("z", TensorType(DType::kF32, {0, 5, 4}));
+  g.mark_output(g.add_node1(OpKind::kMatmul, {permute(g, z, {0, 2, 1}), reshape(g, z, {0, 5, 4})}), "empty");
   Graph r = g;
   EXPECT_FALSE(fold_matmul_views(r));
 }

@@ -291,7 +291,6 @@ Problem matmul_problem(const Node& n, const Graph& g, const BuildPolicy& policy)
   const BatchPlan& bp = p.batches;
   const bool fold = bp.outer() == 1 && bp.inner > 1 && bp.inner_stride[0] == 0 && bp.inner_stride[1] == M * K &&
                     !s.trans_b && s.ldb == K && v.y.dense();
-  std::vector<int64_t> offsets[3];
   if (fold) {
     s.n = M * bp.inner;
     p.batches.inner = 1;

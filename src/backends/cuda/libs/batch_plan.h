@@ -17,11 +17,7 @@ struct BatchPlan {
   std::vector<std::vector<int64_t>> outer_offset;
   size_t outer() const { return outer_offset.empty() ? 1 : outer_offset[0].size(); }
 };
-// out_batch: the output's batch dims; batch[t]: operand t's (right-aligned, 1 broadcasts);
-// matrix[t]: elements per matrix of operand t.
-BatchPlan plan_batches(const std::vector<int64_t>& out_batch, const std::vector<std::vector<int64_t>>& batch,
-                       const std::vector<int64_t>& matrix);
-// The same from each operand's explicit strides (elements; 0 broadcasts) per output batch dim.
+// Each operand's strides (elements; 0 broadcasts) per output batch dim `out_batch`.
 BatchPlan plan_strided_batches(const std::vector<int64_t>& out_batch, const std::vector<std::vector<int64_t>>& strides);
 
 }  // namespace kiln::cuda

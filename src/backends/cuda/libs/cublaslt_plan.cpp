@@ -1,5 +1,5 @@
 // Choosing a cuBLASLt algorithm (LtPlan) and mapping broadcast batch dims onto strided
-// batches (plan_batches); see cublaslt.h.
+// batches (plan_strided_batches); see cublaslt.h.
 //
 // At build: the timing cache is asked first (key: family, the problem's signature, the
 // workspace bound, GPU and library versions). On a miss, cuBLASLt's heuristic proposes up to
@@ -165,21 +165,6 @@ void LtPlan::run_pointers(const void* a, const void* b, const void* c, void* d, 
                           const RunContext& rc) const {
   KILN_CHECK(mm_->shape().pointer_array, kInternal, "LtPlan::run_pointers on a strided GEMM");
   enqueue(matrix_bits, a, b, c, d, nullptr, rc);
-}
-
-BatchPlan plan_batches(const std::vector<int64_t>& out_batch, const std::vector<std::vector<int64_t>>& batch,
-                       const std::vector<int64_t>& matrix) {
-  const size_t r = out_batch.size(), nops = batch.size();
-  std::vector<std::vector<int64_t>> strides(nops, std::vector<int64_t>(r, 0));
-  for (size_t t = 0; t < nops; ++t) {
-    int64_t st = matrix[t];
-    for (size_t i = 0; i < batch[t].size(); ++i) {
-      const size_t od = r - 1 - i, bd = batch[t].size() - 1 - i;
-      strides[t][od] = batch[t][bd] == 1 ? 0 : st;
-      st *= batch[t][bd];
-    }
-  }
-  return plan_strided_batches(out_batch, strides);
 }
 
 BatchPlan plan_strided_batches(const std::vector<int64_t>& out_batch,
