@@ -1,6 +1,7 @@
 // The saved tactic of cuDNN's fused attention (attention_cudnn.h) without a GPU: the params
 // round-trip with and without a serialized plan, states written before the plan was stored
-// still read (with none), and damage is refused as kCorrupted naming the cause.
+// still read (with none), and damage is refused as kCorrupted naming the cause; which nodes
+// cuDNN's path declines before posing their operands in its four dims.
 #ifdef KILN_WITH_CUDA
 
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 #include <string>
 
 #include "src/backends/cuda/kernels/attention_cudnn.h"
+#include "src/backends/cuda/kernels/attention_fused.h"
 #include "src/backends/cuda/kernels/conv_state.h"
 #include "tests/cpp/cudnn_state_test_util.h"
 #include "tests/cpp/error_test_util.h"
@@ -83,6 +85,24 @@ TEST(CudaAttentionState, RefusesAPlanLengthPastTheEndOrOverTheLimit) {
     EXPECT_EQ(code_of([&] { cuda::decode_cudnn_attention(bad); }, &message), ErrorCode::kCorrupted) << len;
     EXPECT_NE(message.find("serialized plan of " + std::to_string(len) + " bytes"), std::string::npos) << message;
   }
+}
+
+// An sdpa over three batch dims ([B, Hkv, rep]: grouped heads split out) with an additive mask is
+// declined for its batch rank before its mask is posed as cuDNN's [B, H, L, S] bias (which has
+// room for two).
+TEST(CudaAttentionState, ThreeBatchDimsAreDeclinedBeforeTheirOperandsArePosed) {
+  Graph g;
+  ValueId q = g.add_input("q", TensorType(DType::kF16, {2, 2, 3, 16, 64}));
+  ValueId k = g.add_input("k", TensorType(DType::kF16, {2, 2, 3, 16, 64}));
+  ValueId m = g.add_input("m", TensorType(DType::kF16, {1, 1, 1, 16, 16}));
+  const ValueId y = g.add_node1(OpKind::kSdpa, {q, k, k, m});
+  const cuda::AttentionGeometry geo = cuda::attention_geometry(*g.value(y).producer, g);
+  ASSERT_EQ(geo.batch_rank, 3);
+  ASSERT_EQ(geo.mask_kind, 2);
+  std::string why;
+  EXPECT_FALSE(cuda::cudnn_attention_serves(geo, &why));
+  EXPECT_EQ(why, "more than 2 batch dims");
+  EXPECT_THROW(cuda::attention_operand_bytes(geo, 4), Error);
 }
 
 }  // namespace

@@ -26,6 +26,7 @@ Operand operand(const AttentionGeometry& g, int which) {
   const int64_t rows = which == 0 || which == 3 ? g.L : g.S;
   const int64_t cols = which == 0 || which == 1 ? g.E : g.Ev;
   const int64_t row = which == 0 ? g.q_row : which == 1 ? g.k_row : which == 2 ? g.v_row : g.o_row;
+  KILN_CHECK(g.batch_rank <= 2, kInternal, "cuDNN attention operand of ", g.batch_rank, " batch dims (at most 2)");
   Operand o;
   o.dims = {1, 1, rows, cols};
   o.strides = {0, 0, row, 1};
@@ -44,6 +45,7 @@ Operand operand(const AttentionGeometry& g, int which) {
 // The additive mask as cuDNN's bias [B or 1, H or 1, L, S]: a batch dim it broadcasts over has
 // extent 1, a query row it broadcasts over stride 0 (a padding mask is [B, 1, 1, S]).
 Operand bias_operand(const AttentionGeometry& g) {
+  KILN_CHECK(g.batch_rank <= 2, kInternal, "cuDNN attention bias of ", g.batch_rank, " batch dims (at most 2)");
   const int64_t matrix = g.mask_row_stride ? g.L * g.S : g.S;  // the mask's elements per (b, h)
   Operand o;
   o.dims = {1, 1, g.L, g.S};
@@ -254,6 +256,7 @@ bool cudnn_attention_serves(const AttentionGeometry& geo, std::string* why) {
     return false;
   };
   if (geo.dtype != DType::kF16 && geo.dtype != DType::kBF16) return no("cuDNN's sdpa takes f16/bf16");
+  if (geo.batch_rank > 2) return no("more than 2 batch dims");  // before the operands are posed in 4 dims
   if (geo.causal) return no("Kiln gives cuDNN's sdpa no causal flag");
   if (geo.mask_kind == 1) return no("cuDNN's sdpa takes an additive mask, not a bool one");
   if (geo.mask_kind == 0 && (CUDNN_VERSION < kMinCudnn || cudnnGetVersion() < size_t(kMinCudnn)))
@@ -264,7 +267,6 @@ bool cudnn_attention_serves(const AttentionGeometry& geo, std::string* why) {
       if (st % 8 != 0 && st != 1) return no("a mask stride that is not a multiple of 8 elements");
   }
   if (geo.E != geo.Ev || geo.E % 8 != 0 || geo.E > 256) return no("head dims must be equal, a multiple of 8, <= 256");
-  if (geo.batch_rank > 2) return no("more than 2 batch dims");
   for (int i = 0; i < geo.batch_rank; ++i)
     for (const KilnDims* d : {&geo.q_dims, &geo.k_dims, &geo.v_dims, &geo.o_dims})
       if (d->stride[i] == 0 && d->size[i] > 1) return no("a broadcast batch dim");
