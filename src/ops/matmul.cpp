@@ -132,6 +132,14 @@ MatmulLayout matmul_layout(const TypeList& in, const Attrs& a) {
   return l;
 }
 
+std::vector<int64_t> matmul_batch_strides(const std::vector<int64_t>& out_batch, const OperandView& v) {
+  const std::vector<int64_t> shape = v.logical.shape();
+  const size_t nb = shape.size() - 2;
+  std::vector<int64_t> st(out_batch.size(), 0);
+  for (size_t i = 0; i < nb; ++i) st[i + out_batch.size() - nb] = shape[i] == 1 ? 0 : v.strides[i];
+  return st;
+}
+
 std::vector<TensorType> infer_matmul(OpKind op, const TypeList& in, const Attrs& a) {
   switch (op) {
     case OpKind::kMatmul: {

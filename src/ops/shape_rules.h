@@ -93,6 +93,9 @@ struct MatmulLayout {
   std::vector<int64_t> out_perm;
 };
 MatmulLayout matmul_layout(const TypeList& in, const Attrs& a);
+// A matmul operand's (or output's) batch strides in elements per output batch dim `out_batch`:
+// its batch dims right-aligned, 0 where it has none or extent 1 (broadcast).
+std::vector<int64_t> matmul_batch_strides(const std::vector<int64_t>& out_batch, const OperandView& v);
 // matmul's `alpha` (1 when absent); kInvalidArgument when it is no finite float.
 double matmul_alpha(const Attrs& a);
 

@@ -12,6 +12,7 @@
 // Run it after the layout passes (to_channels_last, fold_attention_layout), which place the
 // permutes it looks through.
 #include "kiln/passes.h"
+#include "src/passes/pass_util.h"
 #include "src/passes/view_chain.h"
 
 namespace kiln {
@@ -20,10 +21,7 @@ bool collapse_view_chains(Graph& g) {
   bool changed = false;
   for (size_t pos = 0; pos < g.nodes().size(); ++pos) {
     const Node& n = *g.nodes()[pos];
-    if (n.op != OpKind::kPermute) continue;
-    bool fixed = true;
-    for (const Dim& d : g.type(n.outputs[0]).dims) fixed = fixed && d.is_static();
-    if (!fixed) continue;
+    if (n.op != OpKind::kPermute || !passes::all_static(g.type(n.outputs[0]))) continue;
     const passes::ValueView view = passes::strided_view_of(g, n.outputs[0]);
     if (view.base == n.outputs[0] || !view.whole_base(g)) continue;
     const std::string name = n.name;

@@ -45,8 +45,7 @@ bool small_and_static(const Graph& g, const Node& n) {
   for (ValueId out : n.outputs) {
     if (g.value(out).sized) return false;
     const TensorType& t = g.type(out);
-    for (const Dim& d : t.dims)
-      if (!d.is_static()) return false;
+    if (!passes::all_static(t)) return false;
     bytes += t.nbytes();
     out_numel = std::max(out_numel, t.numel());
   }

@@ -46,12 +46,9 @@ namespace kiln {
 
 namespace {
 
+using passes::all_static;
 using passes::Atom;
 using passes::AtomView;
-
-bool all_static(const TensorType& t) {
-  return std::all_of(t.dims.begin(), t.dims.end(), [](const Dim& d) { return d.is_static(); });
-}
 
 // A view whose two matrix dims are one atom each and that a GEMM reads (matrix_layout).
 bool gemm_readable(const AtomView& v) {

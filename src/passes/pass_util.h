@@ -84,6 +84,12 @@ struct NodeInserter {
   }
 };
 
+// Whether every dim of t is a number (no symbol): what passes that write sizes into attributes
+// or fold values need.
+inline bool all_static(const TensorType& t) {
+  return std::all_of(t.dims.begin(), t.dims.end(), [](const Dim& d) { return d.is_static(); });
+}
+
 // ---- permutes ----------------------------------------------------------------------------
 using Perm = std::vector<int64_t>;
 

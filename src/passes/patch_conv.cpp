@@ -20,6 +20,7 @@
 // Does not: rewrite 1-D / 3-D convs, overlapping or padded windows, grouped or channels-last
 // convs, or drop a remainder of H or W that the windows do not reach.
 #include "kiln/passes.h"
+#include "src/passes/pass_util.h"
 
 namespace kiln {
 
@@ -38,9 +39,7 @@ bool is_patch_conv(const Graph& g, const Node& n) {
     return false;
   const TensorType& x = g.type(n.inputs[0]);
   const TensorType& w = g.type(n.inputs[1]);
-  if (x.rank() != 4 || w.rank() != 4) return false;
-  for (const Dim& d : x.dims)
-    if (!d.is_static()) return false;
+  if (x.rank() != 4 || w.rank() != 4 || !passes::all_static(x)) return false;
   const std::vector<int64_t> kernel = {w.dims[2].extent, w.dims[3].extent};
   if (kernel[0] * kernel[1] == 1) return false;
   if (n.attrs.get_ints("stride", {1, 1}) != kernel || n.attrs.get_ints("padding", {0, 0}) != std::vector<int64_t>{0, 0} ||

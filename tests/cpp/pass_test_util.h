@@ -57,6 +57,12 @@ inline ValueId reshape(Graph& g, ValueId v, const Shape& shape) {
   return g.add_node1(OpKind::kReshape, {v}, a);
 }
 
+inline ValueId expand(Graph& g, ValueId v, const Shape& shape) {
+  Attrs a;
+  a.set("shape", shape);
+  return g.add_node1(OpKind::kExpand, {v}, a);
+}
+
 inline Attrs conv2d_attrs(int64_t stride, int64_t pad, int64_t groups) {
   Attrs a;
   a.set("stride", Shape{stride, stride});

@@ -772,12 +772,6 @@ TEST(Pipeline, BuilderFoldsFusesAndMatchesTheUnoptimizedGraph) {
 
 // ---- broadcast_expands ----------------------------------------------------------------------
 
-ValueId expanded(Graph& g, ValueId v, const Shape& shape) {
-  Attrs a;
-  a.set("shape", shape);
-  return g.add_node1(OpKind::kExpand, {v}, a);
-}
-
 // F.normalize's x / expand(norm): the division reads the [B, N, 1] norm broadcast; a sum of two
 // expands that broadcast against each other keeps its shape with neither; the results match.
 TEST(BroadcastExpands, PointwiseOpsReadTheExpandedValue) {
@@ -786,8 +780,8 @@ TEST(BroadcastExpands, PointwiseOpsReadTheExpandedValue) {
   const ValueId n = g.add_input("n", TensorType(DType::kF32, {2, 3, 1}));
   const ValueId a = g.add_input("a", TensorType(DType::kF32, {3, 1}));
   const ValueId b = g.add_input("b", TensorType(DType::kF32, {1, 4}));
-  g.mark_output(g.add_node1(OpKind::kDiv, {x, expanded(g, n, {2, 3, 4})}), "normalized");
-  g.mark_output(g.add_node1(OpKind::kAdd, {expanded(g, a, {3, 4}), expanded(g, b, {3, 4})}), "outer");
+  g.mark_output(g.add_node1(OpKind::kDiv, {x, expand(g, n, {2, 3, 4})}), "normalized");
+  g.mark_output(g.add_node1(OpKind::kAdd, {expand(g, a, {3, 4}), expand(g, b, {3, 4})}), "outer");
   const Graph f = pass_applied(g, broadcast_expands, 3, 1e-6f);
   EXPECT_EQ(count_ops(f, OpKind::kExpand), 0) << f.to_string();
 }
@@ -803,7 +797,7 @@ TEST(BroadcastExpands, GatherReadsItsExpandedIndexBroadcast) {
       g.add_constant("idx", TensorType(DType::kI64, {1, 4, 5}), values.data(), values.size() * 8, false);
   Attrs last;
   last.set("axis", int64_t{2});
-  g.mark_output(g.add_node1(OpKind::kGather, {x, expanded(g, idx, {6, 4, 5})}, last), "scores");
+  g.mark_output(g.add_node1(OpKind::kGather, {x, expand(g, idx, {6, 4, 5})}, last), "scores");
   const Graph f = pass_applied(g, broadcast_gather_indices, 4, 0.0f);
   EXPECT_EQ(count_ops(f, OpKind::kExpand), 0) << f.to_string();
   EXPECT_EQ(f.nodes().back()->attrs.get_ints("broadcast"), std::vector<int64_t>{0});
@@ -811,11 +805,11 @@ TEST(BroadcastExpands, GatherReadsItsExpandedIndexBroadcast) {
   Graph keep;
   const ValueId y = keep.add_input("y", TensorType(DType::kF32, {6, 4, 10}));
   const ValueId k = keep.add_constant("k", TensorType(DType::kI64, {1, 4, 5}), values.data(), values.size() * 8, false);
-  keep.mark_output(keep.add_node1(OpKind::kGather, {y, expanded(keep, k, {3, 4, 5})}, last), "fewer");
+  keep.mark_output(keep.add_node1(OpKind::kGather, {y, expand(keep, k, {3, 4, 5})}, last), "fewer");
   Attrs first;
   first.set("axis", int64_t{0});
   const ValueId z = keep.add_input("z", TensorType(DType::kF32, {10, 4, 5}));
-  keep.mark_output(keep.add_node1(OpKind::kGather, {z, expanded(keep, k, {6, 4, 5})}, first), "along_axis");
+  keep.mark_output(keep.add_node1(OpKind::kGather, {z, expand(keep, k, {6, 4, 5})}, first), "along_axis");
   EXPECT_FALSE(broadcast_gather_indices(keep)) << keep.to_string();
 }
 
@@ -826,10 +820,10 @@ TEST(BroadcastExpands, KeepsExpandsTheOutputNeeds) {
   Graph g;
   const ValueId y = g.add_input("y", TensorType(DType::kF32, {3, 1}));
   const ValueId z = g.add_input("z", TensorType(DType::kF32, {3, 1}));
-  g.mark_output(g.add_node1(OpKind::kRelu, {expanded(g, y, {3, 4})}), "relu");
-  const ValueId shown = expanded(g, z, {3, 4});
+  g.mark_output(g.add_node1(OpKind::kRelu, {expand(g, y, {3, 4})}), "relu");
+  const ValueId shown = expand(g, z, {3, 4});
   g.mark_output(shown, "shown");
-  g.mark_output(g.add_node1(OpKind::kMul, {shown, expanded(g, y, {3, 4})}), "both");
+  g.mark_output(g.add_node1(OpKind::kMul, {shown, expand(g, y, {3, 4})}), "both");
   Graph f = g;
   EXPECT_TRUE(broadcast_expands(f));  // the mul reads z itself; y's expand carries the shape
   f.verify();
@@ -842,6 +836,6 @@ TEST(BroadcastExpands, KeepsExpandsTheOutputNeeds) {
   expect_close(run_plain(f, in), run_plain(g, in), 1e-6f, 1e-6f);
   Graph lone;
   const ValueId w = lone.add_input("w", TensorType(DType::kF32, {3, 1}));
-  lone.mark_output(lone.add_node1(OpKind::kNeg, {expanded(lone, w, {3, 4})}), "neg");
+  lone.mark_output(lone.add_node1(OpKind::kNeg, {expand(lone, w, {3, 4})}), "neg");
   EXPECT_FALSE(broadcast_expands(lone));
 }

@@ -16,10 +16,6 @@ namespace {
 using namespace kiln;
 using namespace kiln::test;
 
-size_t count_op(const Graph& g, OpKind op) {
-  return size_t(std::count_if(g.nodes().begin(), g.nodes().end(), [&](const auto& n) { return n->op == op; }));
-}
-
 const Node& only(const Graph& g, OpKind op) {
   const Node* found = nullptr;
   for (const auto& n : g.nodes())
@@ -36,12 +32,6 @@ Attrs views(const Shape& a, const Shape& b) {
   if (!a.empty()) at.set("a_view", a);
   if (!b.empty()) at.set("b_view", b);
   return at;
-}
-
-ValueId expand(Graph& g, ValueId v, const Shape& shape) {
-  Attrs a;
-  a.set("shape", shape);
-  return g.add_node1(OpKind::kExpand, {v}, a);
 }
 
 TEST(MatmulViews, ShapeRuleReadsLogicalDimsFromTheViews) {
@@ -154,8 +144,8 @@ TEST(MatmulViews, PassReadsTransposedKeysAndHeadSplits) {
   ValueId scores = g.add_node1(OpKind::kMatmul, {heads(xq), kt});
   g.mark_output(scores, "scores");
   const Graph r = pass_applied(g, fold_matmul_views, 11, 1e-5f);
-  EXPECT_EQ(count_op(r, OpKind::kPermute), 0u);
-  EXPECT_EQ(count_op(r, OpKind::kDiv), 0u);
+  EXPECT_EQ(count_ops(r, OpKind::kPermute), 0);
+  EXPECT_EQ(count_ops(r, OpKind::kDiv), 0);
   const Node& mm = only(r, OpKind::kMatmul);
   EXPECT_DOUBLE_EQ(mm.attrs.get_float("alpha"), 0.125);
   EXPECT_EQ(mm.inputs[0], r.inputs()[0]);
@@ -177,8 +167,8 @@ TEST(MatmulViews, PassReadsAnExpandedTransposedTable) {
   ValueId y = g.add_node1(OpKind::kMatmul, {q, permute(g, keys, {0, 2, 1})});
   g.mark_output(y, "y");
   const Graph r = pass_applied(g, fold_matmul_views, 12, 1e-5f);
-  EXPECT_EQ(count_op(r, OpKind::kPermute), 0u);
-  EXPECT_EQ(count_op(r, OpKind::kExpand), 0u);
+  EXPECT_EQ(count_ops(r, OpKind::kPermute), 0);
+  EXPECT_EQ(count_ops(r, OpKind::kExpand), 0);
   const Node& mm = only(r, OpKind::kMatmul);
   EXPECT_EQ(mm.inputs[1], r.inputs()[1]);
   EXPECT_EQ(mm.attrs.get_ints("b_view"), (Shape{0, B, 0, H, P * D, D, 1, P, D}));
@@ -226,7 +216,7 @@ TEST(MatmulViews, PassWritesTheHeadMergeOrder) {
   g.mark_output(merged, "merged");
   g.mark_output(permute(g, g.add_node1(OpKind::kMatmul, {p, v}), {0, 1, 3, 2}), "transposed");
   const Graph r = pass_applied(g, fold_matmul_views, 13, 1e-5f);
-  EXPECT_EQ(count_op(r, OpKind::kPermute), 1u);  // the transposed output's
+  EXPECT_EQ(count_ops(r, OpKind::kPermute), 1);  // the transposed output's
   size_t placed = 0;
   for (const auto& n : r.nodes())
     if (n->op == OpKind::kMatmul && n->attrs.has("out_perm")) {

@@ -408,14 +408,12 @@ void from_f32_parallel(const float* src, DType t, void* dst, int64_t n) {
 
 namespace {
 
-// Offsets of the batch matrices (row-major over out_batch) of an operand whose batch dims
-// `batch` (right-aligned; size 1 broadcasts) step `strides` elements from `offset`.
-std::vector<int64_t> strided_batch_offsets(const std::vector<int64_t>& out_batch, const std::vector<int64_t>& batch,
-                                           const std::vector<int64_t>& strides, int64_t offset) {
+// Offsets of the batch matrices (row-major over out_batch) of an operand that steps `step`
+// elements per output batch dim (0 where it broadcasts) from `offset`.
+std::vector<int64_t> strided_batch_offsets(const std::vector<int64_t>& out_batch, const std::vector<int64_t>& step,
+                                           int64_t offset) {
   int64_t count = 1;
   for (int64_t e : out_batch) count *= e;
-  std::vector<int64_t> step(out_batch.size(), 0);
-  for (size_t i = 0; i < batch.size(); ++i) step[i + out_batch.size() - batch.size()] = batch[i] == 1 ? 0 : strides[i];
   std::vector<int64_t> offs(size_t(count), 0);
   std::vector<int64_t> idx(out_batch.size(), 0);
   for (int64_t b = 0; b < count; ++b) {
@@ -434,18 +432,20 @@ std::vector<int64_t> strided_batch_offsets(const std::vector<int64_t>& out_batch
 
 std::vector<int64_t> batch_offsets(const std::vector<int64_t>& out_batch, const std::vector<int64_t>& batch,
                                    int64_t matrix_size) {
-  std::vector<int64_t> strides(batch.size());
+  std::vector<int64_t> step(out_batch.size(), 0);
   int64_t s = matrix_size;
-  for (size_t i = batch.size(); i-- > 0;) strides[i] = s, s *= batch[i];
-  return strided_batch_offsets(out_batch, batch, strides, 0);
+  for (size_t i = batch.size(); i-- > 0;) {
+    step[i + out_batch.size() - batch.size()] = batch[i] == 1 ? 0 : s;
+    s *= batch[i];
+  }
+  return strided_batch_offsets(out_batch, step, 0);
 }
 
 StridedOperand strided_operand(const std::vector<int64_t>& out_batch, const OperandView& v) {
   const std::vector<int64_t> shape = v.logical.shape();
   const size_t r = shape.size();
   StridedOperand o;
-  o.offsets = strided_batch_offsets(out_batch, {shape.begin(), shape.end() - 2},
-                                    {v.strides.begin(), v.strides.end() - 2}, v.offset);
+  o.offsets = strided_batch_offsets(out_batch, matmul_batch_strides(out_batch, v), v.offset);
   o.rs = v.strides[r - 2], o.cs = v.strides[r - 1];
   return o;
 }

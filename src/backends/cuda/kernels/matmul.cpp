@@ -232,15 +232,6 @@ Problem linear_problem(const Node& n, const Graph& g, const BuildPolicy& policy,
   return p;
 }
 
-// A view's batch strides per output batch dim (right-aligned; 0 where it broadcasts).
-std::vector<int64_t> batch_strides(const std::vector<int64_t>& out_batch, const OperandView& v) {
-  const std::vector<int64_t> shape = v.logical.shape();
-  const size_t nb = shape.size() - 2;
-  std::vector<int64_t> st(out_batch.size(), 0);
-  for (size_t i = 0; i < nb; ++i) st[i + out_batch.size() - nb] = shape[i] == 1 ? 0 : v.strides[i];
-  return st;
-}
-
 MatmulLayout layout_of(const Node& n, const Graph& g) {
   return matmul_layout({&g.type(n.inputs[0]), &g.type(n.inputs[1])}, n.attrs);
 }
@@ -269,9 +260,9 @@ Problem matmul_problem(const Node& n, const Graph& g, const BuildPolicy& policy)
   Problem p;
   p.a_in = 1, p.b_in = 0;
   p.out_batch.assign(ys.begin(), ys.end() - 2);
-  p.batch_strides[0] = batch_strides(p.out_batch, v.b);
-  p.batch_strides[1] = batch_strides(p.out_batch, v.a);
-  p.batch_strides[2] = batch_strides(p.out_batch, v.y);
+  p.batch_strides[0] = matmul_batch_strides(p.out_batch, v.b);
+  p.batch_strides[1] = matmul_batch_strides(p.out_batch, v.a);
+  p.batch_strides[2] = matmul_batch_strides(p.out_batch, v.y);
   p.view_offset[0] = v.b.offset, p.view_offset[1] = v.a.offset;
   p.batches = plan_strided_batches(p.out_batch, {p.batch_strides[0], p.batch_strides[1], p.batch_strides[2]});
   for (size_t t = 0; t < 2; ++t)
