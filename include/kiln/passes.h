@@ -99,6 +99,10 @@ bool additive_attention_masks(Graph& g);
 // axis by an index_select of that tensor (times a constant sign): RoPE's rotate_half becomes a
 // gathered leaf of the rotary kernel. Run it before the fold_constants ahead of fuse_pointwise.
 bool gather_concats(Graph& g);
+// Makes a reduce_sum / reduce_mean whose input is mul(x, x), read by nothing else, reduce x
+// with {square: true}: the squares are formed as the reduction loads x (RMSNorm, L2 norms).
+// Run it before fuse_pointwise.
+bool square_into_reductions(Graph& g);
 // Groups chains of pointwise ops into fused_pointwise nodes with a body graph.
 bool fuse_pointwise(Graph& g);
 // Runs the graph in `compute` (f16 or bf16): every f32 value inside it becomes `compute`, f32

@@ -85,6 +85,7 @@ Graph Builder::optimize(const Graph& network, std::ostream& log, std::shared_ptr
   run("gather_concats", &gather_concats);
   run("fold_constants", &fold_constants);
   run("broadcast_expands", &broadcast_expands);
+  run("square_into_reductions", &square_into_reductions);
   if (config_.fuse_pointwise) run("fuse_pointwise", &fuse_pointwise);
   run("eliminate_dead_code", &eliminate_dead_code);
   if (recorder) {

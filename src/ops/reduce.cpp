@@ -2,8 +2,10 @@
 //
 // reduce_sum / _mean / _max / _min / _var (x) {axes: ints (empty = all), keepdim: bool}: the
 // reduced dims are dropped (or kept as 1 with keepdim). Axes are non-negative, in range and
-// distinct. reduce_var also takes {correction: float} (default 1, Bessel's). argmax (x)
-// {axis: int, keepdim: bool} gives i64 indices.
+// distinct. reduce_var also takes {correction: float} (default 1, Bessel's). reduce_sum and
+// reduce_mean of a floating x take {square: bool} (default false): they reduce x * x, each square
+// formed in the accumulator's precision (RMSNorm's mean of squares, an L2 norm's sum, read in one
+// pass). argmax (x) {axis: int, keepdim: bool} gives i64 indices.
 //
 // Dtypes: sum, max and min take floating or integer tensors (max / min also bool: any / all);
 // mean and var floating only (PyTorch refuses integer means); argmax any dtype. The output
@@ -57,6 +59,10 @@ std::vector<TensorType> infer_reduce(OpKind op, const TypeList& in, const Attrs&
     if (axes.empty()) std::fill(reduced.begin(), reduced.end(), 1);
   }
   if (op == OpKind::kReduceVar) pw::read_attrs(op, [&] { return a.get_float("correction", 1.0); });
+  if (pw::read_attrs(op, [&] { return a.get_bool("square", false); }))
+    KILN_CHECK((op == OpKind::kReduceSum || op == OpKind::kReduceMean) && is_floating(x.dtype), kInvalidArgument,
+               op_name(op), ": 'square' is taken by reduce_sum and reduce_mean of a floating x, not by ", op_name(op),
+               " of ", x.to_string());
 
   const DType dt = x.dtype;
   switch (op) {

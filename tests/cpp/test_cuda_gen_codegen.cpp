@@ -66,6 +66,10 @@ TEST(CudaGenCodegen, Reduce) {
           Attrs a = attrs({{"axes", ax}, {"keepdim", keep}});
           if (op == OpKind::kReduceVar) a.set("correction", 1.0);
           check(gen::generate_reduce, one_node(op, {tt(dt, {3, 4, 5})}, a));
+          if (op != OpKind::kReduceSum && op != OpKind::kReduceMean) continue;
+          a.set("square", true);  // a sum / mean of squares, in rows and columns
+          EXPECT_NE(check(gen::generate_reduce, one_node(op, {tt(dt, {3, 4, 5})}, a)).find(" of squares "),
+                    std::string::npos);
         }
   // Integers (sum, max, min) and bool (max / min).
   for (DType dt : {DType::kI64, DType::kI32, DType::kI8, DType::kU8})

@@ -198,6 +198,13 @@ TEST(CudaSplitReduce, SplitKernelsCompile) {
       check_split(gen::generate_reduce, one_node(op, {tt(dt, {64, 2, 4096})}, reduce_attrs({0, 2}, var)));
       check_split(gen::generate_reduce, one_node(op, {tt(dt, {4096, 2, 7})}, reduce_attrs({0, 2}, var)));
     }
+    // Sums and means of squares (reduce {square}) in the split form.
+    for (OpKind op : {OpKind::kReduceSum, OpKind::kReduceMean}) {
+      Attrs sq = reduce_attrs({0});
+      sq.set("square", true);
+      const std::string got = check_split(gen::generate_reduce, one_node(op, {tt(dt, {1 << 20})}, sq));
+      EXPECT_NE(got.find(" of squares "), std::string::npos) << got;
+    }
     for (OpKind op : {OpKind::kSoftmax, OpKind::kLogSoftmax}) {
       check_split(gen::generate_softmax, one_node(op, {tt(dt, {1, 50257})}, attrs({{"axis", int64_t(1)}})));
       check_split(gen::generate_softmax, one_node(op, {tt(dt, {4, 100000})}, attrs({{"axis", int64_t(1)}})));
@@ -230,7 +237,7 @@ TEST(CudaSplitReduce, ShapesThatDoNotSplitKeepTheirKernels) {
   // Fingerprints of these shapes' generated source and plan (first taken before the split
   // existed; group_norm's and the long rows' since channels-last group_norm shares their source;
   // the reductions' since reduce_common.cuh has the lane-group combination and the rows kernel
-  // its lanes per output).
+  // its lanes per output, and again since the load squares on request).
   struct Pinned {
     const char* what;
     Generator fn;
@@ -267,13 +274,13 @@ TEST(CudaSplitReduce, ShapesThatDoNotSplitKeepTheirKernels) {
                 attrs({{"eps", 1e-5}})),
        0xecb38bf3352139caull},
       {"reduce_mean f16 [8,4096] axis 1", gen::generate_reduce,
-       one_node(OpKind::kReduceMean, {tt(DType::kF16, {8, 4096})}, reduce_attrs({1})), 0x4ee578748c93efcbull},
+       one_node(OpKind::kReduceMean, {tt(DType::kF16, {8, 4096})}, reduce_attrs({1})), 0x67f6511564344171ull},
       {"reduce_sum f32 [3,4,5] axis 1", gen::generate_reduce,
-       one_node(OpKind::kReduceSum, {tt(DType::kF32, {3, 4, 5})}, reduce_attrs({1})), 0xeb81fecb75125711ull},
+       one_node(OpKind::kReduceSum, {tt(DType::kF32, {3, 4, 5})}, reduce_attrs({1})), 0xa7ccfc0208b1645dull},
       {"reduce_var f32 [300,10000] axis 1 (many long rows)", gen::generate_reduce,
-       one_node(OpKind::kReduceVar, {tt(DType::kF32, {300, 10000})}, reduce_attrs({1}, true)), 0xdd7a12f9c21848e6ull},
+       one_node(OpKind::kReduceVar, {tt(DType::kF32, {300, 10000})}, reduce_attrs({1}, true)), 0x4b33a1771f23b3d4ull},
       {"reduce_mean f16 [1,784,72] axis 1 (columns)", gen::generate_reduce,
-       one_node(OpKind::kReduceMean, {tt(DType::kF16, {1, 784, 72})}, reduce_attrs({1})), 0xba0e26b2a1feb3faull},
+       one_node(OpKind::kReduceMean, {tt(DType::kF16, {1, 784, 72})}, reduce_attrs({1})), 0x8a5dbea09c1568c4ull},
       {"softmax f16 [64,512]", gen::generate_softmax,
        one_node(OpKind::kSoftmax, {tt(DType::kF16, {64, 512})}, attrs({{"axis", int64_t(1)}})), 0x712573a1d0f1c681ull},
       {"softmax f32 [2,4096] (few rows, in registers)", gen::generate_softmax,

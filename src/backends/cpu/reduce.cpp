@@ -73,7 +73,8 @@ struct Acc {
 };
 
 // Reduces x (dtype D) with accumulator A. `mode`: 0 plain, 1 mean, 2 variance (sum pass then
-// squared-deviation pass, divided by count - correction).
+// squared-deviation pass, divided by count - correction). `square`: each element is squared
+// in A as it is loaded (a sum or mean of squares).
 template <DType D, Red R, typename A>
 struct Reducer {
   using S = typename pw::Elem<D>::S;
@@ -82,12 +83,16 @@ struct Reducer {
   std::shared_ptr<const Layout> layout;
   int mode = 0;
   double correction = 0;
+  bool square = false;
 
-  static A load(S s) { return static_cast<A>(pw::Elem<D>::load(s)); }
+  A load(S s) const {
+    const A v = static_cast<A>(pw::Elem<D>::load(s));
+    return square ? v * v : v;
+  }
 
   // Folds a contiguous run into acc, applying f to each element; lanes let it vectorize.
   template <typename F>
-  static A run(const S* p, int64_t n, A acc, F f) {
+  A run(const S* p, int64_t n, A acc, F f) const {
     if constexpr (R != Red::kSum && std::is_same_v<S, A> && std::is_floating_point_v<A>)  // f: identity
       return Ac::add(acc, R == Red::kMax ? pw::max_array(p, n) : pw::min_array(p, n));
     constexpr int kLanes = 8;
@@ -167,12 +172,12 @@ struct Reducer {
 };
 
 template <DType D>
-KernelFn make_typed(OpKind op, std::shared_ptr<const Layout> L, double correction) {
+KernelFn make_typed(OpKind op, std::shared_ptr<const Layout> L, double correction, bool square) {
   using C = typename pw::Elem<D>::C;
   using Sum = std::conditional_t<std::is_floating_point_v<C>, double, uint64_t>;  // integers wrap
   switch (op) {
-    case OpKind::kReduceSum: return Reducer<D, Red::kSum, Sum>{L, 0, 0}.fn();
-    case OpKind::kReduceMean: return Reducer<D, Red::kSum, double>{L, 1, 0}.fn();
+    case OpKind::kReduceSum: return Reducer<D, Red::kSum, Sum>{L, 0, 0, square}.fn();
+    case OpKind::kReduceMean: return Reducer<D, Red::kSum, double>{L, 1, 0, square}.fn();
     case OpKind::kReduceVar: return Reducer<D, Red::kSum, double>{L, 2, correction}.fn();
     case OpKind::kReduceMax: return Reducer<D, Red::kMax, C>{L, 0, 0}.fn();
     case OpKind::kReduceMin: return Reducer<D, Red::kMin, C>{L, 0, 0}.fn();
@@ -241,6 +246,7 @@ std::unique_ptr<Kernel> make_reduce_kernel(const Node& n, const Graph& g) {
   std::vector<char> reduced(shape.size(), axes.empty() ? 1 : 0);
   for (int64_t a : axes) reduced[size_t(a)] = 1;
   const double correction = n.attrs.get_float("correction", 1.0);
+  const bool square = n.attrs.get_bool("square", false);
 
   int64_t count = 1;
   for (size_t d = 0; d < shape.size(); ++d) count *= reduced[d] ? shape[d] : 1;
@@ -258,8 +264,10 @@ std::unique_ptr<Kernel> make_reduce_kernel(const Node& n, const Graph& g) {
   auto layout = std::make_shared<const Layout>(collapse_reduction(shape, reduced));
   KILN_CHECK(layout->kept_shape.size() <= 16 && layout->red_shape.size() <= 16, kUnsupported, op_name(n.op),
              ": more than 16 alternating reduced and kept dims");
-  KernelFn fn = pw::visit_dtype(xt.dtype, [&](auto t) { return make_typed<decltype(t)::value>(n.op, layout, correction); });
-  return make_fn_kernel(std::move(fn), desc + (layout->inner_reduced ? " (inner runs of " : " (rows of ") +
+  KernelFn fn = pw::visit_dtype(
+      xt.dtype, [&](auto t) { return make_typed<decltype(t)::value>(n.op, layout, correction, square); });
+  return make_fn_kernel(std::move(fn), desc + (square ? " of squares" : "") +
+                                           (layout->inner_reduced ? " (inner runs of " : " (rows of ") +
                                            std::to_string(layout->inner) + ")");
 }
 

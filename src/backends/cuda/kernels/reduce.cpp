@@ -23,7 +23,8 @@
 // bits, wrapping like the CPU; max / min propagate NaN; reduce_var is two-pass (mean, then
 // squared deviations), as on the CPU (reduce_common.cuh: the accumulator). argmax keeps the
 // first index of the largest value, a NaN counting as largest (reduce_argmax.cuh). An empty
-// reduction writes sum 0, mean / var NaN.
+// reduction writes sum 0, mean / var NaN. A sum or mean {square} squares each element as it
+// loads it (KG_SQUARE).
 #include <cmath>
 #include <limits>
 
@@ -58,12 +59,12 @@ std::vector<char> reduced_dims(const Node& n, size_t rank) {
 
 // reduce_common.cuh's parameters (x's compute type, the accumulator's combine, the dims of Side
 // in use) and the kernels' mode: 0 the combination, 1 the mean, 2 the variance.
-std::string common_defs(OpKind op, DType dt, const Layout& L, int mode) {
+std::string common_defs(OpKind op, DType dt, const Layout& L, int mode, bool square) {
   const bool flt = is_floating(dt);
   const int combine = op == OpKind::kReduceMax ? 1 : op == OpKind::kReduceMin ? 2 : 0;
   return define("KG_COMPUTE", compute_of(dt)) + define("KG_FLOATING", flt) + define("KG_COMBINE", combine) +
          define("KG_INT_SUM", !flt && op == OpKind::kReduceSum) + define("KG_KEPT_DIMS", int64_t(L.kept_shape.size())) +
-         define("KG_RED_DIMS", int64_t(L.red_shape.size())) + define("KG_MODE", mode);
+         define("KG_RED_DIMS", int64_t(L.red_shape.size())) + define("KG_MODE", mode) + define("KG_SQUARE", square);
 }
 
 // Elements of `dt` in a 16-byte word when every run of the layout (the innermost one, and each
@@ -147,9 +148,10 @@ Generated generate_reduce(const Node& n, const Graph& g, const Target& t) {
   const std::vector<char> reduced = reduced_dims(n, shape.size());
   const double correction = n.attrs.get_float("correction", 1.0);
   const int mode = n.op == OpKind::kReduceMean ? 1 : n.op == OpKind::kReduceVar ? 2 : 0;
+  const bool square = n.attrs.get_bool("square", false);
 
   Generated gn;
-  const std::string desc = std::string("cuda ") + op_name(n.op) + " " + xt.to_string();
+  const std::string desc = std::string("cuda ") + op_name(n.op) + (square ? " of squares " : " ") + xt.to_string();
   if (yt.numel() == 0) {
     gn.plan.describe = desc + " (empty)";
     return gn;
@@ -168,7 +170,7 @@ Generated generate_reduce(const Node& n, const Graph& g, const Target& t) {
   for (size_t k = 0; k < L.kept_shape.size(); ++k) side.kext[k] = L.kept_shape[k], side.kst[k] = L.kept_stride[k];
   for (size_t k = 0; k < L.red_shape.size(); ++k) side.rext[k] = L.red_shape[k], side.rst[k] = L.red_stride[k];
 
-  gn.source = source_head() + type_defs("x", dt) + common_defs(n.op, dt, L, mode) +
+  gn.source = source_head() + type_defs("x", dt) + common_defs(n.op, dt, L, mode, square) +
               std::string(embedded_source("reduce_common.cuh"));
   // Few long rows, split across blocks (plan.h's split_rows); a chunk's result is one A (f32 for
   // f32 / f16 / bf16, else 8 bytes), two for a variance.

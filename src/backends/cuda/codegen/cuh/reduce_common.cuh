@@ -5,7 +5,8 @@
 // Expects T_x, ld_x and st_x, and KG_COMPUTE (x's compute type), KG_FLOATING (x is floating),
 // KG_COMBINE (0: a + b, 1: max, 2: min; NaN propagates), KG_INT_SUM (an integer sum: it
 // accumulates in unsigned long long, wrapping like the CPU, and stores through long long), and
-// KG_KEPT_DIMS and KG_RED_DIMS (the dims of Side in use, up to 4 each).
+// KG_KEPT_DIMS and KG_RED_DIMS (the dims of Side in use, up to 4 each), and KG_SQUARE (each
+// element squared in A as it is loaded: a sum or mean of squares).
 struct Side {
   long long kext[4];
   long long kst[4];
@@ -42,6 +43,9 @@ __device__ __forceinline__ A kg_comb(A a, A b) {
 __device__ __forceinline__ A kg_ld(T_x v) {
 #if KG_INT_SUM
   return (unsigned long long)ld_x(v);
+#elif KG_SQUARE
+  const A a = ld_x(v);
+  return a * a;
 #else
   return ld_x(v);
 #endif
