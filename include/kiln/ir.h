@@ -209,9 +209,11 @@ class Graph {
   void set_output(size_t i, ValueId v);
   // Drop values with no producer and no use (except inputs), renumber densely. Invalidates ValueIds.
   void compact();
-  // Replace a node's body / add a node whose outputs are given explicitly (fusion).
-  std::vector<ValueId> insert_fused(size_t pos, const std::vector<ValueId>& inputs,
-                                    std::shared_ptr<Graph> body, const std::string& name = "");
+  // Replace a node's body / add a node whose outputs are given explicitly (fusion). Body input i
+  // has node input i's type, or the sizes of the node's attribute "view<i>" (a strided view of
+  // that input, src/ops/shape_rules.h input_view) where it has one.
+  std::vector<ValueId> insert_fused(size_t pos, const std::vector<ValueId>& inputs, std::shared_ptr<Graph> body,
+                                    const std::string& name = "", const Attrs& attrs = {});
 
   // Throws kInternal naming the first broken invariant: topological order, ids in range,
   // every node's output types equal to its shape rule's, outputs present, unique names.

@@ -105,6 +105,11 @@ bool gather_concats(Graph& g);
 bool square_into_reductions(Graph& g);
 // Groups chains of pointwise ops into fused_pointwise nodes with a body graph.
 bool fuse_pointwise(Graph& g);
+// Lets each fused_pointwise node (a single pointwise op becoming one) and each concat read an
+// input that a chain of permute / slice / split / expand / reshape nodes made as a strided view
+// of the value the chain starts from ("view<i>"), its innermost dim contiguous, so the chain
+// copies nothing (input_views.cpp). Static shapes. Run it after fuse_pointwise.
+bool fold_input_views(Graph& g);
 // Runs the graph in `compute` (f16 or bf16): every f32 value inside it becomes `compute`, f32
 // graph inputs / outputs keep their type behind cast nodes, f32 constants are read through a
 // cast (fold_constants then stores them narrow), dtype attributes saying f32 say `compute`.

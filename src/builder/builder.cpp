@@ -86,7 +86,10 @@ Graph Builder::optimize(const Graph& network, std::ostream& log, std::shared_ptr
   run("fold_constants", &fold_constants);
   run("broadcast_expands", &broadcast_expands);
   run("square_into_reductions", &square_into_reductions);
-  if (config_.fuse_pointwise) run("fuse_pointwise", &fuse_pointwise);
+  if (config_.fuse_pointwise) {
+    run("fuse_pointwise", &fuse_pointwise);
+    run("fold_input_views", &fold_input_views);
+  }
   run("eliminate_dead_code", &eliminate_dead_code);
   if (recorder) {
     *refit_program = std::make_shared<const Graph>(recorder->finish(g));

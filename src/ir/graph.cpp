@@ -6,8 +6,25 @@
 
 #include "kiln/errors.h"
 #include "kiln/ir.h"
+#include "src/ops/shape_rules.h"
 
 namespace kiln {
+
+namespace {
+
+// Body input i of a fused node has the type its node input is read in: the input's own, or the
+// sizes of the node's view of it. kInternal naming the input otherwise.
+void check_fused_inputs(const Graph& body, const std::vector<const TensorType*>& inputs, const Attrs& attrs) {
+  KILN_CHECK(body.inputs().size() == inputs.size(), kInternal, "fused body has ", body.inputs().size(),
+             " inputs, node has ", inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const TensorType& read = input_view(OpKind::kFusedPointwise, attrs, i, *inputs[i]).logical;
+    KILN_CHECK(body.type(body.inputs()[i]) == read, kInternal, "fused body input ", i, " is ",
+               body.type(body.inputs()[i]).to_string(), ", the node reads ", read.to_string());
+  }
+}
+
+}  // namespace
 
 Graph::Graph(const Graph& other) { *this = other; }
 
@@ -107,16 +124,15 @@ std::vector<ValueId> Graph::insert_node(size_t pos, OpKind op, const std::vector
 }
 
 std::vector<ValueId> Graph::insert_fused(size_t pos, const std::vector<ValueId>& inputs, std::shared_ptr<Graph> body,
-                                         const std::string& name) {
+                                         const std::string& name, const Attrs& attrs) {
   KILN_CHECK(body != nullptr, kInternal, "fused node without a body");
-  KILN_CHECK(body->inputs().size() == inputs.size(), kInternal, "fused body has ", body->inputs().size(),
-             " inputs, node has ", inputs.size());
-  for (size_t i = 0; i < inputs.size(); ++i)
-    KILN_CHECK(body->type(body->inputs()[i]) == type(inputs[i]), kInternal, "fused body input ", i,
-               " type differs from the node's");
+  std::vector<const TensorType*> in_types;
+  for (ValueId v : inputs) in_types.push_back(&type(v));
+  check_fused_inputs(*body, in_types, attrs);
   auto node = std::make_unique<Node>();
   node->op = OpKind::kFusedPointwise;
   node->inputs = inputs;
+  node->attrs = attrs;
   node->name = name;
   for (size_t i = 0; i < body->outputs().size(); ++i) {
     ValueId id = new_value(body->type(body->outputs()[i]));
@@ -274,6 +290,12 @@ void Graph::verify() const {
     if (n.op == OpKind::kFusedPointwise) {
       KILN_CHECK(n.body != nullptr, kInternal, "verify: fused node ", i, " has no body");
       n.body->verify();
+      std::vector<const TensorType*> in_types;
+      for (ValueId in : n.inputs) {
+        KILN_CHECK(in != kNoValue, kInternal, "verify: fused node ", i, " has an absent input");
+        in_types.push_back(&values_[in].type);
+      }
+      check_fused_inputs(*n.body, in_types, n.attrs);
       for (ValueId o : n.body->outputs()) expect.push_back(n.body->type(o));
     } else {
       std::vector<const TensorType*> in_types;

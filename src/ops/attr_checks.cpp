@@ -85,6 +85,19 @@ OperandView parse_operand_view(OpKind op, const Attrs& a, const char* key, const
   return v;
 }
 
+std::string input_view_key(size_t i) { return "view" + std::to_string(i); }
+
+bool reads_input_views(OpKind op) { return op == OpKind::kFusedPointwise || op == OpKind::kConcat; }
+
+OperandView input_view(OpKind op, const Attrs& a, size_t i, const TensorType& buffer) {
+  const std::string key = input_view_key(i);
+  if (!a.has(key)) return dense_view(buffer);
+  KILN_CHECK(reads_input_views(op), kInvalidArgument, op_name(op), ": attribute '", key, "' (a view of input ", i,
+             ") is taken by fused_pointwise and concat only");
+  const std::string operand = "input " + std::to_string(i);
+  return parse_operand_view(op, a, key.c_str(), operand.c_str(), buffer, 0);
+}
+
 std::vector<int64_t> out_perm_attr(OpKind op, const Attrs& a, int64_t rank, const char* last) {
   std::vector<int64_t> perm(static_cast<size_t>(rank));
   for (int64_t i = 0; i < rank; ++i) perm[size_t(i)] = i;

@@ -113,6 +113,11 @@ std::vector<Dim> broadcast_dims(OpKind op, const TensorType& a, const TensorType
 }
 
 BroadcastPlan plan_broadcast(const std::vector<int64_t>& out, const std::vector<std::vector<int64_t>>& operands) {
+  return plan_broadcast(out, operands, {});
+}
+
+BroadcastPlan plan_broadcast(const std::vector<int64_t>& out, const std::vector<std::vector<int64_t>>& operands,
+                             const std::vector<std::vector<int64_t>>& strides) {
   const size_t r = out.size(), ops = operands.size();
   KILN_CHECK(ops <= 16, kUnsupported, "pointwise broadcast of ", ops, " operands (at most 16)");
   // Element strides of each operand along each output dim (0 where it broadcasts).
@@ -120,12 +125,15 @@ BroadcastPlan plan_broadcast(const std::vector<int64_t>& out, const std::vector<
   for (size_t k = 0; k < ops; ++k) {
     const auto& s = operands[k];
     KILN_CHECK(s.size() <= r, kInternal, "operand of rank ", s.size(), " broadcast to rank ", r);
+    const bool given = k < strides.size() && !strides[k].empty();
+    KILN_CHECK(!given || strides[k].size() == s.size(), kInternal, "operand of rank ", s.size(), " with ",
+               strides[k].size(), " strides");
     int64_t stride = 1;
     for (size_t j = s.size(); j-- > 0;) {
       const size_t d = j + (r - s.size());
       KILN_CHECK(s[j] == out[d] || s[j] == 1, kInternal, "operand dim ", j, " (", s[j], ") does not broadcast to ",
                  out[d]);
-      full[k][d] = s[j] == 1 ? 0 : stride;
+      full[k][d] = s[j] == 1 ? 0 : given ? strides[k][j] : stride;
       stride *= s[j];
     }
   }

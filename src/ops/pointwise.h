@@ -416,6 +416,10 @@ struct BroadcastPlan {
   void for_each_run(int64_t begin, int64_t end, F&& fn) const;
 };
 BroadcastPlan plan_broadcast(const std::vector<int64_t>& out, const std::vector<std::vector<int64_t>>& operands);
+// The same with operands read through element strides per dim (`strides[k]`, one per dim of
+// operands[k]: a strided view; empty: row-major).
+BroadcastPlan plan_broadcast(const std::vector<int64_t>& out, const std::vector<std::vector<int64_t>>& operands,
+                             const std::vector<std::vector<int64_t>>& strides);
 
 template <typename F>
 void BroadcastPlan::for_each_run(int64_t begin, int64_t end, F&& fn) const {

@@ -74,7 +74,15 @@ std::vector<TensorType> infer_types(OpKind op, const std::vector<const TensorTyp
              " inputs, got ", n);
   for (int i = 0; i < info.min_inputs; ++i)
     KILN_CHECK(inputs[i] != nullptr, kInvalidArgument, info.name, ": input ", i, " is required");
-  std::vector<TensorType> out = info.shape_rule(op, inputs, attrs);
+  // An input read through a view ("view<i>") is seen in the view's type.
+  std::vector<TensorType> viewed(inputs.size());
+  std::vector<const TensorType*> seen = inputs;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (inputs[i] != nullptr && attrs.has(input_view_key(i))) {
+      viewed[i] = input_view(op, attrs, i, *inputs[i]).logical;
+      seen[i] = &viewed[i];
+    }
+  std::vector<TensorType> out = info.shape_rule(op, seen, attrs);
   // Every later size computation (numel, nbytes, strides) multiplies extents unchecked, so an
   // output the attributes make too large to address stops here.
   for (const TensorType& t : out) {

@@ -77,6 +77,15 @@ OperandView dense_view(const TensorType& t);
 OperandView parse_operand_view(OpKind op, const Attrs& a, const char* key, const char* operand, const TensorType& t,
                                size_t min_rank);
 
+// How a node reads its input i, whose type is `buffer`: through its attribute "view<i>"
+// (input_view_key; the format above, sizes of any rank), else whole and row-major. A view
+// stands for a permute / slice / expand chain in front of the input (fold_input_views): the op
+// sees the view's logical type. fused_pointwise and concat take views (reads_input_views);
+// infer_types refuses them on other ops. Errors as parse_operand_view's.
+OperandView input_view(OpKind op, const Attrs& a, size_t i, const TensorType& buffer);
+std::string input_view_key(size_t i);
+bool reads_input_views(OpKind op);
+
 // An op's optional out_perm (sdpa, matmul): its output tensor is permute(logical output,
 // out_perm), dense in that order. The identity when absent; kInvalidArgument unless a
 // permutation of the `rank` dims that keeps the last one (`last`, for the message) last.

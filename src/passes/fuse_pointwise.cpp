@@ -16,8 +16,9 @@
 // kernel recomputes those few ops for every element, which costs less than a launch of their own.
 //
 // The fused node's contract (what the fused kernels rely on):
-//   - body inputs map one to one to the node's inputs, with the same types; body outputs map one
-//     to one to the node's outputs;
+//   - body inputs map one to one to the node's inputs, with the same types (or, once
+//     fold_input_views gave the node a view of an input, "view<i>", the view's type); body
+//     outputs map one to one to the node's outputs;
 //   - body nodes are only unary / binary / where / cast, and index_select nodes whose data and
 //     index are both body inputs (the index a constant 1-D integer tensor of the graph: a
 //     gathered leaf, read element by element from the data at the kernel's own positions),

@@ -234,10 +234,10 @@ Graph rebuild(ByteReader& r, const std::vector<StoredValue>& vals, const std::ve
           }
         }
         size_t pos = counter.before(k);
-        std::vector<ValueId> made = sn.op == OpKind::kFusedPointwise ? g.insert_fused(pos, in, sn.body, sn.name)
-                                                                     : g.insert_node(pos, sn.op, in, sn.attrs, sn.name);
+        std::vector<ValueId> made = sn.op == OpKind::kFusedPointwise
+                                        ? g.insert_fused(pos, in, sn.body, sn.name, sn.attrs)
+                                        : g.insert_node(pos, sn.op, in, sn.attrs, sn.name);
         Node* node = g.nodes()[pos].get();
-        if (sn.op == OpKind::kFusedPointwise) node->attrs = sn.attrs;
         counter.mark(k);
         if (made.size() != sn.outputs.size())
           r.fail_corrupted(detail::concat("node ", k, " (", op_name(sn.op), ") makes ", made.size(),

@@ -247,6 +247,15 @@ TEST(CudaGenCodegen, Shape) {
                                                                  tt(DType::kF16, {4, 2})},
                                                 attrs({{"axis", int64_t(1)}}))),
             "cuda concat 2 parts in 1 launch(es) of 2-byte words");
+  // A part read through a view (GPT-NeoX's passing half of q, [b, h, s, 48] of a [b, s, h * 192]
+  // projection) is a strided copy of its own; the parts on either side of it are two launches.
+  const std::string viewed = check(
+      gen::generate_shape,
+      one_node(OpKind::kConcat,
+               {tt(DType::kF16, {1, 12, 128, 16}), tt(DType::kF16, {1, 128, 2304}), tt(DType::kF16, {1, 12, 128, 8})},
+               attrs({{"axis", int64_t(3)}, {"view1", Shape{16, 1, 0, 12, 192, 128, 2304, 48, 1}}})));
+  EXPECT_EQ(viewed,
+            "cuda concat 2 parts in 2 launch(es) of 16-byte words, a part by copy of 16-byte words over 3 dims");
   const std::string flat = check(gen::generate_shape, one_node(OpKind::kCopy, {tt(DType::kF32, {1000, 8})}, {}));
   EXPECT_NE(flat.find("16-byte words over 1 dims"), std::string::npos) << flat;
   // A pad walks its padded dims and each run of unpadded ones merged into one dim, with 32-bit

@@ -17,6 +17,7 @@
 #include "src/backends/cuda/codegen/nvrtc.h"
 #include "src/backends/cuda/codegen/pointwise_program.h"
 #include "src/backends/cuda/kernels.h"
+#include "src/ops/shape_rules.h"
 
 using namespace kiln;
 namespace pwg = kiln::cuda::pwgen;
@@ -331,6 +332,39 @@ TEST(CudaPointwiseCodegen, GatherOfAlignedIndexRunsIsVectorized) {
     ASSERT_EQ(gen.program.gathers.size(), 1u);
     EXPECT_EQ(gen.program.gathers[0].inner, 1);
     EXPECT_EQ(gen.layout.vec, shift == 32 ? 8 : 1) << shift;
+  }
+}
+
+// RoPE reading its head-split input through a view (fold_input_views): q = [b, h, s, d] of a
+// [b, s, h * 3d] projection, read by the multiply and by rotate_half's gather. The view's strides
+// index the input and map the gather's positions; the view's offset moves the input's pointer.
+// Whole vectors of d stay consecutive in the projection, so the kernel loads 16 bytes; an odd
+// row stride leaves it element by element.
+TEST(CudaPointwiseCodegen, ViewedInputsAndGatheredDataCompile) {
+  for (const int64_t row : {3 * 4 * 64, 3 * 4 * 64 + 1}) {
+    const TensorType qt(DType::kF16, {2, 4, 5, 64}), it(DType::kI64, {64}), ct(DType::kF16, {5, 64});
+    auto body = std::make_shared<Graph>();
+    const ValueId q = body->add_input("q", qt), i = body->add_input("i", it), c = body->add_input("c", ct);
+    Attrs a;
+    a.set("axis", int64_t(3));
+    const ValueId rot = body->add_node1(OpKind::kIndexSelect, {q, i}, a);
+    body->mark_output(body->add_node1(OpKind::kAdd, {body->add_node1(OpKind::kMul, {q, c}), rot}), "y");
+    Built b;
+    std::vector<int64_t> idx(64);
+    for (int64_t k = 0; k < 64; ++k) idx[size_t(k)] = (k + 32) % 64;
+    const ValueId proj = b.g.add_input("proj", TensorType(DType::kF16, {2, 5, row}));
+    const std::vector<ValueId> ins{proj, b.g.add_constant("", it, idx.data(), 64 * 8), b.g.add_input("c", ct)};
+    Attrs view;
+    view.set(input_view_key(0), Shape{64, 2, 5 * row, 4, 64, 5, row, 64, 1});  // q: the second third's heads
+    b.g.mark_output(b.g.insert_fused(0, ins, body, "rope_t", view)[0], "y");
+    b.node = b.g.nodes().back().get();
+    const Generated gen = compiles(b, "viewed rope");
+    ASSERT_EQ(gen.program.gathers.size(), 1u);
+    EXPECT_EQ(gen.program.gathers[0].view_strides, (Shape{5 * row, 64, row, 1}));
+    EXPECT_NE(gen.source.find("kiln_gview0("), std::string::npos);
+    EXPECT_FALSE(gen.layout.flat);
+    EXPECT_EQ(gen.layout.offsets, (Shape{64, 0, 0}));
+    EXPECT_EQ(gen.layout.vec, row % 8 == 0 ? 8 : 1) << row;
   }
 }
 

@@ -19,13 +19,16 @@
 // bf16, f32, integers, bool); other intermediates are not rounded to a 16-bit dtype, as in
 // other fusing compilers. Blocks split over threads, each part with its own scratch slots.
 // An index_select in the body (a gathered leaf: its data and index are node inputs) loads its
-// block from the data at the indexed positions.
+// block from the data at the indexed positions. An input the node reads through a view
+// ("view<i>": a permute, slice or expand of it) is loaded through the view's strides, and a
+// gather's data through the view's map from its logical elements to the buffer's.
 // A single-output kernel may have its output written over an input of the same type (the
 // memory planner's in-place rule): a block stores only after every read of its elements.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <optional>
 
 #include "src/backends/cpu/kernels.h"
 #include "src/ops/pointwise.h"
@@ -61,13 +64,14 @@ struct Program {
     std::shared_ptr<const std::vector<T>> constant;
     bool scalar = false;
   };
-  // A leaf loaded into a slot each block.
+  // A leaf loaded into a slot each block, from element `offset` on.
   struct Load {
     int slot, input;  // input < 0: from `constant`
     std::shared_ptr<const std::vector<T>> constant;
     DType dtype;
     bool scalar;
     pw::BroadcastPlan plan;
+    int64_t offset = 0;
   };
   // A gathered leaf (index_select of a node input by a node input) loaded into a slot each
   // block: element e of the virtual [outer, count, inner] result is data element
@@ -77,6 +81,7 @@ struct Program {
     DType dtype, index_dtype;
     int64_t count, inner, dim;
     pw::BroadcastPlan plan;  // the result's shape against the group
+    std::optional<OperandView> view;  // how the data is read, when not whole and row-major
   };
   struct Step {
     OpKind op;
@@ -109,6 +114,14 @@ struct Program {
   void check_indices(const void* const* in) const;
 };
 
+// The buffer element of element `e` (row-major) of view v's logical tensor.
+int64_t view_element(const OperandView& v, int64_t e) {
+  int64_t at = v.offset;
+  const std::vector<int64_t> sizes = v.logical.shape();
+  for (size_t d = sizes.size(); d-- > 0;) at += (e % sizes[d]) * v.strides[d], e /= sizes[d];
+  return at;
+}
+
 int64_t index_at(const void* p, DType t, int64_t i) {
   return t == DType::kI64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
 }
@@ -135,6 +148,14 @@ void Program<T>::gather(const Gather& q, const void* const* in, T* dst, int64_t 
       // Elements left in this inner block are consecutive in the data too.
       const int64_t run = along ? std::min(n - e, q.inner - within) : 1;
       const int64_t src = ((block / q.count) * q.dim + v) * q.inner + within;
+      if (q.view) {  // element by element through the view
+        T x;
+        load_run(in[q.data], q.dtype, view_element(*q.view, src), &x, 1);
+        std::fill(dst + (o - start) + e, dst + (o - start) + e + (along ? 1 : n - e), x);
+        if (!along) break;
+        ++e;
+        continue;
+      }
       if (along) {
         load_run(in[q.data], q.dtype, src, dst + (o - start) + e, run);
       } else {
@@ -155,16 +176,19 @@ void Program<T>::run_block(const void* const* in, void* const* out, T* scratch, 
     const void* src = l.input >= 0 ? in[l.input] : l.constant->data();
     const DType dt = l.input >= 0 ? l.dtype : compute_dtype<T>();
     if (l.scalar) {
-      load_run(src, dt, 0, dst, 1);
+      load_run(src, dt, l.offset, dst, 1);
       continue;
     }
     l.plan.for_each_run(start, start + len, [&](const int64_t* off, int64_t o, int64_t n) {
-      if (l.plan.inner_stride(0)) {
-        load_run(src, dt, off[0], dst + (o - start), n);
-      } else {
+      const int64_t at = l.offset + off[0], step = l.plan.inner_stride(0);
+      if (step == 1) {
+        load_run(src, dt, at, dst + (o - start), n);
+      } else if (step == 0) {
         T v;
-        load_run(src, dt, off[0], &v, 1);
+        load_run(src, dt, at, &v, 1);
         std::fill(dst + (o - start), dst + (o - start + n), v);
+      } else {  // a view whose innermost dim is strided
+        for (int64_t i = 0; i < n; ++i) load_run(src, dt, at + i * step, dst + (o - start) + i, 1);
       }
     });
   }
@@ -245,22 +269,25 @@ std::shared_ptr<const Program<T>> compile(const Node& n, const Graph& g) {
   std::vector<int> index(size_t(body.num_values()), -1);
   const int64_t group_numel = p.numel;
 
+  auto view_of = [&](int input) { return input_view(n.op, n.attrs, size_t(input), g.type(n.inputs[size_t(input)])); };
   auto leaf = [&](ValueId v, int input) {
     const TensorType& t = body.type(v);
     typename Program<T>::Ref r;
     r.scalar = t.numel() == 1 && group_numel != 1;
-    const bool dense = t.shape() == group || t.numel() == group_numel;
+    const OperandView view = input >= 0 ? view_of(input) : dense_view(t);
+    const bool dense = (t.shape() == group || t.numel() == group_numel) && view.dense();
     if (input < 0) {
       auto c = std::make_shared<std::vector<T>>(size_t(t.numel()));
       for (int64_t i = 0; i < t.numel(); ++i) (*c)[size_t(i)] = T(load_as_double(body.value(v).data->data(), t.dtype, i));
       r.constant = c;
     }
-    const bool in_place = (r.scalar || dense) && (input < 0 || t.dtype == compute_dtype<T>());
+    const bool in_place = (r.scalar || dense) && view.offset == 0 && (input < 0 || t.dtype == compute_dtype<T>());
     if (in_place) {
       r.input = input;
     } else {
       r.slot = p.slots++;
-      p.loads.push_back({r.slot, input, r.constant, t.dtype, r.scalar, pw::plan_broadcast(group, {t.shape()})});
+      p.loads.push_back({r.slot, input, r.constant, t.dtype, r.scalar,
+                         pw::plan_broadcast(group, {t.shape()}, {view.strides}), view.offset});
     }
     index[size_t(v)] = int(p.vals.size());
     p.vals.push_back(r);
@@ -290,7 +317,9 @@ std::shared_ptr<const Program<T>> compile(const Node& n, const Graph& g) {
                                     body.type(node->inputs[1]).numel(),
                                     std::max<int64_t>(inner, 1),
                                     data.dims[size_t(axis)].extent,
-                                    pw::plan_broadcast(group, {pw::gathered_shape(body, *node)})};
+                                    pw::plan_broadcast(group, {pw::gathered_shape(body, *node)}),
+                                    std::nullopt};
+      if (const OperandView view = view_of(q.data); !view.dense()) q.view = view;
       typename Program<T>::Ref r;
       r.slot = q.slot;
       index[size_t(node->outputs[0])] = int(p.vals.size());
@@ -361,11 +390,12 @@ std::unique_ptr<Kernel> make(const Node& n, const Graph& g) {
                      dtype_name(compute_dtype<T>()) + ", blocks of " + std::to_string(kBlock);
   // A block reads an input of the output's own type only at the block's elements, and stores
   // the (single) output after every read of the block: the output may take that input's bytes.
-  // A gathered input is read at other positions: never written over.
+  // A gathered input, or one read through a view, is read at other positions: never written over.
   std::vector<bool> over(n.inputs.size(), false);
   if (n.outputs.size() == 1 && prog->gathers.empty())
     for (size_t k = 0; k < n.inputs.size(); ++k)
-      over[k] = n.inputs[k] != kNoValue && g.type(n.inputs[k]) == g.type(n.outputs[0]);
+      over[k] =
+          n.inputs[k] != kNoValue && g.type(n.inputs[k]) == g.type(n.outputs[0]) && !n.attrs.has(input_view_key(k));
   return make_fn_kernel(fn, desc, ws, std::move(over));
 }
 

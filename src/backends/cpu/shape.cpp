@@ -7,7 +7,8 @@
 // picks: one memcpy; rows (a memcpy per row when the last dim stays contiguous, a broadcast
 // fill when its stride is 0, a strided loop otherwise); or, when the input-contiguous dim is
 // not the last one, a tiled transpose so reads and writes both stay within cache lines.
-// concat and split are memcpys of whole blocks per outer index. pad maps each output index
+// concat and split are memcpys of whole blocks per outer index; a concat part read through a
+// view ("view<i>") is copied element by element through the view's strides. pad maps each output index
 // per dim to an input index (or "fill") through tables built here, and copies the unpadded
 // middle of each row with memcpy. reshape and copy are a memcpy, and nothing at all when the
 // memory planner put the output on the input's bytes (its alias rule, src/passes/memory_plan.cpp:
@@ -19,6 +20,7 @@
 
 #include "src/backends/cpu/kernels.h"
 #include "src/ops/access.h"
+#include "src/ops/shape_rules.h"
 
 namespace kiln::cpu {
 
@@ -209,27 +211,45 @@ struct Blocks {
   std::vector<int64_t> bytes, start;  // per part: block bytes and its offset within the row
 };
 
-Blocks blocks(const Graph& g, ValueId joined, const std::vector<ValueId>& parts, int64_t axis) {
-  const auto shape = g.type(joined).shape();
-  const size_t esz = dtype_size(g.type(joined).dtype);
+// `parts`: the parts' types (as the node reads them).
+Blocks blocks(const TensorType& joined, const std::vector<TensorType>& parts, int64_t axis) {
+  const auto shape = joined.shape();
+  const size_t esz = dtype_size(joined.dtype);
   Blocks b;
   int64_t inner = int64_t(esz);
   for (size_t k = 0; k < shape.size(); ++k) {
     if (int64_t(k) < axis) b.outer *= shape[k];
     if (int64_t(k) > axis) inner *= shape[k];
   }
-  for (ValueId p : parts) {
+  for (const TensorType& p : parts) {
     b.start.push_back(b.row);
-    b.bytes.push_back(g.type(p).dims[size_t(axis)].extent * inner);
+    b.bytes.push_back(p.dims[size_t(axis)].extent * inner);
     b.row += b.bytes.back();
   }
   return b;
 }
 
+// Copies concat part i, read through `view`, into its columns of the joined tensor (blocks b):
+// element e of the part (row-major over the view's sizes) goes to outer row e / w, column
+// e % w of the part's block (w its width in elements).
+void copy_viewed_part(const Blocks& b, size_t i, const OperandView& view, size_t esz, const void* in, void* out) {
+  const int64_t n = view.logical.numel(), width = b.bytes[i] / int64_t(esz);
+  const std::vector<int64_t> sizes = view.logical.shape();
+  const char* src = static_cast<const char*>(in);
+  char* dst = static_cast<char*>(out);
+  for (int64_t e = 0; e < n; ++e) {
+    int64_t at = view.offset, r = e;
+    for (size_t d = sizes.size(); d-- > 0;) at += (r % sizes[d]) * view.strides[d], r /= sizes[d];
+    std::memcpy(dst + (e / width) * b.row + b.start[i] + (e % width) * int64_t(esz), src + at * int64_t(esz), esz);
+  }
+}
+
 // Copies every block between the joined tensor and its parts: concat joins in[i] into
-// out[0], split cuts in[0] into out[i].
-void move_blocks(const Blocks& b, bool join, const void* const* in, void* const* out) {
+// out[0], split cuts in[0] into out[i]. Parts marked in `skip` are left alone.
+void move_blocks(const Blocks& b, bool join, const void* const* in, void* const* out,
+                 const std::vector<char>& skip = {}) {
   auto copy = [&](size_t i, int64_t o, bool whole_copy) {
+    if (i < skip.size() && skip[i]) return;
     char* dst = static_cast<char*>(join ? out[0] : out[i]) + (join ? o * b.row + b.start[i] : o * b.bytes[i]);
     const char* src = static_cast<const char*>(join ? in[i] : in[0]) + (join ? o * b.bytes[i] : o * b.row + b.start[i]);
     if (whole_copy) copy_bytes(dst, src, b.bytes[i]);
@@ -248,10 +268,28 @@ void move_blocks(const Blocks& b, bool join, const void* const* in, void* const*
 std::unique_ptr<Kernel> make_concat_split(const Node& n, const Graph& g) {
   const int64_t axis = n.attrs.get_int("axis");
   const bool join = n.op == OpKind::kConcat;
-  auto b = std::make_shared<const Blocks>(
-      join ? blocks(g, n.outputs[0], n.inputs, axis) : blocks(g, n.inputs[0], n.outputs, axis));
-  auto fn = [b, join](const void* const* in, void* const* out, const RunContext&) { move_blocks(*b, join, in, out); };
-  return make_fn_kernel(fn, std::string("cpu ") + op_name(n.op) + " blocks");
+  const std::vector<ValueId>& parts = join ? n.inputs : n.outputs;
+  std::vector<OperandView> views;  // how each part is read (a concat's may be views)
+  std::vector<TensorType> types;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    views.push_back(join ? input_view(n.op, n.attrs, i, g.type(parts[i])) : dense_view(g.type(parts[i])));
+    types.push_back(views.back().logical);
+  }
+  auto b = std::make_shared<const Blocks>(blocks(g.type(join ? n.outputs[0] : n.inputs[0]), types, axis));
+  const bool viewed = std::any_of(views.begin(), views.end(), [](const OperandView& v) { return !v.dense(); });
+  if (!viewed) {
+    auto fn = [b, join](const void* const* in, void* const* out, const RunContext&) { move_blocks(*b, join, in, out); };
+    return make_fn_kernel(fn, std::string("cpu ") + op_name(n.op) + " blocks");
+  }
+  const size_t esz = dtype_size(g.type(n.outputs[0]).dtype);
+  std::vector<char> skip;
+  for (const OperandView& v : views) skip.push_back(!v.dense());
+  auto fn = [b, views, skip, esz](const void* const* in, void* const* out, const RunContext&) {
+    move_blocks(*b, true, in, out, skip);
+    for (size_t i = 0; i < views.size(); ++i)
+      if (skip[i]) copy_viewed_part(*b, i, views[i], esz, in[i], out[0]);
+  };
+  return make_fn_kernel(fn, "cpu concat blocks, parts read through views");
 }
 
 // ---- pad -----------------------------------------------------------------------------------

@@ -190,24 +190,34 @@ std::string program_refusal(const Node& n, const Graph& g) {
   return "";
 }
 
-// Whether `input` is one element, read once for a whole output of `numel` elements.
-bool scalar_input(const Graph& g, ValueId input, int64_t numel) { return g.type(input).numel() == 1 && numel != 1; }
+// How node n reads its input i: through a fused node's view of it ("view<i>"), else whole.
+OperandView read_view(const Node& n, const Graph& g, size_t i) {
+  return input_view(n.op, n.attrs, i, g.type(n.inputs[i]));
+}
 
-// The broadcast of n's non-scalar inputs read element by element, then of its body's gathered
-// leaves' results, to its output, collapsed; `dense_inputs` gets those inputs' positions.
+// Whether n's input i is one element, read once for a whole output of `numel` elements.
+bool scalar_input(const Node& n, const Graph& g, size_t i, int64_t numel) {
+  return read_view(n, g, i).logical.numel() == 1 && numel != 1;
+}
+
+// The broadcast of n's non-scalar inputs read element by element (through their views), then of
+// its body's gathered leaves' results, to its output, collapsed; `dense_inputs` gets those
+// inputs' positions.
 pw::BroadcastPlan broadcast_of(const Node& n, const Graph& g, std::vector<int>* dense_inputs) {
   const TensorType& out = g.type(n.outputs[0]);
   const std::vector<uint8_t> pointer_only = pointer_only_inputs(n);
-  std::vector<std::vector<int64_t>> shapes;
+  std::vector<std::vector<int64_t>> shapes, strides;
   for (size_t i = 0; i < n.inputs.size(); ++i)
-    if (!pointer_only[i] && !scalar_input(g, n.inputs[i], out.numel())) {
-      shapes.push_back(g.type(n.inputs[i]).shape());
+    if (!pointer_only[i] && !scalar_input(n, g, i, out.numel())) {
+      const OperandView v = read_view(n, g, i);
+      shapes.push_back(v.logical.shape());
+      strides.push_back(v.strides);
       if (dense_inputs) dense_inputs->push_back(int(i));
     }
   if (n.op == OpKind::kFusedPointwise && n.body)
     for (const auto& node : n.body->nodes())
       if (node->op == OpKind::kIndexSelect) shapes.push_back(pw::gathered_shape(*n.body, *node));
-  return pw::plan_broadcast(out.shape(), shapes);
+  return pw::plan_broadcast(out.shape(), shapes, strides);
 }
 
 // Whether the broadcast indexes every input directly (flat) rather than through strides.
@@ -226,7 +236,7 @@ std::string layout_refusal(const Node& n, const Graph& g) {
   const int64_t numel = g.type(n.outputs[0]).numel();
   const std::vector<uint8_t> pointer_only = pointer_only_inputs(n);
   size_t dense = 0;
-  for (size_t i = 0; i < n.inputs.size(); ++i) dense += pointer_only[i] || scalar_input(g, n.inputs[i], numel) ? 0 : 1;
+  for (size_t i = 0; i < n.inputs.size(); ++i) dense += pointer_only[i] || scalar_input(n, g, i, numel) ? 0 : 1;
   if (n.op == OpKind::kFusedPointwise && n.body) dense += size_t(count_gathers(*n.body));
   if (dense > 16) return "pointwise node with " + std::to_string(dense) + " non-scalar inputs (at most 16)";
   const pw::BroadcastPlan plan = broadcast_of(n, g, nullptr);
@@ -301,6 +311,8 @@ bool program_of(const Node& n, const Graph& g, Program* out, std::string* why) {
     q.dim = data.dims[size_t(axis)].extent;
     for (int64_t d = axis + 1; d < data.rank(); ++d) q.inner *= data.dims[size_t(d)].extent;
     q.shape = pw::gathered_shape(body, *node);
+    if (const OperandView v = read_view(n, g, size_t(q.data)); !v.dense())
+      q.view_sizes = v.logical.shape(), q.view_strides = v.strides;
     index[size_t(node->outputs[0])] = int(p.dtype.size());
     p.dtype.push_back(data.dtype);
     p.gathers.push_back(std::move(q));
@@ -326,6 +338,18 @@ bool program_of(const Node& n, const Graph& g, Program* out, std::string* why) {
 }
 
 namespace {
+
+// Whether gathered leaf q's data, read through its view, keeps every aligned run of `vec`
+// consecutive logical elements consecutive and equally aligned in the buffer: the innermost
+// dim contiguous and a multiple of vec, every other stride a multiple of vec.
+bool view_keeps_runs(const Gather& q, int vec) {
+  if (q.view_sizes.empty()) return true;
+  const size_t r = q.view_sizes.size();
+  if (q.view_strides[r - 1] != 1 || q.view_sizes[r - 1] % vec != 0) return false;
+  for (size_t d = 0; d + 1 < r; ++d)
+    if (q.view_strides[d] % vec != 0) return false;
+  return true;
+}
 
 // Whether gathered leaf q (inner 1: a gather along the innermost dim, such as rotate_half's
 // permutation of a head's halves) reads every aligned run of `vec` results from `vec`
@@ -355,8 +379,10 @@ Layout layout_of(const Node& n, const Graph& g, const Program& p, std::string* w
   if (!*ok) return l;
   l.numel = g.type(n.outputs[0]).numel();
   l.wide = l.numel >= (int64_t(1) << 30);
-  for (int i = 0; i < p.num_inputs; ++i)
-    l.scalar.push_back(!p.pointer_only[size_t(i)] && scalar_input(g, n.inputs[size_t(i)], l.numel));
+  for (int i = 0; i < p.num_inputs; ++i) {
+    l.scalar.push_back(!p.pointer_only[size_t(i)] && scalar_input(n, g, size_t(i), l.numel));
+    l.offsets.push_back(read_view(n, g, size_t(i)).offset);
+  }
   std::vector<int> dense_inputs;
   const pw::BroadcastPlan plan = broadcast_of(n, g, &dense_inputs);
   l.flat = flat_layout(l.numel, plan);
@@ -372,7 +398,7 @@ Layout layout_of(const Node& n, const Graph& g, const Program& p, std::string* w
   l.vec = widest ? int(16 / widest) : 1;
   if (l.numel < int64_t(l.vec) * 2) l.vec = 1;
   for (const Gather& q : p.gathers)
-    if (q.inner % l.vec != 0 && !gathers_runs(n, g, q, l.vec)) l.vec = 1;
+    if ((q.inner % l.vec != 0 && !gathers_runs(n, g, q, l.vec)) || !view_keeps_runs(q, l.vec)) l.vec = 1;
   l.splat.assign(size_t(p.num_inputs), 0);
   if (l.flat) return l;
   l.rank = int(plan.shape.size());

@@ -10,8 +10,10 @@
 // A Layout is the make-time choice of how to index: `flat` when every input is either the
 // output's size and contiguous or a single element (no index math, plus a vectorized kernel
 // of `vec` elements per thread step), otherwise `rank` collapsed dims with per-input element
-// strides (0 on broadcast dims). A gathered leaf is indexed like an input of its result's shape,
-// then through its index into the data (its sizes are literals of the source, the one
+// strides (0 on broadcast dims). An input a fused node reads through a view ("view<i>") is
+// indexed by the view's strides from its offset, which the kernel adds to the input's pointer.
+// A gathered leaf is indexed like an input of its result's shape, then through its index into
+// the data (its sizes, and those of its data's view, are literals of the source, the one
 // exception to sizes being arguments). Sizes, strides and constant values are kernel arguments,
 // so the source depends only on the op chain, the dtypes and the layout.
 #pragma once
@@ -37,12 +39,15 @@ struct Step {
 
 // A gathered leaf: index_select(input `data`, input `index`) of a fused body, read straight from
 // the data: element e of its virtual [outer, count, inner] result is data element
-// (outer * dim + index[(e / inner) % count]) * inner + e % inner. `shape` is the result's.
+// (outer * dim + index[(e / inner) % count]) * inner + e % inner. `shape` is the result's. Data
+// the node reads through a view (view_sizes non-empty) maps that element, row-major over
+// view_sizes, to sum(digit * view_strides) past the input's offset (the kernel's pointer).
 struct Gather {
   int data = 0, index = 0;
   DType index_dtype = DType::kI64;
   int64_t count = 0, inner = 1, dim = 0;
   std::vector<int64_t> shape;
+  std::vector<int64_t> view_sizes, view_strides;
 };
 
 struct Program {
@@ -75,6 +80,7 @@ struct Layout {
   int vec = 1;        // elements per thread step of the vectorized kernel (1: none)
   std::vector<uint8_t> scalar;          // per input: one element for the whole output
   std::vector<uint8_t> splat;           // per input (strided, vec > 1): one element per vector
+  std::vector<int64_t> offsets;  // per input: elements past its pointer where its view starts
   int64_t numel = 0;
   std::vector<int64_t> dims;            // collapsed output dims (strided)
   // per input, then per gathered leaf (strided): element strides per dim (a gather's into its

@@ -217,6 +217,17 @@ std::string generate(const Program& p, const Layout& l) {
          "  const T block = e / inner;\n  long long v = (long long)index[block % count];\n"
          "  if (v < 0) v += dim;\n"
          "  return ((long long)(block / count) * dim + v) * (long long)inner + (long long)(e - block * inner);\n}\n\n";
+  // Gathered leaf k's data read through a view: its logical element o (row-major over the view's
+  // sizes) at the buffer offset sum(digit * stride), sizes and strides literals.
+  for (size_t k = 0; k < p.gathers.size(); ++k) {
+    const Gather& q = p.gathers[k];
+    if (q.view_sizes.empty()) continue;
+    s << "__device__ __forceinline__ long long kiln_gview" << k << "(long long o) {\n  long long r = 0;\n";
+    for (size_t d = q.view_sizes.size(); d-- > 1;)
+      s << "  r += (o % " << q.view_sizes[d] << "LL) * " << q.view_strides[d] << "LL; o /= " << q.view_sizes[d]
+        << "LL;\n";
+    s << "  return r + o * " << q.view_strides[0] << "LL;\n}\n\n";
+  }
 
   // One element: leaf values in, every output's register value out.
   s << "__device__ __forceinline__ void kiln_pw_body(";
@@ -305,8 +316,10 @@ std::string generate(const Program& p, const Layout& l) {
   auto gather_at = [&](size_t k, const std::string& e) {
     const Gather& q = p.gathers[k];
     const char* suffix = l.wide ? "LL" : "u";
-    return cat("kiln_gather((", I, ")(", e, "), in", std::to_string(q.index), ", (", I, ")", std::to_string(q.count),
-               suffix, ", (", I, ")", std::to_string(q.inner), suffix, ", ", std::to_string(q.dim), "LL)");
+    const std::string dense =
+        cat("kiln_gather((", I, ")(", e, "), in", std::to_string(q.index), ", (", I, ")", std::to_string(q.count),
+            suffix, ", (", I, ")", std::to_string(q.inner), suffix, ", ", std::to_string(q.dim), "LL)");
+    return q.view_sizes.empty() ? dense : cat("kiln_gview", std::to_string(k), "(", dense, ")");
   };
   auto gather_leaf = [&](size_t k, const std::string& e) {
     const int data = p.gathers[k].data;

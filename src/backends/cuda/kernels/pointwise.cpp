@@ -59,6 +59,8 @@ class PointwiseKernel final : public Kernel {
         num_out_(int(p.outputs.size())),
         state_(std::move(state)),
         desc_(std::move(desc)) {
+    for (int i = 0; i < num_in_; ++i)
+      offsets_.push_back(l.offsets[size_t(i)] * int64_t(dtype_size(p.dtype[size_t(i)])));
     scalar_ = module_->kernel("kiln_pw");
     grid_ = grid_for(numel_);
     if (l.vec > 1) {
@@ -80,7 +82,7 @@ class PointwiseKernel final : public Kernel {
     void* args[kMaxPointers + 1];
     bool aligned = vector_ != nullptr;
     for (int i = 0; i < num_in_ + num_out_; ++i) {
-      ptrs[i] = i < num_in_ ? inputs[i] : outputs[i - num_in_];
+      ptrs[i] = i < num_in_ ? static_cast<const char*>(inputs[i]) + offsets_[size_t(i)] : outputs[i - num_in_];
       args[i] = &ptrs[i];
       if (aligned) aligned = reinterpret_cast<uintptr_t>(ptrs[i]) % align_[size_t(i)] == 0;
     }
@@ -97,6 +99,7 @@ class PointwiseKernel final : public Kernel {
   cudaKernel_t scalar_ = nullptr, vector_ = nullptr;
   std::vector<int64_t> args_;  // the by-value argument block (sizes, strides, constants)
   int64_t numel_;
+  std::vector<int64_t> offsets_;  // per input: bytes past its pointer where the node reads it
   int num_in_, num_out_;
   unsigned grid_ = 1, vec_grid_ = 1;
   size_t align_[kMaxPointers] = {};

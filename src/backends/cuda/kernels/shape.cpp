@@ -32,6 +32,7 @@
 #include "src/backends/cuda/kernels.h"
 #include "src/common/element_access.h"
 #include "src/ops/access.h"
+#include "src/ops/shape_rules.h"
 
 namespace kiln::cuda {
 
@@ -100,6 +101,24 @@ std::vector<StridedCopy> copies_of(const Node& n, const Graph& g) {
     }
     default: return {};
   }
+}
+
+// The strided copies of concat n's parts that it reads through views ("view<i>"): each into its
+// columns of the output, at the part's start along the axis.
+std::vector<StridedCopy> viewed_parts(const Node& n, const Graph& g) {
+  const auto y = g.type(n.outputs[0]).shape();
+  const auto axis = size_t(n.attrs.get_int("axis"));
+  const int64_t esz = int64_t(dtype_size(g.type(n.outputs[0]).dtype));
+  const auto ys = row_major_strides(y);
+  std::vector<StridedCopy> copies;
+  int64_t start = 0;
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    const OperandView v = input_view(n.op, n.attrs, i, g.type(n.inputs[i]));
+    const auto ps = v.logical.shape();
+    if (!v.dense()) copies.push_back(StridedCopy{ps, v.strides, ys, int(i), v.offset * esz, 0, start * ys[axis] * esz});
+    start += ps[axis];
+  }
+  return copies;
 }
 
 // The tiled transpose's contiguous input dim of a collapsed walk (the last dim is strided in the
@@ -175,7 +194,10 @@ std::optional<Error> pad_refusal(const Node& n, const Graph& g) {
 std::optional<Error> why_not_shape(const Node& n, const Graph& g) {
   switch (n.op) {
     case OpKind::kPad: return pad_refusal(n, g);
-    case OpKind::kConcat: return std::nullopt;
+    case OpKind::kConcat:
+      for (const StridedCopy& c : viewed_parts(n, g))
+        if (std::optional<Error> e = copy_refusal(c)) return e;
+      return std::nullopt;
     case OpKind::kReshape:
     case OpKind::kCopy:
     case OpKind::kPermute:
@@ -336,7 +358,7 @@ std::string concat_kernel(int w, bool wide) {
   std::string params;
   for (size_t k = 0; k < kConcatParts; ++k) params += "const " + word + "* __restrict__ x" + std::to_string(k) + ", ";
   std::string args;
-  for (size_t k = 0; k < kConcatParts; ++k) args += "x" + std::to_string(k) + ", ";
+  for (size_t k = 0; k < kConcatParts; ++k) args += std::string("x") + std::to_string(k) + ", ";
   return "extern \"C\" __global__ void " + concat_name(w, wide) + "(" + params + word +
          "* __restrict__ y, ConcatParts p, long long total, long long n) {\n  kg_concat<" + word + ", " +
          index_type(wide, true) + ">(" + args + "y, p, total, n);\n}\n";
@@ -344,18 +366,27 @@ std::string concat_kernel(int w, bool wide) {
 
 // Adds the launches of concat n: its output as [outer, total] elements, each non-empty part an
 // [outer, width] block of columns, up to kConcatParts parts per launch, moving the widest word
-// that divides every width (a narrower fallback for unaligned buffers). Returns a description.
+// that divides every width (a narrower fallback for unaligned buffers); a part read through a
+// view is a strided copy of its own into its columns. Returns a description.
 std::string add_concat(std::string& source, Plan& plan, const Node& n, const Graph& g) {
   const auto y = g.type(n.outputs[0]).shape();
   const auto axis = size_t(n.attrs.get_int("axis"));
   const int esz = int(dtype_size(g.type(n.outputs[0]).dtype));
   const int64_t outer = product(std::vector<int64_t>(y.begin(), y.begin() + int64_t(axis)));
   const int64_t inner = product(std::vector<int64_t>(y.begin() + int64_t(axis) + 1, y.end()));
-  std::vector<std::pair<int, int64_t>> parts;  // (input, width in elements), empty parts left out
-  for (size_t i = 0; i < n.inputs.size(); ++i)
-    if (const int64_t width = g.type(n.inputs[i]).shape()[axis] * inner; width > 0) parts.emplace_back(int(i), width);
+  std::vector<std::pair<int, int64_t>> parts;  // (input, width in elements), empty and viewed parts left out
+  std::vector<int64_t> cols;                    // each such part's first column
+  int64_t at = 0;
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    const int64_t width = input_view(n.op, n.attrs, i, g.type(n.inputs[i])).logical.shape()[axis] * inner;
+    if (width > 0 && !n.attrs.has(input_view_key(i))) parts.emplace_back(int(i), width), cols.push_back(at);
+    at += width;
+  }
   const int64_t total = y[axis] * inner;
-  if (parts.empty() || outer == 0) return "empty";
+  if (outer == 0) return "empty";
+  std::string viewed;
+  for (const StridedCopy& c : viewed_parts(n, g)) viewed += ", a part by " + add_strided(source, plan, c, esz);
+  if (parts.empty()) return "every part read through a view" + viewed;
   int64_t common = 0;  // a word divides every part's width when it divides their gcd
   for (const auto& part : parts) common = std::gcd(common, part.second * esz);
   const int wb = word_bytes(esz, {common});
@@ -381,17 +412,20 @@ std::string add_concat(std::string& source, Plan& plan, const Node& n, const Gra
     l.out(0).val(p).i64(total / f).i64(outer * span);
     return l;
   };
+  // A launch writes up to kConcatParts parts whose columns follow one another (a viewed part
+  // between two others ends a launch).
   size_t launches = 0;
-  int64_t col = 0;
-  for (size_t first = 0; first < parts.size(); first += kConcatParts, ++launches) {
-    const size_t count = std::min(kConcatParts, parts.size() - first);
-    Launch l = launch(first, count, col, wb);
-    if (wb != esz) with_fallback(l, uint32_t(wb), launch(first, count, col, esz));
+  for (size_t first = 0, count = 0; first < parts.size(); first += count, ++launches) {
+    count = 1;
+    while (count < kConcatParts && first + count < parts.size() &&
+           cols[first + count] == cols[first + count - 1] + parts[first + count - 1].second)
+      ++count;
+    Launch l = launch(first, count, cols[first], wb);
+    if (wb != esz) with_fallback(l, uint32_t(wb), launch(first, count, cols[first], esz));
     plan.launches.push_back(std::move(l));
-    for (size_t k = first; k < first + count; ++k) col += parts[k].second;
   }
   return std::to_string(parts.size()) + " parts in " + std::to_string(launches) + " launch(es) of " +
-         std::to_string(wb) + "-byte words";
+         std::to_string(wb) + "-byte words" + viewed;
 }
 
 std::string pad_name(const std::string& mode, int rank, int esz, bool wide) {
