@@ -14,6 +14,14 @@ namespace kiln {
 // Element strides of a dense row-major tensor of `shape`.
 std::vector<int64_t> row_major_strides(const std::vector<int64_t>& shape);
 
+// Element offset of row-major index `i` of a tensor of `sizes` read through element `strides`
+// (one per dim).
+inline int64_t strided_offset(int64_t i, const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+  int64_t off = 0;
+  for (size_t d = sizes.size(); d-- > 0;) off += (i % sizes[d]) * strides[d], i /= sizes[d];
+  return off;
+}
+
 // A reduction over a dense row-major tensor with size-1 dims dropped and neighbouring dims of
 // the same kind (kept / reduced) merged. The innermost run is `inner`; it is reduced
 // (inner_reduced) or kept.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ import kiln.aot
 import kiln.dynamo
 from kiln.pipeline import CompileSummary
 from kiln.testing import randomize_weights as randomize  # noqa: F401 (re-exported for the tests)
+from kiln.testing import relative_error
 
 
 def _leaves(out: Any) -> list[torch.Tensor]:
@@ -91,3 +93,25 @@ def compile_and_compare(model: torch.nn.Module | Callable[..., Any], inputs: Seq
                 f"output {i}: {got.dtype} {tuple(got.shape)} vs eager {want.dtype} {tuple(want.shape)}"
             torch.testing.assert_close(got, want, atol=atol, rtol=rtol, msg=lambda m: f"output {i}: {m}")
     return result
+
+
+def compile_checked(model: torch.nn.Module, args: Sequence[torch.Tensor], reference: Any, dtype: torch.dtype,
+                    tol: float, folder: str) -> Any:
+    """``kiln.compile`` of ``model`` in ``dtype`` (every op in engines; f32 without TF32, so CUDA's
+    GEMMs are held to the CPU's tolerance), checked on ``args`` against ``reference`` (every output
+    within relative error ``tol``) as compiled and again after ``kiln.save`` to ``folder`` and
+    ``kiln.load``. Returns the compiled module."""
+    def check(out: Any) -> None:
+        got, want = _leaves(out), _leaves(reference)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert relative_error(g, w) < tol, relative_error(g, w)
+
+    with torch.no_grad():
+        compiled = kiln.compile(model, list(args), enabled_precisions={dtype}, min_block_size=1,
+                                    require_full_compilation=True, allow_tf32=False)
+        check(compiled(*args))
+        path = os.path.join(folder, "checked.ep")
+        kiln.save(compiled, path, arg_inputs=list(args))
+        check(kiln.load(path).module()(*args))
+    return compiled

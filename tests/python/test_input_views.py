@@ -6,13 +6,11 @@ PyTorch (f32 reference) in f32 and f16, also after kiln.save / kiln.load."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 import kiln
-from kiln.testing import relative_error
+from harness import compile_checked
 
 _DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not (torch.cuda.is_available() and kiln.cuda_available()), reason="needs a CUDA device"))]
@@ -63,15 +61,9 @@ def test_rotary_kernels_read_the_projection_in_place(device: str, dtype: torch.d
     x = torch.randn(2, 12, 128, device=device)
     with torch.no_grad():
         ref = model(x)
-        model.to(dtype)
-        args = [x.to(dtype)]
-        compiled = kiln.compile(model, args, enabled_precisions={dtype}, min_block_size=1,
-                                require_full_compilation=True, allow_tf32=False)
-        tol = 1e-5 if dtype == torch.float32 else 5e-3
-        assert relative_error(compiled(*args), ref) < tol
-        path = os.path.join(tmp_path, "rotary.ep")
-        kiln.save(compiled, path, arg_inputs=args)
-        assert relative_error(kiln.load(path).module()(*args), ref) < tol
+    model.to(dtype)
+    compiled = compile_checked(model, [x.to(dtype)], ref, dtype, 1e-5 if dtype == torch.float32 else 5e-3,
+                               str(tmp_path))
     (engine,) = compiled.engines()
     plan = engine.engine.graph()
     assert not [n.op for n in plan.nodes if n.op in ("permute", "split", "slice")]

@@ -6,12 +6,11 @@ and match eager PyTorch (f32 reference) in f32 and f16, also after kiln.save / k
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 import kiln
+from harness import compile_checked
 from kiln.testing import relative_error
 
 _DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
@@ -57,16 +56,9 @@ def test_relative_attention_reads_operands_in_place(device: str, dtype: torch.dt
     table = torch.randn(40, 64, device=device)
     with torch.no_grad():
         ref = model(x, table)
-        model.to(dtype)
-        args = [x.to(dtype), table.to(dtype)]
-        # f32 without TF32, so that CUDA's GEMMs are held to the CPU's tolerance.
-        compiled = kiln.compile(model, args, enabled_precisions={dtype}, min_block_size=1,
-                                require_full_compilation=True, allow_tf32=False)
-        tol = 1e-5 if dtype == torch.float32 else 1e-2
-        assert relative_error(compiled(*args), ref) < tol
-        path = os.path.join(tmp_path, "relative.ep")
-        kiln.save(compiled, path, arg_inputs=args)
-        assert relative_error(kiln.load(path).module()(*args), ref) < tol
+    model.to(dtype)
+    compiled = compile_checked(model, [x.to(dtype), table.to(dtype)], ref, dtype,
+                               1e-5 if dtype == torch.float32 else 1e-2, str(tmp_path))
     (engine,) = compiled.engines()
     plan = engine.engine.graph()
     matmuls = [n for n in plan.nodes if n.op == "matmul"]

@@ -5,13 +5,11 @@ eager PyTorch (f32 reference) in f32 and f16 (CUDA), also after kiln.save / kiln
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 import kiln
-from kiln.testing import relative_error
+from harness import compile_checked
 
 _DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not (torch.cuda.is_available() and kiln.cuda_available()), reason="needs a CUDA device"))]
@@ -39,13 +37,6 @@ class Norms(torch.nn.Module):
         return torch.nn.functional.normalize(x, dim=1), (x * x).sum()
 
 
-def _error(got, want) -> float:
-    """The largest relative error over the outputs (one tensor or a tuple)."""
-    if isinstance(want, torch.Tensor):
-        return relative_error(got, want)
-    return max(relative_error(g, w) for g, w in zip(got, want, strict=True))
-
-
 def _squares_left(compiled: kiln.KilnModule) -> int:
     """Reductions in the plans that still read a mul of a value by itself."""
     left = 0
@@ -71,15 +62,9 @@ def test_squares_are_formed_by_the_reduction(device: str, dtype: torch.dtype, ca
         model, x = Norms().eval(), torch.randn(3, 40, 33, device=device)
     with torch.no_grad():
         ref = model(x)
-        model.to(dtype)
-        args = [x.to(dtype)]
-        compiled = kiln.compile(model, args, enabled_precisions={dtype}, min_block_size=1,
-                                require_full_compilation=True, allow_tf32=False)
-        tol = 1e-5 if dtype == torch.float32 else 5e-3
-        assert _error(compiled(*args), ref) < tol
-        path = os.path.join(tmp_path, "squares.ep")
-        kiln.save(compiled, path, arg_inputs=args)
-        assert _error(kiln.load(path).module()(*args), ref) < tol
+    model.to(dtype)
+    compiled = compile_checked(model, [x.to(dtype)], ref, dtype, 1e-5 if dtype == torch.float32 else 5e-3,
+                               str(tmp_path))
     plans = [e.engine.graph() for e in compiled.engines()]
     squared = [n for p in plans for n in p.nodes if n.op.startswith("reduce_") and n.attrs.get("square")]
     assert len(squared) == (1 if case == "rms_norm" else 2)

@@ -31,6 +31,7 @@
 #include <optional>
 
 #include "src/backends/cpu/kernels.h"
+#include "src/ops/access.h"
 #include "src/ops/pointwise.h"
 #include "src/ops/shape_rules.h"
 
@@ -82,6 +83,7 @@ struct Program {
     int64_t count, inner, dim;
     pw::BroadcastPlan plan;  // the result's shape against the group
     std::optional<OperandView> view;  // how the data is read, when not whole and row-major
+    std::vector<int64_t> view_sizes;  // the view's logical sizes (read per element)
   };
   struct Step {
     OpKind op;
@@ -114,14 +116,6 @@ struct Program {
   void check_indices(const void* const* in) const;
 };
 
-// The buffer element of element `e` (row-major) of view v's logical tensor.
-int64_t view_element(const OperandView& v, int64_t e) {
-  int64_t at = v.offset;
-  const std::vector<int64_t> sizes = v.logical.shape();
-  for (size_t d = sizes.size(); d-- > 0;) at += (e % sizes[d]) * v.strides[d], e /= sizes[d];
-  return at;
-}
-
 int64_t index_at(const void* p, DType t, int64_t i) {
   return t == DType::kI64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
 }
@@ -150,7 +144,7 @@ void Program<T>::gather(const Gather& q, const void* const* in, T* dst, int64_t 
       const int64_t src = ((block / q.count) * q.dim + v) * q.inner + within;
       if (q.view) {  // element by element through the view
         T x;
-        load_run(in[q.data], q.dtype, view_element(*q.view, src), &x, 1);
+        load_run(in[q.data], q.dtype, q.view->offset + strided_offset(src, q.view_sizes, q.view->strides), &x, 1);
         std::fill(dst + (o - start) + e, dst + (o - start) + e + (along ? 1 : n - e), x);
         if (!along) break;
         ++e;
@@ -309,6 +303,7 @@ std::shared_ptr<const Program<T>> compile(const Node& n, const Graph& g) {
       const int64_t axis = node->attrs.get_int("axis");
       int64_t inner = 1;
       for (int64_t d = axis + 1; d < data.rank(); ++d) inner *= data.dims[size_t(d)].extent;
+      const OperandView view = view_of(input_of(node->inputs[0]));
       typename Program<T>::Gather q{p.slots++,
                                     input_of(node->inputs[0]),
                                     input_of(node->inputs[1]),
@@ -318,8 +313,8 @@ std::shared_ptr<const Program<T>> compile(const Node& n, const Graph& g) {
                                     std::max<int64_t>(inner, 1),
                                     data.dims[size_t(axis)].extent,
                                     pw::plan_broadcast(group, {pw::gathered_shape(body, *node)}),
-                                    std::nullopt};
-      if (const OperandView view = view_of(q.data); !view.dense()) q.view = view;
+                                    view.dense() ? std::nullopt : std::optional<OperandView>(view),
+                                    view.logical.shape()};
       typename Program<T>::Ref r;
       r.slot = q.slot;
       index[size_t(node->outputs[0])] = int(p.vals.size());

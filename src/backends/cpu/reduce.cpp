@@ -27,13 +27,6 @@ constexpr int64_t kWork = 32768;    // elements per parallel chunk, at least
 
 using Layout = ReduceLayout;
 
-// Element offset of index i (row-major over shape) given per-dim strides.
-int64_t offset_of(int64_t i, const std::vector<int64_t>& shape, const std::vector<int64_t>& stride) {
-  int64_t off = 0;
-  for (size_t d = shape.size(); d-- > 0;) off += (i % shape[d]) * stride[d], i /= shape[d];
-  return off;
-}
-
 // Calls fn(offset) for every index of shape (once, with 0, when shape is empty).
 template <typename F>
 void for_each_offset(const std::vector<int64_t>& shape, const std::vector<int64_t>& stride, F&& fn) {
@@ -116,7 +109,7 @@ struct Reducer {
   void case_a(const S* x, S* y, int64_t o0, int64_t o1) const {
     const Layout& L = *layout;
     for (int64_t o = o0; o < o1; ++o) {
-      const S* base = x + offset_of(o, L.kept_shape, L.kept_stride);
+      const S* base = x + strided_offset(o, L.kept_shape, L.kept_stride);
       A acc = Ac::init(), sq = A(0);
       auto id = [](A v) { return v; };
       for_each_offset(L.red_shape, L.red_stride, [&](int64_t r) { acc = run(base + r, L.inner, acc, id); });
@@ -136,7 +129,7 @@ struct Reducer {
     A acc[kTile], sq[kTile];
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t row = t / tiles, j0 = (t % tiles) * kTile, len = std::min(kTile, L.inner - j0);
-      const S* base = x + offset_of(row, L.kept_shape, L.kept_stride) + j0;
+      const S* base = x + strided_offset(row, L.kept_shape, L.kept_stride) + j0;
       for (int64_t j = 0; j < len; ++j) acc[j] = Ac::init(), sq[j] = A(0);
       for_each_offset(L.red_shape, L.red_stride, [&](int64_t r) {
         const S* p = base + r;

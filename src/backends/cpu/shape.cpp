@@ -238,8 +238,7 @@ void copy_viewed_part(const Blocks& b, size_t i, const OperandView& view, size_t
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
   for (int64_t e = 0; e < n; ++e) {
-    int64_t at = view.offset, r = e;
-    for (size_t d = sizes.size(); d-- > 0;) at += (r % sizes[d]) * view.strides[d], r /= sizes[d];
+    const int64_t at = view.offset + strided_offset(e, sizes, view.strides);
     std::memcpy(dst + (e / width) * b.row + b.start[i] + (e % width) * int64_t(esz), src + at * int64_t(esz), esz);
   }
 }
