@@ -1,5 +1,6 @@
 // The op registry: one OpInfo per OpKind, built from KILN_OP_LIST and the per-family shape
 // rules (src/ops/<family>.cpp).
+#include <algorithm>
 #include <array>
 #include <string>
 
@@ -74,15 +75,21 @@ std::vector<TensorType> infer_types(OpKind op, const std::vector<const TensorTyp
              " inputs, got ", n);
   for (int i = 0; i < info.min_inputs; ++i)
     KILN_CHECK(inputs[i] != nullptr, kInvalidArgument, info.name, ": input ", i, " is required");
-  // An input read through a view ("view<i>") is seen in the view's type.
-  std::vector<TensorType> viewed(inputs.size());
-  std::vector<const TensorType*> seen = inputs;
-  for (size_t i = 0; i < inputs.size(); ++i)
-    if (inputs[i] != nullptr && attrs.has(input_view_key(i))) {
-      viewed[i] = input_view(op, attrs, i, *inputs[i]).logical;
-      seen[i] = &viewed[i];
-    }
-  std::vector<TensorType> out = info.shape_rule(op, seen, attrs);
+  // An input read through a view ("view<i>") is seen in the view's type; a node without such an
+  // attribute (nearly every one) keeps its inputs as they are.
+  const bool views = std::any_of(attrs.items().begin(), attrs.items().end(),
+                                 [](const auto& item) { return item.first.rfind("view", 0) == 0; });
+  std::vector<TensorType> viewed(views ? inputs.size() : 0);
+  std::vector<const TensorType*> seen;
+  if (views) {
+    seen = inputs;
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (inputs[i] != nullptr && attrs.has(input_view_key(i))) {
+        viewed[i] = input_view(op, attrs, i, *inputs[i]).logical;
+        seen[i] = &viewed[i];
+      }
+  }
+  std::vector<TensorType> out = info.shape_rule(op, views ? seen : inputs, attrs);
   // Every later size computation (numel, nbytes, strides) multiplies extents unchecked, so an
   // output the attributes make too large to address stops here.
   for (const TensorType& t : out) {
