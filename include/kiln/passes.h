@@ -46,13 +46,15 @@ bool broadcast_expands(Graph& g);
 // fold_constants, which would otherwise fold the expanded copy.
 bool broadcast_gather_indices(Graph& g);
 // Runs two or more plain linears that read the same x with constant weights (q, k and v
-// projections) as one linear over the weights concatenated along N, with a slice of its output
-// per former linear. Only when every output reaches sdpa q / k / v operands through reshape /
-// permute nodes alone, of sdpa nodes `foldable` accepts (the filter fold_attention_layout is
-// given), so fold_attention_layout reads the slices as views. The weight concatenations are
-// nodes on constants for fold_constants to fold. Run it after lower_precision, before
-// fuse_epilogue.
-bool fuse_sibling_linears(Graph& g, const AttentionFilter& foldable = fused_attention_shape);
+// projections, SwiGLU's gate and up) as one linear over the weights concatenated along N, with a
+// slice of its output per former linear. Only when every output is read where it lies: as sdpa
+// q / k / v operands through reshape / permute nodes, of sdpa nodes `foldable` accepts (the
+// filter fold_attention_layout is given, which reads the slices as views), or, with
+// `pointwise_views` (pointwise fusion follows) and static shapes, by pointwise ops, which
+// fold_input_views makes read views (also through expand). The weight concatenations are nodes
+// on constants for fold_constants to fold. Run it after lower_precision, before fuse_epilogue.
+bool fuse_sibling_linears(Graph& g, const AttentionFilter& foldable = fused_attention_shape,
+                          bool pointwise_views = false);
 // Folds a bias add, a residual add and an activation (relu, gelu, silu, sigmoid, tanh) that
 // follow a single-use linear or conv into that op's epilogue (its bias / residual inputs and
 // `activation` attribute). With `pointwise_follows` (fuse_pointwise runs later), an activation
@@ -86,6 +88,10 @@ bool fold_matmul_views(Graph& g);
 // Makes an sdpa whose mask is logical_and(all-true constant, m) read m (sdpa broadcasts its
 // mask over the scores), so transformers' folded index masks cost nothing per score.
 bool simplify_attention_masks(Graph& g);
+// Makes an sdpa whose mask is a constant causal pattern (bool, or additive with 0 and -inf or the
+// dtype's lowest value; the same [L, S] triangle in every batch slice) causal without a mask:
+// the kernels then skip the keys above the diagonal instead of reading a mask per score.
+bool causal_attention_masks(Graph& g);
 // Makes attention written out as ops one sdpa node: matmul(softmax(scores), v) whose scores are
 // matmul(q, k transposed) with single-element scales, additive biases (relative positions, window
 // masks) and batch reshapes between them becomes sdpa(q, k, v, summed bias) {scale}. Run it

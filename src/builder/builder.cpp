@@ -70,9 +70,11 @@ Graph Builder::optimize(const Graph& network, std::ostream& log, std::shared_ptr
   const AttentionFilter foldable =
       config_.device.type == DeviceType::kCUDA ? strided_attention_shape : fused_attention_shape;
   run("form_attention", &form_attention);
-  run("fuse_sibling_linears", [&](Graph& graph) { return fuse_sibling_linears(graph, foldable); });
+  run("fuse_sibling_linears",
+      [&](Graph& graph) { return fuse_sibling_linears(graph, foldable, config_.fuse_pointwise); });
   run("fuse_epilogue", [&](Graph& graph) { return fuse_epilogue(graph, config_.fuse_pointwise); });
   run("simplify_attention_masks", &simplify_attention_masks);
+  run("causal_attention_masks", &causal_attention_masks);
   if (config_.device.type == DeviceType::kCUDA) run("additive_attention_masks", &additive_attention_masks);
   run("fold_attention_layout", [&](Graph& graph) { return fold_attention_layout(graph, foldable); });
   run("fold_matmul_views", &fold_matmul_views);

@@ -1,4 +1,6 @@
 // simplify_attention_masks: an sdpa mask that is logical_and(all-true constant, m) reads m.
+// causal_attention_masks: an sdpa whose mask is a constant causal pattern becomes causal, unmasked
+// (below).
 // additive_attention_masks: an f16 / bf16 sdpa's bool mask becomes where(m, 0, -inf) in q's
 // dtype (below).
 //
@@ -9,6 +11,8 @@
 // when the other operand m broadcasts to the scores too, the node can read m directly: the
 // same keep / drop decision for every score, read from a smaller tensor (one mask row per batch
 // instead of a mask byte per score). The and-node goes when nothing else reads it.
+#include <cmath>
+#include <limits>
 #include <map>
 
 #include "kiln/passes.h"
@@ -58,6 +62,66 @@ bool simplify_attention_masks(Graph& g) {
     }
     if (keep == kNoValue) continue;
     set_mask(g, pos, keep);
+    changed = true;
+  }
+  if (changed) eliminate_dead_code(g);
+  return changed;
+}
+
+namespace {
+
+// Whether constant `mask` (bool, or additive in a floating dtype) says, in every slice its batch
+// dims hold, exactly what causal attention over [L, S] scores does: query i sees key j iff
+// j <= i. An additive mask keeps with 0 and drops with -inf or its dtype's lowest finite value
+// (what transformers fill with); any other value is no causal pattern.
+bool is_causal_mask(const Graph& g, ValueId mask, int64_t L, int64_t S) {
+  const Value& val = g.value(mask);
+  const TensorType& t = val.type;
+  if (!val.is_constant() || !val.data || t.rank() < 2 || !passes::all_static(t) ||
+      t.dims[size_t(t.rank() - 2)].extent != L || t.dims.back().extent != S)
+    return false;
+  const bool is_bool = t.dtype == DType::kBool;
+  if (!is_bool && !is_floating(t.dtype)) return false;
+  const double lowest = t.dtype == DType::kF16    ? -65504.0
+                        : t.dtype == DType::kBF16 ? -3.3895313892515355e38
+                        : t.dtype == DType::kF32  ? double(std::numeric_limits<float>::lowest())
+                                                  : std::numeric_limits<double>::lowest();
+  const int64_t n = t.numel();
+  for (int64_t e = 0; e < n; ++e) {
+    const int64_t j = e % S, i = (e / S) % L;
+    const double x = load_as_double(val.data->data(), t.dtype, e);
+    const bool keep = j <= i;
+    const bool ok = is_bool ? (x != 0.0) == keep : keep ? x == 0.0 : (x == lowest || x == -HUGE_VAL);
+    if (!ok) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+// Transformers give decoders without a padding mask (and torch code that builds its own
+// triangle) a folded constant mask of the causal pattern; as "causal" the kernels skip the
+// blocks above the diagonal instead of reading a mask per score.
+bool causal_attention_masks(Graph& g) {
+  bool changed = false;
+  for (size_t pos = 0; pos < g.nodes().size(); ++pos) {
+    const Node& n = *g.nodes()[pos];
+    if (n.op != OpKind::kSdpa || n.inputs.size() < 4 || n.inputs[3] == kNoValue || n.attrs.get_bool("causal", false))
+      continue;
+    const TypeList types = {&g.type(n.inputs[0]), &g.type(n.inputs[1]), &g.type(n.inputs[2])};
+    const SdpaLayout l = sdpa_layout(types, n.attrs);  // the logical q and k under any layout or views
+    const TensorType &q = l.q.logical, &k = l.k.logical;
+    if (!passes::all_static(q) || !passes::all_static(k) ||
+        !is_causal_mask(g, n.inputs[3], q.dims[size_t(q.rank() - 2)].extent, k.dims[size_t(k.rank() - 2)].extent))
+      continue;
+    std::vector<ValueId> ins(n.inputs.begin(), n.inputs.begin() + 3);
+    Attrs attrs = n.attrs;
+    attrs.set("causal", true);
+    const std::string name = n.name;
+    const ValueId y = n.outputs[0];
+    const ValueId y2 = g.insert_node(pos, OpKind::kSdpa, ins, attrs, name)[0];
+    g.replace_all_uses(y, y2);
+    g.erase_node(pos + 1);
     changed = true;
   }
   if (changed) eliminate_dead_code(g);

@@ -3,9 +3,18 @@
 // bytes.
 //
 // Kiln's IR is dense, so each permute and slice of a head split is a copy (a reshape of a dense
-// value costs nothing: the memory planner aliases it). Two rewrites, tried in this order on each
+// value costs nothing: the memory planner aliases it). Three rewrites, tried in this order on each
 // sdpa the filter accepts:
 //
+// 0. grouped-query attention (Llama, Qwen2, Mistral: transformers' repeat_kv expands k and v of
+//    [B, KVH, S, D] to [B, KVH, n_rep, S, D] and reshapes them to [B, H, S, D]): where k or v
+//    reaches, through expand (view_chain.h atom_view_of), a view whose batch dims repeat a block
+//    (a stride-0 atom), the batch dims of q, k, v, the mask and the output are split into their
+//    common refinement ([B, H] -> [B, KVH, n_rep]), every refined dim one atom per operand, and
+//    the sdpa reads k and v as views with stride 0 over n_rep: each group of heads reads its one
+//    k / v head, and the expanded copies go. q and the mask are reshaped (free); a permute that
+//    alone reads the output becomes out_perm over the refined dims; a reshape brings the output
+//    back to the shape its readers saw.
 // 1. layout "bshd" (the head split of transformers' encoders: q = linear(x).view(B, S, H, D)
 //    .transpose(1, 2), likewise k, v):
 //      sdpa(permute(xq, P), permute(xk, P), permute(xv, P), [mask])    with P = [0, 2, 1, 3]
@@ -34,11 +43,13 @@
 // Does not: fold an sdpa that already has a layout or views, an sdpa the filter declines (by
 // default those the fused kernels do not serve: f32, head dims other than 64 / 128; see
 // fused_attention_shape; the CUDA builder passes strided_attention_shape), views through
-// expand or other ops, or permutes elsewhere in the graph. The old chains stay where something
-// else reads them. Run it after fuse_epilogue and before fuse_pointwise (the pointwise ops
-// between two permutes would otherwise hide the pair); on the CPU a strided sdpa runs through
-// copies, so the pass pays off on CUDA, whose kernels read the strides directly.
+// expand other than rewrite 0's, views through other ops, or permutes elsewhere in the graph.
+// The old chains stay where something else reads them. Run it after fuse_epilogue and before
+// fuse_pointwise (the pointwise ops between two permutes would otherwise hide the pair); on the
+// CPU a strided sdpa runs through copies, so the pass pays off on CUDA, whose kernels read the
+// strides directly.
 #include <algorithm>
+#include <optional>
 #include <unordered_set>
 
 #include "kiln/errors.h"
@@ -174,6 +185,119 @@ bool rewrite_views(Graph& g, size_t pos, const AttentionFilter& foldable) {
   return true;
 }
 
+// A q / k / v view the attention kernels read: the sequence and head dims one atom each, the head
+// dim contiguous (batch dims may be several atoms: rewrite_grouped splits them).
+bool attention_readable(const passes::AtomView& v) {
+  const size_t r = v.dims.size();
+  return r >= 3 && v.dims[r - 2].size() <= 1 && v.dims[r - 1].size() == 1 && v.dims[r - 1][0].stride == 1;
+}
+
+// Whether a batch dim of `v` repeats a block of its base (a stride-0 atom: an expand).
+bool repeats(const passes::AtomView& v) {
+  for (size_t d = 0; d + 2 < v.dims.size(); ++d)
+    for (const passes::Atom& a : v.dims[d])
+      if (a.stride == 0 && a.size > 1) return true;
+  return false;
+}
+
+// Rewrite 0 of the sdpa at `pos` (grouped-query attention); returns whether it changed the graph.
+bool rewrite_grouped(Graph& g, size_t pos, const AttentionFilter& foldable) {
+  const Node& n = *g.nodes()[pos];
+  if (n.op != OpKind::kSdpa || already_strided(n.attrs) || !foldable(g, n)) return false;
+  const bool masked = n.inputs.size() > 3 && n.inputs[3] != kNoValue;
+  for (size_t i = 0; i < n.inputs.size(); ++i)
+    if (n.inputs[i] != kNoValue && (!passes::all_static(g.type(n.inputs[i])) || g.type(n.inputs[i]).numel() == 0))
+      return false;
+  const TensorType& yt = g.type(n.outputs[0]);
+  const size_t es = dtype_size(yt.dtype);
+  passes::AtomView views[3];
+  bool viewed[3], grouped = false;
+  for (size_t i = 0; i < 3; ++i) {
+    const ValueId x = n.inputs[i];
+    views[i] = passes::atom_view_of(g, x, true, attention_readable);
+    viewed[i] = views[i].base != x && !views[i].in_order(g) && passes::all_static(g.type(views[i].base));
+    if (!viewed[i]) views[i] = passes::atom_view_of(g, x, false, [](const passes::AtomView&) { return false; });
+    grouped = grouped || (i > 0 && viewed[i] && repeats(views[i]));
+  }
+  if (!grouped) return false;
+  const std::vector<int64_t> ys = yt.shape();
+  const size_t batch_rank = ys.size() - 2;
+  const std::optional<passes::RefinedBatches> refined =
+      passes::refine_batches({&views[0], &views[1], &views[2]}, {ys.begin(), ys.begin() + int64_t(batch_rank)});
+  if (!refined) return false;
+
+  // Each refined batch dim's position, per original batch dim.
+  std::vector<std::vector<int64_t>> group_dims;
+  int64_t next = 0;
+  for (const std::vector<int64_t>& sizes : refined->groups) {
+    group_dims.emplace_back();
+    for (size_t k = 0; k < sizes.size(); ++k) group_dims.back().push_back(next++);
+  }
+  group_dims.push_back({next++});  // L
+  group_dims.push_back({next++});  // Ev
+  std::vector<int64_t> refined_y;
+  for (const std::vector<int64_t>& sizes : refined->groups)
+    refined_y.insert(refined_y.end(), sizes.begin(), sizes.end());
+  refined_y.push_back(ys[batch_rank]);
+  refined_y.push_back(ys[batch_rank + 1]);
+
+  // The output: written in the order of a permute that alone reads it (the head merge), as in
+  // rewrite 2, over the refined dims.
+  std::vector<size_t> readers;
+  const passes::Perm perm = output_perm(g, n.outputs[0], readers);
+  passes::Perm refined_perm;
+  for (int64_t p : perm)
+    refined_perm.insert(refined_perm.end(), group_dims[size_t(p)].begin(), group_dims[size_t(p)].end());
+  if (!refined_perm.empty()) {
+    std::vector<int64_t> placed, strides(refined_y.size());
+    for (int64_t p : refined_perm) placed.push_back(refined_y[size_t(p)]);
+    const std::vector<int64_t> placed_strides = row_major_strides(placed);
+    for (size_t j = 0; j < refined_perm.size(); ++j) strides[size_t(refined_perm[j])] = placed_strides[j];
+    if (!aligned(0, refined_y, strides, es)) refined_perm.clear(), readers.clear();
+  }
+
+  Attrs attrs = n.attrs;
+  passes::RefinedOperand operands[3];
+  for (size_t i = 0; i < 3; ++i) {
+    operands[i] = passes::refined_operand(g, n.inputs[i], views[i], viewed[i], refined->atoms[i]);
+    const std::vector<int64_t>& view = operands[i].view;
+    if (view.empty()) continue;
+    std::vector<int64_t> sizes, strides;
+    for (size_t k = 1; k + 1 < view.size(); k += 2) sizes.push_back(view[k]), strides.push_back(view[k + 1]);
+    if (!aligned(view[0], sizes, strides, es)) return false;
+    attrs.set(kViewKeys[i], view);
+  }
+  if (!refined_perm.empty()) attrs.set("out_perm", refined_perm);
+  const ValueId y = n.outputs[0];
+  std::vector<ValueId> ins = n.inputs;
+  passes::NodeInserter at{g, pos, n.name};
+  for (size_t i = 0; i < 3; ++i) ins[i] = viewed[i] ? views[i].base : at.reshape(ins[i], operands[i].shape);
+  if (masked) {  // the mask (dense) reshaped to the refined scores: a dim it broadcasts over stays 1
+    const std::vector<int64_t> ms = g.type(ins[3]).shape();
+    const size_t lead = ys.size() - ms.size();
+    std::vector<int64_t> shape;
+    for (size_t d = 0; d < batch_rank; ++d)
+      for (int64_t s : refined->groups[d]) shape.push_back(d >= lead && ms[d - lead] != 1 ? s : 1);
+    shape.insert(shape.end(), ms.end() - 2, ms.end());
+    ins[3] = at.reshape(ins[3], shape);
+  }
+  const ValueId y_new = at.node(OpKind::kSdpa, ins, attrs);
+  // Back to the shape the readers saw: the permutes' outputs, or the sdpa's own. The old sdpa
+  // and its readers moved by the nodes inserted before them.
+  if (readers.empty()) {
+    g.replace_all_uses(y, at.reshape(y_new, ys));
+  } else {
+    const ValueId placed = g.nodes()[readers[0] + (at.pos - pos)]->outputs[0];
+    const ValueId result = at.reshape(y_new, g.type(placed).shape());
+    const size_t moved = at.pos - pos;
+    for (size_t r : readers) g.replace_all_uses(g.nodes()[r + moved]->outputs[0], result);
+    std::sort(readers.rbegin(), readers.rend());
+    for (size_t r : readers) g.erase_node(r + moved);
+  }
+  g.erase_node(at.pos);  // the old sdpa
+  return true;
+}
+
 }  // namespace
 
 // Others run as matmul-softmax-matmul, which wants whole heads contiguous unless its GEMMs take
@@ -194,6 +318,10 @@ bool fold_attention_layout(Graph& g, const AttentionFilter& foldable) {
   std::unordered_set<ValueId> swapped_outputs;
   bool changed = false;
   for (size_t pos = 0; pos < g.nodes().size(); ++pos) {
+    if (rewrite_grouped(g, pos, foldable)) {
+      changed = true;
+      continue;
+    }
     const ValueId v = rewrite_bshd(g, pos, foldable);
     if (v != kNoValue) {
       swapped_outputs.insert(v);

@@ -1,4 +1,5 @@
-// fuse_sibling_linears: runs the q, k and v projections of an attention block as one GEMM.
+// fuse_sibling_linears: runs the q, k and v projections of an attention block (and other linears
+// of one input, such as SwiGLU's gate and up) as one GEMM.
 //
 // A transformer's self-attention computes q = linear(x, Wq, bq), k = linear(x, Wk, bk),
 // v = linear(x, Wv, bv) and splits each into heads (reshape, permute) for sdpa. At small batch
@@ -16,14 +17,18 @@
 // A group is two or more linears that read the same x (hence the same K and dtype), whose
 // weights are constants, that all have a constant bias or all have none, that carry no
 // epilogue (no activation, no residual; the pass runs before fuse_epilogue) and whose
-// attributes are equal. Every output of the group must reach only sdpa q / k / v operands,
-// through reshape and permute nodes only, of sdpa nodes that the filter accepts, the one
-// fold_attention_layout is given (by default fused_attention_shape: f16 / bf16, head dim 32, 64,
-// 96 or 128; on CUDA strided_attention_shape): then each slice is the start of a head split that
-// fold_attention_layout reads as a strided view of y. An output with any other reader (an add,
-// a graph output, a mask), or feeding an sdpa that fold_attention_layout leaves with dense
-// operands, keeps its own linear: its slice would stay a copy, which costs about what the saved
-// launch does.
+// attributes are equal. Every output of the group must reach only readers that read its slice
+// where it lies: sdpa q / k / v operands, through reshape and permute nodes, of sdpa nodes that
+// the filter accepts (the one fold_attention_layout is given; by default fused_attention_shape:
+// f16 / bf16, head dim 32, 64, 96 or 128; on CUDA strided_attention_shape), which
+// fold_attention_layout reads as strided views of y; and, when pointwise fusion follows
+// (`pointwise_views`) and shapes are static, pointwise ops and concats (Llama's rotary embedding
+// of q and k, SwiGLU's silu(gate) * up), which fold_input_views makes read views, also through
+// expand, slice and split (grouped-query attention's repeated k / v, which fold_attention_layout
+// reads with stride 0; rotate_half's halves). An output with any other reader (a graph output,
+// a mask, a GEMM), or feeding an sdpa that fold_attention_layout leaves with dense operands,
+// keeps its own linear: its slice would stay a copy, which costs about what the saved launch
+// does.
 //
 // Does not: fuse linears over different inputs, look through casts or other ops between x and
 // the linears, or fuse matmul / conv siblings.
@@ -42,22 +47,28 @@ namespace {
 
 ValueId input_or_none(const Node& n, size_t i) { return i < n.inputs.size() ? n.inputs[i] : kNoValue; }
 
-// Whether every reader of v, followed through reshape and permute nodes, is an sdpa that takes
-// it as q, k or v and that `foldable` accepts; v and the values on the way are no graph
+// Whether every reader of v, followed through reshape and permute nodes (and expand, slice and
+// split nodes, with `views`), reads a slice of the fused output where it lies: an sdpa that takes
+// it as q, k or v and that `foldable` accepts, or, with `views`, a pointwise op or a concat
+// (fold_input_views makes fused kernels and concats read views; rotate_half's slices and concat
+// become a gathered leaf of the rotary kernel). v and the values on the way are no graph
 // outputs, and v has a reader.
-bool feeds_only_attention_views(const Graph& g, const std::vector<std::vector<int>>& users, ValueId v,
-                                const AttentionFilter& foldable, int depth = 0) {
+bool reads_slices_in_place(const Graph& g, const std::vector<std::vector<int>>& users, ValueId v,
+                           const AttentionFilter& foldable, bool views, int depth = 0) {
   constexpr int kMaxDepth = 16;  // a head split is two or three views
   if (depth > kMaxDepth || passes::is_graph_output(g, v) || users[size_t(v)].empty()) return false;
   for (int u : users[size_t(v)]) {
     const Node& r = *g.nodes()[size_t(u)];
-    if (r.op == OpKind::kReshape || r.op == OpKind::kPermute) {
-      if (!feeds_only_attention_views(g, users, r.outputs[0], foldable, depth + 1)) return false;
+    const bool chain = r.op == OpKind::kReshape || r.op == OpKind::kPermute ||
+                       (views && (r.op == OpKind::kExpand || r.op == OpKind::kSlice || r.op == OpKind::kSplit));
+    if (chain) {
+      for (ValueId o : r.outputs)
+        if (!reads_slices_in_place(g, users, o, foldable, views, depth + 1)) return false;
     } else if (r.op == OpKind::kSdpa) {
       if (!foldable(g, r)) return false;
       for (size_t i = 3; i < r.inputs.size(); ++i)
         if (r.inputs[i] == v) return false;  // the mask
-    } else {
+    } else if (!views || !(r.op == OpKind::kConcat || (op_info(r.op).pointwise() && r.outputs.size() == 1))) {
       return false;
     }
   }
@@ -131,12 +142,15 @@ void fuse(Graph& g, const Group& grp) {
 
 }  // namespace
 
-bool fuse_sibling_linears(Graph& g, const AttentionFilter& foldable) {
+bool fuse_sibling_linears(Graph& g, const AttentionFilter& foldable, bool pointwise_views) {
   const std::vector<std::vector<int>> users = g.users();
   std::vector<Group> groups;
   for (const auto& node : g.nodes()) {
     Node& n = *node;
-    if (!plain_constant_linear(g, n) || !feeds_only_attention_views(g, users, n.outputs[0], foldable)) continue;
+    if (!plain_constant_linear(g, n)) continue;
+    // Views of a slice are static (fold_input_views, fold_attention_layout's grouped rewrite).
+    const bool views = pointwise_views && passes::all_static(g.type(n.outputs[0]));
+    if (!reads_slices_in_place(g, users, n.outputs[0], foldable, views)) continue;
     const ValueId x = n.inputs[0];
     const bool biased = input_or_none(n, 2) != kNoValue;
     auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& grp) {

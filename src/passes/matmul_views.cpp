@@ -33,7 +33,7 @@
 // left without readers are removed.
 #include <algorithm>
 #include <cmath>
-#include <set>
+#include <optional>
 
 #include "kiln/errors.h"
 #include "kiln/passes.h"
@@ -47,7 +47,6 @@ namespace kiln {
 namespace {
 
 using passes::all_static;
-using passes::Atom;
 using passes::AtomView;
 
 // A view whose two matrix dims are one atom each and that a GEMM reads (matrix_layout).
@@ -79,44 +78,6 @@ ValueId unscaled(const Graph& g, ValueId v, double& alpha) {
   return v;
 }
 
-// The common refinement of two factorizations (outermost first) of one extent: the sizes
-// between the cut points of either, or empty when a cut of one falls inside a factor of the
-// other without dividing it.
-std::vector<int64_t> refine(const std::vector<std::vector<Atom>>& sides, int64_t extent) {
-  std::set<int64_t> cuts = {1};  // products of the outer factors of a side
-  for (const std::vector<Atom>& atoms : sides) {
-    int64_t p = extent;
-    for (const Atom& a : atoms) cuts.insert(p /= a.size);
-  }
-  std::vector<int64_t> sizes;
-  int64_t inner = 1;
-  for (int64_t c : cuts) {  // ascending: the innermost cut first
-    if (c == 1) continue;
-    if (c % inner != 0) return {};
-    sizes.insert(sizes.begin(), c / inner);
-    inner = c;
-  }
-  if (extent % inner != 0) return {};
-  if (extent / inner > 1 || sizes.empty()) sizes.insert(sizes.begin(), extent / inner);
-  return sizes;
-}
-
-// `atoms` (of a dim of the refined `sizes`' product) split into one atom per refined size.
-std::vector<Atom> split_atoms(const std::vector<Atom>& atoms, const std::vector<int64_t>& sizes) {
-  std::vector<Atom> out;
-  size_t next = 0;
-  for (const Atom& a : atoms) {
-    int64_t left = a.size;
-    while (left > 1) {
-      const int64_t s = sizes[next++];
-      left /= s;
-      out.push_back({s, a.stride * left});
-    }
-  }
-  while (out.size() < sizes.size()) out.push_back({sizes[out.size()], 0});  // extent-1 refined dims
-  return out;
-}
-
 // Rewrites the matmul at `pos`; returns whether it did.
 bool fold_views(Graph& g, size_t pos) {
   const Node& n = *g.nodes()[pos];
@@ -140,65 +101,27 @@ bool fold_views(Graph& g, size_t pos) {
 
   // The refined batch dims, and each operand's atom per refined dim (stride 0 where it broadcasts).
   const std::vector<int64_t> ys = yt.shape();
-  const size_t out_batch = ys.size() - 2;
-  std::vector<int64_t> sizes;
-  std::vector<Atom> batch[2];
-  for (size_t d = 0; d < out_batch; ++d) {
-    std::vector<std::vector<Atom>> sides;
-    std::vector<int> side_of;
-    for (int i = 0; i < 2; ++i) {
-      const size_t rank = views[i].dims.size(), lead = out_batch - (rank - 2);
-      if (d >= lead && !views[i].dims[d - lead].empty()) sides.push_back(views[i].dims[d - lead]), side_of.push_back(i);
-    }
-    const std::vector<int64_t> refined = refine(sides, ys[d]);
-    if (refined.empty()) return false;
-    sizes.insert(sizes.end(), refined.begin(), refined.end());
-    for (int i = 0; i < 2; ++i) {
-      const auto it = std::find(side_of.begin(), side_of.end(), i);
-      const std::vector<Atom> atoms = it == side_of.end() ? std::vector<Atom>{} : sides[size_t(it - side_of.begin())];
-      for (const Atom& a : split_atoms(atoms, refined)) batch[i].push_back(it == side_of.end() ? Atom{1, 0} : a);
-    }
-  }
+  const std::optional<passes::RefinedBatches> refined =
+      passes::refine_batches({&views[0], &views[1]}, {ys.begin(), ys.end() - 2});
+  if (!refined) return false;
   // A viewed operand is its view's base read through a_view / b_view; another one is itself,
-  // reshaped to the refined batch dims where they differ (free, and its sizes stay the reshape's,
-  // which a dynamic program fits more often than a view's stride products).
+  // reshaped to the refined batch dims (free, and a reshape's sizes fit a dynamic program more
+  // often than a view's stride products).
   const std::string name = n.name;
   const ValueId y = n.outputs[0];
   Attrs attrs = n.attrs;
   if (alpha != 1.0) attrs.set("alpha", alpha);
   const char* keys[2] = {"a_view", "b_view"};
   ValueId ins[2];
-  size_t at = pos;
+  passes::NodeInserter at{g, pos, name};
   for (size_t i = 0; i < 2; ++i) {
-    const AtomView& v = views[i];
-    const std::vector<int64_t> shape = g.type(operand[i]).shape();
-    std::vector<int64_t> attr = {v.offset}, refined_shape;
-    for (const Atom& a : batch[i]) {
-      attr.push_back(a.size), attr.push_back(a.size == 1 ? 0 : a.stride);
-      refined_shape.push_back(a.size);
-    }
-    for (size_t d = shape.size() - 2; d < shape.size(); ++d) {
-      attr.push_back(shape[d]), attr.push_back(v.dims[d].empty() ? 0 : v.dims[d][0].stride);
-      refined_shape.push_back(shape[d]);
-    }
-    ins[i] = viewed[i] ? v.base : operand[i];
-    if (viewed[i]) {
-      attrs.set(keys[i], attr);
-    } else if (refined_shape != shape) {
-      Attrs r;
-      r.set("shape", refined_shape);
-      ins[i] = g.insert_node(at++, OpKind::kReshape, {operand[i]}, r, name)[0];
-    }
+    const passes::RefinedOperand r = passes::refined_operand(g, operand[i], views[i], viewed[i], refined->atoms[i]);
+    ins[i] = viewed[i] ? views[i].base : at.reshape(operand[i], r.shape);
+    if (viewed[i]) attrs.set(keys[i], r.view);
   }
-  const ValueId y_new = g.insert_node(at++, OpKind::kMatmul, {ins[0], ins[1]}, attrs, name)[0];
-  ValueId result = y_new;
-  if (g.type(y_new).shape() != ys) {
-    Attrs r;
-    r.set("shape", ys);
-    result = g.insert_node(at++, OpKind::kReshape, {y_new}, r, name)[0];
-  }
+  const ValueId result = at.reshape(at.node(OpKind::kMatmul, {ins[0], ins[1]}, attrs), ys);
   g.replace_all_uses(y, result);
-  g.erase_node(at);
+  g.erase_node(at.pos);
   return true;
 }
 

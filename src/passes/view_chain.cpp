@@ -16,6 +16,7 @@
 // ten nodes in a head split), so each start is tried from the furthest value inward and the
 // first that gives a view wins: the longest chain.
 #include <algorithm>
+#include <set>
 
 #include "src/ops/access.h"
 #include "src/passes/view_chain.h"
@@ -171,6 +172,44 @@ ValueView trivial(const Graph& g, ValueId v) {
   return r;
 }
 
+// The common refinement of factorizations (outermost first) of one extent: the sizes between
+// the cut points of any, or empty when a cut of one falls inside a factor of another without
+// dividing it.
+std::vector<int64_t> refine(const std::vector<Atoms>& sides, int64_t extent) {
+  std::set<int64_t> cuts = {1};  // products of the outer factors of a side
+  for (const Atoms& atoms : sides) {
+    int64_t p = extent;
+    for (const Atom& a : atoms) cuts.insert(p /= a.size);
+  }
+  std::vector<int64_t> sizes;
+  int64_t inner = 1;
+  for (int64_t c : cuts) {  // ascending: the innermost cut first
+    if (c == 1) continue;
+    if (c % inner != 0) return {};
+    sizes.insert(sizes.begin(), c / inner);
+    inner = c;
+  }
+  if (extent % inner != 0) return {};
+  if (extent / inner > 1 || sizes.empty()) sizes.insert(sizes.begin(), extent / inner);
+  return sizes;
+}
+
+// `atoms` (of a dim of the refined `sizes`' product) split into one atom per refined size.
+Atoms split_atoms(const Atoms& atoms, const std::vector<int64_t>& sizes) {
+  Atoms out;
+  size_t next = 0;
+  for (const Atom& a : atoms) {
+    int64_t left = a.size;
+    while (left > 1) {
+      const int64_t s = sizes[next++];
+      left /= s;
+      out.push_back({s, a.stride * left});
+    }
+  }
+  while (out.size() < sizes.size()) out.push_back({sizes[out.size()], 0});  // extent-1 refined dims
+  return out;
+}
+
 }  // namespace
 
 bool ValueView::whole_base(const Graph& g) const {
@@ -236,6 +275,51 @@ ValueView strided_view_of(const Graph& g, ValueId v) {
   r.offset = a.offset;
   r.sizes = g.type(v).shape();
   for (const Atoms& d : a.dims) r.strides.push_back(d.empty() ? 0 : d[0].stride);
+  return r;
+}
+
+std::optional<RefinedBatches> refine_batches(const std::vector<const AtomView*>& operands,
+                                             const std::vector<int64_t>& batch) {
+  RefinedBatches r;
+  r.atoms.resize(operands.size());
+  for (size_t d = 0; d < batch.size(); ++d) {
+    std::vector<Atoms> sides;
+    std::vector<size_t> side_of;
+    for (size_t i = 0; i < operands.size(); ++i) {
+      const std::vector<Atoms>& dims = operands[i]->dims;
+      const size_t lead = batch.size() - (dims.size() - 2);
+      if (d >= lead && !dims[d - lead].empty()) sides.push_back(dims[d - lead]), side_of.push_back(i);
+    }
+    std::vector<int64_t> refined = refine(sides, batch[d]);
+    if (refined.empty()) return std::nullopt;
+    for (size_t i = 0; i < operands.size(); ++i) {
+      const auto it = std::find(side_of.begin(), side_of.end(), i);
+      if (it == side_of.end()) {  // no such dim, or extent 1: broadcast
+        r.atoms[i].insert(r.atoms[i].end(), refined.size(), Atom{1, 0});
+      } else {
+        const Atoms split = split_atoms(sides[size_t(it - side_of.begin())], refined);
+        r.atoms[i].insert(r.atoms[i].end(), split.begin(), split.end());
+      }
+    }
+    r.groups.push_back(std::move(refined));
+  }
+  return r;
+}
+
+RefinedOperand refined_operand(const Graph& g, ValueId operand, const AtomView& v, bool viewed,
+                               const std::vector<Atom>& batch) {
+  const std::vector<int64_t> shape = g.type(operand).shape();
+  RefinedOperand r;
+  r.view = {v.offset};
+  for (const Atom& a : batch) {
+    r.view.push_back(a.size), r.view.push_back(a.size == 1 ? 0 : a.stride);
+    r.shape.push_back(a.size);
+  }
+  for (size_t d = shape.size() - 2; d < shape.size(); ++d) {
+    r.view.push_back(shape[d]), r.view.push_back(v.dims[d].empty() ? 0 : v.dims[d][0].stride);
+    r.shape.push_back(shape[d]);
+  }
+  if (!viewed) r.view.clear();
   return r;
 }
 

@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "kiln/ir.h"
@@ -67,5 +68,25 @@ struct AtomView {
 // when none does.
 AtomView atom_view_of(const Graph& g, ValueId v, bool through_expand,
                       const std::function<bool(const AtomView&)>& accept);
+
+// Operands of a batched op (matmul, sdpa) read as AtomViews whose last two dims are the matrix:
+// their batch dims (right-aligned against `batch`, the broadcast batch extents) split into the
+// common refinement of every operand's atoms, so that each refined dim is one atom in each
+// operand ([B * H] read as [B] x [H]; a stride-0 group of heads as its own dim).
+struct RefinedBatches {
+  std::vector<std::vector<int64_t>> groups;  // per batch dim: its refined sizes, outermost first
+  std::vector<std::vector<Atom>> atoms;      // per operand: one atom per refined dim (stride 0: broadcast)
+};
+// nullopt when a cut of one operand falls inside another's atom without dividing it.
+std::optional<RefinedBatches> refine_batches(const std::vector<const AtomView*>& operands,
+                                             const std::vector<int64_t>& batch);
+
+// `operand` (read as `v`) over the refined batch atoms `batch`: its shape there and, where
+// `viewed`, the view attribute [offset, size0, stride0, ...] of v's base at those dims.
+struct RefinedOperand {
+  std::vector<int64_t> shape, view;
+};
+RefinedOperand refined_operand(const Graph& g, ValueId operand, const AtomView& v, bool viewed,
+                               const std::vector<Atom>& batch);
 
 }  // namespace kiln::passes

@@ -363,3 +363,45 @@ TEST(SiblingLinears, RefitEqualsAFreshBuildBitForBit) {
 }
 
 }  // namespace
+
+// ---- readers that take views --------------------------------------------------------------
+
+// SwiGLU (silu(gate(x)) * up(x)) and a rotated half of a third projection (rotate_half's slices
+// and concat): with pointwise fusion following, the three linears run as one and, after
+// fuse_pointwise and fold_input_views, the fused kernels and the concat read the slices where
+// they lie; without it, each keeps its own linear.
+TEST(SiblingLinears, PointwiseReadersTakeSlicesAsViews) {
+  Graph g;
+  const ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 6, 32}));
+  const ValueId gate = g.add_node1(OpKind::kLinear, {x, f32_weight(g, "gate", {48, 32}, 1)});
+  const ValueId up = g.add_node1(OpKind::kLinear, {x, f32_weight(g, "up", {48, 32}, 2)});
+  g.mark_output(g.add_node1(OpKind::kMul, {g.add_node1(OpKind::kSilu, {gate}), up}), "mlp");
+  const ValueId r = g.add_node1(OpKind::kLinear, {x, f32_weight(g, "rot", {16, 32}, 3)});
+  auto half = [&](int64_t start) {
+    Attrs a;
+    a.set("axis", int64_t{2});
+    a.set("start", start);
+    a.set("end", start + 8);
+    a.set("step", int64_t{1});
+    return g.add_node1(OpKind::kSlice, {r}, a);
+  };
+  Attrs last;
+  last.set("axis", int64_t{2});
+  const ValueId rotated = g.add_node1(OpKind::kConcat, {g.add_node1(OpKind::kNeg, {half(8)}), half(0)}, last);
+  g.mark_output(g.add_node1(OpKind::kAdd, {r, rotated}), "rot");
+
+  Graph plain = g;
+  EXPECT_FALSE(fuse_sibling_linears(plain, fused_attention_shape, false));
+
+  Graph f = g;
+  ASSERT_TRUE(fuse_sibling_linears(f, fused_attention_shape, true));
+  f.verify();
+  EXPECT_EQ(count_ops(f, OpKind::kLinear), 1) << f.to_string();
+  fold_constants(f);
+  fuse_pointwise(f);
+  fold_input_views(f);
+  f.verify();
+  EXPECT_EQ(count_ops(f, OpKind::kSlice), 0) << f.to_string();
+  const auto in = random_inputs(g, 9);
+  expect_close(run_plain(f, in), run_plain(g, in), 1e-5f, 1e-6f);
+}

@@ -1,8 +1,8 @@
 """sdpa through cuDNN's fused attention, the tactic timed against Kiln's flash kernel.
 
-Non-causal f16 / bf16 attention has two fused implementations on CUDA: the generated flash
-kernel and cuDNN's (its SDPA operation without a mask, cuDNN 9.13+; with a mask, the chain of
-operations cuDNN fuses into its flash kernel with a bias). The build policy's
+F16 / bf16 attention has two fused implementations on CUDA: the generated flash kernel and
+cuDNN's (its SDPA operation without a mask, cuDNN 9.13+; with a mask or causal, the chain of
+operations cuDNN fuses into its flash kernel with a bias and / or a causal select). The build policy's
 attention_tactic="cudnn" takes the cuDNN one so that it is the kernel under test (the build log must name it); each case compares
 it with the CPU engine and with torch's sdpa in float64, in both layouts ([B, H, S, D] and
 "bshd" [B, S, H, D], read through strides). Masks: additive [B, 1, 1, S] (BERT's padding shape)
@@ -10,9 +10,10 @@ and [B, 1, L, S] with finite values and dropped keys, and bool masks, which CUDA
 additive ones. Also: CUDA-graph replay, engine round trips that rebuild the saved cuDNN plan
 without compiling anything (KILN_CUDA_NO_COMPILE, which forbids cuDNN's runtime compilation too),
 unmasked from the engine config and masked from the plan's serialized form, the timed default
-(whichever wins is correct and the log shows the timing), causal nodes and masks with unaligned
-rows never taking the cuDNN path, and a bad attention_tactic value being an error that names
-it.
+(whichever wins is correct and the log shows the timing), causal attention (alone and with an
+additive mask, L = S and L != S, also through a plan rebuilt from its serialized form), masks
+with unaligned rows never taking the cuDNN path, and a bad attention_tactic value being an error
+that names it.
 Skipped, with the reason, where Kiln has no CUDA device.
 """
 
@@ -103,12 +104,16 @@ def _mask(c: tuple, kind: str, seed: int) -> torch.Tensor:
     return bias.to(dt)
 
 
-def _reference(feeds: list[torch.Tensor], bshd: bool) -> torch.Tensor:
+def _reference(feeds: list[torch.Tensor], bshd: bool, causal: bool = False) -> torch.Tensor:
     t = (lambda x: x.double().transpose(1, 2)) if bshd else (lambda x: x.double())
     mask = feeds[3] if len(feeds) > 3 else None
     if mask is not None and mask.is_floating_point():
         mask = mask.double()
-    ref = F.scaled_dot_product_attention(*(t(x) for x in feeds[:3]), attn_mask=mask)
+    q, k, v = (t(x) for x in feeds[:3])
+    if causal:  # top-left aligned, as sdpa's causal; torch takes no mask with is_causal
+        seen = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        mask = seen if mask is None else mask.masked_fill(~seen, float("-inf"))
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     return ref.transpose(1, 2) if bshd else ref
 
 
@@ -194,10 +199,29 @@ def test_cudnn_masked_sdpa_round_trip_uses_the_serialized_plan(monkeypatch: pyte
     assert torch.equal(_run(loaded, feeds), _run(engine, feeds))
 
 
-@pytest.mark.parametrize("c,mask,causal", [(CASES[1], "", True), (CASES[0], "add", False)],
-                         ids=["causal", "unaligned-mask-rows"])
-def test_causal_or_unaligned_mask_never_take_cudnn(c: tuple, mask: str, causal: bool) -> None:
-    log = _build(_graph(c, True, mask=mask, causal=causal), "cuda", "cudnn").build_log
+@pytest.mark.parametrize("c,mask", [(CASES[1], ""), (CASES[2], ""), (MASKED_CASES[0], "add-rows"),
+                                    (MASKED_CASES[1], "add")], ids=["l=s", "l>s", "masked-rows", "masked-l>s"])
+def test_cudnn_causal_sdpa_matches_cpu_and_float64(c: tuple, mask: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    g = _graph(c, True, mask=mask, causal=True)
+    engine = _build(g, "cuda", "cudnn")
+    log = engine.build_log
+    assert "by cuDNN" in log and ", causal" in log, log
+    tol = TOL[c[5]]
+    seed = c[1] + c[2]
+    feeds = _inputs(c, True, seed) + ([_mask(c, mask, seed)] if mask else [])
+    got, ref = _run(engine, feeds), _reference(feeds, True, causal=True)
+    assert not torch.isnan(got).any(), "cuDNN left output elements unwritten (NaN)"
+    assert _rel(got, ref) < tol, f"CUDA (cuDNN) vs float64: {_rel(got, ref):.2e}"
+    assert _rel(got, _run(_build(g, "cpu"), feeds)) < tol
+    assert _rel(_run(engine, feeds, use_graphs=True), ref) < tol
+    # The causal chain's plan is runtime-compiled: a load rebuilds it from its serialized form.
+    blob = engine.serialize()
+    monkeypatch.setenv("KILN_CUDA_NO_COMPILE", "1")
+    assert torch.equal(_run(Engine.deserialize(blob, device="cuda"), feeds), got)
+
+
+def test_unaligned_mask_never_takes_cudnn() -> None:
+    log = _build(_graph(CASES[0], True, mask="add"), "cuda", "cudnn").build_log
     assert "by cuDNN" not in log and "fused flash attention (generated" in log, log
 
 

@@ -253,6 +253,7 @@ std::unique_ptr<Kernel> choose_fused(const Node& n, const AttentionGeometry& geo
     parts.push_back(p);
   }
   parts.push_back(detail::concat("rows=", geo.q_row, ",", geo.k_row, ",", geo.v_row, ",", geo.o_row));
+  if (geo.causal) parts.push_back("causal");
   if (geo.mask_kind) {
     std::string m = detail::concat("mask", geo.mask_kind, "=", geo.mask_row_stride, ",", geo.mask_col_stride);
     for (int i = 0; i < geo.batch_rank; ++i) m += detail::concat(":", geo.mask_dims.stride[i]);

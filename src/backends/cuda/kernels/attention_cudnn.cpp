@@ -2,6 +2,7 @@
 #include <array>
 #include <cstring>
 #include <deque>
+#include <limits>
 
 #include "src/backends/cuda/codegen/nvrtc.h"
 #include "src/backends/cuda/device/cuda_util.h"
@@ -12,7 +13,7 @@ namespace kiln::cuda {
 
 namespace {
 
-constexpr int64_t kUidQ = 1, kUidK = 2, kUidV = 3, kUidO = 4, kUidScale = 5, kUidBias = 6;
+constexpr int64_t kUidQ = 1, kUidK = 2, kUidV = 3, kUidO = 4, kUidScale = 5, kUidBias = 6, kUidLowest = 7;
 constexpr int64_t kUidVirtual = 100;  // the masked graph's intermediates: 100, 101, ...
 constexpr int kMinCudnn = 91300;  // the first cuDNN with CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR
 
@@ -100,9 +101,40 @@ SdpaGraph build_sdpa_op(const AttentionGeometry& g, cudnnHandle_t handle, const 
 #endif
 }
 
-// With an additive mask: the chain of operations cuDNN's runtime fusion recognizes as one
-// flash-attention kernel (the form cuDNN's own graph library gives a biased sdpa):
+// Causal masking of the scores `s` (top-left aligned, as sdpa's causal): y = row >= col ? s :
+// lowest, with the row and column indices generated along the scores' axes 2 and 3 (int32), their
+// comparison (bool) and a select against a by-value f32 scalar (kUidLowest). The four outputs are
+// virtual tensors of the scores' shape; the operations go to `ops`. Returns y.
+const Desc& causal_select(std::deque<Desc>& parts, std::vector<const Desc*>& ops, const Desc& s, const Desc& row,
+                          const Desc& col, const Desc& keep, const Desc& y, const std::string& what) {
+  auto op = [&](cudnnPointwiseMode_t mode, cudnnDataType_t prec, const Desc& x, const Desc* b, const Desc* t,
+                const Desc& out, const char* name, int64_t axis) {
+    Desc& pd = parts.emplace_back(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, what + ": " + name + " (pointwise descriptor)");
+    pd.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode)
+        .set_dtype(CUDNN_ATTR_POINTWISE_MATH_PREC, prec);
+    if (axis >= 0) pd.set_i64(CUDNN_ATTR_POINTWISE_AXIS, axis);
+    pd.finalize();
+    Desc& o = parts.emplace_back(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, what + ": " + name);
+    o.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pd)
+        .set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x)
+        .set_desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, out);
+    if (b) o.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b);
+    if (t) o.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_TDESC, *t);
+    o.finalize();
+    ops.push_back(&o);
+  };
+  const Desc& lowest = parts.emplace_back(scalar_desc(kUidLowest, what + ": lowest score"));
+  op(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, s, nullptr, nullptr, row, "row index", 2);
+  op(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, s, nullptr, nullptr, col, "column index", 3);
+  op(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, row, &col, nullptr, keep, "row >= column", -1);
+  op(CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, s, &lowest, &keep, y, "causal select", -1);
+  return y;
+}
+
+// With an additive mask or causal: the chain of operations cuDNN's runtime fusion recognizes as
+// one flash-attention kernel (the form cuDNN's own graph library gives a biased or causal sdpa):
 //   s = (q k^T) * scale + bias          matmul, mul, add            [B, H, L, S] f32
+//   s = row >= col ? s : lowest          (causal) two index generators, a compare, a select
 //   m = max_j s; e = exp(s - m)          max reduction, sub, exp
 //   z = sum_j e; stats = m + log z       add reduction, log, add     [B, H, L, 1] f32
 //   p = e / z                            div                         q's dtype
@@ -162,12 +194,17 @@ SdpaGraph build_biased_chain(const AttentionGeometry& g, cudnnHandle_t handle, c
   const Desc& v = keep(tensor(kUidV, dt, vo, what + ": tensor v"));
   const Desc& o = keep(tensor(kUidO, dt, oo, what + ": tensor o"));
   const Desc& scale = keep(scalar_desc(kUidScale, what + ": scale"));
-  const Desc& bias = keep(tensor(kUidBias, dt, bias_operand(g), what + ": tensor bias (the mask)"));
 
   const Desc& qk = virt(false);
   matmul(q, k, qk, "q k^T");
   const Desc* sc = pointwise(CUDNN_POINTWISE_MUL, qk, &scale, virt(false), "* scale");
-  sc = pointwise(CUDNN_POINTWISE_ADD, *sc, &bias, virt(false), "+ bias");
+  if (g.mask_kind == 2) {
+    const Desc& bias = keep(tensor(kUidBias, dt, bias_operand(g), what + ": tensor bias (the mask)"));
+    sc = pointwise(CUDNN_POINTWISE_ADD, *sc, &bias, virt(false), "+ bias");
+  }
+  if (g.causal)
+    sc = &causal_select(s.parts, ops, *sc, virt(false, CUDNN_DATA_INT32), virt(false, CUDNN_DATA_INT32),
+                        virt(false, CUDNN_DATA_BOOLEAN), virt(false), what);
   const Desc* m = reduce(CUDNN_REDUCE_TENSOR_MAX, *sc, virt(true), "row max");
   const Desc* e = pointwise(CUDNN_POINTWISE_SUB, *sc, m, virt(false), "- max");
   e = pointwise(CUDNN_POINTWISE_EXP, *e, nullptr, virt(false), "exp");
@@ -185,7 +222,7 @@ SdpaGraph build_biased_chain(const AttentionGeometry& g, cudnnHandle_t handle, c
 }
 
 SdpaGraph build_graph(const AttentionGeometry& g, cudnnHandle_t handle, const std::string& what) {
-  return g.mask_kind == 2 ? build_biased_chain(g, handle, what) : build_sdpa_op(g, handle, what);
+  return g.mask_kind == 2 || g.causal ? build_biased_chain(g, handle, what) : build_sdpa_op(g, handle, what);
 }
 
 class CudnnAttention final : public Kernel {
@@ -198,6 +235,7 @@ class CudnnAttention final : public Kernel {
         choice_(std::move(choice)),
         scale_(geo.scale),
         masked_(geo.mask_kind != 0),
+        causal_(geo.causal),
         desc_(std::move(desc)) {
     const size_t es = dtype_size(geo.dtype);
     off_ = {size_t(geo.q_off) * es, size_t(geo.k_off) * es, size_t(geo.v_off) * es, size_t(geo.o_off) * es};
@@ -205,14 +243,18 @@ class CudnnAttention final : public Kernel {
 
   void run(const void* const* in, void* const* out, const RunContext& rc) const override {
     // Each operand's view starts at its element offset into the buffer (AttentionGeometry).
-    void* ptrs[6] = {const_cast<char*>(static_cast<const char*>(in[0]) + off_[0]),
+    void* ptrs[7] = {const_cast<char*>(static_cast<const char*>(in[0]) + off_[0]),
                      const_cast<char*>(static_cast<const char*>(in[1]) + off_[1]),
                      const_cast<char*>(static_cast<const char*>(in[2]) + off_[2]),
                      static_cast<char*>(out[0]) + off_[3],
                      const_cast<float*>(&scale_),
-                     masked_ ? const_cast<void*>(in[3]) : nullptr};
-    const uintptr_t bits =
-        uintptr_t(ptrs[0]) | uintptr_t(ptrs[1]) | uintptr_t(ptrs[2]) | uintptr_t(ptrs[3]) | uintptr_t(ptrs[5]);
+                     nullptr,
+                     nullptr};
+    size_t n = 5;  // the variant pack in uids(geo)'s order
+    if (masked_) ptrs[n++] = const_cast<void*>(in[3]);
+    if (causal_) ptrs[n++] = const_cast<float*>(&kLowest);
+    const uintptr_t bits = uintptr_t(ptrs[0]) | uintptr_t(ptrs[1]) | uintptr_t(ptrs[2]) | uintptr_t(ptrs[3]) |
+                           (masked_ ? uintptr_t(in[3]) : 0);
     KILN_CHECK(bits % 16 == 0, kInvalidArgument,
                "sdpa (cuDNN): q, k, v, the mask and the output must be 16-byte aligned");
     KILN_CHECK(rc.workspace_size >= runner_.workspace_size(), kInvalidArgument, "sdpa (cuDNN): workspace of ",
@@ -229,8 +271,10 @@ class CudnnAttention final : public Kernel {
   static std::vector<int64_t> uids(const AttentionGeometry& geo) {
     std::vector<int64_t> u = {kUidQ, kUidK, kUidV, kUidO, kUidScale};
     if (geo.mask_kind != 0) u.push_back(kUidBias);
+    if (geo.causal) u.push_back(kUidLowest);
     return u;
   }
+  static constexpr float kLowest = std::numeric_limits<float>::lowest();  // a dropped score
 
   SdpaGraph graph_;
   PlanRunner runner_;
@@ -238,14 +282,16 @@ class CudnnAttention final : public Kernel {
   std::array<size_t, 4> off_{};  // bytes from each kernel pointer to its operand's view
   float scale_;  // by-value operand: cuDNN copies it into the launch (captured graphs included)
   bool masked_;  // in[3] is the additive mask, cuDNN's bias
+  bool causal_;  // the chain selects kLowest above the diagonal
   std::string desc_;
 };
 
 std::string describe(const AttentionGeometry& geo, const EngineId& id, const std::string& note) {
   return "sdpa fused flash attention by cuDNN (" + id.to_string() + ", head dim " + std::to_string(geo.E) + ", " +
          std::to_string(geo.batch_count) + " x " + std::to_string(geo.L) + " x " + std::to_string(geo.S) +
-         (geo.mask_kind ? ", additive mask as bias" : "") + (geo.bshd ? ", bshd strided" : "") +
-         (geo.views ? ", strided views" : "") + ")" + (note.empty() ? "" : "; " + note);
+         (geo.mask_kind ? ", additive mask as bias" : "") + (geo.causal ? ", causal" : "") +
+         (geo.bshd ? ", bshd strided" : "") + (geo.views ? ", strided views" : "") + ")" +
+         (note.empty() ? "" : "; " + note);
 }
 
 }  // namespace
@@ -257,7 +303,6 @@ bool cudnn_attention_serves(const AttentionGeometry& geo, std::string* why) {
   };
   if (geo.dtype != DType::kF16 && geo.dtype != DType::kBF16) return no("cuDNN's sdpa takes f16/bf16");
   if (geo.batch_rank > 2) return no("more than 2 batch dims");  // before the operands are posed in 4 dims
-  if (geo.causal) return no("Kiln gives cuDNN's sdpa no causal flag");
   if (geo.mask_kind == 1) return no("cuDNN's sdpa takes an additive mask, not a bool one");
   if (geo.mask_kind == 0 && (CUDNN_VERSION < kMinCudnn || cudnnGetVersion() < size_t(kMinCudnn)))
     return no("cuDNN " + std::to_string(cudnnGetVersion()) + " has no fused sdpa operation (9.13 or later)");

@@ -3,12 +3,13 @@
 // kernel of cuDNN's:
 //   - no mask: cuDNN's one SDPA operation (CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR, cuDNN
 //     9.13 and later), O = softmax(scale * Q K^T) V;
-//   - an additive mask (q's dtype): the chain of matmul, pointwise and reduction operations
-//     that cuDNN's runtime fusion compiles into its flash kernel with a bias,
-//     O = softmax(scale * Q K^T + mask) V. A bool mask is not served; CUDA builds turn the bool
-//     masks of f16 / bf16 sdpa nodes into additive ones (additive_attention_masks, kiln/passes.h).
+//   - an additive mask (q's dtype), causal, or both: the chain of matmul, pointwise and
+//     reduction operations that cuDNN's runtime fusion compiles into its flash kernel with a
+//     bias and / or its causal select, O = softmax(causal(scale * Q K^T + mask)) V. A bool mask
+//     is not served; CUDA builds turn the bool masks of f16 / bf16 sdpa nodes into additive ones
+//     (additive_attention_masks, kiln/passes.h).
 //
-// It serves f16/bf16, not causal, q, k, v and the output as [B, H, S, D] strided views (batch
+// It serves f16/bf16, q, k, v and the output as [B, H, S, D] strided views (batch
 // rank at most 2, no broadcast batch dim, the head dim contiguous), head dims equal and a
 // multiple of 8 up to 256; a mask that broadcasts over batch dims and query rows but not over
 // the keys, with 16-byte aligned rows. Any row and batch strides of q, k, v and the output work,
