@@ -31,17 +31,12 @@ bool all_true(const Graph& g, ValueId v) {
   return true;
 }
 
-// Replaces the sdpa node at `pos` by one reading `mask` (the IR has no in-place input edit).
+// Replaces the sdpa node at `pos` by one reading `mask`.
 void set_mask(Graph& g, size_t pos, ValueId mask) {
   const Node& n = *g.nodes()[pos];
   std::vector<ValueId> ins = n.inputs;
   ins[3] = mask;
-  const Attrs attrs = n.attrs;
-  const std::string name = n.name;
-  const ValueId y = n.outputs[0];
-  const ValueId y2 = g.insert_node(pos, OpKind::kSdpa, ins, attrs, name)[0];
-  g.replace_all_uses(y, y2);
-  g.erase_node(pos + 1);
+  passes::replace_node(g, pos, OpKind::kSdpa, ins, n.attrs);
 }
 
 }  // namespace
@@ -114,14 +109,9 @@ bool causal_attention_masks(Graph& g) {
     if (!passes::all_static(q) || !passes::all_static(k) ||
         !is_causal_mask(g, n.inputs[3], q.dims[size_t(q.rank() - 2)].extent, k.dims[size_t(k.rank() - 2)].extent))
       continue;
-    std::vector<ValueId> ins(n.inputs.begin(), n.inputs.begin() + 3);
     Attrs attrs = n.attrs;
     attrs.set("causal", true);
-    const std::string name = n.name;
-    const ValueId y = n.outputs[0];
-    const ValueId y2 = g.insert_node(pos, OpKind::kSdpa, ins, attrs, name)[0];
-    g.replace_all_uses(y, y2);
-    g.erase_node(pos + 1);
+    passes::replace_node(g, pos, OpKind::kSdpa, {n.inputs.begin(), n.inputs.begin() + 3}, attrs);
     changed = true;
   }
   if (changed) eliminate_dead_code(g);

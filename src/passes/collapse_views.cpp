@@ -24,12 +24,9 @@ bool collapse_view_chains(Graph& g) {
     if (n.op != OpKind::kPermute || !passes::all_static(g.type(n.outputs[0]))) continue;
     const passes::ValueView view = passes::strided_view_of(g, n.outputs[0]);
     if (view.base == n.outputs[0] || !view.whole_base(g)) continue;
-    const std::string name = n.name;
-    const ValueId y = n.outputs[0];
     Attrs a;
-    a.set("shape", g.type(y).shape());
-    g.replace_all_uses(y, g.insert_node(pos, OpKind::kReshape, {view.base}, a, name)[0]);
-    g.erase_node(pos + 1);
+    a.set("shape", g.type(n.outputs[0]).shape());
+    passes::replace_node(g, pos, OpKind::kReshape, {view.base}, a);
     changed = true;
   }
   if (changed) eliminate_dead_code(g);

@@ -41,6 +41,18 @@ inline std::string derived_constant_name(const Graph& g, const char* tag) {
   return std::string(tag) + "." + std::to_string(g.num_values());
 }
 
+// Puts a node of `op` on `inputs` with `attrs`, named as the one-output node at `pos`, in its
+// place, gives its output every use of the old one and erases the old one (the IR has no
+// in-place edit of a node). Returns the new output.
+inline ValueId replace_node(Graph& g, size_t pos, OpKind op, const std::vector<ValueId>& inputs, const Attrs& attrs) {
+  const std::string name = g.nodes()[pos]->name;
+  const ValueId old = g.nodes()[pos]->outputs[0];
+  const ValueId y = g.insert_node(pos, op, inputs, attrs, name)[0];
+  g.replace_all_uses(old, y);
+  g.erase_node(pos + 1);
+  return y;
+}
+
 // Calls rewrite(g, pos) at every position in order (a rewrite may insert nodes, which the sweep
 // then visits too) and, when one returned true, drops what no longer reaches an output.
 template <typename Rewrite>

@@ -312,10 +312,7 @@ bool permute_to_reshape(Graph& g, size_t pos) {
   if (!keeps_order(g.type(n.inputs[0]).shape(), perm_of(n))) return false;
   Attrs a;
   a.set("shape", g.type(n.outputs[0]).shape());
-  const ValueId out = n.outputs[0];
-  const ValueId r = g.insert_node(pos, OpKind::kReshape, {n.inputs[0]}, a, n.name)[0];
-  g.replace_all_uses(out, r);
-  g.erase_node(pos + 1);
+  replace_node(g, pos, OpKind::kReshape, {n.inputs[0]}, a);
   return true;
 }
 
