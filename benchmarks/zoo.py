@@ -664,7 +664,10 @@ def markdown(rows: list[Row], header: dict[str, Any]) -> str:
         lines.append("Drift of this machine against the stored reduce-overhead numbers (measured / stored ms): "
                      + ", ".join(f"{k} {x:.2f}" for k, x in anchors)
                      + f"; geometric mean {geomean([x for _, x in anchors]):.2f}.")
-    if header.get("stopped"):
+    if header.get("missing"):
+        lines += ["", f"The time budget ended the run before {len(header['missing'])} row(s) were measured: "
+                  + ", ".join(f"{m} b{b} {d} {k}" for m, b, d, k in header["missing"]) + "."]
+    elif header.get("stopped"):
         lines += ["", "The time budget ended the run before every row was measured."]
     groups: dict[tuple[str, int, str], dict[str, Row]] = {}
     live_ro = {(r.model, r.batch, r.dtype) for r in rows if r.backend == "ro" and r.source != "stored"}
@@ -801,6 +804,35 @@ def median_rows(runs: list[list[Row]]) -> list[Row]:
     return out
 
 
+def plan_tasks(mine: list[tuple[zoo_models.ZooModel, int, str]], paths: list[str], baseline: Baseline | None,
+               anchors: set[tuple[str, int, str]], args: argparse.Namespace) -> tuple[list[Row], list[Task], list[Task]]:
+    """One model's rows (its (model, batch, dtype) groups `mine`): the stored reduce-overhead rows
+    it reuses, the tasks of its first worker process and those of a second (kiln.compile apart
+    from torch.compile unless --share-process)."""
+    stored_rows: list[Row] = []
+    first: list[Task] = []
+    second: list[Task] = []
+    for m, b, d in mine:
+        first.append(Task(m.name, b, d, "eager"))
+        if baseline is not None:
+            stored = baseline.stored_row(m, b, d)
+            if args.baseline == "reuse" and stored is not None:
+                stored_rows.append(stored)
+            if args.baseline == "measure" or stored is None or (m.name, b, d) in anchors:
+                first.append(Task(m.name, b, d, "ro"))
+        if "dynamo" in paths:
+            first.append(Task(m.name, b, d, "kiln"))
+        if "aot" in paths:
+            (first if args.share_process else second).append(Task(m.name, b, d, "kiln-aot"))
+    return stored_rows, first, second
+
+
+def unmeasured(rows: list[Row], tasks: list[Task]) -> list[list[Any]]:
+    """The tasks no row answers (the time budget ended first): [model, batch, dtype, backend]."""
+    have = {r.key for r in rows}
+    return [[t.model, t.batch, t.dtype, t.backend] for t in tasks if t.key not in have]
+
+
 def merge(folders: list[Path], out: Path, baseline_dir: Path, docs: bool, median: bool = False) -> int:
     """Joins the results of runs made side by side (--shard) into one table, and the
     reduce-overhead rows they measured into the stored baselines of `baseline_dir`. With
@@ -809,12 +841,18 @@ def merge(folders: list[Path], out: Path, baseline_dir: Path, docs: bool, median
     rows: list[Row] = []
     runs: list[list[Row]] = []
     header: dict[str, Any] | None = None
+    missing: set[tuple[Any, ...]] | None = set()
     for folder in folders:
         found = json.loads((folder / "zoo.json").read_text())
         runs.append([Row.from_dict(r) for r in found["rows"]])
         rows = join_rows(rows, runs[-1])
         header = header or found["header"]
-        header["stopped"] = header.get("stopped") or found["header"].get("stopped", False)
+        # What a run left unmeasured stays missing unless another run measured it; a stopped run
+        # that did not list its missing rows (older files) leaves the whole table incomplete.
+        if missing is not None and found["header"].get("stopped") and "missing" not in found["header"]:
+            missing = None
+        elif missing is not None:
+            missing |= {tuple(k) for k in found["header"].get("missing", [])}
         for path in sorted((folder / "baseline").glob("*.json")):
             measured = json.loads(path.read_text())
             stored = Baseline(baseline_dir / path.name, measured["device"])
@@ -825,6 +863,9 @@ def merge(folders: list[Path], out: Path, baseline_dir: Path, docs: bool, median
         raise SystemExit("--merge: no folder given")
     if median:
         rows = median_rows(runs)
+    measured = {r.key[:4] for r in rows}
+    header["missing"] = [] if missing is None else [list(k) for k in sorted(missing) if k not in measured]
+    header["stopped"] = missing is None or bool(header["missing"])
     header["shards"] = len(folders)
     how = "each row the median of the runs that measured it" if median else "a later run's row replaces an earlier's"
     header["baseline_note"] = (f"joined from {len(folders)} runs (zoo.py --merge, {how}); where measured, in those "
@@ -933,23 +974,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     have = {r.key for r in rows}
 
     runner = Runner(args, device, header, out, rows, baseline, anchors, deadline)
+    plans = [(model, *plan_tasks([g for g in groups if g[0] is model], paths, baseline, anchors, args))
+             for model in models]
     try:
-        for model in models:
-            mine = [(m, b, d) for m, b, d in groups if m is model]
-            first: list[Task] = []
-            second: list[Task] = []
-            for m, b, d in mine:
-                first.append(Task(m.name, b, d, "eager"))
-                if baseline is not None:
-                    stored = baseline.stored_row(m, b, d)
-                    if args.baseline == "reuse" and stored is not None:
-                        runner.add(stored)
-                    if args.baseline == "measure" or stored is None or (m.name, b, d) in anchors:
-                        first.append(Task(m.name, b, d, "ro"))
-                if "dynamo" in paths:
-                    first.append(Task(m.name, b, d, "kiln"))
-                if "aot" in paths:
-                    (first if args.share_process else second).append(Task(m.name, b, d, "kiln-aot"))
+        for model, stored, first, second in plans:
+            for row in stored:
+                runner.add(row)
             for tasks in (first, second):
                 todo = [t for t in tasks if t.key not in have]
                 if todo:
@@ -960,6 +990,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 break
     finally:
         shutil.rmtree(runner.workdir, ignore_errors=True)
+    header["missing"] = unmeasured(rows, [t for _, _, first, second in plans for t in first + second])
     header["stopped"] = runner.stopped
     header["seconds"] = round(time.time() - start, 1)
     table = write_results(out, rows, header)

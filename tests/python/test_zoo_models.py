@@ -153,6 +153,45 @@ def test_merge_median_takes_each_rows_median_run(tmp_path: Path) -> None:
     assert last["kiln"]["error"] == "timeout"
 
 
+def test_merge_lists_only_rows_no_run_measured(tmp_path: Path) -> None:
+    import json
+
+    def run(folder: str, backends: list[str], header_extra: dict) -> Path:
+        rows = [zoo.Row("bert", "nlp-encoder", 32, "fp16", b, ms=1.0, rel_err=1e-3) for b in backends]
+        path = tmp_path / folder
+        path.mkdir()
+        header = {"device": "cuda", "device_name": "X", "runs": 50, "small": False, "baseline": "skip",
+                  "baseline_note": "", "paths": ["dynamo", "aot"], "date": "today",
+                  "versions": {"torch": "2", "kiln": "0"}, **header_extra}
+        (path / "zoo.json").write_text(json.dumps({"header": header, "rows": [zoo.dataclasses.asdict(r)
+                                                                               for r in rows]}))
+        return path
+
+    # The first run stopped before kiln-aot and vit's rows; the second measured kiln-aot.
+    a = run("a", ["eager", "kiln"], {"stopped": True, "missing": [["bert", 32, "fp16", "kiln-aot"],
+                                                                  ["vit_b_16", 1, "fp16", "eager"]]})
+    b = run("b", ["kiln-aot"], {"stopped": False, "missing": []})
+    assert zoo.merge([a, b], tmp_path / "out", tmp_path / "baseline", False) == 0
+    header = json.loads((tmp_path / "out" / "zoo.json").read_text())["header"]
+    assert header["stopped"] and header["missing"] == [["vit_b_16", 1, "fp16", "eager"]]
+    assert "before 1 row(s) were measured: vit_b_16 b1 fp16 eager." in (tmp_path / "out" / "zoo.md").read_text()
+    c = run("c", ["eager"], {"stopped": False, "missing": []})
+    c_vit = json.loads((c / "zoo.json").read_text())
+    c_vit["rows"][0]["model"], c_vit["rows"][0]["batch"] = "vit_b_16", 1
+    (c / "zoo.json").write_text(json.dumps(c_vit))
+    assert zoo.merge([a, b, c], tmp_path / "all", tmp_path / "baseline", False) == 0
+    header = json.loads((tmp_path / "all" / "zoo.json").read_text())["header"]
+    assert not header["stopped"] and header["missing"] == []
+    # A stopped run that did not list what it missed leaves the table incomplete.
+    old = run("old", ["eager"], {"stopped": True})
+    assert zoo.merge([old, b], tmp_path / "old_out", tmp_path / "baseline", False) == 0
+    assert json.loads((tmp_path / "old_out" / "zoo.json").read_text())["header"]["stopped"]
+
+    tasks = [zoo.Task("bert", 32, "fp16", k) for k in ("eager", "kiln")]
+    assert zoo.unmeasured([zoo.Row("bert", "nlp-encoder", 32, "fp16", "eager")], tasks) == [
+        ["bert", 32, "fp16", "kiln"]]
+
+
 def test_write_docs_replaces_only_the_marked_section(tmp_path: Path) -> None:
     doc = tmp_path / "zoo.md"
     doc.write_text(f"intro\n{zoo.DOCS_START}\nold table\n{zoo.DOCS_END}\nafter\n")
