@@ -113,12 +113,6 @@ bool aligned(int64_t offset, const std::vector<int64_t>& sizes, const std::vecto
   return true;
 }
 
-std::vector<int64_t> view_attr(const passes::ValueView& v) {
-  std::vector<int64_t> a = {v.offset};
-  for (size_t d = 0; d < v.sizes.size(); ++d) a.push_back(v.sizes[d]), a.push_back(v.strides[d]);
-  return a;
-}
-
 // The permute every reader of y applies, when y (no graph output) is read only by permutes of
 // one perm that moves something but keeps the head dim last; their positions go to `readers`.
 // Empty otherwise.
@@ -152,7 +146,7 @@ bool rewrite_views(Graph& g, size_t pos, const AttentionFilter& foldable) {
     const passes::ValueView v = passes::strided_view_of(g, n.inputs[i]);
     if (v.base == n.inputs[i] || v.whole_base(g) || !aligned(v.offset, v.sizes, v.strides, es)) continue;
     ins[i] = v.base;
-    attrs.set(kViewKeys[i], view_attr(v));
+    attrs.set(kViewKeys[i], passes::view_attribute(v.offset, v.sizes, v.strides));
     changed = true;
   }
   const ValueId y = n.outputs[0];
@@ -259,13 +253,11 @@ bool rewrite_grouped(Graph& g, size_t pos, const AttentionFilter& foldable) {
   Attrs attrs = n.attrs;
   passes::RefinedOperand operands[3];
   for (size_t i = 0; i < 3; ++i) {
-    operands[i] = passes::refined_operand(g, n.inputs[i], views[i], viewed[i], refined->atoms[i]);
-    const std::vector<int64_t>& view = operands[i].view;
-    if (view.empty()) continue;
-    std::vector<int64_t> sizes, strides;
-    for (size_t k = 1; k + 1 < view.size(); k += 2) sizes.push_back(view[k]), strides.push_back(view[k + 1]);
-    if (!aligned(view[0], sizes, strides, es)) return false;
-    attrs.set(kViewKeys[i], view);
+    operands[i] = passes::refined_operand(g, n.inputs[i], views[i], refined->atoms[i]);
+    if (!viewed[i]) continue;
+    const passes::RefinedOperand& r = operands[i];
+    if (!aligned(views[i].offset, r.shape, r.strides, es)) return false;
+    attrs.set(kViewKeys[i], passes::view_attribute(views[i].offset, r.shape, r.strides));
   }
   if (!refined_perm.empty()) attrs.set("out_perm", refined_perm);
   const ValueId y = n.outputs[0];

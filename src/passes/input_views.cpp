@@ -41,15 +41,11 @@ bool pointwise_readable(const AtomView& v) {
   return inner == 1 || inner == 0;
 }
 
-// The "view<i>" attribute of `v` read as AtomView `a`: [offset, size0, stride0, ...].
+// The "view<i>" attribute of `v` read as AtomView `a` (one atom or none per dim).
 std::vector<int64_t> view_attr(const Graph& g, ValueId v, const AtomView& a) {
-  std::vector<int64_t> attr = {a.offset};
-  const std::vector<int64_t> sizes = g.type(v).shape();
-  for (size_t d = 0; d < sizes.size(); ++d) {
-    attr.push_back(sizes[d]);
-    attr.push_back(a.dims[d].empty() ? 0 : a.dims[d][0].stride);
-  }
-  return attr;
+  std::vector<int64_t> strides;
+  for (const auto& d : a.dims) strides.push_back(d.empty() ? 0 : d[0].stride);
+  return passes::view_attribute(a.offset, g.type(v).shape(), strides);
 }
 
 // Each input of n (a fused node, or a pointwise op) that a view chain made, with the view of the

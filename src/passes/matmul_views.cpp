@@ -115,9 +115,9 @@ bool fold_views(Graph& g, size_t pos) {
   ValueId ins[2];
   passes::NodeInserter at{g, pos, name};
   for (size_t i = 0; i < 2; ++i) {
-    const passes::RefinedOperand r = passes::refined_operand(g, operand[i], views[i], viewed[i], refined->atoms[i]);
+    const passes::RefinedOperand r = passes::refined_operand(g, operand[i], views[i], refined->atoms[i]);
     ins[i] = viewed[i] ? views[i].base : at.reshape(operand[i], r.shape);
-    if (viewed[i]) attrs.set(keys[i], r.view);
+    if (viewed[i]) attrs.set(keys[i], passes::view_attribute(views[i].offset, r.shape, r.strides));
   }
   const ValueId result = at.reshape(at.node(OpKind::kMatmul, {ins[0], ins[1]}, attrs), ys);
   g.replace_all_uses(y, result);

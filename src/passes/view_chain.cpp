@@ -306,21 +306,20 @@ std::optional<RefinedBatches> refine_batches(const std::vector<const AtomView*>&
   return r;
 }
 
-RefinedOperand refined_operand(const Graph& g, ValueId operand, const AtomView& v, bool viewed,
-                               const std::vector<Atom>& batch) {
+RefinedOperand refined_operand(const Graph& g, ValueId operand, const AtomView& v, const std::vector<Atom>& batch) {
   const std::vector<int64_t> shape = g.type(operand).shape();
   RefinedOperand r;
-  r.view = {v.offset};
-  for (const Atom& a : batch) {
-    r.view.push_back(a.size), r.view.push_back(a.size == 1 ? 0 : a.stride);
-    r.shape.push_back(a.size);
-  }
-  for (size_t d = shape.size() - 2; d < shape.size(); ++d) {
-    r.view.push_back(shape[d]), r.view.push_back(v.dims[d].empty() ? 0 : v.dims[d][0].stride);
-    r.shape.push_back(shape[d]);
-  }
-  if (!viewed) r.view.clear();
+  for (const Atom& a : batch) r.shape.push_back(a.size), r.strides.push_back(a.size == 1 ? 0 : a.stride);
+  for (size_t d = shape.size() - 2; d < shape.size(); ++d)
+    r.shape.push_back(shape[d]), r.strides.push_back(v.dims[d].empty() ? 0 : v.dims[d][0].stride);
   return r;
+}
+
+std::vector<int64_t> view_attribute(int64_t offset, const std::vector<int64_t>& sizes,
+                                    const std::vector<int64_t>& strides) {
+  std::vector<int64_t> a = {offset};
+  for (size_t d = 0; d < sizes.size(); ++d) a.push_back(sizes[d]), a.push_back(strides[d]);
+  return a;
 }
 
 }  // namespace kiln::passes

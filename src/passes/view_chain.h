@@ -81,12 +81,16 @@ struct RefinedBatches {
 std::optional<RefinedBatches> refine_batches(const std::vector<const AtomView*>& operands,
                                              const std::vector<int64_t>& batch);
 
-// `operand` (read as `v`) over the refined batch atoms `batch`: its shape there and, where
-// `viewed`, the view attribute [offset, size0, stride0, ...] of v's base at those dims.
+// `operand` (read as `v`) over the refined batch atoms `batch` and its last two dims: the shape
+// there, and the element strides of v's base (0 where an extent is 1).
 struct RefinedOperand {
-  std::vector<int64_t> shape, view;
+  std::vector<int64_t> shape, strides;
 };
-RefinedOperand refined_operand(const Graph& g, ValueId operand, const AtomView& v, bool viewed,
-                               const std::vector<Atom>& batch);
+RefinedOperand refined_operand(const Graph& g, ValueId operand, const AtomView& v, const std::vector<Atom>& batch);
+
+// A strided view in the form of an attribute: [offset, size0, stride0, size1, stride1, ...]
+// (sdpa's q_view / k_view / v_view, matmul's a_view / b_view, a fused node's or concat's view<i>).
+std::vector<int64_t> view_attribute(int64_t offset, const std::vector<int64_t>& sizes,
+                                    const std::vector<int64_t>& strides);
 
 }  // namespace kiln::passes
