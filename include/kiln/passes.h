@@ -34,6 +34,9 @@ bool strided_attention_shape(const Graph& g, const Node& sdpa);
 // Static shapes, H and W multiples of the kernel, groups 1, no padding or dilation, no residual
 // or activation yet (run it before fuse_epilogue, after fold_batch_norm).
 bool convs_to_linears(Graph& g);
+// Runs each channels-last conv of a 1x1 kernel over a 1x1 image (squeeze-excitation) as a linear
+// of the same epilogue: static shapes, groups 1, no padding or dilation (after to_channels_last).
+bool dense_convs_to_linears(Graph& g);
 // Replaces each permute that, through the reshapes and permutes before it, reads its start value
 // in row-major order by a reshape of that value (free in the memory plan). Run it after the
 // layout passes.

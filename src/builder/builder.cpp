@@ -81,6 +81,7 @@ Graph Builder::optimize(const Graph& network, std::ostream& log, std::shared_ptr
   // Tensor-core convolutions want channels-last tensors; the CPU's run channels-first.
   if (config_.device.type == DeviceType::kCUDA) {
     run("to_channels_last", &to_channels_last);
+    run("dense_convs_to_linears", &dense_convs_to_linears);
     run("pool_before_epilogue", &pool_before_epilogue);
   }
   run("collapse_view_chains", &collapse_view_chains);

@@ -19,6 +19,14 @@
 // without residual or activation (run it before fuse_epilogue, which then fuses into the linear).
 // Does not: rewrite 1-D / 3-D convs, overlapping or padded windows, grouped or channels-last
 // convs, or drop a remainder of H or W that the windows do not reach.
+//
+// dense_convs_to_linears: runs a channels-last conv over a 1x1 image with a 1x1 kernel (a
+// squeeze-excitation block's convs over the pooled [N, 1, 1, C]) as a linear: x is already
+// [..., C] and the output [N, 1, 1, O], so only the weight [O, 1, 1, C] is reshaped (a constant,
+// folded); bias, residual and activation carry over (src/ops/epilogue.h is the same for both).
+// (Why: cuDNN runs these tiny convs with direct kernels slower than cuBLASLt's GEMM of the same
+// [N, C] x [C, O].) Run it after to_channels_last, where the layout puts the channels last and
+// the permutes around the block are gone.
 #include "kiln/passes.h"
 #include "src/passes/pass_util.h"
 
@@ -48,7 +56,41 @@ bool is_patch_conv(const Graph& g, const Node& n) {
   return x.dims[2].extent % kernel[0] == 0 && x.dims[3].extent % kernel[1] == 0;
 }
 
+// A channels-last conv (groups 1, static) of a 1x1 kernel over a 1x1 image, no padding or dilation.
+bool is_dense_conv(const Graph& g, const Node& n) {
+  if (n.op != OpKind::kConv || n.attrs.get_string("layout", "nchw") != "nhwc" || n.attrs.get_int("groups", 1) != 1 ||
+      n.attrs.get_ints("padding", {0, 0}) != std::vector<int64_t>{0, 0} ||
+      n.attrs.get_ints("dilation", {1, 1}) != std::vector<int64_t>{1, 1})
+    return false;
+  const TensorType& x = g.type(n.inputs[0]);
+  const TensorType& w = g.type(n.inputs[1]);
+  return x.rank() == 4 && w.rank() == 4 && passes::all_static(x) && passes::all_static(w) && x.dims[1].extent == 1 &&
+         x.dims[2].extent == 1 && w.dims[1].extent == 1 && w.dims[2].extent == 1;
+}
+
 }  // namespace
+
+bool dense_convs_to_linears(Graph& g) {
+  bool changed = false;
+  for (size_t pos = 0; pos < g.nodes().size(); ++pos) {
+    const Node& n = *g.nodes()[pos];
+    if (!is_dense_conv(g, n)) continue;
+    const std::string name = n.name;
+    const ValueId y = n.outputs[0];
+    std::vector<ValueId> ins = n.inputs;
+    Attrs a;
+    if (n.attrs.has("activation")) a.set("activation", n.attrs.get_string("activation"));
+    const auto w = g.type(ins[1]).shape();
+    size_t at = pos;
+    ins[1] = insert(g, at, OpKind::kReshape, {ins[1]}, "shape", {w[0], w[3]}, name);
+    const ValueId out = g.insert_node(at++, OpKind::kLinear, ins, a, name)[0];
+    g.replace_all_uses(y, out);
+    g.erase_node(at);
+    pos = at - 1;
+    changed = true;
+  }
+  return changed;
+}
 
 bool convs_to_linears(Graph& g) {
   bool changed = false;

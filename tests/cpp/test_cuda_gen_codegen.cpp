@@ -166,6 +166,15 @@ TEST(CudaGenCodegen, Norm) {
                                                                                    tt(DType::kBF16, {768}), tt(DType::kBF16, {768})},
                                                            attrs({{"normalized_rank", int64_t(1)}, {"eps", 1e-5}})));
   EXPECT_NE(ln.find("warp per row in registers, 8-wide"), std::string::npos) << ln;
+  // Short rows: the power of two of lanes that covers a row's words, several rows a warp.
+  for (const auto& [d, lanes] : std::vector<std::pair<int64_t, std::string>>{
+           {32, "4 lanes"}, {64, "8 lanes"}, {96, "16 lanes"}, {160, "warp"}, {7, "8 lanes"}, {8, "1 lane"}}) {
+    const std::string s =
+        check(gen::generate_norm,
+              one_node(OpKind::kLayerNorm, {tt(DType::kF16, {1000, d}), tt(DType::kF16, {d}), std::nullopt},
+                       attrs({{"normalized_rank", int64_t(1)}, {"eps", 1e-5}})));
+    EXPECT_NE(s.find("(" + lanes + " per row in registers"), std::string::npos) << s;
+  }
 }
 
 TEST(CudaGenCodegen, RowSplitCoversARowWithTheFewestWholeVectors) {

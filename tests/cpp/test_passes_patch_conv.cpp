@@ -1,8 +1,8 @@
-// convs_to_linears (src/passes/patch_conv.cpp) and collapse_view_chains
+// convs_to_linears and dense_convs_to_linears (src/passes/patch_conv.cpp) and collapse_view_chains
 // (src/passes/collapse_views.cpp): a patch-embedding conv becomes permute -> linear -> permute
-// and computes what the conv computed; the convs it must leave alone stay convs; ViT's
-// flatten(2).transpose(1, 2) after it collapses into a reshape; the whole pipeline on the CPU,
-// refit of the patch weights included.
+// and a squeeze-excitation conv a linear, each computing what the conv computed; the convs they
+// must leave alone stay convs; ViT's flatten(2).transpose(1, 2) after it collapses into a
+// reshape; the whole pipeline on the CPU, refit of the patch weights included.
 #include "kiln/refit.h"
 #include "tests/cpp/pass_test_util.h"
 
@@ -85,6 +85,50 @@ TEST(ConvsToLinears, LeavesOtherConvsAlone) {
                   conv({1, 3, 10, 8}, {4, 3, 4, 4}, {4, 4}, 0, 1),   // H leaves a remainder
                   conv({1, 8, 5, 5}, {4, 8, 1, 1}, {1, 1}, 0, 1)}) {  // 1x1: channels-last's
     EXPECT_FALSE(convs_to_linears(g)) << g.to_string();
+    EXPECT_EQ(count_ops(g, OpKind::kConv), 1);
+  }
+}
+
+// A channels-last conv over x [N, H, W, C] with weight [O, kh, kw, C / groups], bias, and
+// optionally a residual and an activation.
+Graph nhwc_conv(const Shape& x, const Shape& w, int64_t stride, int64_t pad, int64_t groups, bool residual,
+                const std::string& act) {
+  Graph g;
+  std::vector<ValueId> ins = {g.add_input("x", TensorType(DType::kF32, x)), f32_weight(g, "w", w, 4),
+                              f32_weight(g, "b", {w[0]}, 5)};
+  const int64_t oh = (x[1] + 2 * pad - w[1]) / stride + 1, ow = (x[2] + 2 * pad - w[2]) / stride + 1;
+  if (residual) ins.push_back(g.add_input("r", TensorType(DType::kF32, {x[0], oh, ow, w[0]})));
+  Attrs a = conv2d_attrs(stride, pad, groups);
+  a.set("layout", std::string("nhwc"));
+  if (!act.empty()) a.set("activation", act);
+  g.mark_output(g.add_node1(OpKind::kConv, ins, a, "conv"), "y");
+  return g;
+}
+
+TEST(DenseConvsToLinears, SqueezeExcitationConvsBecomeLinearsAndMatch) {
+  for (const auto& [residual, act] : std::vector<std::pair<bool, std::string>>{
+           {false, ""}, {false, "relu"}, {false, "sigmoid"}, {true, "hardswish"}}) {
+    const Graph g = nhwc_conv({3, 1, 1, 12}, {5, 1, 1, 12}, 1, 0, 1, residual, act);
+    Graph f = g;
+    EXPECT_TRUE(dense_convs_to_linears(f));
+    fold_constants(f);
+    f.verify();
+    EXPECT_EQ(count_ops(f, OpKind::kConv), 0) << f.to_string();
+    ASSERT_EQ(count_ops(f, OpKind::kLinear), 1) << f.to_string();
+    for (const auto& n : f.nodes())
+      if (n->op == OpKind::kLinear) {
+        EXPECT_EQ(n->attrs.get_string("activation", ""), act);
+        EXPECT_EQ(n->inputs.size(), residual ? 4u : 3u);
+      }
+    EXPECT_EQ(f.type(f.outputs()[0]).shape(), (Shape{3, 1, 1, 5}));
+    const auto in = random_inputs(g, 13);
+    expect_close(run_plain(f, in), run_plain(g, in), 1e-5f, 1e-5f);
+  }
+  for (Graph g : {nhwc_conv({2, 2, 2, 8}, {4, 1, 1, 8}, 1, 0, 1, false, ""),    // a larger image
+                  nhwc_conv({2, 1, 1, 8}, {4, 3, 3, 8}, 1, 1, 1, false, ""),    // padded 3x3
+                  nhwc_conv({2, 1, 1, 8}, {8, 1, 1, 4}, 1, 0, 2, false, ""),    // grouped
+                  patch_net({2, 8, 1, 1}, {4, 8, 1, 1}, true, false)}) {        // channels first
+    EXPECT_FALSE(dense_convs_to_linears(g)) << g.to_string();
     EXPECT_EQ(count_ops(g, OpKind::kConv), 1);
   }
 }

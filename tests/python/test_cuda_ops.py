@@ -308,6 +308,32 @@ def test_conv_hard_activation_as_cudnn_chain(act: str, residual: bool, dtype: to
     _compare("conv", _run(timed, feeds), want, f" ({act}, timed tactic)", slack=2.0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("groups,residual", [(2, False), (5, True)])
+def test_grouped_conv_fused_plan_timed_against_the_conv_alone(groups: int, residual: bool, dtype: torch.dtype) -> None:
+    """A grouped conv (RegNet's 24 channels a group) with bias, relu and optionally a residual:
+    cuDNN's fused plan is timed against the conv alone + the generated epilogue, whichever
+    wins matches the CPU, and a round trip of the engine keeps the choice."""
+    gen = torch.Generator().manual_seed(11)
+    c = 24 * groups
+    g = Graph()
+    x = g.add_input("x", TORCH_TO_KILN[dtype], [2, c, 9, 10])
+    w = g.add_constant("w", (torch.randn(c, 24, 3, 3, generator=gen) * 0.2).to(dtype), weight=True)
+    b = g.add_constant("b", (torch.randn(c, generator=gen) * 0.3).to(dtype), weight=True)
+    inputs = [x, w, b]
+    feeds = [torch.randn(2, c, 9, 10, generator=gen).to(dtype)]
+    if residual:
+        inputs.append(g.add_input("r", TORCH_TO_KILN[dtype], [2, c, 9, 10]))
+        feeds.append(torch.randn(2, c, 9, 10, generator=gen).to(dtype))
+    g.mark_output(g.add_node("conv", inputs, {"padding": [1, 1], "groups": groups, "activation": "relu"})[0], "y")
+    want = _run(_build(g, "cpu"), feeds)
+    timed = _build(g, "cuda")
+    assert "fused #0 vs conv alone + generated epilogue #1" in timed.build_log, timed.build_log
+    _compare("conv", _run(timed, feeds), want, f" (groups {groups}, timed tactic)", slack=2.0)
+    again = Engine.deserialize(timed.serialize(), device="cuda")
+    _compare("conv", _run(again, feeds), want, f" (groups {groups}, reloaded)", slack=2.0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["f32", "f16"])
 @pytest.mark.parametrize("channels", [16, 6], ids=["c16", "c6"])
 @pytest.mark.parametrize("pool,act", [("max_pool", "relu"), ("avg_pool", "relu"), ("max_pool", "hardswish")])

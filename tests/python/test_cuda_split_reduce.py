@@ -263,7 +263,8 @@ def test_many_rows_keep_one_block_per_row() -> None:
 
 # Short rows: a single reduced run of at most 16 words takes the power of two of lanes that covers
 # it, several outputs per warp (Swin V2's norm over a head dim of 32; odd lengths; output counts
-# that leave a warp's last groups past the end; a variance's two passes; a run of one word).
+# that leave a warp's last groups past the end; a variance's two passes; a run of one word), and
+# so does a layer_norm row (SegFormer's 32 and 64 channels, 48, odd ones).
 SHORT_CASES = [
     Case("sum-head-dim", "reduce_sum", [[6 * 64 + 5, 32]], {"axes": [1], "keepdim": True},
          lambda x: x.sum(1, keepdim=True), uniform=True),
@@ -272,6 +273,11 @@ SHORT_CASES = [
          lambda x: x.var(1, correction=1), uniform=True),
     Case("max-16", "reduce_max", [[33, 3, 16]], {"axes": [2], "keepdim": False}, lambda x: x.amax(2), exact=True),
     Case("sum-one-word", "reduce_sum", [[9, 8]], {"axes": [1], "keepdim": False}, lambda x: x.sum(1), uniform=True),
+    Case("ln-32", "layer_norm", [[4 * 256 + 3, 32], [32], [32]], {"normalized_rank": 1, "eps": 1e-5}, _ln(1)),
+    Case("ln-64-no-bias", "layer_norm", [[2, 77, 64], [64], None], {"normalized_rank": 1, "eps": 1e-5}, _ln(1)),
+    Case("ln-48", "layer_norm", [[3, 7, 7, 48], [48], [48]], {"normalized_rank": 1, "eps": 1e-5}, _ln(1)),
+    Case("ln-odd-7", "layer_norm", [[50, 7], None, None], {"normalized_rank": 1, "eps": 1e-5}, _ln(1)),
+    Case("ln-3x8", "layer_norm", [[37, 3, 8], [3, 8], [3, 8]], {"normalized_rank": 2, "eps": 1e-5}, _ln(2)),
 ]
 
 
@@ -279,5 +285,5 @@ SHORT_CASES = [
 @pytest.mark.parametrize("case", SHORT_CASES, ids=[c.id for c in SHORT_CASES])
 def test_short_rows_share_a_warp_and_match_pytorch(case: Case, dtype: torch.dtype) -> None:
     engine = _build(_graph(case, dtype))
-    assert re.search(r"\(\d+ lanes? per output", engine.build_log), engine.build_log
+    assert re.search(r"\(\d+ lanes? per (output|row)", engine.build_log), engine.build_log
     _check_runs(case, dtype, engine, seed=4)

@@ -2,8 +2,9 @@
 
 The gate's activation, broadcast over the feature map it scales, stays out of the conv's
 epilogue and is recomputed inside the multiply's fused kernel. Checked on the CPU and, where
-Kiln has a CUDA device, on CUDA: the plan holds that fused multiply, and the outputs match eager
-on random weights and inputs.
+Kiln has a CUDA device, on CUDA: the plan holds that fused multiply (on CUDA the two convs over
+the pooled [N, 1, 1, C] are linears, the first with its relu), and the outputs match eager on
+random weights and inputs.
 """
 
 from __future__ import annotations
@@ -58,3 +59,6 @@ def test_gate_is_recomputed_inside_the_multiply(device: str, gate: type[torch.nn
     assert f'activation="{name}"' not in plan, plan  # not in the conv's epilogue...
     fused = [line for line in plan.splitlines() if f"= {name}(" in line]
     assert fused and all(line.startswith("    ") for line in fused), plan  # ...but in a fused body
+    if device == "cuda":  # channels last, the convs over the pooled [N, 1, 1, C] run as GEMMs
+        linears = [line for line in plan.splitlines() if "= linear(" in line]
+        assert len(linears) == 2 and 'activation="relu"' in linears[0], plan

@@ -242,10 +242,16 @@ CudnnContenders cudnn_contenders(const ConvGeom& q, uint64_t sig, const ConvSear
 // epilogue may beat every fused plan (a network's stem conv).
 bool image_entry(const ConvGeom& q) { return image_input(q) && q.has_epilogue(); }
 
+// A grouped conv (1 < groups) with an epilogue; depthwise ones that the generated kernel
+// serves are chosen by choose_depthwise before this is asked. cuDNN's fused graphs may offer
+// only a direct kernel launched once per group, while the conv alone gets implicit-GEMM
+// kernels over all groups at once (RegNet's and ResNeXt's 3x3 convs of 24-128 channels a group).
+bool grouped_entry(const ConvGeom& q) { return !q.transpose && q.groups > 1 && q.has_epilogue(); }
+
 // Build, conv whose fused graph may lose to the conv alone followed by the generated epilogue:
 // a hardswish / hardsigmoid chain (cuDNN runs those only with runtime-compiled plans, searched
-// with `fused`: ConvSearch's compiled budget) or an image_entry conv. The two are timed against
-// each other.
+// with `fused`: ConvSearch's compiled budget), an image_entry or a grouped_entry conv. The two
+// are timed against each other.
 std::unique_ptr<Kernel> choose_chain(const ConvGeom& q, uint64_t sig, const ConvSearch& fused, const ConvSearch& alone,
                                      const std::string& key, const std::string& what) {
   std::string note;
@@ -319,6 +325,8 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g, const Ke
   if (hard_activation(q.act)) key_parts.push_back("chain");
   // Choices made before an image's conv could take the conv alone and reduced-precision sums are not reused.
   if (image_input(q)) key_parts.push_back("image");
+  // Likewise choices made before a grouped conv's fused plans were timed against the conv alone.
+  if (grouped_entry(q)) key_parts.push_back("grouped");
   const std::string key = timing_key("conv", key_parts);
   const bool depthwise = depthwise_eligible(q);
   const bool timed = options.budget().timed;
@@ -350,7 +358,7 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g, const Ke
   const ConvSearch search = conv_search(q, options, false);
   if (timed) {
     if (hard_activation(q.act)) return choose_chain(q, sig, conv_search(q, options, true), search, key, what);
-    if (image_entry(q)) return choose_chain(q, sig, search, search, key, what);
+    if (image_entry(q) || grouped_entry(q)) return choose_chain(q, sig, search, search, key, what);
   }
   ConvPlan b = search_conv_plan(q, search, what, sig);
   if (timed)  // an untimed choice is not recorded (as for depthwise convs)

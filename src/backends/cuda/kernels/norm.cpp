@@ -60,9 +60,9 @@ std::string param_words(const std::string& p, int vec, int esz, int psz) {
 
 // The register-cached row kernel kg_layer_norm_v<vec>. psz_w / psz_b: the weight's and bias's
 // element sizes (0 when absent).
-std::string layer_rows(bool warp, int epl, int vec, int esz, int psz_w, int psz_b) {
-  return define("KG_WARP", warp) + define("KG_EPL", epl) + define("KG_V", vec) + define("KG_VW", word_type(vec * esz)) +
-         param_words("W", vec, esz, psz_w) + param_words("B", vec, esz, psz_b) +
+std::string layer_rows(bool warp, int group, int epl, int vec, int esz, int psz_w, int psz_b) {
+  return define("KG_WARP", warp) + define("KG_GROUP", group) + define("KG_EPL", epl) + define("KG_V", vec) +
+         define("KG_VW", word_type(vec * esz)) + param_words("W", vec, esz, psz_w) + param_words("B", vec, esz, psz_b) +
          std::string(embedded_source("norm_layer_rows.cuh"));
 }
 
@@ -177,26 +177,31 @@ Generated generate_norm(const Node& n, const Graph& g, const Target& t) {
     if (!b) head += "typedef float T_p1;\n";
     if (D <= 32 * kBlockThreads) {
       const bool warp = D <= 1024;
-      const int G = warp ? 32 : kBlockThreads;
+      // Lanes per row: a block, a warp, or for a short row the power of two that covers its
+      // words (a 32-channel f16 row is 4 words: 8 rows a warp instead of 4 busy lanes in 32).
+      int G = warp ? 32 : kBlockThreads;
+      const int row_vec = split_row(D, 1, esz).vec;
+      while (warp && G > 1 && int64_t(G / 2) * row_vec >= D) G /= 2;
       const RowSplit split = split_row(D, G, esz);
       const int epl = split.per_lane, vec = split.vec;
       auto psz = [&](size_t i) { return present(n, i) ? int(dtype_size(g.type(n.inputs[i]).dtype)) : 0; };
       gn.source = head;
+      const int64_t per_warp = warp ? 32 / G : 1, warps = (rows + per_warp - 1) / per_warp;
       auto ln = [&](int v) {
         const std::string name = "kg_layer_norm_v" + std::to_string(v);
-        gn.source += layer_rows(warp, epl, v, esz, psz(1), psz(2));
-        // Warp per row: 4 rows a block, fewer when the rows are too few to reach every
-        // multiprocessor of a large GPU (one 128-token sequence: 128 rows).
-        const uint32_t wpb = rows >= 4 * kLargeGpuSms ? 4 : rows >= 2 * kLargeGpuSms ? 2 : 1;
-        Launch l(name, warp ? blocks_for(rows, wpb) : blocks_for(rows, 1), warp ? 32 * wpb : uint32_t(G));
+        gn.source += layer_rows(warp, G, epl, v, esz, psz(1), psz(2));
+        // Warps: 4 a block, fewer when they are too few to reach every multiprocessor of a
+        // large GPU (one 128-token sequence: 128 rows).
+        const uint32_t wpb = warps >= 4 * kLargeGpuSms ? 4 : warps >= 2 * kLargeGpuSms ? 2 : 1;
+        Launch l(name, warp ? blocks_for(warps, wpb) : blocks_for(rows, 1), warp ? 32 * wpb : uint32_t(G));
         l.in(0).opt_in(n, 1).opt_in(n, 2).out(0).i64(rows).i64(D).f64(eps);
         return l;
       };
       Launch l = ln(vec);
       if (vec > 1) with_fallback(l, uint32_t(vec * esz), ln(1));
       gn.plan.launches.push_back(std::move(l));
-      gn.plan.describe =
-          desc + (warp ? " (warp" : " (block") + " per row in registers, " + std::to_string(vec) + "-wide loads)";
+      const std::string who = !warp ? "block" : G == 32 ? "warp" : std::to_string(G) + (G == 1 ? " lane" : " lanes");
+      gn.plan.describe = desc + " (" + who + " per row in registers, " + std::to_string(vec) + "-wide loads)";
     } else if (const SplitPlan sp = norm_split(rows, D, esz, xt.dtype == DType::kF64, t); sp.split()) {
       gn.source = head;
       const int vec = add_split(gn, n, true, esz, rows, D, 1, D, 1, eps, sp);

@@ -1,5 +1,6 @@
-// layer_norm of rows held in registers (kernels/norm.cpp): a warp (KG_WARP) or a block per
-// row, each thread holding KG_EPL elements loaded KG_V at a time as one word of type KG_VW.
+// layer_norm of rows held in registers (kernels/norm.cpp): a group of KG_GROUP lanes of a warp
+// (KG_WARP; 32, or fewer for short rows, 32 / KG_GROUP rows a warp) or a block per row, each
+// thread holding KG_EPL elements loaded KG_V at a time as one word of type KG_VW.
 // The weight and bias are loaded with the row, so their latency overlaps x's instead of
 // following the two reductions; they are loaded as whole words too (KG_W_WORDS words of type
 // KG_W_WORD per chunk of KG_V, the bias likewise), since scalar 2-byte loads spread a warp's
@@ -7,11 +8,11 @@
 // kg_layer_norm_v<KG_V>.
 //
 // Expects T_x, ld_x, st_x, A (the compute type), T_p0 / ld_p0 (weight), T_p1 / ld_p1 (bias),
-// and KG_WARP, KG_EPL, KG_V (1, 2, 4 or 8), KG_VW, KG_HAS_W (with KG_W_WORD, KG_W_WORDS) and
-// KG_HAS_B (with KG_B_WORD, KG_B_WORDS); undefines them at the end, so that a source can
-// append this file once per vector width.
+// and KG_WARP, KG_GROUP (with KG_WARP), KG_EPL, KG_V (1, 2, 4 or 8), KG_VW, KG_HAS_W (with
+// KG_W_WORD, KG_W_WORDS) and KG_HAS_B (with KG_B_WORD, KG_B_WORDS); undefines them at the end,
+// so that a source can append this file once per vector width.
 #if KG_WARP
-#define KG_G 32
+#define KG_G KG_GROUP
 #else
 #define KG_G (int)blockDim.x
 #endif
@@ -36,14 +37,19 @@ extern "C" __global__ void kg_layer_norm_v8(const T_x* __restrict__ x, const T_p
 #endif
   __shared__ A sm[33];
 #if KG_WARP
-  const long long r0 = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5,
-                  nr = ((long long)gridDim.x * blockDim.x) >> 5;
-  const int lane = threadIdx.x & 31;
+  // Every lane of a warp takes the same trips through the loop (its group's row is r + sub), so
+  // the group shuffles run with the whole warp; a group past the last row loads and stores nothing.
+  constexpr int per = 32 / KG_GROUP;
+  const long long r0 = ((blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5) * per,
+                  nr = (((long long)gridDim.x * blockDim.x) >> 5) * per;
+  const int lane = threadIdx.x & (KG_GROUP - 1), sub = (threadIdx.x & 31) / KG_GROUP;
 #else
   const long long r0 = blockIdx.x, nr = gridDim.x;
-  const int lane = threadIdx.x;
+  const int lane = threadIdx.x, sub = 0;
 #endif
-  for (long long row = r0; row < rows; row += nr) {
+  for (long long r = r0; r < rows; r += nr) {
+    const long long row = r + sub;
+    const long long live = row < rows ? D : 0;  // elements this group reads and writes
     const KG_VW* p = reinterpret_cast<const KG_VW*>(x + row * D);
     KG_VW* q = reinterpret_cast<KG_VW*>(y + row * D);
     A v[KG_EPL];
@@ -57,7 +63,7 @@ extern "C" __global__ void kg_layer_norm_v8(const T_x* __restrict__ x, const T_p
 #pragma unroll
     for (int c = 0; c < KG_EPL / KG_V; ++c) {
       const long long i = (long long)c * KG_G + lane;
-      if (i * KG_V < D) {
+      if (i * KG_V < live) {
         const KG_VW u = p[i];
         const T_x* e = reinterpret_cast<const T_x*>(&u);
 #pragma unroll
@@ -93,7 +99,7 @@ extern "C" __global__ void kg_layer_norm_v8(const T_x* __restrict__ x, const T_p
       }
     }
 #if KG_WARP
-    s = kg_warp_sum(s);
+    s = kg_group_sum<KG_GROUP>(s);
 #else
     s = kg_block_sum(s, sm);
 #endif
@@ -101,11 +107,11 @@ extern "C" __global__ void kg_layer_norm_v8(const T_x* __restrict__ x, const T_p
     s = 0;
 #pragma unroll
     for (int c = 0; c < KG_EPL / KG_V; ++c)
-      if (((long long)c * KG_G + lane) * KG_V < D)
+      if (((long long)c * KG_G + lane) * KG_V < live)
 #pragma unroll
         for (int j = 0; j < KG_V; ++j) s += (v[c * KG_V + j] - mean) * (v[c * KG_V + j] - mean);
 #if KG_WARP
-    s = kg_warp_sum(s);
+    s = kg_group_sum<KG_GROUP>(s);
 #else
     s = kg_block_sum(s, sm);
 #endif
@@ -113,7 +119,7 @@ extern "C" __global__ void kg_layer_norm_v8(const T_x* __restrict__ x, const T_p
 #pragma unroll
     for (int c = 0; c < KG_EPL / KG_V; ++c) {
       const long long i = (long long)c * KG_G + lane;
-      if (i * KG_V < D) {
+      if (i * KG_V < live) {
         KG_VW u;
         T_x* e = reinterpret_cast<T_x*>(&u);
 #pragma unroll
@@ -134,6 +140,7 @@ extern "C" __global__ void kg_layer_norm_v8(const T_x* __restrict__ x, const T_p
 }
 #undef KG_G
 #undef KG_WARP
+#undef KG_GROUP
 #undef KG_EPL
 #undef KG_V
 #undef KG_VW

@@ -10,10 +10,16 @@ template <typename A>
 __device__ __forceinline__ A kg_min(A a, A b) {
   return (b < a || b != b) ? b : a;
 }
+// Sum over each aligned group of G lanes (a power of two up to 32); the whole warp calls it.
+template <int G, typename A>
+__device__ __forceinline__ A kg_group_sum(A v) {
+#pragma unroll
+  for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
 template <typename A>
 __device__ __forceinline__ A kg_warp_sum(A v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
+  return kg_group_sum<32>(v);
 }
 template <typename A>
 __device__ __forceinline__ A kg_warp_max(A v) {
