@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import operator
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -270,13 +271,20 @@ def export_module(module: torch.nn.Module, args: Sequence[Any], kwargs: dict[str
     ``dynamic_shapes`` (torch.export's), the sizes they name stay symbolic (kiln.dynamic).
 
     An output that torch.export cannot flatten (an object of a type that is not a registered
-    pytree) is flattened by Kiln instead (kiln.outputs); the template returned then rebuilds it."""
+    pytree) is flattened by Kiln instead (kiln.outputs); the template returned then rebuilds it.
+    A branch on tensor values that torch.export cannot trace is specialized to the branch the
+    example inputs take (export_specialized)."""
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
     with torch.no_grad(), _inference_mode_off():
         try:
             if dynamic_shapes is not None:
                 from kiln.dynamic import export_dynamic  # it builds on this module
                 return export_dynamic(module, tuple(args), kwargs or {}, dynamic_shapes), None
             return torch.export.export(module, tuple(args), kwargs or {}, strict=False), None
+        except GuardOnDataDependentSymNode as err:
+            if dynamic_shapes is not None:
+                raise
+            return export_specialized(module, tuple(args), kwargs or {}, err), None
         except RuntimeError as err:
             kind = unregistered_output(err)
             if kind is None or dynamic_shapes is not None:
@@ -292,6 +300,42 @@ def export_module(module: torch.nn.Module, args: Sequence[Any], kwargs: dict[str
             except TypeError as why:
                 raise TypeError(f"kiln.compile: the module returns a {kind}, which torch.export cannot trace as an "
                                 f"output and Kiln cannot take apart: {why}; {output_hint(kind)}") from None
+
+
+def export_specialized(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                       err: Exception) -> torch.export.ExportedProgram:
+    """torch.export of a module whose Python branches on a tensor's value (BART's
+    ``if not torch.isfinite(h).all(): h = h.clamp(...)`` in FP16), which plain export refuses:
+    torch.export's draft mode runs the example inputs for real, takes the branch they take, and
+    records the condition as an assert (which lowering drops: an engine cannot raise). The
+    program then computes that branch for every input; each specialized condition is logged as
+    a warning naming its source line. Any other problem draft mode reports re-raises ``err``."""
+    from torch.export._draft_export import FailureType
+    quiet = [logging.getLogger(n) for n in ("torch.export._draft_export", "torch.fx.experimental.symbolic_shapes")]
+    levels = [q.level for q in quiet]
+    try:
+        for q in quiet:  # draft mode logs each real-tensor decision and a report of its own
+            q.setLevel(logging.ERROR)
+        ep = torch.export.draft_export(module, args, kwargs)
+    finally:
+        for q, level in zip(quiet, levels):
+            q.setLevel(level)
+    report = getattr(ep, "_report", None)
+    failures = [f for f in getattr(report, "failures", []) if not f.xfail]
+    if not failures or any(f.failure_type != FailureType.DATA_DEPENDENT_ERROR for f in failures):
+        raise err
+    # The report names a frame's file by an id of torch's process-wide intern table, whose files
+    # interned before this export the report's own table lacks.
+    from torch._logging import structured
+    files = {i: name for name, i in getattr(structured, "INTERN_TABLE", {}).items()}
+    files.update(getattr(report, "str_to_filename", {}))
+    for f in failures:
+        frame = (f.data.get("user_stack") or [{}])[-1]
+        where = f"{files.get(frame.get('filename'), '?')}:{frame.get('line', '?')}"
+        log.warning("kiln.compile: the module branches on tensor values at %s (`%s`), which torch.export cannot "
+                    "trace; the program takes the branch the example inputs took (%s was %s) for every input",
+                    where, frame.get("loc", "?"), f.data.get("expr", "?"), f.data.get("result", "?"))
+    return ep
 
 
 @contextlib.contextmanager

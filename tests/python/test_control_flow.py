@@ -323,3 +323,46 @@ def test_other_higher_order_ops_run_in_pytorch(tmp_path) -> None:
     assert compiled.summary.ops_in_pytorch["higher_order.while_loop"] == 1
     with torch.no_grad():
         _assert_close(compiled(x), model(x))
+
+
+class ValueBranch(nn.Module):
+    """A Python `if` on a tensor's values (as BART's FP16 overflow clamp), not a torch.cond."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a(x)
+        if (y.abs() > 3.0).any():  # the branch torch.export cannot trace
+            y = y.clamp(-3.0, 3.0)
+        return torch.relu(y) * 2
+
+
+@pytest.mark.parametrize("scale", [0.1, 10.0], ids=["not-taken", "taken"])
+def test_branch_on_tensor_values_takes_the_example_branch(scale: float, tmp_path, caplog) -> None:
+    """kiln.compile specializes a branch on tensor values to the one the example inputs take,
+    with a warning naming the line; inputs that take the same branch match eager, saved too."""
+    torch.manual_seed(3)
+    model = ValueBranch().eval()
+    x = torch.randn(4, 8) * scale
+    with torch.no_grad(), caplog.at_level("WARNING", logger="kiln"):
+        compiled = kiln.compile(model, [x], min_block_size=1)
+        expected = model(x)
+        torch.testing.assert_close(compiled(x), expected, rtol=1e-5, atol=1e-5)
+        other = torch.randn(4, 8) * scale  # the same branch
+        torch.testing.assert_close(compiled(other), model(other), rtol=1e-5, atol=1e-5)
+        warned = [r.getMessage() for r in caplog.records if "branches on tensor values" in r.getMessage()]
+        assert len(warned) == 1 and "test_control_flow.py:" in warned[0] and "y.abs() > 3.0" in warned[0], warned
+        assert compiled.summary.ops_in_pytorch == collections.Counter(), compiled.summary
+        path = tmp_path / "branch.pt2"
+        kiln.save(compiled, path, arg_inputs=[x])
+        torch.testing.assert_close(kiln.load(path).module()(other), model(other), rtol=1e-5, atol=1e-5)
+
+
+def test_branch_on_tensor_values_with_dynamic_shapes_still_raises() -> None:
+    """With dynamic shapes the export is not specialized: torch.export's error reaches the caller."""
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+    batch = torch.export.Dim("batch", min=2, max=16)
+    with torch.no_grad(), pytest.raises(GuardOnDataDependentSymNode):
+        kiln.compile(ValueBranch().eval(), [torch.randn(4, 8)], min_block_size=1, dynamic_shapes=({0: batch},))
