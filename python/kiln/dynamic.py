@@ -194,8 +194,9 @@ def export_dynamic(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[
     from torch.export.dynamic_shapes import refine_dynamic_shapes_from_suggested_fixes
     from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
     try:
-        with _sdpa_math():
-            return torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+        with _sdpa_math(), _AttentionAsOneOp():
+            return _attention_back(
+                torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False))
     except (torch._dynamo.exc.UserError, ConstraintViolationError) as err:
         if "Suggested fixes" not in str(err):
             raise
@@ -208,8 +209,59 @@ def export_dynamic(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[
         refined = refine_dynamic_shapes_from_suggested_fixes(head + "Suggested fixes:\n" + "\n".join(fixes),
                                                              dynamic_shapes)
         log.info("torch.export refined the dynamic shapes: %s", "; ".join(fixes))
-        with _sdpa_math():
-            return torch.export.export(module, args, kwargs, dynamic_shapes=refined, strict=False)
+        with _sdpa_math(), _AttentionAsOneOp():
+            return _attention_back(torch.export.export(module, args, kwargs, dynamic_shapes=refined, strict=False))
+
+
+# Export with symbolic sizes evaluates each F.scaled_dot_product_attention call through the math
+# backend's ops (_sdpa_math), symbolic size arithmetic that cost BERT-base 40% of its export;
+# the graph keeps one scaled_dot_product_attention node anyway. During the export such calls run
+# as kiln::export_sdpa, whose fake kernel only states the output's shape, and _attention_back
+# turns its nodes into aten.scaled_dot_product_attention with the same arguments.
+_F_SDPA = torch.nn.functional.scaled_dot_product_attention
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+
+@torch.library.custom_op("kiln::export_sdpa", mutates_args=())
+def _export_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
+                 dropout_p: float, is_causal: bool, scale: float | None, enable_gqa: bool) -> torch.Tensor:
+    return _F_SDPA(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+@_export_sdpa.register_fake
+def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None, dropout_p: float,
+      is_causal: bool, scale: float | None, enable_gqa: bool) -> torch.Tensor:
+    return query.new_empty((*query.shape[:-1], value.shape[-1]))
+
+
+class _AttentionAsOneOp(torch.overrides.TorchFunctionMode):
+    """Runs F.scaled_dot_product_attention calls as kiln::export_sdpa (see above)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is not _F_SDPA or len(args) + len(kwargs) > len(_SDPA_ARGS):
+            return func(*args, **kwargs)
+        bound = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False}
+        bound.update(zip(_SDPA_ARGS, args))
+        bound.update(kwargs)
+        if set(bound) != set(_SDPA_ARGS):  # an argument this version of torch added
+            return func(*args, **kwargs)
+        return torch.ops.kiln.export_sdpa(*(bound[name] for name in _SDPA_ARGS))
+
+
+def _attention_back(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """kiln::export_sdpa nodes become aten.scaled_dot_product_attention (their values stay)."""
+    graph = ep.graph_module.graph
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target == torch.ops.kiln.export_sdpa.default:
+            values = dict(zip(_SDPA_ARGS, node.args))
+            values.update(node.kwargs)
+            node.target = torch.ops.aten.scaled_dot_product_attention.default
+            node.args = tuple(values[name] for name in _SDPA_ARGS[:6])
+            node.kwargs = {"scale": values["scale"], "enable_gqa": values["enable_gqa"]}
+    ep.graph_module.recompile()
+    return ep
 
 
 def _sdpa_math() -> Any:

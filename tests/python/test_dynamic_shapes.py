@@ -829,6 +829,48 @@ class SdpaEncoder(torch.nn.Module):
         return self.proj(att.transpose(1, 2).reshape(b, s, d)) + h
 
 
+class CausalGqa(torch.nn.Module):
+    """Causal grouped-query attention with an explicit scale, all as F.scaled_dot_product_attention
+    arguments (4 query heads over 2 key / value heads)."""
+
+    def __init__(self, dim: int = 32) -> None:
+        super().__init__()
+        self.q = torch.nn.Linear(dim, dim)
+        self.kv = torch.nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q = self.q(x).view(b, s, 4, d // 4).transpose(1, 2)
+        k, v = self.kv(x).view(b, s, 2, 2, d // 4).permute(2, 0, 3, 1, 4)
+        att = F.scaled_dot_product_attention(q, k, v, None, 0.0, True, scale=0.3, enable_gqa=True)
+        return att.transpose(1, 2).reshape(b, s, d)
+
+
+@pytest.mark.parametrize("model", [SdpaEncoder, CausalGqa])
+def test_attention_exports_as_one_node_with_its_arguments(model: type[torch.nn.Module]) -> None:
+    """With symbolic sizes, export runs F.scaled_dot_product_attention as kiln::export_sdpa (no
+    math-backend decomposition to evaluate) and the program holds aten's op with the same
+    arguments: mask, causal flag, scale and GQA; outputs match eager across the range."""
+    torch.manual_seed(5)
+    m = model().eval()
+    seq = Dim("seq", min=4, max=64)
+    if model is SdpaEncoder:
+        make, dims = (lambda s: _encoder_inputs(2, s)), ({1: seq}, {1: seq})
+    else:
+        make, dims = (lambda s: [torch.randn(2, s, 32)]), ({1: seq},)
+    ep, _ = kiln.lowering.export_module(m, make(16), dynamic_shapes=dims)
+    targets = [n.target for n in ep.graph.nodes if n.op == "call_function"]
+    assert torch.ops.kiln.export_sdpa.default not in targets
+    (node,) = [n for n in ep.graph.nodes if n.target == torch.ops.aten.scaled_dot_product_attention.default]
+    if model is CausalGqa:
+        assert node.args[3:] == (None, 0.0, True) and node.kwargs == {"scale": 0.3, "enable_gqa": True}, node
+    compiled = kiln.compile(m, make(16), dynamic_shapes=dims, min_block_size=1)
+    with torch.no_grad():
+        for s in (16, 5, 64, 33):
+            x = make(s)
+            torch.testing.assert_close(compiled(*x), m(*x), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.cuda
 def test_cuda_sequence_range_serves_lengths_that_are_no_multiple_of_8() -> None:
     """On CUDA, export evaluates sdpa with the math backend: the memory-efficient kernel's
