@@ -2,9 +2,11 @@
 convolutions and the layout propagation that moves their permutes through norms, concats, pads,
 upsampling and reshapes; strided attention operands) must not change what a model computes.
 
-Each reduced zoo model with convolutions is compiled with torch.compile(backend="kiln") while
-every engine is built from ``Builder.optimize`` for a CUDA device (the plan graph, which needs no
-GPU) by the CPU backend, and compared with eager.
+Each reduced zoo model with convolutions is compiled with torch.compile(backend="kiln"), and every
+reduced zoo model with kiln.compile, while every engine is built from ``Builder.optimize`` for a
+CUDA device (the plan graph, which needs no GPU) by the CPU backend, and compared with eager: the
+whole zoo runs in one engine each, no op left in PyTorch (and BART in FP16, whose encoder layers
+branch on tensor values there, built for the CPU).
 """
 
 from __future__ import annotations
@@ -49,3 +51,31 @@ def test_cuda_plan_matches_eager(name: str, monkeypatch: pytest.MonkeyPatch) -> 
                                           "reuse_cached_engines": False, "pass_through_build_failures": True})
         got = zoo.flat_output(compiled(*inputs))
     assert zoo.rel_error(got, want) < 1e-4, f"{name}: relative error {zoo.rel_error(got, want):.2e}"
+
+
+@pytest.mark.parametrize("name", list(zoo_models.MODELS))
+def test_every_zoo_model_compiles_into_one_engine(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kiln.pipeline, "build_engine", _cuda_plan_on_cpu)
+    model, inputs = zoo_models.MODELS[name].create_randomized(2, small=True)
+    with torch.no_grad():
+        want = zoo.flat_output(model(*inputs))
+        compiled = kiln.compile(model, inputs, min_block_size=1, cache_built_engines=False,
+                                reuse_cached_engines=False)
+        got = zoo.flat_output(compiled(*inputs))
+    assert zoo.rel_error(got, want) < 1e-4, f"{name}: relative error {zoo.rel_error(got, want):.2e}"
+    assert compiled.summary.engines == 1 and not compiled.summary.ops_in_pytorch, compiled.summary
+
+
+def test_bart_in_fp16_compiles_into_one_engine() -> None:
+    """In FP16 BART's encoder layers test ``torch.isfinite(h).all()``: kiln.compile takes the
+    branch the example inputs take (kiln.lowering.export_specialized). A CPU build."""
+    model, inputs = zoo_models.MODELS["bart_encoder"].create_randomized(2, small=True)
+    with torch.no_grad():
+        want = zoo.flat_output(model(*inputs))
+        model = model.half()
+        compiled = kiln.compile(model, inputs, min_block_size=1, enabled_precisions={torch.half},
+                                cache_built_engines=False, reuse_cached_engines=False)
+        got = zoo.flat_output(compiled(*inputs)).float()
+        eager16 = zoo.flat_output(model(*inputs)).float()
+    assert zoo.rel_error(got, want) < 5 * max(zoo.rel_error(eager16, want), 1e-4)
+    assert compiled.summary.engines == 1 and not compiled.summary.ops_in_pytorch, compiled.summary
