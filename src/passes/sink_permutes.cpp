@@ -44,13 +44,6 @@ bool keeps_order(const Shape& shape, const Perm& order) {
   return true;
 }
 
-ValueId insert_reshape(Graph& g, size_t& at, ValueId v, const Shape& shape, const std::string& name) {
-  if (g.type(v).shape() == shape) return v;
-  Attrs a;
-  a.set("shape", shape);
-  return g.insert_node(at++, OpKind::kReshape, {v}, a, name)[0];
-}
-
 // reshape(permute(v, P), S) as permute(reshape(v, S2), P2): the reshape of the permuted tensor
 // merges and splits groups of its dims; each group of dims of extent > 1 must be adjacent and
 // in order in v, so that it is one block of v that the same split can cut. Dims of extent 1
@@ -149,10 +142,10 @@ bool sink_elementwise(Graph& g, size_t pos, bool all_rules) {
       else return false;
     }
   }
-  size_t at = pos;
+  passes::NodeInserter at{g, pos, name};
   std::vector<ValueId> ins;
   for (size_t k = 0; k < n.inputs.size(); ++k) {
-    const ValueId in = g.nodes()[at]->inputs[k];
+    const ValueId in = g.nodes()[at.pos]->inputs[k];
     const TensorType t = g.type(in);
     Shape padded(size_t(rank - std::min(rank, t.rank())), 1);
     for (const Dim& d : t.dims) padded.push_back(d.extent);
@@ -161,19 +154,18 @@ bool sink_elementwise(Graph& g, size_t pos, bool all_rules) {
     switch (how[k]) {
       case How::kSource: ins.push_back(permute_of(g, in)->inputs[0]); break;
       case How::kAsIs: ins.push_back(in); break;
-      case How::kExisting: ins.push_back(existing_permute(g, in, inv, at)); break;
-      case How::kReshape: ins.push_back(insert_reshape(g, at, in, target, name)); break;
+      case How::kExisting: ins.push_back(existing_permute(g, in, inv, at.pos)); break;
+      case How::kReshape: ins.push_back(at.reshape(in, target)); break;
       case How::kPermute: {
         Attrs a;
         a.set("perm", inv);
-        const ValueId full = insert_reshape(g, at, in, padded, name);
-        ins.push_back(g.insert_node(at++, OpKind::kPermute, {full}, a, name)[0]);
+        ins.push_back(at.node(OpKind::kPermute, {at.reshape(in, padded)}, a));
         break;
       }
     }
   }
-  const Node& m = *g.nodes()[at];
-  replace_permuted(g, at, m.op, ins, Attrs(m.attrs), {p});
+  const Node& m = *g.nodes()[at.pos];
+  replace_permuted(g, at.pos, m.op, ins, Attrs(m.attrs), {p});
   return true;
 }
 
