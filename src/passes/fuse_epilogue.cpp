@@ -13,6 +13,9 @@
 //   add(v, r) / add(r, v), v = y through reshapes (or permutes moving only size-1 dims), each
 //       used once, r of the add's shape -> reshape(P(x, w, bias, reshape(r))), since the views
 //       keep the element order;
+//   add(y, r) / add(r, y), P with residual z = P2(...) (z used only there, neither with an
+//       activation, P2 without residual), r existing before P2 -> P(..., P2(..., r)): the sum
+//       reassociated, (P + z) + r as P + (P2 + r) (GPT-NeoX's parallel residual);
 //   relu / gelu (approximate none or tanh) / silu / sigmoid / tanh / hardswish / hardsigmoid (y)
 //       -> P with that activation (after which P takes no further add: the add would come
 //       after the activation), unless fuse_pointwise follows and the activation's one use is
@@ -175,6 +178,30 @@ bool try_add_through_views(Graph& g, size_t pos, ValueId v, ValueId r) {
   return true;
 }
 
+// add(y, r) / add(r, y) where y = P1(..., residual = z), z = P2(...) used only there, and P1 and
+// P2 have no activation while P2 has no residual: (P1 + z) + r is computed as P1 + (P2 + r), r
+// moving into P2's epilogue, when r exists before P2 runs. That is the parallel residual of
+// GPT-NeoX-style blocks, mlp(x) + attn(x) + x, whose first add fused into the MLP's linear and
+// left the second standalone. The sums take another order: a rounding apart in f16.
+bool try_add_reassociate(Graph& g, size_t pos, ValueId y, ValueId r) {
+  Node* p1 = fusable_producer(g, y);
+  if (p1 == nullptr || r == y) return false;
+  const ValueId z = input_or_none(*p1, 3);
+  Node* p2 = z == kNoValue ? nullptr : fusable_producer(g, z);
+  const TensorType& sum = g.type(g.nodes()[pos]->outputs[0]);
+  if (p2 == nullptr || input_or_none(*p2, 3) != kNoValue || g.type(r).dtype != sum.dtype ||
+      g.type(r).shape() != sum.shape() || g.type(y).shape() != sum.shape() || g.type(y).dtype != sum.dtype ||
+      g.type(z).shape() != sum.shape())
+    return false;
+  const size_t p2_pos = position_of(g, p2, pos);
+  if (const Node* made = g.value(r).producer; made != nullptr && position_of(g, made, pos) > p2_pos) return false;
+  p2->inputs.resize(4, kNoValue);
+  p2->inputs[3] = r;
+  g.replace_all_uses(g.nodes()[pos]->outputs[0], y);
+  g.erase_node(pos);
+  return true;
+}
+
 // Whether v's one use is a pointwise op (a gate scaling a feature map, SwiGLU's silu(gate) * up).
 bool feeds_pointwise(const Graph& g, ValueId v) {
   if (g.num_uses(v) != 1 || passes::is_graph_output(g, v)) return false;
@@ -208,7 +235,7 @@ bool sweep(Graph& g, bool pointwise_follows) {
     if (k.op == OpKind::kAdd) {
       const ValueId a = k.inputs[0], b = k.inputs[1];
       fused = try_add(g, i, a, b) || try_add(g, i, b, a) || try_add_through_views(g, i, a, b) ||
-              try_add_through_views(g, i, b, a);
+              try_add_through_views(g, i, b, a) || try_add_reassociate(g, i, a, b) || try_add_reassociate(g, i, b, a);
     } else if (op_info(k.op).family == OpFamily::kUnary) {
       fused = try_activation(g, i, pointwise_follows);
     }

@@ -456,3 +456,31 @@ TEST(FuseEpilogue, ActivationFeedingAPointwiseOpStaysOut) {
     EXPECT_EQ(fused, 1) << act;
   }
 }
+
+// GPT-NeoX's parallel residual: mlp(x) + attn(x) + x, parsed as (mlp + attn) + x.
+Graph parallel_residual(bool late_residual) {
+  Graph g;
+  ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 3, 8}));
+  ValueId attn =
+      g.add_node1(OpKind::kLinear, {x, f32_weight(g, "attn.w", {8, 8}, 21), f32_weight(g, "attn.b", {8}, 22)});
+  ValueId r = x;
+  if (late_residual) r = g.add_node1(OpKind::kTanh, {x});  // made after attn's linear: cannot move in
+  ValueId h = g.add_node1(OpKind::kRelu, {x});
+  ValueId mlp = g.add_node1(OpKind::kLinear, {h, f32_weight(g, "mlp.w", {8, 8}, 23)});
+  ValueId sum = g.add_node1(OpKind::kAdd, {mlp, attn});
+  g.mark_output(g.add_node1(OpKind::kAdd, {sum, r}), "y");
+  return g;
+}
+
+TEST(FuseEpilogue, ParallelResidualReassociatesIntoBothLinears) {
+  const Graph f = fuse_and_compare(parallel_residual(false), 24);
+  EXPECT_EQ(count_ops(f, OpKind::kAdd), 0) << f.to_string();
+  for (const auto& n : f.nodes()) {
+    if (n->op == OpKind::kLinear) {
+      EXPECT_EQ(n->inputs.size(), 4u) << f.to_string();  // each has a residual
+    }
+  }
+  // The residual is made after the first linear: only the first add fuses.
+  const Graph late = fuse_and_compare(parallel_residual(true), 25);
+  EXPECT_EQ(count_ops(late, OpKind::kAdd), 1) << late.to_string();
+}
