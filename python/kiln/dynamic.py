@@ -194,7 +194,7 @@ def export_dynamic(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[
     from torch.export.dynamic_shapes import refine_dynamic_shapes_from_suggested_fixes
     from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
     try:
-        with _sdpa_math(), _AttentionAsOneOp():
+        with _sdpa_math(), _attention_as_one_op():
             return _attention_back(
                 torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False))
     except (torch._dynamo.exc.UserError, ConstraintViolationError) as err:
@@ -209,7 +209,7 @@ def export_dynamic(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[
         refined = refine_dynamic_shapes_from_suggested_fixes(head + "Suggested fixes:\n" + "\n".join(fixes),
                                                              dynamic_shapes)
         log.info("torch.export refined the dynamic shapes: %s", "; ".join(fixes))
-        with _sdpa_math(), _AttentionAsOneOp():
+        with _sdpa_math(), _attention_as_one_op():
             return _attention_back(torch.export.export(module, args, kwargs, dynamic_shapes=refined, strict=False))
 
 
@@ -220,22 +220,41 @@ def export_dynamic(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[
 # turns its nodes into aten.scaled_dot_product_attention with the same arguments.
 _F_SDPA = torch.nn.functional.scaled_dot_product_attention
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+_SDPA_SCHEMA = ("(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, float dropout_p, bool is_causal, "
+                "float? scale, bool enable_gqa) -> Tensor")
+_SDPA_OP: list[Any] = []  # the op once defined; None where this torch cannot define it
 
 
-@torch.library.custom_op("kiln::export_sdpa", mutates_args=())
-def _export_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
-                 dropout_p: float, is_causal: bool, scale: float | None, enable_gqa: bool) -> torch.Tensor:
+def _sdpa_eager(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
+                dropout_p: float, is_causal: bool, scale: float | None, enable_gqa: bool) -> torch.Tensor:
     return _F_SDPA(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
-@_export_sdpa.register_fake
-def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None, dropout_p: float,
-      is_causal: bool, scale: float | None, enable_gqa: bool) -> torch.Tensor:
+def _sdpa_shape(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
+                dropout_p: float, is_causal: bool, scale: float | None, enable_gqa: bool) -> torch.Tensor:
     return query.new_empty((*query.shape[:-1], value.shape[-1]))
 
 
+def _attention_op() -> Any:
+    """kiln::export_sdpa, defined on first use (None, and export as before, where this torch
+    refuses the definition)."""
+    if not _SDPA_OP:
+        try:
+            op = torch.library.custom_op("kiln::export_sdpa", _sdpa_eager, mutates_args=(), schema=_SDPA_SCHEMA)
+            op.register_fake(_sdpa_shape)
+            _SDPA_OP.append(torch.ops.kiln.export_sdpa.default)
+        except Exception as err:  # noqa: BLE001 - any refusal leaves the math backend's export
+            log.info("attention stays on the math backend in dynamic exports: %s", err)
+            _SDPA_OP.append(None)
+    return _SDPA_OP[0]
+
+
 class _AttentionAsOneOp(torch.overrides.TorchFunctionMode):
-    """Runs F.scaled_dot_product_attention calls as kiln::export_sdpa (see above)."""
+    """Runs F.scaled_dot_product_attention calls as ``op`` (kiln::export_sdpa, see above)."""
+
+    def __init__(self, op: Any) -> None:
+        super().__init__()
+        self.op = op
 
     def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
@@ -247,14 +266,21 @@ class _AttentionAsOneOp(torch.overrides.TorchFunctionMode):
         bound.update(kwargs)
         if set(bound) != set(_SDPA_ARGS):  # an argument this version of torch added
             return func(*args, **kwargs)
-        return torch.ops.kiln.export_sdpa(*(bound[name] for name in _SDPA_ARGS))
+        return self.op(*(bound[name] for name in _SDPA_ARGS))
+
+
+def _attention_as_one_op() -> Any:
+    op = _attention_op()
+    return contextlib.nullcontext() if op is None else _AttentionAsOneOp(op)
 
 
 def _attention_back(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """kiln::export_sdpa nodes become aten.scaled_dot_product_attention (their values stay)."""
-    graph = ep.graph_module.graph
-    for node in graph.nodes:
-        if node.op == "call_function" and node.target == torch.ops.kiln.export_sdpa.default:
+    op = _attention_op()
+    if op is None:
+        return ep
+    for node in ep.graph_module.graph.nodes:
+        if node.op == "call_function" and node.target == op:
             values = dict(zip(_SDPA_ARGS, node.args))
             values.update(node.kwargs)
             node.target = torch.ops.aten.scaled_dot_product_attention.default

@@ -310,7 +310,10 @@ def export_specialized(module: torch.nn.Module, args: tuple[Any, ...], kwargs: d
     records the condition as an assert (which lowering drops: an engine cannot raise). The
     program then computes that branch for every input; each specialized condition is logged as
     a warning naming its source line. Any other problem draft mode reports re-raises ``err``."""
-    from torch.export._draft_export import FailureType
+    try:
+        from torch.export._draft_export import FailureType
+    except ImportError:  # a torch without draft mode
+        raise err from None
     quiet = [logging.getLogger(n) for n in ("torch.export._draft_export", "torch.fx.experimental.symbolic_shapes")]
     levels = [q.level for q in quiet]
     try:
