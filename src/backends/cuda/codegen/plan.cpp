@@ -317,6 +317,16 @@ RowSplit split_row(int64_t n, int lanes, int esz) {
   return r;
 }
 
+int row_lanes(int64_t n, int vec) {
+  int lanes = 32;
+  while (lanes > 1 && int64_t(lanes / 2) * vec >= n) lanes /= 2;
+  return lanes;
+}
+
+std::string lanes_name(int lanes) {
+  return lanes == 32 ? "warp" : std::to_string(lanes) + (lanes == 1 ? " lane" : " lanes");
+}
+
 uint32_t blocks_for(int64_t n, int64_t per_block) {
   const int64_t b = (n + per_block - 1) / std::max<int64_t>(per_block, 1);
   return uint32_t(std::clamp<int64_t>(b, 1, kMaxBlocks));

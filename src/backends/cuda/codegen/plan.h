@@ -158,6 +158,12 @@ struct RowSplit {
   int per_lane = 1, vec = 1;
 };
 RowSplit split_row(int64_t n, int lanes, int esz);
+// The lanes of a warp that hold one row of n elements loaded vec at a time: 32, or for a row of
+// at most 16 words the power of two that covers them, several rows a warp (a head dim of 32
+// halves is 4 words: 8 rows a warp instead of 4 busy lanes in 32).
+int row_lanes(int64_t n, int vec);
+// How a plan's description names `lanes` lanes per row: "warp", "1 lane", "8 lanes".
+std::string lanes_name(int lanes);
 // Grid-stride block count for n work items of `per_block` each.
 uint32_t blocks_for(int64_t n, int64_t per_block);
 

@@ -177,11 +177,8 @@ Generated generate_norm(const Node& n, const Graph& g, const Target& t) {
     if (!b) head += "typedef float T_p1;\n";
     if (D <= 32 * kBlockThreads) {
       const bool warp = D <= 1024;
-      // Lanes per row: a block, a warp, or for a short row the power of two that covers its
-      // words (a 32-channel f16 row is 4 words: 8 rows a warp instead of 4 busy lanes in 32).
-      int G = warp ? 32 : kBlockThreads;
-      const int row_vec = split_row(D, 1, esz).vec;
-      while (warp && G > 1 && int64_t(G / 2) * row_vec >= D) G /= 2;
+      // Lanes per row: a block, or a warp's lanes that cover the row's words (row_lanes).
+      const int G = warp ? row_lanes(D, split_row(D, 1, esz).vec) : kBlockThreads;
       const RowSplit split = split_row(D, G, esz);
       const int epl = split.per_lane, vec = split.vec;
       auto psz = [&](size_t i) { return present(n, i) ? int(dtype_size(g.type(n.inputs[i]).dtype)) : 0; };
@@ -200,8 +197,8 @@ Generated generate_norm(const Node& n, const Graph& g, const Target& t) {
       Launch l = ln(vec);
       if (vec > 1) with_fallback(l, uint32_t(vec * esz), ln(1));
       gn.plan.launches.push_back(std::move(l));
-      const std::string who = !warp ? "block" : G == 32 ? "warp" : std::to_string(G) + (G == 1 ? " lane" : " lanes");
-      gn.plan.describe = desc + " (" + who + " per row in registers, " + std::to_string(vec) + "-wide loads)";
+      gn.plan.describe = desc + " (" + (warp ? lanes_name(G) : "block") + " per row in registers, " +
+                         std::to_string(vec) + "-wide loads)";
     } else if (const SplitPlan sp = norm_split(rows, D, esz, xt.dtype == DType::kF64, t); sp.split()) {
       gn.source = head;
       const int vec = add_split(gn, n, true, esz, rows, D, 1, D, 1, eps, sp);

@@ -200,13 +200,8 @@ Generated generate_reduce(const Node& n, const Graph& g, const Target& t) {
     const int vec = word_elements(L, dt);
     const bool block = L.count > 2048;
     const int64_t nro = L.count / L.inner;
-    // Lanes per output: a warp, or for one short run the power of two that covers its words (a
-    // head dim of 32 halves is 4 words: 8 outputs per warp instead of 4 busy lanes in 32).
-    auto group_of = [&](int v) {
-      int lanes = 32;
-      while (!block && nro == 1 && lanes > 1 && int64_t(lanes / 2) * v >= L.inner) lanes /= 2;
-      return lanes;
-    };
+    // Lanes per output: a warp, or for one short run the lanes that cover its words (row_lanes).
+    auto group_of = [&](int v) { return !block && nro == 1 ? row_lanes(L.inner, v) : 32; };
     auto rows = [&](int v) {
       const std::string name = "kg_reduce_rows_v" + std::to_string(v);
       const int lanes = group_of(v);
@@ -221,9 +216,7 @@ Generated generate_reduce(const Node& n, const Graph& g, const Target& t) {
     if (vec > 1) with_fallback(l, 16, rows(1));
     gn.plan.launches.push_back(std::move(l));
     const int lanes = group_of(vec);
-    const std::string who = block         ? "block"
-                            : lanes == 32 ? "warp"
-                                          : std::to_string(lanes) + (lanes == 1 ? " lane" : " lanes");
+    const std::string who = block ? "block" : lanes_name(lanes);
     gn.plan.describe = desc + " (" + who + " per output, " + std::to_string(vec) + "-wide loads)";
   } else {
     gn.source += std::string(embedded_source("reduce_cols.cuh"));
