@@ -195,8 +195,8 @@ bool try_add_reassociate(Graph& g, size_t pos, ValueId y, ValueId r) {
     return false;
   const size_t p2_pos = position_of(g, p2, pos);
   if (const Node* made = g.value(r).producer; made != nullptr && position_of(g, made, pos) > p2_pos) return false;
-  p2->inputs.resize(4, kNoValue);
-  p2->inputs[3] = r;
+  std::vector<ValueId> ins = {p2->inputs[0], p2->inputs[1], input_or_none(*p2, 2), r};
+  passes::replace_node(g, p2_pos, p2->op, ins, p2->attrs);  // one node for one: pos stays the add's
   g.replace_all_uses(g.nodes()[pos]->outputs[0], y);
   g.erase_node(pos);
   return true;

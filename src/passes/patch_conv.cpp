@@ -75,18 +75,12 @@ bool dense_convs_to_linears(Graph& g) {
   for (size_t pos = 0; pos < g.nodes().size(); ++pos) {
     const Node& n = *g.nodes()[pos];
     if (!is_dense_conv(g, n)) continue;
-    const std::string name = n.name;
-    const ValueId y = n.outputs[0];
     std::vector<ValueId> ins = n.inputs;
     Attrs a;
     if (n.attrs.has("activation")) a.set("activation", n.attrs.get_string("activation"));
     const auto w = g.type(ins[1]).shape();
-    size_t at = pos;
-    ins[1] = insert(g, at, OpKind::kReshape, {ins[1]}, "shape", {w[0], w[3]}, name);
-    const ValueId out = g.insert_node(at++, OpKind::kLinear, ins, a, name)[0];
-    g.replace_all_uses(y, out);
-    g.erase_node(at);
-    pos = at - 1;
+    ins[1] = insert(g, pos, OpKind::kReshape, {ins[1]}, "shape", {w[0], w[3]}, n.name);
+    passes::replace_node(g, pos, OpKind::kLinear, ins, a);  // the conv, now at pos
     changed = true;
   }
   return changed;
