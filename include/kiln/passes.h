@@ -108,6 +108,11 @@ bool additive_attention_masks(Graph& g);
 // axis by an index_select of that tensor (times a constant sign): RoPE's rotate_half becomes a
 // gathered leaf of the rotary kernel. Run it before the fold_constants ahead of fuse_pointwise.
 bool gather_concats(Graph& g);
+// Replaces permute(reshape(concat(parts) {axis k})) whose reshape splits axis k into (parts, part
+// size) and whose permute moves only that parts dim by a concat of the reshaped parts along the
+// dim where it lands: a channel shuffle after a concat is one kernel that writes the parts
+// interleaved.
+bool interleave_concats(Graph& g);
 // Makes a reduce_sum / reduce_mean whose input is mul(x, x), read by nothing else, reduce x
 // with {square: true}: the squares are formed as the reduction loads x (RMSNorm, L2 norms).
 // Run it before fuse_pointwise.

@@ -86,6 +86,7 @@ Graph Builder::optimize(const Graph& network, std::ostream& log, std::shared_ptr
   }
   run("collapse_view_chains", &collapse_view_chains);
   run("gather_concats", &gather_concats);
+  run("interleave_concats", &interleave_concats);
   run("fold_constants", &fold_constants);
   run("broadcast_expands", &broadcast_expands);
   run("square_into_reductions", &square_into_reductions);

@@ -17,7 +17,8 @@
 // (unary, binary, where, cast) with such an input becomes a fused node of one op first. The
 // innermost dim must stay contiguous (or broadcast): a transposed read would leave a pointwise
 // kernel's loads uncoalesced, where the copy's tiled transpose is not. Static shapes only. The
-// chains left without readers are removed. Run it after fuse_pointwise.
+// chains left without readers are removed, and a split left with parts nothing reads becomes a
+// slice per part still read (a split copies every part). Run it after fuse_pointwise.
 #include <algorithm>
 
 #include "kiln/passes.h"
@@ -75,6 +76,35 @@ void fuse_alone(Graph& g, size_t pos) {
   g.erase_node(pos + 1);
 }
 
+// A split some of whose parts nothing reads: one slice per part that is read.
+bool slice_read_parts(Graph& g, size_t pos) {
+  const Node& n = *g.nodes()[pos];
+  if (n.op != OpKind::kSplit) return false;
+  auto read = [&](ValueId v) { return g.num_uses(v) > 0 || passes::is_graph_output(g, v); };
+  const int64_t axis = n.attrs.get_int("axis");
+  if (std::all_of(n.outputs.begin(), n.outputs.end(), read) ||
+      !std::all_of(n.outputs.begin(), n.outputs.end(),
+                   [&](ValueId v) { return g.type(v).dims[size_t(axis)].is_static(); }))
+    return false;
+  const std::vector<ValueId> outs = n.outputs;
+  const ValueId x = n.inputs[0];
+  passes::NodeInserter at{g, pos, n.name};
+  int64_t start = 0;
+  for (ValueId out : outs) {
+    const int64_t size = g.type(out).dims[size_t(axis)].extent;
+    if (read(out)) {
+      Attrs a;
+      a.set("axis", axis);
+      a.set("start", start);
+      a.set("end", start + size);
+      a.set("step", int64_t(1));
+      g.replace_all_uses(out, at.node(OpKind::kSlice, {x}, a));
+    }
+    start += size;
+  }
+  return true;
+}
+
 }  // namespace
 
 bool fold_input_views(Graph& g) {
@@ -94,8 +124,10 @@ bool fold_input_views(Graph& g) {
     }
     changed = true;
   }
-  if (changed) eliminate_dead_code(g);
-  return changed;
+  if (!changed) return false;
+  eliminate_dead_code(g);
+  passes::rewrite_each(g, slice_read_parts);
+  return true;
 }
 
 }  // namespace kiln

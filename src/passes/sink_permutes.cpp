@@ -44,43 +44,31 @@ bool keeps_order(const Shape& shape, const Perm& order) {
   return true;
 }
 
-// reshape(permute(v, P), S) as permute(reshape(v, S2), P2): the reshape of the permuted tensor
-// merges and splits groups of its dims; each group of dims of extent > 1 must be adjacent and
-// in order in v, so that it is one block of v that the same split can cut. Dims of extent 1
-// go anywhere: S's are placed last in S2.
-std::optional<std::pair<Shape, Perm>> reshape_through(const Shape& vs, const Perm& p, const Shape& s) {
-  std::vector<int64_t> squeezed(vs.size(), -1);  // v dim -> its index among v's dims > 1
-  Shape extent;                                   // of each of those
-  for (size_t d = 0; d < vs.size(); ++d)
-    if (vs[d] != 1) {
-      squeezed[d] = int64_t(extent.size());
-      extent.push_back(vs[d]);
-    }
-  std::vector<int64_t> a;  // the permuted tensor's dims > 1, as squeezed v dims
+// The groups that reshape(permute(v, P), S) merges and splits: runs of the permuted tensor's
+// dims of extent > 1 (as v dims, in the permuted order) whose product is that of a run of S's
+// dims of extent > 1. None when the extents do not line up.
+struct ReshapeGroup {
+  std::vector<int64_t> in;  // v dims
+  std::vector<size_t> out;  // S dims
+};
+std::optional<std::vector<ReshapeGroup>> reshape_groups(const Shape& vs, const Perm& p, const Shape& s) {
+  std::vector<int64_t> a;  // the permuted tensor's dims > 1, as v dims
   for (int64_t d : p)
-    if (vs[size_t(d)] != 1) a.push_back(squeezed[size_t(d)]);
+    if (vs[size_t(d)] != 1) a.push_back(d);
   std::vector<size_t> sdims;  // S's dims > 1
   for (size_t j = 0; j < s.size(); ++j)
     if (s[j] != 1) sdims.push_back(j);
-
-  struct Group {
-    int64_t first_v;
-    std::vector<size_t> out;  // S dims
-  };
-  std::vector<Group> groups;
+  std::vector<ReshapeGroup> groups;
   size_t i = 0, j = 0;
   while (i < a.size() || j < sdims.size()) {
     if (i >= a.size() || j >= sdims.size()) return std::nullopt;
-    Group grp{a[i], {}};
-    int64_t pa = extent[size_t(a[i])];
-    int64_t ps = s[sdims[j]];
-    grp.out.push_back(sdims[j++]);
-    int64_t prev = a[i++];
+    ReshapeGroup grp{{a[i]}, {sdims[j]}};
+    int64_t pa = vs[size_t(a[i++])], ps = s[sdims[j++]];
     while (pa != ps) {
       if (pa < ps) {
-        if (i >= a.size() || a[i] != prev + 1) return std::nullopt;
-        pa *= extent[size_t(a[i])];
-        prev = a[i++];
+        if (i >= a.size()) return std::nullopt;
+        pa *= vs[size_t(a[i])];
+        grp.in.push_back(a[i++]);
       } else {
         if (j >= sdims.size()) return std::nullopt;
         ps *= s[sdims[j]];
@@ -89,22 +77,71 @@ std::optional<std::pair<Shape, Perm>> reshape_through(const Shape& vs, const Per
     }
     groups.push_back(std::move(grp));
   }
-  std::vector<size_t> order(groups.size());
+  return groups;
+}
+
+// The v dims of extent > 1 from `from` up to `to` (exclusive), in order.
+std::vector<int64_t> dims_between(const Shape& vs, int64_t from, int64_t to) {
+  std::vector<int64_t> dims;
+  for (int64_t d = from; d < to; ++d)
+    if (vs[size_t(d)] != 1) dims.push_back(d);
+  return dims;
+}
+
+// reshape(permute(v, P), S) as permute(reshape(v, S2), P2): the reshape of the permuted tensor
+// merges and splits groups of its dims; each group of dims of extent > 1 must be adjacent and
+// in order in v, so that it is one block of v that the same split can cut. Dims of extent 1
+// go anywhere: S's leading ones (a batch of 1) lead S2, its others are placed last.
+std::optional<std::pair<Shape, Perm>> reshape_through(const Shape& vs, const Perm& p, const Shape& s) {
+  const auto groups = reshape_groups(vs, p, s);
+  if (!groups) return std::nullopt;
+  for (const ReshapeGroup& grp : *groups)
+    if (dims_between(vs, grp.in.front(), grp.in.back() + 1) != grp.in) return std::nullopt;
+  std::vector<size_t> order(groups->size());
   for (size_t k = 0; k < order.size(); ++k) order[k] = k;
-  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) { return groups[x].first_v < groups[y].first_v; });
+  std::sort(order.begin(), order.end(),
+            [&](size_t x, size_t y) { return (*groups)[x].in.front() < (*groups)[y].in.front(); });
   Shape s2;
   Perm p2(s.size(), -1);
+  size_t lead = 0;
+  while (lead < s.size() && s[lead] == 1) {
+    p2[lead] = int64_t(lead);
+    s2.push_back(1);
+    ++lead;
+  }
   for (size_t k : order)
-    for (size_t o : groups[k].out) {
+    for (size_t o : (*groups)[k].out) {
       p2[o] = int64_t(s2.size());
       s2.push_back(s[o]);
     }
-  for (size_t o = 0; o < s.size(); ++o)
+  for (size_t o = lead; o < s.size(); ++o)
     if (s[o] == 1) {
       p2[o] = int64_t(s2.size());
       s2.push_back(1);
     }
   return std::make_pair(s2, p2);
+}
+
+// Where reshape_through fails only because a group's dims lie in one block of v but in
+// another order (a channel shuffle: [.., g, c] read as [.., c, g] and merged), the permute of
+// v that reorders each such block in place, which reshape_through then takes. None otherwise.
+std::optional<Perm> reorder_blocks(const Shape& vs, const Perm& p, const Shape& s) {
+  const auto groups = reshape_groups(vs, p, s);
+  if (!groups) return std::nullopt;
+  Perm q(vs.size());
+  for (size_t d = 0; d < q.size(); ++d) q[d] = int64_t(d);
+  bool moved = false;
+  for (const ReshapeGroup& grp : *groups) {
+    const auto [lo, hi] = std::minmax_element(grp.in.begin(), grp.in.end());
+    const std::vector<int64_t> block = dims_between(vs, *lo, *hi + 1);
+    if (block.size() != grp.in.size()) return std::nullopt;  // not one block of v
+    for (size_t k = 0; k < block.size(); ++k) {
+      q[size_t(block[k])] = grp.in[k];
+      moved |= block[k] != grp.in[k];
+    }
+  }
+  if (!moved) return std::nullopt;
+  return q;
 }
 
 // Binary and where: every operand in v's order, or false.
@@ -260,10 +297,28 @@ bool sink_permute(Graph& g, size_t pos, bool all_rules) {
       return true;
     }
     case OpKind::kReshape: {
-      const auto r = reshape_through(g.type(v).shape(), p, g.type(n.outputs[0]).shape());
-      if (!r) return false;
+      const Shape vs = g.type(v).shape(), s = g.type(n.outputs[0]).shape();
+      if (const auto r = reshape_through(vs, p, s)) {
+        a.set("shape", r->first);
+        replace_permuted(g, at, n.op, {v}, a, {r->second});
+        return true;
+      }
+      // The block reorder is a copy in place of the permute, which must then go: only for a
+      // permute read by this reshape alone, of a v no permute makes (else they would fold), and
+      // that does more than the reorder (else it is the reorder already).
+      const auto q = reorder_blocks(vs, p, s);
+      if (!q || *q == p || g.num_uses(n.inputs[0]) != 1 || permute_of(g, v) != nullptr) return false;
+      Shape ws(vs.size());
+      Perm rest(p.size()), inv_q = inverse(*q);
+      for (size_t d = 0; d < vs.size(); ++d) ws[d] = vs[size_t((*q)[d])];
+      for (size_t i = 0; i < p.size(); ++i) rest[i] = inv_q[size_t(p[i])];
+      const auto r = reshape_through(ws, rest, s);
+      KILN_CHECK(r.has_value(), kInternal, "reorder_blocks left a reshape that cannot move past its permute");
+      Attrs reorder;
+      reorder.set("perm", *q);
+      const ValueId w = g.insert_node(at++, OpKind::kPermute, {v}, reorder, n.name)[0];
       a.set("shape", r->first);
-      replace_permuted(g, at, n.op, {v}, a, {r->second});
+      replace_permuted(g, at, OpKind::kReshape, {w}, a, {r->second});
       return true;
     }
     case OpKind::kReduceSum:

@@ -8,8 +8,11 @@
 // other operands read in v's order (binary and where: operands permuted by the same P, a single
 // element, a constant, or a broadcast operand whose dims of extent > 1 keep their order, which
 // needs only a reshape), or a reshape of v when the reshape merges and splits only dims that are
-// adjacent and in order in v. Repeated, a conv's output permute reaches the next conv's input
-// permute through the activations, norms, concats and upsampling between them and both go.
+// adjacent and in order in v. A reshape that merges dims adjacent in v but in another order (a
+// channel shuffle over channels-last memory) reads v with that block reordered in place: the
+// permute becomes the reorder, and the rest of it moves past the reshape. Repeated, a conv's
+// output permute reaches the next conv's input permute through the activations, norms, concats,
+// channel shuffles and upsampling between them and both go.
 #pragma once
 
 #include <cstddef>

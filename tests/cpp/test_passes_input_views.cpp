@@ -3,8 +3,8 @@
 // rotate_half as a gathered leaf of the permuted value) and GPT-NeoX's partial rotary (a split
 // and slices of that permute, the rotated part concatenated with the rest) read the projection
 // where it lies, with no copy left, computing what the graph computed on the CPU kernels; a
-// transposed innermost dim stays a copy; a view that does not fit its body, its buffer or its op
-// is refused.
+// transposed innermost dim stays a copy; a split left with parts nothing reads becomes slices;
+// a view that does not fit its body, its buffer or its op is refused.
 #include "src/ops/shape_rules.h"
 #include "tests/cpp/pass_test_util.h"
 
@@ -103,6 +103,29 @@ TEST(PointwiseViews, ConcatReadsEveryPartThroughItsView) {
                 "y");
   Graph f = pass_applied(g, fold_input_views, 4, 0.0f);
   EXPECT_EQ(count_ops(f, OpKind::kSlice), 0);
+}
+
+// ShuffleNet's split: the concat reads the first half where it lies; the split, left with one
+// part that a matmul reads, becomes a slice of that part.
+TEST(PointwiseViews, ASplitLeftWithPartsNobodyReadsIsASlice) {
+  Graph g;
+  ValueId x = g.add_input("x", TensorType(DType::kF32, {3, 4, 12}));
+  Attrs split;
+  split.set("axis", int64_t{2});
+  split.set("sizes", Shape{4, 5, 3});
+  const std::vector<ValueId> parts = g.add_node(OpKind::kSplit, {x}, split);
+  ValueId mm = g.add_node1(OpKind::kMatmul, {parts[1], f32_weight(g, "w", {5, 4}, 3)});
+  Attrs last;
+  last.set("axis", int64_t{2});
+  g.mark_output(g.add_node1(OpKind::kConcat, {parts[0], mm}, last), "y");
+  Graph f = pass_applied(g, fold_input_views, 6, 1e-6f);
+  EXPECT_EQ(count_ops(f, OpKind::kSplit), 0) << f.to_string();
+  ASSERT_EQ(count_ops(f, OpKind::kSlice), 1) << f.to_string();
+  for (const auto& n : f.nodes())
+    if (n->op == OpKind::kSlice) {
+      EXPECT_EQ(n->attrs.get_int("start"), 4);
+      EXPECT_EQ(n->attrs.get_int("end"), 9);
+    }
 }
 
 TEST(PointwiseViews, ATransposedInnermostDimStaysACopy) {

@@ -1,6 +1,7 @@
 // Layout propagation (src/passes/sink_permutes.cpp and its use in to_channels_last): each rule
 // moves a permute past one op and computes what the graph computed, on random inputs; the
-// reshape rule refuses merges of dims that are not adjacent in memory; whole conv regions with
+// reshape rule refuses merges of dims that are not adjacent in memory and reorders a block that
+// is adjacent but out of order in place (a channel shuffle); whole conv regions with
 // norms, concats and upsampling between the convs keep permutes only at their boundary; a
 // permute that would only grow is left where it was; batch_norm that does not fold becomes a
 // per-channel multiply-add.
@@ -151,6 +152,44 @@ TEST(SinkPermutes, ReshapesOfBlocksAdjacentInMemory) {
   }
 }
 
+// A channel shuffle in NCHW ([N, g*c, H, W] -> [N, g, c, H, W] -> swap g and c -> merge) over
+// channels-last memory: the merge of (c, g) is no block of memory in that order, so the swap is
+// done in place on the channels-last tensor (one permute of the channel block) and the merge
+// moves past the rest; a merge of dims that are no block of memory (heads and head width with
+// tokens between) is still refused.
+TEST(SinkPermutes, ReshapesOfAReorderedBlockReorderItInPlace) {
+  for (int64_t batch : {1, 2}) {
+    Graph g;
+    ValueId x = g.add_input("x", TensorType(DType::kF32, {batch, 3, 4, 2, 6}));  // [N, H, W, g, c]
+    ValueId p = permute(g, x, {0, 4, 3, 1, 2});                                    // [N, c, g, H, W]
+    Attrs a;
+    a.set("shape", Shape{batch, 12, 3, 4});
+    ValueId r = g.add_node1(OpKind::kReshape, {p}, a);
+    g.mark_output(g.add_node1(OpKind::kRelu, {r}), "y");
+    Graph f = g;
+    EXPECT_TRUE(passes::sink_permute(f, position_of(f, OpKind::kReshape), true)) << g.to_string();
+    eliminate_dead_code(f);
+    f.verify();
+    const auto in = random_inputs(g, 20 + uint32_t(batch));
+    expect_close(run_plain(f, in), run_plain(g, in), 0.0f, 0.0f);
+    // The swap of g and c on x, then the NHWC -> NCHW permute after the reshape.
+    std::vector<Perm> perms;
+    for (const auto& n : f.nodes())
+      if (n->op == OpKind::kPermute) perms.push_back(passes::perm_of(*n));
+    ASSERT_EQ(perms.size(), 2u) << f.to_string();
+    EXPECT_EQ(perms[0], (Perm{0, 1, 2, 4, 3}));
+    EXPECT_EQ(perms[1], kToFirst) << f.to_string();
+  }
+  {  // [B, S, H, D] <- permute of [B, H, S, D], merged to [B, S, H*D]: H and D are apart in memory
+    Graph g;
+    ValueId p = permute(g, g.add_input("x", TensorType(DType::kF32, {2, 4, 5, 8})), {0, 2, 1, 3});
+    Attrs a;
+    a.set("shape", Shape{2, 5, 32});
+    g.mark_output(g.add_node1(OpKind::kReshape, {p}, a), "y");
+    EXPECT_FALSE(passes::sink_permute(g, position_of(g, OpKind::kReshape), true)) << g.to_string();
+  }
+}
+
 TEST(SinkPermutes, BinaryAndWhereOperandsFollowTheLayout) {
   Graph g;
   ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 3, 4, 5}));
@@ -288,6 +327,46 @@ TEST(ToChannelsLast, APermuteThatOnlyGrowsStaysWhereItWas) {
   const Node& out = *f.value(f.outputs()[0]).producer;
   EXPECT_EQ(out.op, OpKind::kIndexSelect) << f.to_string();
   EXPECT_EQ(out.attrs.get_int("axis"), 3);
+}
+
+// ShuffleNet's unit: split the channels, convs on one half, concat, channel shuffle. The whole
+// chain stays channels-last: the only permutes left are the graph's input and output ones and
+// one channel swap per shuffle, none of them at batch 1 either.
+TEST(ToChannelsLast, AChannelShuffleStaysChannelsLast) {
+  for (int64_t batch : {1, 2}) {
+    Graph g;
+    ValueId x = g.add_input("x", TensorType(DType::kF32, {batch, 8, 5, 5}));
+    ValueId s = conv(g, x, 8, 8, 1, true);
+    for (uint32_t unit = 0; unit < 2; ++unit) {
+      Attrs split;
+      split.set("axis", int64_t(1));
+      split.set("sizes", std::vector<int64_t>{4, 4});
+      const std::vector<ValueId> halves = g.add_node(OpKind::kSplit, {s}, split);
+      ValueId b = conv(g, halves[1], 4, 4, 2 + unit, true);
+      Attrs cat;
+      cat.set("axis", int64_t(1));
+      ValueId c = g.add_node1(OpKind::kConcat, {halves[0], b}, cat);
+      Attrs r5;
+      r5.set("shape", Shape{batch, 2, 4, 5, 5});
+      ValueId t = permute(g, g.add_node1(OpKind::kReshape, {c}, r5), {0, 2, 1, 3, 4});
+      Attrs r4;
+      r4.set("shape", Shape{batch, 8, 5, 5});
+      s = g.add_node1(OpKind::kReshape, {t}, r4);
+    }
+    g.mark_output(conv(g, s, 3, 8, 9), "y");
+    Graph f = g;
+    ASSERT_TRUE(to_channels_last(f));
+    fold_constants(f);
+    f.verify();
+    const auto in = random_inputs(g, 16 + uint32_t(batch));
+    expect_close(run_plain(f, in), run_plain(g, in), 1e-4f, 1e-4f);
+    int64_t swaps = 0, others = 0;
+    for (const auto& n : f.nodes())
+      if (n->op == OpKind::kPermute && !f.value(n->inputs[0]).is_constant())
+        ++(passes::perm_of(*n) == Perm{0, 1, 2, 4, 3} ? swaps : others);
+    EXPECT_EQ(swaps, 2) << f.to_string();
+    EXPECT_EQ(others, 2) << f.to_string();  // x in, y out
+  }
 }
 
 TEST(FoldBatchNorm, ANormThatCannotFoldIsAPerChannelMultiplyAdd) {

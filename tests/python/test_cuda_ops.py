@@ -362,6 +362,55 @@ def test_channels_last_region_cuda_matches_cpu(pool: str, act: str, channels: in
              slack=1.0 if act == "relu" else 2.0)
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+def test_concat_part_read_through_a_view_of_a_larger_buffer(batch: int) -> None:
+    """A concat part read through a view ("view0") of a buffer twice its size: the first half of
+    the channels of a channel-shuffled tensor. At batch 1 the view is dense (row-major from the
+    buffer's start; its batch dim of 1 has stride 0) and the concat kernel copies it as a part of
+    its own; at batch 2 it is a strided copy. Both match the CPU."""
+    gen = torch.Generator().manual_seed(batch)
+    g = Graph()
+    base = g.add_input("base", DType.f16, [batch, 4, 2, 3, 5])
+    other = g.add_input("other", DType.f16, [batch, 4, 3, 5])
+    view = [0, batch, 120 if batch > 1 else 0, 4, 15, 3, 5, 5, 1]
+    g.mark_output(g.add_node("concat", [base, other], {"axis": 1, "view0": view})[0], "y")
+    feeds = [torch.randn(batch, 4, 2, 3, 5, generator=gen).half(), torch.randn(batch, 4, 3, 5, generator=gen).half()]
+    got = _run(_build(g, "cuda"), feeds)[0]
+    want = torch.cat([feeds[0].reshape(batch, 8, 3, 5)[:, :4], feeds[1]], dim=1)
+    assert torch.equal(got, want)
+    assert torch.equal(_run(_build(g, "cpu"), feeds)[0], want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["f32", "f16"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_channel_shuffle_stays_channels_last(batch: int, dtype: torch.dtype) -> None:
+    """ShuffleNet's unit (split the channels, convs on one half, concat, channel shuffle) twice:
+    a CUDA build keeps the chain channels-last (no permute left but the image's entry and the
+    output's exit), the shuffle is a concat that writes the parts interleaved, and the result
+    matches the CPU's channels-first run."""
+    gen = torch.Generator().manual_seed(batch)
+    g = Graph()
+    x = g.add_input("x", TORCH_TO_KILN[dtype], [batch, 12, 7, 9])
+
+    def conv(v: Any, cin: int, cout: int, name: str) -> Any:
+        w = g.add_constant(name, (torch.randn(cout, cin, 1, 1, generator=gen) * 0.4).to(dtype).numpy(), weight=True)
+        return g.add_node("conv", [v, w], {"activation": "relu"})[0]
+
+    s = conv(x, 12, 12, "w0")
+    for unit in range(2):
+        a, b = g.add_node("split", [s], {"axis": 1, "sizes": [6, 6]})
+        c = g.add_node("concat", [a, conv(b, 6, 6, f"w{unit + 1}")], {"axis": 1})[0]
+        c = g.add_node("reshape", [c], {"shape": [batch, 2, 6, 7, 9]})[0]
+        c = g.add_node("permute", [c], {"perm": [0, 2, 1, 3, 4]})[0]
+        s = g.add_node("reshape", [c], {"shape": [batch, 12, 7, 9]})[0]
+    g.mark_output(conv(s, 12, 5, "w9"), "y")
+    feeds = [torch.randn(batch, 12, 7, 9, generator=gen).to(dtype)]
+    engine = _build(g, "cuda", fuse=True)
+    text = engine.graph_text
+    assert text.count("permute") == 2 and text.count('concat') == 2 and "axis=4" in text, text
+    _compare("conv", _run(engine, feeds), _run(_build(g, "cpu"), feeds), " (channel shuffle)")
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["f16", "f32"])
 def test_a_plain_matmul_is_one_gemm_with_no_epilogue_kernel(dtype: torch.dtype) -> None:
     """A matmul with nothing fused into it runs cuBLASLt alone: no generated epilogue kernel

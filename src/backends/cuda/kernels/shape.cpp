@@ -103,7 +103,8 @@ std::vector<StridedCopy> copies_of(const Node& n, const Graph& g) {
   }
 }
 
-// The strided copies of concat n's parts that it reads through views ("view<i>"): each into its
+// The strided copies of concat n's parts that it reads through views ("view<i>") other than dense
+// ones (add_concat reads those as it reads a part of its own): each into its
 // columns of the output, at the part's start along the axis.
 std::vector<StridedCopy> viewed_parts(const Node& n, const Graph& g) {
   const auto y = g.type(n.outputs[0]).shape();
@@ -374,12 +375,16 @@ std::string add_concat(std::string& source, Plan& plan, const Node& n, const Gra
   const int esz = int(dtype_size(g.type(n.outputs[0]).dtype));
   const int64_t outer = product(std::vector<int64_t>(y.begin(), y.begin() + int64_t(axis)));
   const int64_t inner = product(std::vector<int64_t>(y.begin() + int64_t(axis) + 1, y.end()));
-  std::vector<std::pair<int, int64_t>> parts;  // (input, width in elements), empty and viewed parts left out
-  std::vector<int64_t> cols;                    // each such part's first column
+  // (input, width in elements): the parts read row-major from the start of their buffer (a view
+  // that is dense, a batch of 1's included); empty parts and the strided copies of viewed_parts
+  // left out.
+  std::vector<std::pair<int, int64_t>> parts;
+  std::vector<int64_t> cols;  // each such part's first column
   int64_t at = 0;
   for (size_t i = 0; i < n.inputs.size(); ++i) {
-    const int64_t width = input_view(n.op, n.attrs, i, g.type(n.inputs[i])).logical.shape()[axis] * inner;
-    if (width > 0 && !n.attrs.has(input_view_key(i))) parts.emplace_back(int(i), width), cols.push_back(at);
+    const OperandView v = input_view(n.op, n.attrs, i, g.type(n.inputs[i]));
+    const int64_t width = v.logical.shape()[axis] * inner;
+    if (width > 0 && v.dense()) parts.emplace_back(int(i), width), cols.push_back(at);
     at += width;
   }
   const int64_t total = y[axis] * inner;
