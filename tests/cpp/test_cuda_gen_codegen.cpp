@@ -265,6 +265,12 @@ TEST(CudaGenCodegen, Shape) {
                attrs({{"axis", int64_t(3)}, {"view1", Shape{16, 1, 0, 12, 192, 128, 2304, 48, 1}}})));
   EXPECT_EQ(viewed,
             "cuda concat 2 parts in 2 launch(es) of 16-byte words, a part by copy of 16-byte words over 3 dims");
+  // A part read through a dense view (the first channels of a shuffled [1, 4, 2, 3, 5] buffer:
+  // row-major from its start, the batch dim of 1 at stride 0) is a part of the concat kernel.
+  EXPECT_EQ(check(gen::generate_shape,
+                  one_node(OpKind::kConcat, {tt(DType::kF16, {1, 4, 2, 3, 5}), tt(DType::kF16, {1, 4, 3, 5})},
+                           attrs({{"axis", int64_t(1)}, {"view0", Shape{0, 1, 0, 4, 15, 3, 5, 5, 1}}}))),
+            "cuda concat 2 parts in 1 launch(es) of 8-byte words");
   const std::string flat = check(gen::generate_shape, one_node(OpKind::kCopy, {tt(DType::kF32, {1000, 8})}, {}));
   EXPECT_NE(flat.find("16-byte words over 1 dims"), std::string::npos) << flat;
   // A pad walks its padded dims and each run of unpadded ones merged into one dim, with 32-bit
