@@ -126,12 +126,8 @@ void fuse(Graph& g, const Group& grp) {
   int64_t start = 0;
   for (size_t i = 0; i < outs.size(); ++i) {
     const int64_t n = g.type(ws[i]).dims[0].extent;
-    Attrs cut;
-    cut.set("axis", axis);
-    cut.set("start", start);
-    cut.set("end", start + n);
-    cut.set("step", int64_t{1});
-    g.replace_all_uses(outs[i], g.insert_node(pos++, OpKind::kSlice, {y}, cut, names[i])[0]);
+    g.replace_all_uses(
+        outs[i], g.insert_node(pos++, OpKind::kSlice, {y}, passes::slice_attrs(axis, start, start + n), names[i])[0]);
     start += n;
   }
   std::vector<size_t> old;

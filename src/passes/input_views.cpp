@@ -92,14 +92,8 @@ bool slice_read_parts(Graph& g, size_t pos) {
   int64_t start = 0;
   for (ValueId out : outs) {
     const int64_t size = g.type(out).dims[size_t(axis)].extent;
-    if (read(out)) {
-      Attrs a;
-      a.set("axis", axis);
-      a.set("start", start);
-      a.set("end", start + size);
-      a.set("step", int64_t(1));
-      g.replace_all_uses(out, at.node(OpKind::kSlice, {x}, a));
-    }
+    if (read(out))
+      g.replace_all_uses(out, at.node(OpKind::kSlice, {x}, passes::slice_attrs(axis, start, start + size)));
     start += size;
   }
   return true;

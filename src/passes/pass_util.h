@@ -102,6 +102,16 @@ inline bool all_static(const TensorType& t) {
   return std::all_of(t.dims.begin(), t.dims.end(), [](const Dim& d) { return d.is_static(); });
 }
 
+// The attributes of a slice of [start, end) along `axis`, step 1.
+inline Attrs slice_attrs(int64_t axis, int64_t start, int64_t end) {
+  Attrs a;
+  a.set("axis", axis);
+  a.set("start", start);
+  a.set("end", end);
+  a.set("step", int64_t{1});
+  return a;
+}
+
 // ---- permutes ----------------------------------------------------------------------------
 using Perm = std::vector<int64_t>;
 
