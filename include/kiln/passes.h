@@ -41,6 +41,11 @@ bool dense_convs_to_linears(Graph& g);
 // in row-major order by a reshape of that value (free in the memory plan). Run it after the
 // layout passes.
 bool collapse_view_chains(Graph& g);
+// Replaces each chain of reshape, permute and index_select (constant index) nodes that copies
+// two or more times but moves whole rows (a whole number of 16-byte words each) by one
+// index_select of the rows (src/passes/row_gathers.h): one pass over memory. Static shapes.
+// Run it after the layout passes.
+bool chains_to_row_gathers(Graph& g);
 // A pointwise op reading expand(y) reads y itself where y broadcasts to its output alone, so the
 // expand is not written (broadcast_expands.cpp). Run it before fuse_pointwise.
 bool broadcast_expands(Graph& g);

@@ -85,6 +85,7 @@ Graph Builder::optimize(const Graph& network, std::ostream& log, std::shared_ptr
     run("pool_before_epilogue", &pool_before_epilogue);
   }
   run("collapse_view_chains", &collapse_view_chains);
+  run("chains_to_row_gathers", &chains_to_row_gathers);
   run("gather_concats", &gather_concats);
   run("interleave_concats", &interleave_concats);
   run("fold_constants", &fold_constants);

@@ -15,7 +15,9 @@
 //        group_norm of permute(v, NCHW) -> permute(the group_norm with layout "nhwc" on v, NCHW);
 //        op(permute(v, P), ...)     -> permute(op'(v, ...), P') by the rules of sink_permutes.h,
 //      first only through pointwise ops (which never enlarge a permute), then through every
-//      op with a rule, the latter kept only when the permutes left write fewer bytes. A conv's
+//      op with a rule, the latter kept only when the permutes left write fewer bytes; last
+//      also through reshapes that keep rows whole as row gathers (row_gathers.h), kept only
+//      when the permutes and gathers left write fewer bytes. A conv's
 //      output permute meets the next conv's input permute (directly, or after the activations,
 //      residual adds, squeeze-excite products, norms, concats and upsampling between them);
 //   3. a conv at a region's entry with fewer than 4 input channels (an image) gets them
@@ -139,23 +141,32 @@ bool to_channels_last(Graph& g) {
   // Permutes move through the ops that never enlarge them first; then through every op that
   // has a rule (sink_permutes.h), kept only when the permutes left write fewer bytes (a permute
   // moved past an upsample and meeting no other is larger than before).
-  auto propagate = [&](bool all_rules) {
+  auto propagate = [&](bool all_rules, bool row_gathers) {
     for (int round = 0; round < kMaxRounds; ++round) {
       bool again = false;
       for (size_t pos = 0; pos < g.nodes().size(); ++pos)
-        again |= fold_permutes(g, pos) || sink_channel_op(g, pos) || passes::sink_permute(g, pos, all_rules) ||
+        again |= fold_permutes(g, pos) || sink_channel_op(g, pos) ||
+                 passes::sink_permute(g, pos, all_rules, row_gathers) ||
                  (all_rules && passes::permute_to_reshape(g, pos));
       if (!again) return;
       eliminate_dead_code(g);
     }
   };
-  propagate(false);
+  propagate(false, false);
   eliminate_dead_code(g);
-  Graph pointwise_only = g;
-  const int64_t bytes = passes::permute_bytes(g);
-  propagate(true);
+  Graph kept = g;
+  int64_t bytes = passes::moved_bytes(g);
+  propagate(true, false);
   eliminate_dead_code(g);
-  if (passes::permute_bytes(g) > bytes) g = std::move(pointwise_only);
+  if (passes::moved_bytes(g) > bytes) g = kept;
+  // Then reshapes that only a row gather moves a permute past (a window partition read as a
+  // grid), kept only when the gathers, composed, and the permutes left write fewer bytes.
+  kept = g;
+  bytes = passes::moved_bytes(g);
+  propagate(true, true);
+  chains_to_row_gathers(g);
+  eliminate_dead_code(g);
+  if (passes::moved_bytes(g) >= bytes) g = std::move(kept);
   for (size_t pos = 0; pos < g.nodes().size(); ++pos) pad_entry_channels(g, pos);
   eliminate_dead_code(g);
   return true;

@@ -4,6 +4,7 @@
 
 #include "kiln/errors.h"
 #include "src/passes/pass_util.h"
+#include "src/passes/row_gathers.h"
 #include "src/passes/sink_permutes.h"
 
 namespace kiln::passes {
@@ -249,7 +250,7 @@ void replace_permuted(Graph& g, size_t& at, OpKind op, const std::vector<ValueId
   g.erase_node(at);
 }
 
-bool sink_permute(Graph& g, size_t pos, bool all_rules) {
+bool sink_permute(Graph& g, size_t pos, bool all_rules, bool row_gathers) {
   const Node& n = *g.nodes()[pos];
   const OpFamily family = op_info(n.op).family;
   if (family == OpFamily::kBinary || family == OpFamily::kWhere) return sink_elementwise(g, pos, all_rules);
@@ -307,7 +308,17 @@ bool sink_permute(Graph& g, size_t pos, bool all_rules) {
       // permute read by this reshape alone, of a v no permute makes (else they would fold), and
       // that does more than the reorder (else it is the reorder already).
       const auto q = reorder_blocks(vs, p, s);
-      if (!q || *q == p || g.num_uses(n.inputs[0]) != 1 || permute_of(g, v) != nullptr) return false;
+      if (!q || *q == p || g.num_uses(n.inputs[0]) != 1 || permute_of(g, v) != nullptr) {
+        // Rows of v that the permute and the reshape keep whole: one gather of them, and a
+        // permute that moves on (read by this reshape alone, so that the permute goes).
+        const bool one_reader = g.num_uses(n.inputs[0]) == 1, fixed = all_static(g.type(v));
+        const auto rows = row_gathers && one_reader && fixed ? rows_through(vs, p, s, g.type(v).dtype) : std::nullopt;
+        if (!rows) return false;
+        const ValueId z = insert_row_gather(g, at, v, rows->gather, n.name);
+        a.set("shape", rows->z);
+        replace_permuted(g, at, OpKind::kReshape, {z}, a, {rows->perm});
+        return true;
+      }
       Shape ws(vs.size());
       Perm rest(p.size()), inv_q = inverse(*q);
       for (size_t d = 0; d < vs.size(); ++d) ws[d] = vs[size_t((*q)[d])];
@@ -363,10 +374,10 @@ bool permute_to_reshape(Graph& g, size_t pos) {
   return true;
 }
 
-int64_t permute_bytes(const Graph& g) {
+int64_t moved_bytes(const Graph& g) {
   int64_t bytes = 0;
   for (const auto& n : g.nodes())
-    if (n->op == OpKind::kPermute && !g.value(n->inputs[0]).is_constant())
+    if ((n->op == OpKind::kPermute || n->op == OpKind::kIndexSelect) && !g.value(n->inputs[0]).is_constant())
       bytes += int64_t(g.type(n->outputs[0]).nbytes());
   return bytes;
 }

@@ -32,14 +32,18 @@ void replace_permuted(Graph& g, size_t& at, OpKind op, const std::vector<ValueId
 // The rewrite of the node at `pos`, when one of the rules above applies to it (the permute it
 // read stays for eliminate_dead_code, or for its other users). Returns whether it changed g.
 // Without `all_rules`, only the rules that never enlarge a permute: unary ops and casts, and
-// binary / where ops whose operands are all permuted by the same P or single elements.
-bool sink_permute(Graph& g, size_t pos, bool all_rules);
+// binary / where ops whose operands are all permuted by the same P or single elements. With
+// `row_gathers` too, a reshape that no other rule moves a permute past, but that keeps v's
+// innermost dim whole, reads a row gather of v (row_gathers.h) followed by a permute that
+// moves that dim where the reshape has it.
+bool sink_permute(Graph& g, size_t pos, bool all_rules, bool row_gathers = false);
 
 // A permute that only moves dims of extent 1 becomes a reshape (which the memory planner makes
 // free). Returns whether it changed g.
 bool permute_to_reshape(Graph& g, size_t pos);
 
-// Bytes the permutes of g write: what layout propagation tries to make smaller.
-int64_t permute_bytes(const Graph& g);
+// Bytes the permutes and gathers of g write (those of constants aside): what layout
+// propagation tries to make smaller.
+int64_t moved_bytes(const Graph& g);
 
 }  // namespace kiln::passes

@@ -411,6 +411,39 @@ def test_channel_shuffle_stays_channels_last(batch: int, dtype: torch.dtype) -> 
     _compare("conv", _run(engine, feeds), _run(_build(g, "cpu"), feeds), " (channel shuffle)")
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["f16", "f32"])
+def test_window_and_grid_partitions_are_row_gathers(batch: int, dtype: torch.dtype) -> None:
+    """MaxViT between two convs, written channels-first as the model writes it: the conv's
+    output split into a grid of 3 x 3 cells of 4 x 4 pixels, tokens through a layer norm, merged
+    back into an image, a per-channel scale, the next conv. A CUDA build moves the rows of 16
+    channels with two gathers and no permute but the image's entry and the output's exit, and
+    matches the CPU's channels-first run."""
+    gen = torch.Generator().manual_seed(batch)
+    c = 16
+    g = Graph()
+    x = g.add_input("x", TORCH_TO_KILN[dtype], [batch, c, 12, 12])
+
+    def const(name: str, shape: list[int], weight: bool = True) -> Any:
+        return g.add_constant(name, (torch.randn(*shape, generator=gen) * 0.3).to(dtype).numpy(), weight=weight)
+
+    def node(op: str, ins: list[Any], **attrs: Any) -> Any:
+        return g.add_node(op, ins, attrs)[0]
+
+    y = node("conv", [x, const("w0", [c, c, 3, 3])], padding=[1, 1])
+    t = node("permute", [node("reshape", [y], shape=[batch, c, 3, 4, 3, 4])], perm=[0, 2, 4, 3, 5, 1])
+    t = node("reshape", [t], shape=[batch, 9, 16, c])
+    t = node("layer_norm", [t, const("lw", [c]), const("lb", [c])], eps=1e-5, normalized_rank=1)
+    m = node("permute", [node("reshape", [t], shape=[batch, 3, 3, 4, 4, c])], perm=[0, 5, 1, 3, 2, 4])
+    m = node("mul", [node("reshape", [m], shape=[batch, c, 12, 12]), const("s", [c, 1, 1])])
+    g.mark_output(node("conv", [node("relu", [m]), const("w1", [c, c, 3, 3])], padding=[1, 1]), "z")
+    feeds = [torch.randn(batch, c, 12, 12, generator=gen).to(dtype)]
+    engine = _build(g, "cuda", fuse=True)
+    text = engine.graph_text
+    assert text.count("permute") == 2 and text.count("index_select") == 2, text
+    _compare("conv", _run(engine, feeds), _run(_build(g, "cpu"), feeds), " (window and grid partitions)")
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["f16", "f32"])
 def test_a_plain_matmul_is_one_gemm_with_no_epilogue_kernel(dtype: torch.dtype) -> None:
     """A matmul with nothing fused into it runs cuBLASLt alone: no generated epilogue kernel
