@@ -13,7 +13,8 @@
 //     shift mask and merges it again): the bias so far is expanded to the scores' shape and
 //     reshaped the same way, q and k are reshaped to the final batch dims.
 // q' = mul(q, c) with a single-element constant c (Swin scales q before the product) is q with c
-// in the scale. k_t is k with its last two dims swapped: the input of such a permute, else a
+// in the scale, also through the reshapes and permutes after the mul, and so is such a scale of k
+// (MaxViT scales k after its head split). k_t is k with its last two dims swapped: the input of such a permute, else a
 // permute of k_t is inserted (fold_attention_layout can then read it as a view).
 //
 // Does: rewrite when every value of the chain, the scores and the softmax has no other use and
@@ -55,6 +56,19 @@ Shape with_last_two(const Shape& batch_from, const Shape& last_from) {
   s.push_back(last_from[last_from.size() - 2]);
   s.push_back(last_from[last_from.size() - 1]);
   return s;
+}
+
+// mul(x, c) by a single-element constant that makes v through single-use reshapes and permutes
+// (a scale commutes with them), else null.
+const Node* scale_of(const Graph& g, ValueId v) {
+  for (size_t i = 0; i <= kMaxChain; ++i) {
+    const Node* n = producer(g, v);
+    if (n == nullptr || !single_use(g, v)) return nullptr;
+    if (n->op == OpKind::kMul && one_element_constant(g, n->inputs[1])) return n;
+    if (n->op != OpKind::kPermute && n->op != OpKind::kReshape) return nullptr;
+    v = n->inputs[0];
+  }
+  return nullptr;
 }
 
 // The operand of a chain add that carries the scores: of the add's shape, used once, and made by
@@ -117,12 +131,8 @@ bool form_at(Graph& g, size_t pos) {
   ValueId q = qk->inputs[0], kt = qk->inputs[1];
   const DType dt = g.type(q).dtype;
   if (!is_floating(dt) || g.type(q).rank() != rank || g.type(kt).rank() != rank || g.type(v).dtype != dt) return false;
-  double scale = 1.0;
-  if (const Node* m = producer(g, q);
-      m != nullptr && m->op == OpKind::kMul && one_element_constant(g, m->inputs[1]) && single_use(g, q)) {
-    scale = constant_value(g, m->inputs[1]);
-    q = m->inputs[0];
-  }
+  const Node* q_scale = scale_of(g, q);
+  const Node* k_scale = scale_of(g, kt);
 
   // Check every step before inserting anything: each bias has q's dtype and broadcasts to the
   // scores where it is added; after a batch reshape, q and k hold the same batch elements.
@@ -150,6 +160,16 @@ bool form_at(Graph& g, size_t pos) {
     }
   }
 
+  // The operands' scales go into the scale: their views read what the mul read.
+  double scale = 1.0;
+  for (const Node* m : {q_scale, k_scale}) {
+    if (m == nullptr) continue;
+    scale *= constant_value(g, m->inputs[1]);
+    const ValueId scaled = m->outputs[0], unscaled = m->inputs[0];
+    g.replace_all_uses(scaled, unscaled);
+    q = q == scaled ? unscaled : q;
+    kt = kt == scaled ? unscaled : kt;
+  }
   // Replay the chain: the scale, the summed bias and the scores' shape after each step.
   passes::NodeInserter at{g, pos, pv.name};
   ValueId bias = kNoValue;

@@ -72,6 +72,26 @@ TEST(FormAttention, APerHeadScaleMultipliesQ) {
   EXPECT_EQ(f.value(f.outputs()[0]).producer->attrs.get_float("scale"), 1.0);
 }
 
+// MaxViT: q and k split into heads by a reshape and a permute each, k scaled after its split and
+// q before: both scales go into sdpa's scale and no multiply is left, so the head splits can be
+// read as views of the projection.
+TEST(FormAttention, ScalesOfSplitHeadsGoIntoTheScale) {
+  for (bool scale_q : {false, true}) {
+    Graph g;
+    ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 5, 8}));
+    auto heads = [&](ValueId v) { return permute(g, reshape(g, v, {2, 5, 2, 4}), {0, 2, 1, 3}); };
+    ValueId q = scale_q ? heads(g.add_node1(OpKind::kMul, {x, scalar(g, 0.5f)})) : heads(x);
+    ValueId k =
+        g.add_node1(OpKind::kMul, {heads(g.add_input("k", TensorType(DType::kF32, {2, 5, 8}))), scalar(g, 0.25f)});
+    ValueId v = heads(g.add_input("v", TensorType(DType::kF32, {2, 5, 8})));
+    ValueId s = g.add_node1(OpKind::kMatmul, {q, permute(g, k, {0, 1, 3, 2})});
+    g.mark_output(g.add_node1(OpKind::kMatmul, {softmax(g, s, 3), v}), "y");
+    Graph f = formed(g, 8 + uint32_t(scale_q));
+    EXPECT_EQ(count_ops(f, OpKind::kMul), 0) << f.to_string();
+    EXPECT_NEAR(f.value(f.outputs()[0]).producer->attrs.get_float("scale"), scale_q ? 0.125 : 0.25, 1e-9);
+  }
+}
+
 TEST(FormAttention, LeavesOtherPatternsAlone) {
   for (int variant = 0; variant < 3; ++variant) {
     Graph g;

@@ -67,24 +67,44 @@ def test_cuda_window_attention_fp16() -> None:
 class EinsumAttention(torch.nn.Module):
     """MaxViT-style: 5-D [B, G, H, N, D] heads, scores and output by einsum, a relative bias."""
 
-    def __init__(self, dim: int = 32, heads: int = 4, tokens: int = 9) -> None:
+    def __init__(self, dim: int = 32, heads: int = 4, tokens: int = 9, scale_k: bool = False) -> None:
         super().__init__()
-        self.heads = heads
+        self.heads, self.scale_k = heads, scale_k
         self.qkv = torch.nn.Linear(dim, 3 * dim)
         self.bias = torch.nn.Parameter(torch.randn(heads, tokens, tokens))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, g, n, c = x.shape
         q, k, v = self.qkv(x).reshape(b, g, n, self.heads, 3 * c // self.heads).transpose(2, 3).chunk(3, dim=-1)
-        q = q * (c // self.heads) ** -0.5
+        if self.scale_k:  # as torchvision's MaxViT does, after the head split
+            k = k * (c // self.heads) ** -0.5
+        else:
+            q = q * (c // self.heads) ** -0.5
         scores = torch.einsum("bghid,bghjd->bghij", q, k) + self.bias
         out = torch.einsum("bghij,bghjd->bghid", scores.softmax(dim=-1), v)
         return out.transpose(2, 3).reshape(b, g, n, c)
 
 
-def test_einsum_attention_is_one_sdpa_and_matches_eager() -> None:
+@pytest.mark.parametrize("scale_k", [False, True], ids=["q-scaled", "k-scaled"])
+def test_einsum_attention_is_one_sdpa_and_matches_eager(scale_k: bool) -> None:
+    """Either operand's scale, through the head split, goes into sdpa's scale: no multiply is left."""
     torch.manual_seed(0)
-    _is_one_sdpa_matching_eager(EinsumAttention().eval(), torch.randn(2, 3, 9, 32))
+    model, x = EinsumAttention(scale_k=scale_k).eval(), torch.randn(2, 3, 9, 32)
+    _is_one_sdpa_matching_eager(model, x)
+    ops = [n.op for g in plan_graphs(model, [x], torch.float32, "cpu") for n in g.nodes]
+    assert "mul" not in ops and "fused_pointwise" not in ops, ops
+
+
+@pytest.mark.cuda
+def test_cuda_einsum_attention_with_a_scaled_key_fp16() -> None:
+    torch.manual_seed(0)
+    model = EinsumAttention(scale_k=True).eval().to("cuda")
+    x = torch.randn(2, 3, 9, 32, device="cuda")
+    with torch.no_grad():
+        want = model(x)
+        got = torch.compile(model.half(), backend="kiln", options={
+            "min_block_size": 1, "require_full_compilation": True, "enabled_precisions": {torch.float16}})(x.half())
+    assert ((got.float() - want).norm() / want.norm()).item() < 5e-3
 
 
 class Einsum(torch.nn.Module):
