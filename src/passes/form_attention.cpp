@@ -14,8 +14,9 @@
 //     reshaped the same way, q and k are reshaped to the final batch dims.
 // q' = mul(q, c) with a single-element constant c (Swin scales q before the product) is q with c
 // in the scale, also through the reshapes and permutes after the mul, and so is such a scale of k
-// (MaxViT scales k after its head split). k_t is k with its last two dims swapped: the input of such a permute, else a
-// permute of k_t is inserted (fold_attention_layout can then read it as a view).
+// (MaxViT scales k after its head split). k_t is k with its last two dims swapped: the input of
+// such a permute, else a permute of k_t is inserted (fold_attention_layout can then read it as a
+// view).
 //
 // Does: rewrite when every value of the chain, the scores and the softmax has no other use and
 // is no graph output, q, k and v have the scores' rank, the bias has q's dtype and broadcasts to
