@@ -3,6 +3,8 @@
 // copy, and chains that split a row, stay; the layout propagation gathers through a reshape no
 // other rule passes (MaxViT's window partition read as a grid), so that a conv region with
 // window and grid partitions between its convs stays channels-last.
+#include <numeric>
+
 #include "src/passes/pass_util.h"
 #include "src/passes/sink_permutes.h"
 #include "tests/cpp/pass_test_util.h"
@@ -131,6 +133,76 @@ TEST(RowGathers, AReshapeNoOtherRulePassesReadsAGatherOfRows) {
     if (n->op == OpKind::kPermute) {
       EXPECT_EQ(passes::perm_of(*n), (Perm{0, 3, 1, 2})) << f.to_string();  // [2, 12, 12, 8] -> NCHW
     }
+}
+
+// Random chains of permutes, reshapes (a dim split in two, or two neighbours merged) and
+// index_selects over small shapes: wherever the pass or a reshape rule (row gathers included)
+// rewrites one, the graph computes exactly what it did (every value is a copy of an input
+// element).
+TEST(RowGathers, RandomChainsComputeWhatTheyComputed) {
+  std::mt19937 rng(17);
+  auto pick = [&](int64_t n) { return int64_t(rng() % uint64_t(n)); };
+  int rewritten = 0, gathered = 0;
+  for (int trial = 0; trial < 1000; ++trial) {
+    Graph g;
+    Shape shape;
+    for (int64_t d = 0, rank = 2 + pick(3); d < rank; ++d) shape.push_back(1 + pick(4));
+    shape.push_back(4 * (1 + pick(3)));
+    ValueId v = relu(g, g.add_input("x", TensorType(DType::kF32, shape)));
+    for (int step = 0, steps = 2 + int(pick(4)); step < steps; ++step) {
+      Shape s = g.type(v).shape();
+      const auto r = size_t(s.size());
+      const int64_t kind = pick(4);
+      if (kind == 0 && r > 1) {  // a permute, the last dim moved with probability 1/2
+        Perm p(r);
+        std::iota(p.begin(), p.end(), 0);
+        std::shuffle(p.begin(), p.end() - (pick(2) == 0 ? 1 : 0), rng);
+        v = permute(g, v, p);
+      } else if (kind == 1 && r > 1) {  // merge dims d and d + 1
+        const auto d = size_t(pick(int64_t(r) - 1));
+        s[d] *= s[d + 1];
+        s.erase(s.begin() + std::ptrdiff_t(d) + 1);
+        v = reshape(g, v, s);
+      } else if (kind == 2) {  // split a dim by a divisor
+        const auto d = size_t(pick(int64_t(r)));
+        int64_t f = 1;
+        for (int64_t k = 2; k <= s[d]; ++k)
+          if (s[d] % k == 0 && (f == 1 || pick(2) == 0)) f = k;
+        s[d] /= f;
+        s.insert(s.begin() + std::ptrdiff_t(d) + 1, f);
+        v = reshape(g, v, s);
+      } else if (r > 1) {  // index_select along a dim other than the last
+        const auto d = size_t(pick(int64_t(r) - 1));
+        std::vector<int64_t> idx;
+        for (int64_t k = 0, n = 1 + pick(2 * s[d]); k < n; ++k) idx.push_back(pick(s[d]));
+        Attrs a;
+        a.set("axis", int64_t(d));
+        v = g.add_node1(
+            OpKind::kIndexSelect,
+            {v, g.add_constant("", TensorType(DType::kI64, {int64_t(idx.size())}), idx.data(), idx.size() * 8)}, a);
+      }
+    }
+    g.mark_output(relu(g, v), "y");
+    const auto in = random_inputs(g, uint32_t(trial));
+    Graph f = g;
+    if (chains_to_row_gathers(f)) {
+      ++rewritten;
+      f.verify();
+      expect_close(run_plain(f, in), run_plain(g, in), 0.0f, 0.0f);
+    }
+    for (size_t pos = 0; pos < g.nodes().size(); ++pos) {
+      const Node& n = *g.nodes()[pos];
+      if (n.op != OpKind::kReshape || passes::permute_of(g, n.inputs[0]) == nullptr) continue;
+      Graph h = g;
+      if (!passes::sink_permute(h, pos, true, true)) continue;
+      gathered += count_ops(h, OpKind::kIndexSelect) > count_ops(g, OpKind::kIndexSelect);
+      eliminate_dead_code(h);
+      h.verify();
+      expect_close(run_plain(h, in), run_plain(g, in), 0.0f, 0.0f);
+    }
+  }
+  EXPECT_GT(rewritten, 50);  // the chains exercise the pass and the rule, not only their refusals
+  EXPECT_GT(gathered, 20);
 }
 
 ValueId conv3x3(Graph& g, ValueId x, int64_t channels, uint32_t seed) {
