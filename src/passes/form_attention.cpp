@@ -40,8 +40,6 @@ constexpr size_t kMaxChain = 8;
 
 const Node* producer(const Graph& g, ValueId v) { return v == kNoValue ? nullptr : g.value(v).producer; }
 
-bool single_use(const Graph& g, ValueId v) { return g.num_uses(v) == 1 && !passes::is_graph_output(g, v); }
-
 bool one_element_constant(const Graph& g, ValueId v) {
   return g.value(v).is_constant() && g.type(v).numel() == 1 && is_floating(g.type(v).dtype);
 }
@@ -64,7 +62,7 @@ Shape with_last_two(const Shape& batch_from, const Shape& last_from) {
 const Node* scale_of(const Graph& g, ValueId v) {
   for (size_t i = 0; i <= kMaxChain; ++i) {
     const Node* n = producer(g, v);
-    if (n == nullptr || !single_use(g, v)) return nullptr;
+    if (n == nullptr || !passes::read_once(g, v)) return nullptr;
     if (n->op == OpKind::kMul && one_element_constant(g, n->inputs[1])) return n;
     if (n->op != OpKind::kPermute && n->op != OpKind::kReshape) return nullptr;
     v = n->inputs[0];
@@ -79,7 +77,7 @@ ValueId scores_operand(const Graph& g, const Node& add) {
   int rank = 0;
   for (ValueId in : add.inputs) {
     const Node* n = producer(g, in);
-    if (n == nullptr || g.type(in).shape() != g.type(add.outputs[0]).shape() || !single_use(g, in)) continue;
+    if (n == nullptr || g.type(in).shape() != g.type(add.outputs[0]).shape() || !passes::read_once(g, in)) continue;
     const int r = n->op == OpKind::kMatmul ? 2
                   : n->op == OpKind::kAdd || n->op == OpKind::kMul || n->op == OpKind::kDiv || n->op == OpKind::kReshape
                       ? 1
@@ -105,7 +103,7 @@ bool form_at(Graph& g, size_t pos) {
   const ValueId p = pv.inputs[0], v = pv.inputs[1];
   const Node* sm = producer(g, p);
   const int64_t rank = g.type(p).rank();
-  if (sm == nullptr || sm->op != OpKind::kSoftmax || rank < 3 || !single_use(g, p) ||
+  if (sm == nullptr || sm->op != OpKind::kSoftmax || rank < 3 || !passes::read_once(g, p) ||
       sm->attrs.get_int("axis") != rank - 1 || g.type(v).rank() != rank)
     return false;
   // The chain from the scores to the softmax, walked back.
@@ -114,7 +112,7 @@ bool form_at(Graph& g, size_t pos) {
   const Node* qk = nullptr;
   while (chain.size() <= kMaxChain) {
     const Node* n = producer(g, x);
-    if (n == nullptr || !single_use(g, x)) return false;
+    if (n == nullptr || !passes::read_once(g, x)) return false;
     if (n->op == OpKind::kMatmul) {
       qk = n;
       break;

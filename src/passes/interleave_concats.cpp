@@ -28,10 +28,10 @@ bool rewrite(Graph& g, size_t pos) {
   if (n.op != OpKind::kPermute || (g.num_uses(n.outputs[0]) == 0 && !passes::is_graph_output(g, n.outputs[0])))
     return false;
   const Node* r = g.value(n.inputs[0]).producer;
-  auto read_once = [&](ValueId v) { return g.num_uses(v) == 1 && !passes::is_graph_output(g, v); };
-  if (r == nullptr || r->op != OpKind::kReshape || !read_once(r->outputs[0])) return false;
+  if (r == nullptr || r->op != OpKind::kReshape || !passes::read_once(g, r->outputs[0])) return false;
   const Node* c = g.value(r->inputs[0]).producer;
-  if (c == nullptr || c->op != OpKind::kConcat || c->inputs.size() < 2 || !read_once(c->outputs[0])) return false;
+  if (c == nullptr || c->op != OpKind::kConcat || c->inputs.size() < 2 || !passes::read_once(g, c->outputs[0]))
+    return false;
   const TensorType& ct = g.type(c->outputs[0]);
   const TensorType& rt = g.type(r->outputs[0]);
   if (!passes::all_static(ct)) return false;

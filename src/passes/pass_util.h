@@ -142,6 +142,21 @@ inline bool is_graph_output(const Graph& g, ValueId v) {
   return std::find(g.outputs().begin(), g.outputs().end(), v) != g.outputs().end();
 }
 
+// Whether v has exactly one reader and is no graph output: a rewrite may consume it.
+inline bool read_once(const Graph& g, ValueId v) { return g.num_uses(v) == 1 && !is_graph_output(g, v); }
+
+// Whether the dims of extent > 1 of `shape`, read in the order `order`, keep their order (a
+// permute by `order` then moves no data: it is a reshape).
+inline bool keeps_order(const std::vector<int64_t>& shape, const Perm& order) {
+  int64_t last = -1;
+  for (int64_t d : order) {
+    if (shape[size_t(d)] == 1) continue;
+    if (d < last) return false;
+    last = d;
+  }
+  return true;
+}
+
 // permute(permute(v, P), Q) at `pos`: composes in place into permute(v, P o Q), or forwards v
 // for an identity (unless the outer permute's output is a graph output). Returns whether it
 // changed the graph; the inner permute stays for eliminate_dead_code.

@@ -155,17 +155,6 @@ RowGather blocks_of(const Rows& r, const std::vector<int64_t>& x, int64_t width)
   return g;
 }
 
-// Whether moving dims by p moves a dim of extent > 1 past another (a copy, not a reshape).
-bool moves_data(const std::vector<int64_t>& shape, const Perm& p) {
-  int64_t last = -1;
-  for (int64_t d : p) {
-    if (shape[size_t(d)] == 1) continue;
-    if (d < last) return true;
-    last = d;
-  }
-  return false;
-}
-
 // A constant 1-D integer index, as int64.
 std::optional<std::vector<int64_t>> constant_index(const Graph& g, ValueId v) {
   const Value& val = g.value(v);
@@ -197,7 +186,7 @@ std::optional<RowGather> chain_gather(const Graph& g, const std::vector<const No
     s.out = t.shape();
     if (n->op == OpKind::kPermute) {
       s.perm = perm_of(*n);
-      copies += moves_data(g.type(n->inputs[0]).shape(), s.perm);
+      copies += !keeps_order(g.type(n->inputs[0]).shape(), s.perm);
     } else if (n->op == OpKind::kIndexSelect) {
       s.axis = n->attrs.get_int("axis");
       s.pick = *constant_index(g, n->inputs[1]);
@@ -277,7 +266,7 @@ bool chains_to_row_gathers(Graph& g) {
     if (!passes::chain_op(g, n)) continue;
     // The chain ends here unless the next node continues it.
     const ValueId y = n.outputs[0];
-    if (g.num_uses(y) == 1 && !passes::is_graph_output(g, y)) {
+    if (passes::read_once(g, y)) {
       bool continues = false;
       for (size_t k = pos + 1; k < g.nodes().size() && !continues; ++k) {
         const Node& m = *g.nodes()[k];
@@ -287,8 +276,7 @@ bool chains_to_row_gathers(Graph& g) {
     }
     std::vector<const Node*> chain = {&n};
     for (const Node* p = g.value(n.inputs[0]).producer;
-         p != nullptr && passes::chain_op(g, *p) && g.num_uses(p->outputs[0]) == 1 &&
-         !passes::is_graph_output(g, p->outputs[0]);
+         p != nullptr && passes::chain_op(g, *p) && passes::read_once(g, p->outputs[0]);
          p = g.value(p->inputs[0]).producer)
       chain.insert(chain.begin(), p);
     for (size_t first = 0; first + 1 < chain.size(); ++first) {

@@ -34,17 +34,6 @@ Perm inverse(const Perm& p) {
   return inv;
 }
 
-// Whether the dims of extent > 1 of `shape`, read in the order `order`, keep their order.
-bool keeps_order(const Shape& shape, const Perm& order) {
-  int64_t last = -1;
-  for (int64_t d : order) {
-    if (shape[size_t(d)] == 1) continue;
-    if (d < last) return false;
-    last = d;
-  }
-  return true;
-}
-
 // The groups that reshape(permute(v, P), S) merges and splits: runs of the permuted tensor's
 // dims of extent > 1 (as v dims, in the permuted order) whose product is that of a run of S's
 // dims of extent > 1. None when the extents do not line up.
