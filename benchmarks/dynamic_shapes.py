@@ -2,7 +2,8 @@
 
     python3 benchmarks/dynamic_shapes.py [--models resnet18,resnet50,bert] [--device cpu|cuda]
                                          [--precision fp32|fp16] [--sizes 12] [--iters 20]
-                                         [--reduce-overhead] [--no-instances] [--out dynamic_shapes.md]
+                                         [--reduce-overhead] [--no-instances] [--repeat 1]
+                                         [--out dynamic_shapes.md]
 
 Models (random weights, nothing downloaded): torchvision resnet18 / resnet50 at 224x224 with a
 dynamic batch 1..8 (opt 2); ``resnet50-b32``, batch 1..32 (opt 8); a small transformers BertModel
@@ -25,6 +26,9 @@ script:
   reports the total time to serve ``--sizes`` sizes both ways: one dynamic compile plus every
   new size's first call, against one static compile per size, and that total over one static
   build;
+* with ``--repeat N``, also measures the one static build and the dynamic compile with its first
+  calls (each first call followed by the instances' background timing) in N new processes each,
+  and reports the medians and their ratio;
 * with ``--reduce-overhead``, does the same with ``torch.compile(mode="reduce-overhead",
   dynamic=True)``: its first call at each size and its steady latency there.
 
@@ -141,10 +145,12 @@ def _warm_up(device: str, dtype: torch.dtype, timing_cache: str) -> None:
                      enabled_precisions={dtype}, timing_cache_path=timing_cache)(x)
 
 
-def _one_static_build(name: str, args: argparse.Namespace, tmp: str) -> float:
-    """Seconds of a static compile at the opt size, in a new warmed-up process (see --one-static-build)."""
-    command = [sys.executable, os.path.abspath(__file__), "--one-static-build", name, "--device", args.device,
-               "--precision", args.precision, "--tmp", tmp]
+def _in_new_process(mode: str, name: str, args: argparse.Namespace, tmp: str) -> float:
+    """The seconds that ``--one-static-build`` or ``--one-dynamic-serve`` measures in a new process."""
+    command = [sys.executable, os.path.abspath(__file__), mode, name, "--device", args.device,
+               "--precision", args.precision, "--sizes", str(args.sizes), "--tmp", tmp]
+    if not args.instances:
+        command.append("--no-instances")
     done = subprocess.run(command, check=True, capture_output=True, text=True)
     return float(done.stdout.strip().splitlines()[-1])
 
@@ -171,6 +177,29 @@ def _static_build_only(name: str, args: argparse.Namespace) -> float:
             args.tmp, f"{name}-static.cache")), args.device)[1]
 
 
+def _dynamic_serve_only(name: str, args: argparse.Namespace) -> float:
+    """Seconds of a dynamic compile plus the first call at each other size (each followed by the
+    instances' background timing, as in the table's run), in this new warmed-up process."""
+    import kiln
+    import kiln.dynamic
+
+    model, inputs_at, spec, sizes, dtype = _prepared(name, args)
+    _warm_up(args.device, dtype, os.path.join(args.tmp, "warm-up-dynamic.cache"))
+    with torch.no_grad():
+        compiled, total = _timed(lambda: kiln.compile(
+            model, inputs_at(spec["opt"]), dynamic_shapes=spec["dims"], enabled_precisions={dtype},
+            dynamic_instances=args.instances, timing_cache_path=os.path.join(args.tmp, f"{name}-dynamic.cache")),
+            args.device)
+        table = kiln.dynamic.dynamic_program_of(compiled)
+        for size in sizes[:args.sizes]:
+            inputs = inputs_at(size)
+            first = _timed(lambda: compiled(*inputs), args.device)[1]
+            total += first if size != spec["opt"] else 0.0
+            if table is not None:
+                table.wait_tuned()
+    return total
+
+
 def run(name: str, args: argparse.Namespace, tol: float, tmp: str) -> tuple[list[str], bool]:
     import kiln
     import kiln.dynamic
@@ -183,7 +212,7 @@ def run(name: str, args: argparse.Namespace, tol: float, tmp: str) -> tuple[list
     chosen = all_sizes[:args.sizes]
     ok = True
     rows: list[str] = []
-    one_static = _one_static_build(name, args, tmp)
+    one_static = [_in_new_process("--one-static-build", name, args, tmp) for _ in range(args.repeat)]
     with torch.no_grad():
         compiled, dynamic_compile = _timed(
             lambda: kiln.compile(model, inputs_at(spec["opt"]), dynamic_shapes=spec["dims"], **dynamic_options), device)
@@ -214,8 +243,14 @@ def run(name: str, args: argparse.Namespace, tol: float, tmp: str) -> tuple[list
                         f"{static_steady * 1e3:.2f} | {ro_cells} | {err:.1e} |")
         ro_sum = f"reduce-overhead: {ro_total:.2f} s" if ro is not None else ""
         rows.append(f"| {name} | total, {len(chosen)} sizes | dynamic: {dynamic_total:.2f} s "
-                    f"(compile {dynamic_compile:.2f} s; {dynamic_total / one_static:.2f}x one static build of "
-                    f"{one_static:.2f} s) | | static: {static_total:.2f} s | | {ro_sum} | | |")
+                    f"(compile {dynamic_compile:.2f} s; {dynamic_total / one_static[0]:.2f}x one static build of "
+                    f"{one_static[0]:.2f} s) | | static: {static_total:.2f} s | | {ro_sum} | | |")
+    if args.repeat > 1:  # the medians of new processes that do nothing else
+        served = [_in_new_process("--one-dynamic-serve", name, args, tmp) for _ in range(args.repeat)]
+        d, s = statistics.median(served), statistics.median(one_static)
+        rows.append(f"| {name} | median of {args.repeat} processes | dynamic: {d:.2f} s "
+                    f"({', '.join(f'{t:.2f}' for t in served)}); {d / s:.2f}x one static build of {s:.2f} s "
+                    f"({', '.join(f'{t:.2f}' for t in one_static)}) | | | | | | |")
     return rows, ok
 
 
@@ -231,12 +266,21 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="also write the table to this file")
     parser.add_argument("--no-instances", dest="instances", action="store_false",
                         help="build an engine per size instead of instances of the opt engine (dynamic_instances=False)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="also report the medians over this many processes of the dynamic compile with its "
+                             "first calls and of the one static build (each in a new process)")
     parser.add_argument("--one-static-build", metavar="MODEL", help=argparse.SUPPRESS)
+    parser.add_argument("--one-dynamic-serve", metavar="MODEL", help=argparse.SUPPRESS)
     parser.add_argument("--tmp", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one_static_build:
         print(_static_build_only(args.one_static_build, args))
         return 0
+    if args.one_dynamic_serve:
+        print(_dynamic_serve_only(args.one_dynamic_serve, args))
+        return 0
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     unknown = [m for m in args.models.split(",") if m.strip() not in _MODELS]
     if unknown:
         parser.error(f"unknown models {unknown}; choose from {sorted(_MODELS)}")

@@ -802,14 +802,21 @@ class Specializations(torch.nn.Module):
                 for b, k in zip(self.blocks, spec.block_keys)}
 
     def specialize(self, binding: Binding,
-                   shared: dict[tuple[int, tuple[int, ...]], torch.nn.Module] | None = None) -> Specialization:
+                   shared: dict[tuple[int, tuple[int, ...]], torch.nn.Module] | None = None,
+                   meanwhile: Callable[[], None] | None = None) -> Specialization:
         """Builds every block's engine for this binding of the symbols, or shares one of `shared`
-        (default: the live specializations') built for the same sizes of that block."""
+        (default: the live specializations') built for the same sizes of that block. ``meanwhile``
+        runs once: during the first engine build, or at the end if nothing was built."""
         start = time.perf_counter()
         runners: list[torch.nn.Module] = []
         keys: list[tuple[int, ...]] = []
         built = instances = 0
         jobs: list[Callable[[], None]] = []
+        todo = [meanwhile] if meanwhile is not None else []
+
+        def run_todo() -> None:
+            while todo:
+                todo.pop()()
         if shared is None:
             shared = self._shared_runners()
         for b in self.blocks:
@@ -820,9 +827,10 @@ class Specializations(torch.nn.Module):
                 runner = self._instance(b, binding, jobs)
                 instances += runner is not None
             if runner is None:
-                runner, ok = self._build(b, binding)
+                runner, ok = self._build(b, binding, run_todo if todo else None)
                 built += ok
             runners.append(runner)
+        run_todo()
         seconds = time.perf_counter() - start
         spec = Specialization(dict(binding), runners, keys, jobs)
         log.info("%s: new specialization %s: %d engine(s) built, %d instance(s) made in %.3f s (%d of %d kept)",
@@ -975,9 +983,11 @@ class Specializations(torch.nn.Module):
                          [env[n] for n in block.constants], [env[n] for n in block.outputs])
         return gm, concrete, self._engine_name(b, binding)
 
-    def _build(self, b: _BlockSource, binding: Binding) -> tuple[torch.nn.Module, bool]:
+    def _build(self, b: _BlockSource, binding: Binding,
+               meanwhile: Callable[[], None] | None = None) -> tuple[torch.nn.Module, bool]:
         gm, concrete, name = self._concrete(b, binding)
-        module = build_block(gm, concrete, self.settings, self.device, name, constants=self.shared_constants)
+        module = build_block(gm, concrete, self.settings, self.device, name, constants=self.shared_constants,
+                             meanwhile=meanwhile)
         if module is None:
             return gm, False  # the concrete copy runs in PyTorch at this shape
         return module, True
@@ -1426,10 +1436,10 @@ def compile_dynamic(lowered: LoweredGraph, settings: CompilationSettings, device
         with table.sharing_constants():
             for spec in list(table.live.values()):
                 table.fit_ranges(spec)
-    else:  # the opt shape's engines are built now, the samples of their range fits optimized meanwhile
+    else:  # the opt shape's engines are built now, the samples of their range fits described and optimized meanwhile
         with table.sharing_constants(), fit_pool() as pool:
-            pending = table.start_fits(opt, pool)
-            spec = table.specialize(opt)
+            pending: dict[int, PendingFit] = {}
+            spec = table.specialize(opt, meanwhile=lambda: pending.update(table.start_fits(opt, pool)))
             table.add(spec)
             table.finish_fits(spec, pending)
         for runner in spec.runners:  # a new size's first call runs on these (padded rows), untimed

@@ -112,11 +112,14 @@ def _node_named_in(block: Block, err: Exception) -> fx.Node | None:
 
 
 def build_block(gm: fx.GraphModule, block: Block, settings: CompilationSettings, device: str,
-                 name: str, split: bool = False, constants: SharedConstants | None = None) -> KilnEngineModule | None:
+                name: str, split: bool = False, constants: SharedConstants | None = None,
+                meanwhile: Callable[[], None] | None = None) -> KilnEngineModule | None:
     """The engine module of one block: from the engine cache (refitted) or freshly built; None
     (with a warning) when it cannot be built. With `split`, a failure on one node that the error
     names raises _NodeFailed instead, for the caller to partition again without that node.
-    ``constants``: host copies of constants that other descriptions made or may reuse."""
+    ``constants``: host copies of constants that other descriptions made or may reuse.
+    ``meanwhile``: Python work to run while the engine builds (:func:`build_engine`); it does not
+    run when no build starts (an engine cache hit, a description that fails)."""
     truncated: frozenset[str] = frozenset()
 
     def make_module(engine: Any) -> KilnEngineModule:
@@ -142,7 +145,7 @@ def build_block(gm: fx.GraphModule, block: Block, settings: CompilationSettings,
             parts = describe_block_parts(gm, block, settings, shared=constants)
         truncated = _truncated(parts.constants)
         shared = borrowable_weights(parts.constants, device) if settings.share_weights else None
-        engine = build_engine(parts.graph, settings, device, shared)
+        engine = build_engine(parts.graph, settings, device, shared, meanwhile)
         count("builds")
         _check_engine(engine, block, settings)
     except (_C.KilnError, EncodeError) as err:

@@ -19,6 +19,7 @@ engine buffer once and keeps the runner while the buffer lives.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import threading
@@ -103,13 +104,22 @@ def borrowable_weights(constants: Sequence[Any], device: str) -> dict[str, tuple
 
 
 def build_engine(description: Any, settings: CompilationSettings, device: str,
-                 borrowed: dict[str, tuple[int, int, torch.Tensor]] | None = None) -> Any:
+                 borrowed: dict[str, tuple[int, int, torch.Tensor]] | None = None,
+                 meanwhile: Callable[[], None] | None = None) -> Any:
     """ImportGraph -> Engine (raises kiln.KilnError subclasses naming the cause). ``borrowed``:
-    weights the engine may read in place (:func:`borrowable_weights`)."""
+    weights the engine may read in place (:func:`borrowable_weights`). ``meanwhile`` runs on this
+    thread while the builder works on another (a build holds no GIL); the engine is returned once
+    both are done."""
     network = _C.import_aten(description)
     if device != "cpu":  # one timing cache (default: beside the engine cache) is shared by every build
         _C.set_timing_cache_path(settings.timing_cache_path or os.path.join(settings.engine_cache_dir, "timing.cache"))
-    return _C.Builder(builder_config(settings, device)).build(network, borrowed)
+    builder = _C.Builder(builder_config(settings, device))
+    if meanwhile is None:
+        return builder.build(network, borrowed)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kiln-build") as pool:
+        built = pool.submit(builder.build, network, borrowed)
+        meanwhile()
+        return built.result()
 
 
 class KilnEngineModule(torch.nn.Module):

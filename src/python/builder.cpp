@@ -140,7 +140,9 @@ void bind_builder(nb::module_& m) {
       .def(
           "build",
           [](const Builder& b, const Graph& network, const std::optional<nb::dict>& borrowed) {
-            return b.build(network, borrowed ? borrowed_weights(*borrowed) : BorrowedWeights{});
+            const BorrowedWeights weights = borrowed ? borrowed_weights(*borrowed) : BorrowedWeights{};
+            nb::gil_scoped_release release;  // the build touches no Python object; other threads run
+            return b.build(network, weights);
           },
           nb::arg("network"), nb::arg("borrowed") = nb::none(),
           nb::sig("def build(self, network: Graph, borrowed: dict[str, tuple[int, int, object]] | None = None) "
@@ -148,7 +150,7 @@ void bind_builder(nb::module_& m) {
           "Copies the network, runs the passes, picks kernels and returns an Engine. ``borrowed``: "
           "{weight name: (address, bytes, owner)} of weights, dense and in the plan weight's dtype on the "
           "engine's device, that the engine may read in place instead of copying (``owner`` is kept "
-          "alive as long as the engine reads them).")
+          "alive as long as the engine reads them). Other Python threads run meanwhile.")
       .def(
           "optimize", [](const Builder& b, const Graph& network) { return b.optimize(network); }, nb::arg("network"),
           nb::call_guard<nb::gil_scoped_release>(),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import threading
 
 import pytest
 import torch
@@ -15,9 +16,10 @@ from torch.export import Dim
 
 import kiln
 from kiln.cached_build import cache_stats, reset_cache_stats
-from kiln.dynamic import dynamic_program_of
+from kiln.dynamic import Specializations, dynamic_program_of
 from kiln.instances import RowPadded
-from kiln.runtime import KilnEngineModule
+from kiln.runtime import KilnEngineModule, build_engine
+from kiln.settings import CompilationSettings
 from kiln.translate import SharedConstants
 
 
@@ -112,6 +114,44 @@ def test_the_opt_build_and_the_range_fit_copy_each_constant_once(monkeypatch: py
     assert len(copies) >= len(list(model.parameters())) and set(copies.values()) == {1}
     x = _inputs(2, 41)
     torch.testing.assert_close(compiled(*x), model(*x), rtol=1e-4, atol=1e-4)
+
+
+@torch.no_grad()
+def test_the_range_fit_is_described_while_the_opt_engine_builds(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The build holds no GIL: the fit's samples are described on this thread meanwhile.
+    building: list[bool] = []
+    start_fits = Specializations.start_fits
+
+    def watched(self: Specializations, *args: object, **kwargs: object) -> object:
+        building.append(any(t.name.startswith("kiln-build") and t.is_alive() for t in threading.enumerate()))
+        return start_fits(self, *args, **kwargs)  # type: ignore[arg-type]
+    monkeypatch.setattr(Specializations, "start_fits", watched)
+    torch.manual_seed(0)
+    model = Encoder().eval()
+    compiled = _compile(model)
+    table = dynamic_program_of(compiled)
+    assert building == [True] and table is not None and table.ranges
+    x = _inputs(2, 29)
+    torch.testing.assert_close(compiled(*x), model(*x), rtol=1e-4, atol=1e-4)
+    assert all(e.engine.is_instance for e in _engines(compiled, 29))
+
+
+def test_build_engine_runs_the_work_given_it_once_and_raises_its_error_after_the_build() -> None:
+    graph = kiln._C.ImportGraph()
+    x, y = graph.add_tensor(kiln._C.DType.f32, [4]), graph.add_tensor(kiln._C.DType.f32, [4])
+    graph.add_input(x, "x")
+    graph.add_node("aten.relu.default", [kiln._C.ImportArg.of_tensor(x)], outputs=[y])
+    graph.add_output(y, "y")
+    calls: list[int] = []
+    engine = build_engine(graph, CompilationSettings(), "cpu", meanwhile=lambda: calls.append(1))
+    assert calls == [1]
+    t = torch.randn(4)
+    torch.testing.assert_close(KilnEngineModule(engine, "cpu")(t)[0], t.relu())
+
+    def failing() -> None:
+        raise RuntimeError("the work failed")
+    with pytest.raises(RuntimeError, match="the work failed"):
+        build_engine(graph, CompilationSettings(), "cpu", meanwhile=failing)
 
 
 def test_shared_constants_serve_a_copy_only_for_the_same_bytes() -> None:
