@@ -154,7 +154,18 @@ TEST(CudaGenCodegen, Norm) {
           check(gen::generate_norm,
                 one_node(OpKind::kGroupNorm, {tt(dt, {32, 4, 4, 64}), tt(pd, {64}), tt(pd, {64})},
                          attrs({{"groups", int64_t(16)}, {"eps", 1e-5}, {"layout", std::string("nhwc")}})));
-      EXPECT_NE(last.find("(block per group, channels last)"), std::string::npos) << last;
+      EXPECT_NE(last.find("(channels last: "), std::string::npos) << last;
+      // Channels last in groups of 40 (Stable Diffusion's 1280 / 32) and of 3 (one channel a
+      // word), and more words a position than a block has threads (the block-per-group kernel).
+      for (const auto& [shape, groups, want] : std::vector<std::tuple<Shape, int64_t, std::string>>{
+               {{2, 8, 8, 1280}, 32, "(channels last: "},
+               {{1, 5, 7, 9}, 3, "(channels last: "},
+               {{2, 4, 4, 3072}, 1024, "(block per group, channels last)"}}) {
+        const std::string s = check(
+            gen::generate_norm, one_node(OpKind::kGroupNorm, {tt(dt, shape), tt(pd, {shape[3]}), std::nullopt},
+                                         attrs({{"groups", groups}, {"eps", 1e-5}, {"layout", std::string("nhwc")}})));
+        EXPECT_NE(s.find(want), std::string::npos) << s;
+      }
       for (const Shape& s : std::vector<Shape>{{2, 3, 4, 5}, {4, 3}, {2, 3, 7}}) {
         check(gen::generate_norm, one_node(OpKind::kBatchNorm, {tt(dt, s), tt(pd, {3}), tt(pd, {3}), tt(pd, {3}), tt(pd, {3})},
                                            attrs({{"eps", 1e-5}})));

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -212,17 +213,6 @@ TEST(CudaSplitReduce, SplitKernelsCompile) {
   }
   // f16 with f32 weight and bias.
   check_split(gen::generate_norm, group_norm(DType::kF16, {1, 96, 37, 41}, 4, true, DType::kF32));
-  // Channels last: groups of 10 channels load 2 f16 at a time, of 4 channels 4.
-  for (const auto& [shape, groups, desc] :
-       std::vector<std::tuple<Shape, int64_t, std::string>>{{{1, 64, 64, 320}, 32, "2-wide loads), channels last"},
-                                                            {{1, 64, 64, 128}, 32, "4-wide loads), channels last"}}) {
-    Attrs a = group_attrs(groups);
-    a.set("layout", std::string("nhwc"));
-    const Built b =
-        one_node(OpKind::kGroupNorm, {tt(DType::kF16, shape), tt(DType::kF16, {shape[3]}), std::nullopt}, a);
-    const std::string got = check_split(gen::generate_norm, b);
-    EXPECT_EQ(got.substr(got.size() - desc.size()), desc) << got;
-  }
   check_split(gen::generate_norm,
               one_node(OpKind::kLayerNorm, {tt(DType::kF16, {2, 40000}), tt(DType::kF32, {40000}), std::nullopt},
                        layer_attrs(1)));
@@ -230,6 +220,63 @@ TEST(CudaSplitReduce, SplitKernelsCompile) {
   for (DType dt : {DType::kI32, DType::kI64, DType::kU8})
     check_split(gen::generate_reduce, one_node(OpKind::kReduceSum, {tt(dt, {2, 100000})}, reduce_attrs({1})));
   check_split(gen::generate_reduce, one_node(OpKind::kReduceMax, {tt(DType::kBool, {2, 100000})}, reduce_attrs({1})));
+}
+
+// Channels-last group_norm: two launches over (sample, chunk of positions) blocks of a
+// position's words times the rows a step, which cover every position once; their fallback for
+// misaligned buffers is the block-per-group kernel, then an empty launch. Few multiprocessors
+// give fewer chunks; statistics over the workspace limit keep the block-per-group kernel.
+TEST(CudaSplitReduce, ChannelsLastGroupNormChunksPositions) {
+  auto nhwc = [](const Shape& x, int64_t groups) {
+    Attrs a = group_attrs(groups);
+    a.set("layout", std::string("nhwc"));
+    return one_node(OpKind::kGroupNorm, {tt(DType::kF16, x), tt(DType::kF16, {x[3]}), std::nullopt}, a);
+  };
+  struct Want {
+    Shape x;
+    int64_t groups, vec, threads;
+  };
+  for (const Want& w : std::vector<Want>{{{1, 64, 64, 320}, 32, 2, 160},
+                                         {{32, 32, 32, 128}, 32, 4, 256},
+                                         {{32, 4, 4, 256}, 32, 8, 256},
+                                         {{2, 8, 8, 1280}, 32, 8, 160}}) {
+    const Built b = nhwc(w.x, w.groups);
+    const gen::Generated gn = gen::generate_norm(*b.node, b.g, kH100);
+    const std::string what = b.g.type(b.node->inputs[0]).to_string();
+    ASSERT_EQ(gn.plan.launches.size(), 2u) << what;
+    const gen::Launch &stats = gn.plan.launches[0], &apply = gn.plan.launches[1];
+    EXPECT_EQ(stats.kernel, "kg_gn_nhwc_stats_v" + std::to_string(w.vec)) << what;
+    EXPECT_EQ(apply.kernel, "kg_gn_nhwc_apply_v" + std::to_string(w.vec)) << what;
+    EXPECT_EQ(stats.block[0], uint32_t(w.threads)) << what;
+    EXPECT_EQ(stats.grid[0], apply.grid[0]) << what;
+    ASSERT_EQ(stats.alt.size(), 1u) << what;
+    EXPECT_EQ(stats.alt[0].kernel, "kg_group_norm") << what;
+    EXPECT_EQ(stats.alt[0].grid[0], uint32_t(w.x[0] * w.groups)) << what;
+    ASSERT_EQ(apply.alt.size(), 1u) << what;
+    EXPECT_EQ(apply.alt[0].kernel, "kg_gn_nhwc_none") << what;
+    // N, S, splits, chunk are the launch's values after its five buffers.
+    auto value = [&](size_t i) {
+      int64_t v = 0;
+      std::memcpy(&v, stats.args.at(5 + i).value.data(), sizeof(v));
+      return v;
+    };
+    const int64_t S = w.x[1] * w.x[2], splits = value(2), chunk = value(3);
+    EXPECT_EQ(value(0), w.x[0]) << what;
+    EXPECT_EQ(value(1), S) << what;
+    EXPECT_EQ(chunk % (w.threads / (w.x[3] / w.vec)), 0) << what;  // whole steps of rows
+    EXPECT_TRUE((splits - 1) * chunk < S && splits * chunk >= S) << what;
+    EXPECT_EQ(stats.grid[0], uint32_t(w.x[0] * splits)) << what;
+    EXPECT_EQ(gn.plan.workspace, uint64_t(w.x[0] * splits * w.groups * 8 + 255) / 256 * 256) << what;
+    const Bytes cubin = gen::compile_for_arch(gn.source, what, 90);
+    EXPECT_GT(cubin.size(), 0u) << what;
+  }
+  const Built unet = nhwc({1, 64, 64, 320}, 32);
+  const auto blocks = [&](const gen::Target& t) {
+    return gen::generate_norm(*unet.node, unet.g, t).plan.launches[0].grid[0];
+  };
+  EXPECT_LT(blocks(gen::Target{8}), blocks(kH100));
+  const gen::Generated tight = gen::generate_norm(*unet.node, unet.g, gen::Target{132, 1024});
+  EXPECT_NE(tight.plan.describe.find("(block per group, channels last)"), std::string::npos) << tight.plan.describe;
 }
 
 TEST(CudaSplitReduce, ShapesThatDoNotSplitKeepTheirKernels) {

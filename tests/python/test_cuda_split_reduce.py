@@ -6,12 +6,12 @@ H100 or H200) and long runs each row on several blocks: a first kernel writes ea
 statistics to the engine's workspace, a second combines them and writes the result. Every case
 below takes that path (the build log must say "split" and the engine must have a workspace):
   - group_norm (a UNet's at batch 1; no affine; channels not a multiple of the vector width; an
-    odd group length, which loads one element at a time; channels last, in groups of 10 and 4
-    channels), layer_norm over rows of more than
+    odd group length, which loads one element at a time), layer_norm over rows of more than
     16384 elements (odd too, and over three dims);
   - reduce_sum / mean / var / max over rows (one long row; several; a variance over two dims;
     reduced runs around a kept dim; short odd runs crossing the chunks);
-  - softmax / log_softmax over rows of more than 8192 elements (a vocabulary; odd rows).
+  - softmax / log_softmax over rows of more than 8192 elements (a vocabulary; odd rows);
+  - channels-last group_norm, which always takes two kernels over chunks of positions.
 Each runs in f32, f16 and bf16 on random inputs against PyTorch computing in float64 on the same
 (rounded) inputs: directly, as a CUDA graph replay on new inputs, and (f16) with the input and
 output one element past an aligned address, or only the output (the narrower kernels run for
@@ -66,11 +66,6 @@ CASES = [
     Case("gn-no-affine", "group_norm", [[2, 64, 32, 32], None, None], {"groups": 8, "eps": 1e-5}, _gn(8)),
     Case("gn-odd-spatial", "group_norm", [[1, 96, 37, 41], [96], [96]], {"groups": 4, "eps": 1e-5}, _gn(4)),
     Case("gn-odd-length", "group_norm", [[1, 15, 47, 47], [15], [15]], {"groups": 3, "eps": 1e-5}, _gn(3)),
-    # Channels last ([N, H, W, C]): groups of 10 channels (2-wide loads in f16), and of 4.
-    Case("gn-nhwc-g32", "group_norm", [[1, 64, 64, 320], [320], [320]], {"groups": 32, "eps": 1e-5, "layout": "nhwc"},
-         lambda x, w=None, b=None: _gn(32)(x.permute(0, 3, 1, 2), w, b).permute(0, 2, 3, 1)),
-    Case("gn-nhwc-cg4", "group_norm", [[1, 64, 64, 128], None, None], {"groups": 32, "eps": 1e-5, "layout": "nhwc"},
-         lambda x, w=None, b=None: _gn(32)(x.permute(0, 3, 1, 2), w, b).permute(0, 2, 3, 1)),
     Case("ln-long", "layer_norm", [[2, 40000], [40000], [40000]], {"normalized_rank": 1, "eps": 1e-5}, _ln(1)),
     Case("ln-odd", "layer_norm", [[3, 20001], [20001], None], {"normalized_rank": 1, "eps": 1e-5}, _ln(1)),
     Case(
@@ -225,6 +220,37 @@ def test_split_rows_match_pytorch(case: Case, dtype: torch.dtype) -> None:
     assert "(split: " in engine.build_log, engine.build_log
     assert engine.workspace_size > 0
     _check_runs(case, dtype, engine, seed=1)
+
+
+def _gn_nhwc(groups: int) -> Callable[..., torch.Tensor]:
+    return lambda x, w=None, b=None: _gn(groups)(x.permute(0, 3, 1, 2), w, b).permute(0, 2, 3, 1)
+
+
+def _nhwc(id: str, shape: list[int], groups: int, affine: bool = True) -> Case:
+    ps: Optional[list[int]] = [shape[3]] if affine else None
+    return Case(id, "group_norm", [shape, ps, ps], {"groups": groups, "eps": 1e-5, "layout": "nhwc"}, _gn_nhwc(groups))
+
+
+# Channels-last group_norm ([N, H, W, C]) reads whole rows of channels in blocks of (sample, chunk
+# of positions): a UNet's at batch 1 (groups of 10 channels: 2-wide loads in f16) and at batch 32
+# (groups of 4 and 8 channels over 32x32 and 4x4 positions), Stable Diffusion's groups of 40,
+# groups of 3 (one channel a word), no affine, and positions not a multiple of a block's rows.
+NHWC_CASES = [
+    _nhwc("gn-nhwc-g32", [1, 64, 64, 320], 32),
+    _nhwc("gn-nhwc-cg4", [1, 64, 64, 128], 32, affine=False),
+    _nhwc("gn-nhwc-b32-cg4", [32, 32, 32, 128], 32),
+    _nhwc("gn-nhwc-b32-small", [32, 4, 4, 256], 32),
+    _nhwc("gn-nhwc-cg40", [2, 8, 8, 1280], 32),
+    _nhwc("gn-nhwc-cg3-odd", [3, 7, 5, 9], 3),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("case", NHWC_CASES, ids=[c.id for c in NHWC_CASES])
+def test_channels_last_group_norm_reads_rows_of_channels_and_matches_pytorch(case: Case, dtype: torch.dtype) -> None:
+    engine = _build(_graph(case, dtype))
+    assert "(channels last: " in engine.build_log and engine.workspace_size > 0, engine.build_log
+    _check_runs(case, dtype, engine, seed=5)
 
 
 def _check_runs(case: Case, dtype: torch.dtype, engine: Engine, seed: int) -> None:

@@ -7,8 +7,12 @@
 //   group_norm: one 512-thread block per (sample, group), whose elements are contiguous:
 //               sum, squared deviations, then the write with the channel's weight and bias
 //               (norm_group.cuh, which also serves layer_norm's long rows). Channels last
-//               (layout "nhwc", x [N, H, W, C]): a group is its Cg channels at each position,
-//               read as runs of Cg elements (Cg is compiled in, so the index math is shifts).
+//               (layout "nhwc", x [N, H, W, C]): blocks of (sample, chunk of positions) read
+//               whole rows of channels in words, a first kernel writing each chunk's
+//               statistics per group, a second combining a sample's chunks and writing
+//               (norm_group_nhwc.cuh); where a position has more than 1024 words or the
+//               statistics exceed the workspace limit, the kernels below with a group's Cg
+//               channels at each position read as runs of Cg elements.
 //   few long rows (layer_norm's long rows and group_norm, when plan.h's split_rows splits them:
 //               fewer rows than two per multiprocessor, each of at least kSplitMinRow elements):
 //               each row in chunks of a 256-thread block each; a first kernel writes each
@@ -22,6 +26,7 @@
 // 1 / sqrt(var + eps) computed in double; y = (x - mean) * rstd, then * weight, then + bias.
 // weight / bias may have x's dtype or f32; absent ones are compiled out.
 #include <algorithm>
+#include <optional>
 
 #include "src/backends/cuda/codegen/embedded.h"
 #include "src/backends/cuda/codegen/plan.h"
@@ -127,6 +132,60 @@ int add_split(Generated& gn, const Node& n, bool layer, int esz, int64_t rows, i
   return vec;
 }
 
+// Channels-last group_norm (norm_group_nhwc.cuh): words of vec channels (a power of two that
+// divides Cg, at most 16 bytes), q = C / vec of them a position, r positions a step; samples in
+// `splits` chunks of `chunk` positions, about four blocks per multiprocessor in all.
+struct NhwcPlan {
+  int vec = 1;
+  int64_t q = 0, r = 1, splits = 1, chunk = 0;
+  uint64_t workspace = 0;
+};
+
+constexpr int64_t kNhwcMaxThreads = 1024;
+constexpr int64_t kNhwcThreads = 256;  // the block's threads where a position has fewer words
+
+// The plan, or nothing when a position's words exceed one block or the workspace the limit.
+std::optional<NhwcPlan> nhwc_plan(int64_t N, int64_t S, int64_t C, int64_t Cg, int esz, bool f64, const Target& t) {
+  NhwcPlan p;
+  while (p.vec * 2 * esz <= 16 && Cg % (p.vec * 2) == 0) p.vec *= 2;
+  p.q = C / p.vec;
+  if (p.q > kNhwcMaxThreads) return std::nullopt;
+  p.r = std::max<int64_t>(1, kNhwcThreads / p.q);
+  const int64_t want = std::clamp<int64_t>((4 * std::max<int64_t>(t.sms, 1) + N - 1) / N, 1, (S + p.r - 1) / p.r);
+  p.chunk = ((S + want - 1) / want + p.r - 1) / p.r * p.r;
+  p.splits = (S + p.chunk - 1) / p.chunk;
+  p.workspace = (uint64_t(N * p.splits * (C / Cg)) * 2 * (f64 ? 8 : 4) + 255) / 256 * 256;
+  if (p.workspace > t.workspace_limit) return std::nullopt;
+  return p;
+}
+
+// The two launches of a channels-last group_norm (nhwc_plan), with norm_group.cuh's kernel as the
+// fallback where a buffer is not aligned to the words.
+void add_nhwc(Generated& gn, const Node& n, int esz, int64_t N, int64_t S, int64_t G, int64_t Cg, double eps,
+              const NhwcPlan& p) {
+  const bool w = present(n, 1), b = present(n, 2);
+  gn.source += define("KG_HAS_W", w) + define("KG_HAS_B", b) + define("KG_V", p.vec) +
+               define("KG_VW", word_type(p.vec * esz)) + define("KG_CG", Cg) + define("KG_G", G) + define("KG_Q", p.q) +
+               define("KG_R", p.r) + std::string(embedded_source("norm_group_nhwc.cuh"));
+  const uint32_t blocks = blocks_for(N * p.splits, 1), threads = uint32_t(p.q * p.r);
+  auto launch = [&](const char* kernel) {
+    Launch l(kernel + std::to_string(p.vec), blocks, threads);
+    l.in(0).opt_in(n, 1).opt_in(n, 2).ws().out(0).i64(N).i64(S).i64(p.splits).i64(p.chunk).f64(eps);
+    return l;
+  };
+  Launch stats = launch("kg_gn_nhwc_stats_v"), apply = launch("kg_gn_nhwc_apply_v");
+  if (p.vec > 1) {
+    gn.source += group_kernel(false, w, b, {true, Cg});
+    Launch whole("kg_group_norm", blocks_for(N * G, 1), kBlockThreads);
+    whole.in(0).opt_in(n, 1).opt_in(n, 2).out(0).i64(N * G).i64(Cg * S).i64(G).i64(Cg).i64(S).f64(eps);
+    with_fallback(stats, uint32_t(p.vec * esz), std::move(whole));
+    with_fallback(apply, uint32_t(p.vec * esz), Launch("kg_gn_nhwc_none", 1, 32));
+  }
+  gn.plan.launches.push_back(std::move(stats));
+  gn.plan.launches.push_back(std::move(apply));
+  gn.plan.workspace = p.workspace;
+}
+
 std::string batch_kernels(bool w, bool b) {
   return define("KG_HAS_W", w) + define("KG_HAS_B", b) + std::string(embedded_source("norm_batch.cuh"));
 }
@@ -226,6 +285,13 @@ Generated generate_norm(const Node& n, const Graph& g, const Target& t) {
     head += param_defs(n, g, 1);
     if (!w) head += "typedef float T_p0;\n";
     if (!b) head += "typedef float T_p1;\n";
+    if (const auto p = nhwc ? nhwc_plan(N, S, C, Cg, esz, xt.dtype == DType::kF64, t) : std::nullopt) {
+      gn.source = head;
+      add_nhwc(gn, n, esz, N, S, G, Cg, eps, *p);
+      gn.plan.describe = desc + " (channels last: " + std::to_string(p->splits) + " blocks per sample of " +
+                         std::to_string(p->chunk) + " positions, " + std::to_string(p->vec) + "-wide loads)";
+      return gn;
+    }
     if (const SplitPlan sp = norm_split(N * G, Cg * S, esz, xt.dtype == DType::kF64, t, gl); sp.split()) {
       gn.source = head;
       const int vec = add_split(gn, n, false, esz, N * G, Cg * S, G, Cg, S, eps, sp, gl);
