@@ -146,9 +146,10 @@ def _warm_up(device: str, dtype: torch.dtype, timing_cache: str) -> None:
 
 
 def _in_new_process(mode: str, name: str, args: argparse.Namespace, tmp: str) -> float:
-    """The seconds that ``--one-static-build`` or ``--one-dynamic-serve`` measures in a new process."""
+    """The seconds that ``--one-static-build`` or ``--one-dynamic-serve`` measures in a new process
+    (with a folder of its own: every process starts with empty timing caches)."""
     command = [sys.executable, os.path.abspath(__file__), mode, name, "--device", args.device,
-               "--precision", args.precision, "--sizes", str(args.sizes), "--tmp", tmp]
+               "--precision", args.precision, "--sizes", str(args.sizes), "--tmp", tempfile.mkdtemp(dir=tmp)]
     if not args.instances:
         command.append("--no-instances")
     done = subprocess.run(command, check=True, capture_output=True, text=True)
