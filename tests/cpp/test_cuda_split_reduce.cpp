@@ -222,10 +222,12 @@ TEST(CudaSplitReduce, SplitKernelsCompile) {
   check_split(gen::generate_reduce, one_node(OpKind::kReduceMax, {tt(DType::kBool, {2, 100000})}, reduce_attrs({1})));
 }
 
-// Channels-last group_norm: two launches over (sample, chunk of positions) blocks of a
-// position's words times the rows a step, which cover every position once; their fallback for
-// misaligned buffers is the block-per-group kernel, then an empty launch. Few multiprocessors
-// give fewer chunks; statistics over the workspace limit keep the block-per-group kernel.
+// Channels-last group_norm: blocks of a position's words times the rows a step. A small sample
+// (or a batch that fills the GPU) is one launch of a block per sample; a larger one two launches
+// over (sample, chunk of positions) blocks whose chunks cover every position once. The fallback
+// for misaligned buffers is the block-per-group kernel (then an empty launch). Few
+// multiprocessors give fewer chunks; statistics over the workspace limit, and fewer groups than
+// multiprocessors that would not split, keep the block-per-group kernel.
 TEST(CudaSplitReduce, ChannelsLastGroupNormChunksPositions) {
   auto nhwc = [](const Shape& x, int64_t groups) {
     Attrs a = group_attrs(groups);
@@ -235,40 +237,50 @@ TEST(CudaSplitReduce, ChannelsLastGroupNormChunksPositions) {
   struct Want {
     Shape x;
     int64_t groups, vec, threads;
+    bool split;
   };
-  for (const Want& w : std::vector<Want>{{{1, 64, 64, 320}, 32, 2, 160},
-                                         {{32, 32, 32, 128}, 32, 4, 256},
-                                         {{32, 4, 4, 256}, 32, 8, 256},
-                                         {{2, 8, 8, 1280}, 32, 8, 160}}) {
+  for (const Want& w : std::vector<Want>{{{1, 64, 64, 320}, 32, 2, 160, true},
+                                         {{32, 32, 32, 128}, 32, 4, 256, true},
+                                         {{32, 4, 4, 256}, 32, 8, 256, false},
+                                         {{8, 8, 8, 1280}, 32, 8, 160, true},
+                                         {{1024, 16, 16, 256}, 32, 8, 256, false}}) {
     const Built b = nhwc(w.x, w.groups);
     const gen::Generated gn = gen::generate_norm(*b.node, b.g, kH100);
     const std::string what = b.g.type(b.node->inputs[0]).to_string();
-    ASSERT_EQ(gn.plan.launches.size(), 2u) << what;
-    const gen::Launch &stats = gn.plan.launches[0], &apply = gn.plan.launches[1];
-    EXPECT_EQ(stats.kernel, "kg_gn_nhwc_stats_v" + std::to_string(w.vec)) << what;
-    EXPECT_EQ(apply.kernel, "kg_gn_nhwc_apply_v" + std::to_string(w.vec)) << what;
-    EXPECT_EQ(stats.block[0], uint32_t(w.threads)) << what;
-    EXPECT_EQ(stats.grid[0], apply.grid[0]) << what;
-    ASSERT_EQ(stats.alt.size(), 1u) << what;
-    EXPECT_EQ(stats.alt[0].kernel, "kg_group_norm") << what;
-    EXPECT_EQ(stats.alt[0].grid[0], uint32_t(w.x[0] * w.groups)) << what;
+    const std::string v = std::to_string(w.vec);
+    ASSERT_EQ(gn.plan.launches.size(), w.split ? 2u : 1u) << what;
+    const gen::Launch& first = gn.plan.launches[0];
+    EXPECT_EQ(first.kernel, (w.split ? "kg_gn_nhwc_stats_v" : "kg_gn_nhwc_v") + v) << what;
+    EXPECT_EQ(first.block[0], uint32_t(w.threads)) << what;
+    ASSERT_EQ(first.alt.size(), 1u) << what;
+    EXPECT_EQ(first.alt[0].kernel, "kg_group_norm") << what;
+    EXPECT_EQ(first.alt[0].grid[0], gen::blocks_for(w.x[0] * w.groups, 1)) << what;
+    const Bytes cubin = gen::compile_for_arch(gn.source, what, 90);
+    EXPECT_GT(cubin.size(), 0u) << what;
+    if (!w.split) {
+      EXPECT_EQ(first.grid[0], gen::blocks_for(w.x[0], 1)) << what;
+      EXPECT_EQ(gn.plan.workspace, 0u) << what;
+      continue;
+    }
+    const gen::Launch& apply = gn.plan.launches[1];
+    EXPECT_EQ(apply.kernel, "kg_gn_nhwc_apply_v" + v) << what;
+    EXPECT_EQ(first.grid[0], apply.grid[0]) << what;
     ASSERT_EQ(apply.alt.size(), 1u) << what;
     EXPECT_EQ(apply.alt[0].kernel, "kg_gn_nhwc_none") << what;
     // N, S, splits, chunk are the launch's values after its five buffers.
     auto value = [&](size_t i) {
-      int64_t v = 0;
-      std::memcpy(&v, stats.args.at(5 + i).value.data(), sizeof(v));
-      return v;
+      int64_t x = 0;
+      std::memcpy(&x, first.args.at(5 + i).value.data(), sizeof(x));
+      return x;
     };
     const int64_t S = w.x[1] * w.x[2], splits = value(2), chunk = value(3);
     EXPECT_EQ(value(0), w.x[0]) << what;
     EXPECT_EQ(value(1), S) << what;
     EXPECT_EQ(chunk % (w.threads / (w.x[3] / w.vec)), 0) << what;  // whole steps of rows
-    EXPECT_TRUE((splits - 1) * chunk < S && splits * chunk >= S) << what;
-    EXPECT_EQ(stats.grid[0], uint32_t(w.x[0] * splits)) << what;
+    EXPECT_TRUE(splits > 1 && splits <= 128 && (splits - 1) * chunk < S && splits * chunk >= S) << what;
+    EXPECT_GE(chunk * w.x[3], 4096) << what;
+    EXPECT_EQ(first.grid[0], gen::blocks_for(w.x[0] * splits, 1)) << what;
     EXPECT_EQ(gn.plan.workspace, uint64_t(w.x[0] * splits * w.groups * 8 + 255) / 256 * 256) << what;
-    const Bytes cubin = gen::compile_for_arch(gn.source, what, 90);
-    EXPECT_GT(cubin.size(), 0u) << what;
   }
   const Built unet = nhwc({1, 64, 64, 320}, 32);
   const auto blocks = [&](const gen::Target& t) {
@@ -277,6 +289,13 @@ TEST(CudaSplitReduce, ChannelsLastGroupNormChunksPositions) {
   EXPECT_LT(blocks(gen::Target{8}), blocks(kH100));
   const gen::Generated tight = gen::generate_norm(*unet.node, unet.g, gen::Target{132, 1024});
   EXPECT_NE(tight.plan.describe.find("(block per group, channels last)"), std::string::npos) << tight.plan.describe;
+  // Fewer groups than multiprocessors, short enough that they would not split: one launch of a
+  // block per group rather than two over chunks.
+  for (const Shape& x : std::vector<Shape>{{1, 32, 32, 128}, {2, 8, 8, 1280}}) {
+    const Built few = nhwc(x, 32);
+    const std::string d = gen::generate_norm(*few.node, few.g, kH100).plan.describe;
+    EXPECT_NE(d.find("(block per group, channels last)"), std::string::npos) << d;
+  }
 }
 
 TEST(CudaSplitReduce, ShapesThatDoNotSplitKeepTheirKernels) {

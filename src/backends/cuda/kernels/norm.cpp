@@ -7,12 +7,14 @@
 //   group_norm: one 512-thread block per (sample, group), whose elements are contiguous:
 //               sum, squared deviations, then the write with the channel's weight and bias
 //               (norm_group.cuh, which also serves layer_norm's long rows). Channels last
-//               (layout "nhwc", x [N, H, W, C]): blocks of (sample, chunk of positions) read
-//               whole rows of channels in words, a first kernel writing each chunk's
-//               statistics per group, a second combining a sample's chunks and writing
-//               (norm_group_nhwc.cuh); where a position has more than 1024 words or the
-//               statistics exceed the workspace limit, the kernels below with a group's Cg
-//               channels at each position read as runs of Cg elements.
+//               (layout "nhwc", x [N, H, W, C]): blocks read whole rows of channels in
+//               words (norm_group_nhwc.cuh): a block per sample where a sample is small or
+//               the batch fills the GPU, else blocks of (sample, chunk of positions), a first
+//               kernel writing each chunk's statistics per group, a second combining a
+//               sample's chunks and writing. Fewer groups than multiprocessors that would not
+//               split, a position of more than 1024 words, or statistics over the workspace
+//               limit keep the kernels below, with a group's Cg channels at each position read
+//               as runs of Cg elements.
 //   few long rows (layer_norm's long rows and group_norm, when plan.h's split_rows splits them:
 //               fewer rows than two per multiprocessor, each of at least kSplitMinRow elements):
 //               each row in chunks of a 256-thread block each; a first kernel writes each
@@ -27,6 +29,7 @@
 // weight / bias may have x's dtype or f32; absent ones are compiled out.
 #include <algorithm>
 #include <optional>
+#include <vector>
 
 #include "src/backends/cuda/codegen/embedded.h"
 #include "src/backends/cuda/codegen/plan.h"
@@ -133,8 +136,11 @@ int add_split(Generated& gn, const Node& n, bool layer, int esz, int64_t rows, i
 }
 
 // Channels-last group_norm (norm_group_nhwc.cuh): words of vec channels (a power of two that
-// divides Cg, at most 16 bytes), q = C / vec of them a position, r positions a step; samples in
-// `splits` chunks of `chunk` positions, about four blocks per multiprocessor in all.
+// divides Cg, at most 16 bytes), q = C / vec of them a position, r positions a step. A sample of
+// at most kNhwcOneBlock elements, or a batch that fills the GPU with a block per sample, takes
+// one block per sample (splits 1); others `splits` chunks of `chunk` positions, about four
+// blocks per multiprocessor in all, each of at least kNhwcMinChunk elements, at most
+// kNhwcMaxSplits a sample.
 struct NhwcPlan {
   int vec = 1;
   int64_t q = 0, r = 1, splits = 1, chunk = 0;
@@ -143,6 +149,9 @@ struct NhwcPlan {
 
 constexpr int64_t kNhwcMaxThreads = 1024;
 constexpr int64_t kNhwcThreads = 256;  // the block's threads where a position has fewer words
+constexpr int64_t kNhwcOneBlock = 16384;
+constexpr int64_t kNhwcMinChunk = 4096;
+constexpr int64_t kNhwcMaxSplits = 128;  // chunks a sample at most: the second kernel combines them all
 
 // The plan, or nothing when a position's words exceed one block or the workspace the limit.
 std::optional<NhwcPlan> nhwc_plan(int64_t N, int64_t S, int64_t C, int64_t Cg, int esz, bool f64, const Target& t) {
@@ -151,15 +160,20 @@ std::optional<NhwcPlan> nhwc_plan(int64_t N, int64_t S, int64_t C, int64_t Cg, i
   p.q = C / p.vec;
   if (p.q > kNhwcMaxThreads) return std::nullopt;
   p.r = std::max<int64_t>(1, kNhwcThreads / p.q);
-  const int64_t want = std::clamp<int64_t>((4 * std::max<int64_t>(t.sms, 1) + N - 1) / N, 1, (S + p.r - 1) / p.r);
+  p.chunk = S;
+  if (S * C <= kNhwcOneBlock) return p;
+  const int64_t steps = (S + p.r - 1) / p.r, min_steps = std::max<int64_t>(1, kNhwcMinChunk / (p.r * C));
+  const int64_t most = std::clamp<int64_t>(steps / min_steps, 1, kNhwcMaxSplits);
+  const int64_t want = std::clamp<int64_t>((4 * std::max<int64_t>(t.sms, 1) + N - 1) / N, 1, most);
   p.chunk = ((S + want - 1) / want + p.r - 1) / p.r * p.r;
   p.splits = (S + p.chunk - 1) / p.chunk;
+  if (p.splits == 1) return p;
   p.workspace = (uint64_t(N * p.splits * (C / Cg)) * 2 * (f64 ? 8 : 4) + 255) / 256 * 256;
   if (p.workspace > t.workspace_limit) return std::nullopt;
   return p;
 }
 
-// The two launches of a channels-last group_norm (nhwc_plan), with norm_group.cuh's kernel as the
+// The launches of a channels-last group_norm (nhwc_plan), with norm_group.cuh's kernel as the
 // fallback where a buffer is not aligned to the words.
 void add_nhwc(Generated& gn, const Node& n, int esz, int64_t N, int64_t S, int64_t G, int64_t Cg, double eps,
               const NhwcPlan& p) {
@@ -167,23 +181,27 @@ void add_nhwc(Generated& gn, const Node& n, int esz, int64_t N, int64_t S, int64
   gn.source += define("KG_HAS_W", w) + define("KG_HAS_B", b) + define("KG_V", p.vec) +
                define("KG_VW", word_type(p.vec * esz)) + define("KG_CG", Cg) + define("KG_G", G) + define("KG_Q", p.q) +
                define("KG_R", p.r) + std::string(embedded_source("norm_group_nhwc.cuh"));
-  const uint32_t blocks = blocks_for(N * p.splits, 1), threads = uint32_t(p.q * p.r);
-  auto launch = [&](const char* kernel) {
-    Launch l(kernel + std::to_string(p.vec), blocks, threads);
-    l.in(0).opt_in(n, 1).opt_in(n, 2).ws().out(0).i64(N).i64(S).i64(p.splits).i64(p.chunk).f64(eps);
-    return l;
-  };
-  Launch stats = launch("kg_gn_nhwc_stats_v"), apply = launch("kg_gn_nhwc_apply_v");
+  const uint32_t threads = uint32_t(p.q * p.r);
+  const std::string v = std::to_string(p.vec);
+  std::vector<Launch> launches;
+  if (p.splits == 1) {
+    launches.emplace_back("kg_gn_nhwc_v" + v, blocks_for(N, 1), threads);
+    launches.back().in(0).opt_in(n, 1).opt_in(n, 2).out(0).i64(N).i64(S).f64(eps);
+  } else {
+    for (const char* kernel : {"kg_gn_nhwc_stats_v", "kg_gn_nhwc_apply_v"}) {
+      launches.emplace_back(kernel + v, blocks_for(N * p.splits, 1), threads);
+      launches.back().in(0).opt_in(n, 1).opt_in(n, 2).ws().out(0).i64(N).i64(S).i64(p.splits).i64(p.chunk).f64(eps);
+    }
+    gn.plan.workspace = p.workspace;
+  }
   if (p.vec > 1) {
     gn.source += group_kernel(false, w, b, {true, Cg});
     Launch whole("kg_group_norm", blocks_for(N * G, 1), kBlockThreads);
     whole.in(0).opt_in(n, 1).opt_in(n, 2).out(0).i64(N * G).i64(Cg * S).i64(G).i64(Cg).i64(S).f64(eps);
-    with_fallback(stats, uint32_t(p.vec * esz), std::move(whole));
-    with_fallback(apply, uint32_t(p.vec * esz), Launch("kg_gn_nhwc_none", 1, 32));
+    with_fallback(launches[0], uint32_t(p.vec * esz), std::move(whole));
+    if (launches.size() == 2) with_fallback(launches[1], uint32_t(p.vec * esz), Launch("kg_gn_nhwc_none", 1, 32));
   }
-  gn.plan.launches.push_back(std::move(stats));
-  gn.plan.launches.push_back(std::move(apply));
-  gn.plan.workspace = p.workspace;
+  for (Launch& l : launches) gn.plan.launches.push_back(std::move(l));
 }
 
 std::string batch_kernels(bool w, bool b) {
@@ -285,14 +303,21 @@ Generated generate_norm(const Node& n, const Graph& g, const Target& t) {
     head += param_defs(n, g, 1);
     if (!w) head += "typedef float T_p0;\n";
     if (!b) head += "typedef float T_p1;\n";
-    if (const auto p = nhwc ? nhwc_plan(N, S, C, Cg, esz, xt.dtype == DType::kF64, t) : std::nullopt) {
+    const SplitPlan sp = norm_split(N * G, Cg * S, esz, xt.dtype == DType::kF64, t, gl);
+    const auto p = nhwc ? nhwc_plan(N, S, C, Cg, esz, xt.dtype == DType::kF64, t) : std::nullopt;
+    // Fewer groups than multiprocessors that a block each covers (a UNet's at batch 1) keep one
+    // launch of the block-per-group kernel rather than two over chunks of positions.
+    if (p && (p->splits == 1 || sp.split() || N * G >= t.sms)) {
       gn.source = head;
       add_nhwc(gn, n, esz, N, S, G, Cg, eps, *p);
-      gn.plan.describe = desc + " (channels last: " + std::to_string(p->splits) + " blocks per sample of " +
-                         std::to_string(p->chunk) + " positions, " + std::to_string(p->vec) + "-wide loads)";
+      gn.plan.describe = desc + " (channels last: " +
+                         (p->splits == 1 ? std::string("block per sample")
+                                         : std::to_string(p->splits) + " blocks per sample of " +
+                                               std::to_string(p->chunk) + " positions") +
+                         ", " + std::to_string(p->vec) + "-wide loads)";
       return gn;
     }
-    if (const SplitPlan sp = norm_split(N * G, Cg * S, esz, xt.dtype == DType::kF64, t, gl); sp.split()) {
+    if (sp.split()) {
       gn.source = head;
       const int vec = add_split(gn, n, false, esz, N * G, Cg * S, G, Cg, S, eps, sp, gl);
       gn.plan.describe = desc + sp.describe("group", vec) + where;
