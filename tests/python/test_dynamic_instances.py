@@ -136,6 +136,20 @@ def test_the_range_fit_is_described_while_the_opt_engine_builds(monkeypatch: pyt
     assert all(e.engine.is_instance for e in _engines(compiled, 29))
 
 
+@torch.no_grad()
+def test_every_block_is_fitted_when_the_fits_are_described_during_the_first_build() -> None:
+    # The layer norm forced to PyTorch splits the program into two engines; the fits of both are
+    # described while the first one builds and finished after both are built.
+    torch.manual_seed(0)
+    model = Encoder().eval()
+    compiled = _compile(model, torch_executed_ops={"aten.native_layer_norm"}, min_block_size=1)
+    table = dynamic_program_of(compiled)
+    assert table is not None and len(table.blocks) == 2 and sorted(table.ranges) == [0, 1]
+    x = _inputs(2, 37)
+    torch.testing.assert_close(compiled(*x), model(*x), rtol=1e-4, atol=1e-4)
+    assert len(_engines(compiled, 37)) == 2 and all(e.engine.is_instance for e in _engines(compiled, 37))
+
+
 def test_build_engine_runs_the_work_given_it_once_and_raises_its_error_after_the_build() -> None:
     graph = kiln._C.ImportGraph()
     x, y = graph.add_tensor(kiln._C.DType.f32, [4]), graph.add_tensor(kiln._C.DType.f32, [4])
