@@ -179,11 +179,11 @@ def test_gradients_required_runs_eagerly_with_a_warning() -> None:
 def _failing_build(target: str) -> Any:
     real = kiln.pipeline.build_engine
 
-    def build(description: Any, settings: Any, device: str, borrowed: Any = None) -> Any:
+    def build(description: Any, settings: Any, device: str, borrowed: Any = None, meanwhile: Any = None) -> Any:
         for node in description.nodes:
             if node.target == target:
                 raise kiln.UnsupportedError(f"[unsupported] {target} ({node.name}): no kernel for this case")
-        return real(description, settings, device, borrowed)
+        return real(description, settings, device, borrowed, meanwhile)
     return build
 
 
@@ -203,13 +203,13 @@ def test_a_node_that_fails_to_build_is_left_out_and_the_rest_built(monkeypatch: 
     real = kiln.pipeline.build_engine
     failed: list[str] = []
 
-    def build(description: Any, settings: Any, device: str, borrowed: Any = None) -> Any:
+    def build(description: Any, settings: Any, device: str, borrowed: Any = None, meanwhile: Any = None) -> Any:
         for node in description.nodes:
             if node.target == "aten.sigmoid.default":
                 failed.append(node.name)
                 raise kiln.UnsupportedError(f"[unsupported] backend cpu cannot run sigmoid (node '{node.name}'): "
                                             "no kernel for this case")
-        return real(description, settings, device, borrowed)
+        return real(description, settings, device, borrowed, meanwhile)
     monkeypatch.setattr(kiln.pipeline, "build_engine", build)
     with pytest.warns(RuntimeWarning) as record:
         result = compile_and_compare(MLP().eval(), [torch.randn(4, 16)], options={"min_block_size": 1}, via=via)

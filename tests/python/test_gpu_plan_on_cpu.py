@@ -33,8 +33,11 @@ CONV_MODELS = [m.name for m in zoo_models.MODELS.values()
                if m.family in ("cnn", "unet", "dense-prediction") or m.name in ("swin_t", "maxvit_t", "convnext_tiny")]
 
 
-def _cuda_plan_on_cpu(description: Any, settings: Any, device: str, borrowed: Any = None) -> Any:
+def _cuda_plan_on_cpu(description: Any, settings: Any, device: str, borrowed: Any = None,
+                      meanwhile: Any = None) -> Any:
     plan = _C.Builder(builder_config(settings, "cuda:0")).optimize(_C.import_aten(description))
+    if meanwhile is not None:
+        meanwhile()
     return _C.Builder(builder_config(settings, "cpu")).build(plan)
 
 
