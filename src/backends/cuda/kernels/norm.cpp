@@ -92,6 +92,14 @@ std::string group_kernel(bool layer, bool w, bool b, const GroupLayout& l) {
          std::string(embedded_source("norm_group.cuh"));
 }
 
+// kg_group_norm's launch over `rows` groups of len elements (group_norm: G groups of Cg channels
+// of S elements a sample; layer_norm: G = 1, Cg = len, S = 1).
+Launch group_launch(const Node& n, int64_t rows, int64_t len, int64_t G, int64_t Cg, int64_t S, double eps) {
+  Launch l("kg_group_norm", blocks_for(rows, 1), kBlockThreads);
+  l.in(0).opt_in(n, 1).opt_in(n, 2).out(0).i64(rows).i64(len).i64(G).i64(Cg).i64(S).f64(eps);
+  return l;
+}
+
 // The split kernels kg_norm_split_stats_v<vec> and kg_norm_split_apply_v<vec> (norm_split.cuh).
 std::string split_kernels(bool layer, bool w, bool b, int vec, int esz, const GroupLayout& l) {
   return define("KG_LAYER", layer) + define("KG_HAS_W", w) + define("KG_HAS_B", b) + define("KG_V", vec) +
@@ -196,9 +204,7 @@ void add_nhwc(Generated& gn, const Node& n, int esz, int64_t N, int64_t S, int64
   }
   if (p.vec > 1) {
     gn.source += group_kernel(false, w, b, {true, Cg});
-    Launch whole("kg_group_norm", blocks_for(N * G, 1), kBlockThreads);
-    whole.in(0).opt_in(n, 1).opt_in(n, 2).out(0).i64(N * G).i64(Cg * S).i64(G).i64(Cg).i64(S).f64(eps);
-    with_fallback(launches[0], uint32_t(p.vec * esz), std::move(whole));
+    with_fallback(launches[0], uint32_t(p.vec * esz), group_launch(n, N * G, Cg * S, G, Cg, S, eps));
     if (launches.size() == 2) with_fallback(launches[1], uint32_t(p.vec * esz), Launch("kg_gn_nhwc_none", 1, 32));
   }
   for (Launch& l : launches) gn.plan.launches.push_back(std::move(l));
@@ -282,9 +288,7 @@ Generated generate_norm(const Node& n, const Graph& g, const Target& t) {
       gn.plan.describe = desc + sp.describe("row", vec);
     } else {
       gn.source = head + group_kernel(true, w, b, {});
-      Launch l("kg_group_norm", blocks_for(rows, 1), kBlockThreads);
-      l.in(0).opt_in(n, 1).opt_in(n, 2).out(0).i64(rows).i64(D).i64(1).i64(D).i64(1).f64(eps);
-      gn.plan.launches.push_back(std::move(l));
+      gn.plan.launches.push_back(group_launch(n, rows, D, 1, D, 1, eps));
       gn.plan.describe = desc + " (block per row, three passes)";
     }
     return gn;
@@ -324,9 +328,7 @@ Generated generate_norm(const Node& n, const Graph& g, const Target& t) {
       return gn;
     }
     gn.source = head + group_kernel(false, w, b, gl);
-    Launch l("kg_group_norm", blocks_for(N * G, 1), kBlockThreads);
-    l.in(0).opt_in(n, 1).opt_in(n, 2).out(0).i64(N * G).i64(Cg * S).i64(G).i64(Cg).i64(S).f64(eps);
-    gn.plan.launches.push_back(std::move(l));
+    gn.plan.launches.push_back(group_launch(n, N * G, Cg * S, G, Cg, S, eps));
     gn.plan.describe = desc + " (block per group" + where + ")";
     return gn;
   }
