@@ -130,6 +130,18 @@ Graph pass_applied(const Graph& g, Pass&& pass, uint32_t seed, float tol) {
   return f;
 }
 
+// pass_applied with to_channels_last, then fold_constants (the permuted constants folded).
+inline Graph channels_last_applied(const Graph& g, uint32_t seed, float tol) {
+  return pass_applied(
+      g,
+      [](Graph& f) {
+        const bool changed = to_channels_last(f);
+        fold_constants(f);
+        return changed;
+      },
+      seed, tol);
+}
+
 inline int count_ops(const Graph& g, OpKind op) {
   int n = 0;
   for (const auto& node : g.nodes()) n += node->op == op;

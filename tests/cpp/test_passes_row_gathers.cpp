@@ -229,12 +229,7 @@ TEST(RowGathers, WindowAndGridPartitionsBetweenConvsStayChannelsLast) {
   m = reshape(g, m, {b, c, 12, 12});
   ValueId s = g.add_node1(OpKind::kMul, {m, f32_weight(g, "s", {c, 1, 1}, 4)});
   g.mark_output(conv3x3(g, relu(g, s), c, 5), "z");
-  Graph f = g;
-  ASSERT_TRUE(to_channels_last(f));
-  fold_constants(f);
-  f.verify();
-  const auto in = random_inputs(g, 11);
-  expect_close(run_plain(f, in), run_plain(g, in), 1e-4f, 1e-4f);
+  const Graph f = channels_last_applied(g, 11, 1e-4f);
   EXPECT_EQ(moving_permutes(f), 2) << f.to_string();  // x in, z out
   EXPECT_EQ(count_ops(f, OpKind::kIndexSelect), 2) << f.to_string();
 }

@@ -318,12 +318,7 @@ TEST(ToChannelsLast, APermuteThatOnlyGrowsStaysWhereItWas) {
     y = g.add_node1(OpKind::kIndexSelect, {y, i}, s);
   }
   g.mark_output(y, "y");
-  Graph f = g;
-  ASSERT_TRUE(to_channels_last(f));
-  fold_constants(f);
-  f.verify();
-  const auto in = random_inputs(g, 14);
-  expect_close(run_plain(f, in), run_plain(g, in), 1e-5f, 1e-5f);
+  const Graph f = channels_last_applied(g, 14, 1e-5f);
   const Node& out = *f.value(f.outputs()[0]).producer;
   EXPECT_EQ(out.op, OpKind::kIndexSelect) << f.to_string();
   EXPECT_EQ(out.attrs.get_int("axis"), 3);
@@ -354,12 +349,7 @@ TEST(ToChannelsLast, AChannelShuffleStaysChannelsLast) {
       s = g.add_node1(OpKind::kReshape, {t}, r4);
     }
     g.mark_output(conv(g, s, 3, 8, 9), "y");
-    Graph f = g;
-    ASSERT_TRUE(to_channels_last(f));
-    fold_constants(f);
-    f.verify();
-    const auto in = random_inputs(g, 16 + uint32_t(batch));
-    expect_close(run_plain(f, in), run_plain(g, in), 1e-4f, 1e-4f);
+    const Graph f = channels_last_applied(g, 16 + uint32_t(batch), 1e-4f);
     int64_t swaps = 0, others = 0;
     for (const auto& n : f.nodes())
       if (n->op == OpKind::kPermute && !f.value(n->inputs[0]).is_constant())
