@@ -12,6 +12,9 @@ namespace kiln {
 
 // Removes nodes none of whose outputs is used, then compacts the graph.
 bool eliminate_dead_code(Graph& g);
+// Drops a node that repeats an earlier one (same op, inputs and attributes); its readers read
+// the earlier node's outputs. Compacts the graph when anything merged.
+bool eliminate_common_subexpressions(Graph& g);
 // Evaluates nodes whose inputs are all constants (on the CPU reference kernels) and replaces
 // them by constants. Weights stay weights only when untouched; folding a weight drops its name.
 bool fold_constants(Graph& g);

@@ -7,8 +7,9 @@
 //
 //   reduce_mean(mul(x, x)) {axes}  ->  reduce_mean(x) {axes, square}
 //
-// where the mul's two operands are the same value (pow(x, 2) reaches the IR as that mul), the
-// reduction is its only reader and it is no graph output.
+// where the mul's two operands are the same value (pow(x, 2) reaches the IR as that mul). Every
+// reduction of the square reads x; the mul stays only for its other readers (a square that
+// eliminate_common_subexpressions shared between two norms goes with its last reduction).
 //
 // Does not: look through casts between the mul and the reduction, or take other prologues
 // (abs, a difference of two tensors).
@@ -25,7 +26,7 @@ bool square_into_reductions(Graph& g) {
     const ValueId sq = n.inputs[0];
     const Node* m = g.value(sq).producer;
     if (m == nullptr || m->op != OpKind::kMul || m->inputs[0] != m->inputs[1] || !is_floating(g.type(sq).dtype) ||
-        g.num_uses(sq) != 1 || g.type(m->inputs[0]) != g.type(sq))
+        g.type(m->inputs[0]) != g.type(sq))
       continue;
     n.inputs[0] = m->inputs[0];
     n.attrs.set("square", true);
