@@ -9,6 +9,8 @@
 //
 // x is floating. Parameters are floating and have x's dtype or f32 (mixed precision keeps
 // statistics and affine parameters in f32). eps defaults to 1e-5, normalized_rank to 1.
+// layer_norm and group_norm take an optional `activation` (src/ops/epilogue.h) applied to y.
+#include "src/ops/epilogue.h"
 #include "src/ops/pointwise.h"
 #include "src/ops/shape_rules.h"
 
@@ -39,6 +41,10 @@ std::vector<TensorType> infer_norm(OpKind op, const TypeList& in, const Attrs& a
   KILN_CHECK(is_floating(x.dtype), kInvalidArgument, op_name(op), ": x must be floating, got ", x.to_string());
   const double eps = pw::read_attrs(op, [&] { return a.get_float("eps", 1e-5); });
   KILN_CHECK(eps >= 0.0, kInvalidArgument, op_name(op), ": eps must be >= 0, got ", eps);
+  if (op == OpKind::kBatchNorm)
+    KILN_CHECK(!a.has("activation"), kInvalidArgument, op_name(op),
+               ": attribute 'activation' applies to layer_norm and group_norm only");
+  else pw::parse_activation(op, a);
 
   if (op == OpKind::kLayerNorm) {
     const int64_t k = pw::read_attrs(op, [&] { return a.get_int("normalized_rank", 1); });

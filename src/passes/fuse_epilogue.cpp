@@ -16,13 +16,17 @@
 //   add(y, r) / add(r, y), P with residual z = P2(...) (z used only there, neither with an
 //       activation, P2 without residual), r existing before P2 -> P(..., P2(..., r)): the sum
 //       reassociated, (P + z) + r as P + (P2 + r) (GPT-NeoX's parallel residual);
-//   relu / gelu (approximate none or tanh) / silu / sigmoid / tanh / hardswish / hardsigmoid (y)
+//   relu / gelu (approximate none or tanh) / silu / sigmoid / tanh / hardswish / hardsigmoid /
+//       clamp to [0, hi] (ReLU6) or [0, inf) of y, or of y through reshapes and permutes each
+//       read once (SegFormer's GELU after its depthwise conv, flattened back to tokens)
 //       -> P with that activation (after which P takes no further add: the add would come
 //       after the activation), unless fuse_pointwise follows and the activation's one use is
 //       a pointwise op (a squeeze-excitation gate hardsigmoid(conv(s)) * x, SwiGLU's
 //       silu(gate) * up), which fuse_pointwise then computes inside that op's kernel. An
 //       activation that stays out this way fuses in a later sweep if its use becomes an
-//       epilogue input (the pointwise op itself fused as a residual).
+//       epilogue input (the pointwise op itself fused as a residual). The same activations
+//       also fold into a layer_norm or group_norm of f32 / f16 / bf16 under the same rules
+//       (a UNet's group norm + SiLU), whose kernels apply them as they write.
 // The add's output must have y's type (an add that broadcasts y to a larger shape stays). The
 // sweep runs in topological order, so chains (conv -> add bias -> add skip -> relu) fuse in one
 // pass; it repeats until nothing changes. Values that lose their uses are dropped (compact).
@@ -49,11 +53,13 @@ size_t position_of(const Graph& g, const Node* n, size_t before) {
   KILN_FAIL(kInternal, "fuse_epilogue: producer of a fused value is not before its consumer");
 }
 
-// The producer of `y` when it can take an epilogue: a linear or conv with no activation yet
-// whose output is used once.
-Node* fusable_producer(const Graph& g, ValueId y) {
+// The producer of `y` when it can take an epilogue: a linear or conv (with `activation_only`,
+// also a layer / group norm of f32, f16 or bf16) with no activation yet whose output is used once.
+Node* fusable_producer(const Graph& g, ValueId y, bool activation_only = false) {
   Node* p = g.value(y).producer;
-  if (p == nullptr || (p->op != OpKind::kLinear && p->op != OpKind::kConv)) return nullptr;
+  if (p == nullptr) return nullptr;
+  const bool norm = (p->op == OpKind::kLayerNorm || p->op == OpKind::kGroupNorm) && g.type(y).dtype != DType::kF64;
+  if (p->op != OpKind::kLinear && p->op != OpKind::kConv && !(activation_only && norm)) return nullptr;
   if (!pw::parse_activation(p->op, p->attrs).none) return nullptr;
   if (g.num_uses(y) != 1) return nullptr;
   return p;
@@ -210,19 +216,31 @@ bool feeds_pointwise(const Graph& g, ValueId v) {
   return false;
 }
 
+// act(y), or act(v) where v is y through reshapes and permutes each read once: P takes the
+// activation and act's readers read v (the views of act(y) are act of the views of y, element
+// for element).
 bool try_activation(Graph& g, size_t pos, bool pointwise_follows) {
   const Node& k = *g.nodes()[pos];
-  const std::optional<std::string> act = pw::activation_for_unary(k.op, k.attrs);
-  if (!act) return false;
-  Node* p = fusable_producer(g, k.inputs[0]);
+  ValueId y = k.inputs[0];
+  for (const Node* view = g.value(y).producer;
+       view != nullptr && (view->op == OpKind::kReshape || view->op == OpKind::kPermute) && passes::read_once(g, y);
+       view = g.value(y).producer)
+    y = view->inputs[0];
+  Node* p = fusable_producer(g, y, true);
   if (p == nullptr) return false;
+  Attrs attrs = p->attrs;
+  if (!pw::set_activation_for_unary(k.op, k.attrs, attrs)) return false;
   // Left to fuse_pointwise, which computes it inside the op it feeds: no more traffic where the
   // producer's library fuses the activation, one pass over the output fewer where it cannot
   // (cuBLASLt has no silu: it would run as a kernel of its own after the GEMM).
   if (pointwise_follows && feeds_pointwise(g, k.outputs[0])) return false;
-  Attrs attrs = p->attrs;
-  attrs.set("activation", *act);
-  replace_pair(g, position_of(g, p, pos), pos, p->inputs, attrs);
+  if (y == k.inputs[0]) {
+    replace_pair(g, position_of(g, p, pos), pos, p->inputs, attrs);
+  } else {
+    p->attrs = attrs;  // P's output type stays; the views now read act(y)
+    g.replace_all_uses(k.outputs[0], k.inputs[0]);
+    g.erase_node(pos);
+  }
   return true;
 }
 
@@ -240,7 +258,8 @@ bool sweep(Graph& g, bool pointwise_follows) {
       fused = try_activation(g, i, pointwise_follows);
     }
     // A fusion removes the producer (before i) and replaces node i: the fused node now sits
-    // at i - 1 (or i with an inserted reshape), and the next node to look at at i (i + 1).
+    // at i - 1 (or i with an inserted reshape), and the next node to look at at i (i + 1). An
+    // activation through views removes node i alone: the next node is at i.
     if (fused) {
       changed = true;
       --i;

@@ -28,6 +28,7 @@
 // [N, C] x [C, O].) Run it after to_channels_last, where the layout puts the channels last and
 // the permutes around the block are gone.
 #include "kiln/passes.h"
+#include "src/ops/epilogue.h"
 #include "src/passes/pass_util.h"
 
 namespace kiln {
@@ -77,7 +78,7 @@ bool dense_convs_to_linears(Graph& g) {
     if (!is_dense_conv(g, n)) continue;
     std::vector<ValueId> ins = n.inputs;
     Attrs a;
-    if (n.attrs.has("activation")) a.set("activation", n.attrs.get_string("activation"));
+    pw::copy_activation(n.attrs, a);
     const auto w = g.type(ins[1]).shape();
     ins[1] = insert(g, pos, OpKind::kReshape, {ins[1]}, "shape", {w[0], w[3]}, n.name);
     passes::replace_node(g, pos, OpKind::kLinear, ins, a);  // the conv, now at pos

@@ -5,7 +5,7 @@
 //
 // for an f16 / bf16 channels-last conv (layout "nhwc", after to_channels_last) with at most 4
 // input channels (an image, padded to 4), no residual, an activation that never decreases (none,
-// relu, sigmoid, tanh, hardsigmoid) and an output read only by a channels-last max_pool. Exact:
+// relu, sigmoid, tanh, hardsigmoid, clipped_relu) and an output read only by a channels-last max_pool. Exact:
 // the max over a window of act(y + b[c]) is act(max(y) + b[c]) for such an act and a per-channel
 // b, padding reading -inf either way. Why: cuDNN runs an image's first layer alone on dedicated
 // first-layer kernels that its fused graphs do not reach (a network's stem conv), and the
@@ -22,7 +22,7 @@ namespace {
 
 bool never_decreasing(const pw::Activation& a) {
   return a.none || a.op == OpKind::kRelu || a.op == OpKind::kSigmoid || a.op == OpKind::kTanh ||
-         a.op == OpKind::kHardsigmoid;
+         a.op == OpKind::kHardsigmoid || a.op == OpKind::kClamp;
 }
 
 bool movable(const Graph& g, const Node& pool) {
@@ -50,13 +50,13 @@ bool pool_before_epilogue(Graph& g) {
     const pw::Activation act = pw::parse_activation(conv.op, conv.attrs);
     const ValueId bias = conv.inputs.size() > 2 ? conv.inputs[2] : kNoValue;
     conv.inputs.resize(2);
-    conv.attrs.erase("activation");
+    pw::erase_activation(conv.attrs);
     const std::string name = pool.name;
     const ValueId old = pool.outputs[0];
     size_t at = pos;
     ValueId v = g.insert_node(at++, OpKind::kMaxPool, pool.inputs, pool.attrs, name)[0];
     if (bias != kNoValue) v = g.insert_node(at++, OpKind::kAdd, {v, bias}, {}, name)[0];
-    if (!act.none) v = g.insert_node(at++, act.op, {v}, {}, name)[0];
+    if (!act.none) v = g.insert_node(at++, act.op, {v}, pw::unary_attrs(act), name)[0];
     g.replace_all_uses(old, v);
     g.erase_node(at);
     pos = at - 1;

@@ -59,6 +59,7 @@ Built conv(const Spec& s) {
   a.set("groups", groups);
   a.set("layout", s.layout);
   if (s.act != "none") a.set("activation", s.act);
+  if (s.act == "clipped_relu") a.set("activation_max", 0.75);
   std::vector<ValueId> in{b.g.add_input("x", TensorType(s.dt, xs)), b.g.add_input("w", TensorType(s.dt, ws))};
   in.push_back(s.bias ? b.g.add_input("b", TensorType(s.dt, {o})) : kNoValue);
   if (s.residual) {
@@ -107,9 +108,9 @@ TEST(CudaDepthwiseCodegen, CompilesForEveryDtypeAndEpilogue) {
     bool bias, residual;
     const char* act;
   };
-  const Epi epis[] = {{false, false, "none"}, {true, false, "none"},    {true, true, "relu"},
-                      {false, true, "gelu_tanh"}, {true, false, "silu"}, {false, false, "sigmoid"},
-                      {true, true, "tanh"},   {false, false, "gelu"}};
+  const Epi epis[] = {{false, false, "none"},     {true, false, "none"},  {true, true, "relu"},
+                      {false, true, "gelu_tanh"}, {true, false, "silu"},  {false, false, "sigmoid"},
+                      {true, true, "tanh"},       {false, false, "gelu"}, {true, false, "clipped_relu"}};
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16})
     for (const Epi& e : epis) {
       Spec s;
@@ -212,7 +213,8 @@ TEST(CudaDepthwiseCodegen, SizesAndPaddingAreArgumentsNotSource) {
 // (hardswish, hardsigmoid): every activation and dtype compiles, with both kernels.
 TEST(CudaConvEpilogue, SourcesCompileForEveryActivationAndDtype) {
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16})
-    for (const char* act : {"none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "hardswish", "hardsigmoid"}) {
+    for (const char* act :
+         {"none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "hardswish", "hardsigmoid", "clipped_relu"}) {
       Spec s;
       s.dt = dt, s.act = act, s.bias = true, s.residual = true, s.groups = 1, s.out_c = 16;
       const std::string src = cuda::conv_epilogue_source(geom(s));

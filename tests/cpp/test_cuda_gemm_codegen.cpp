@@ -29,14 +29,18 @@ constexpr int kArch = 90;
 
 TEST(CudaGemmCodegen, EpilogueSourcesCompile) {
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16})
-    for (const char* act : {"none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "hardswish", "hardsigmoid"})
+    for (const char* name :
+         {"none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "hardswish", "hardsigmoid", "clipped_relu"})
       for (bool residual : {false, true}) {
+        Attrs a;
+        a.set("activation", std::string(name));
+        a.set("activation_max", 6.0);
+        const pw::Activation act = pw::parse_activation(OpKind::kLinear, a);
         const std::string src = gemm_epilogue_source(dt, act, residual);
         EXPECT_NE(src.find("kiln_gemm_epilogue_vec"), std::string::npos);
-        const Bytes cubin = compile_to_cubin(src, std::string("epilogue ") + act, kArch);
-        EXPECT_GT(cubin.size(), 100u) << dtype_name(dt) << " " << act;
+        const Bytes cubin = compile_to_cubin(src, std::string("epilogue ") + name, kArch);
+        EXPECT_GT(cubin.size(), 100u) << dtype_name(dt) << " " << name;
       }
-  EXPECT_THROW(gemm_epilogue_source(DType::kF32, "swish", false), Error);
 }
 
 TEST(CudaGemmCodegen, SoftmaxSourcesCompile) {

@@ -188,6 +188,44 @@ TEST(CudaGenCodegen, Norm) {
   }
 }
 
+// A fused activation reaches every layer_norm / group_norm kernel: warp and block rows, the
+// split rows, the block per group, and the channels-last kernels (one launch and chunks).
+TEST(CudaGenCodegen, NormActivationInEveryKernel) {
+  struct Case {
+    OpKind op;
+    Shape x;
+    Attrs a;
+    const char* path;
+  };
+  const Attrs nhwc = attrs({{"groups", int64_t(32)}, {"eps", 1e-5}, {"layout", std::string("nhwc")}});
+  const std::vector<Case> cases = {
+      {OpKind::kLayerNorm, {64, 768}, attrs({{"eps", 1e-5}}), "warp per row"},
+      {OpKind::kLayerNorm, {64, 4096}, attrs({{"eps", 1e-5}}), "block per row in registers"},
+      {OpKind::kLayerNorm, {2, 40000}, attrs({{"eps", 1e-5}}), "per row"},
+      {OpKind::kGroupNorm, {2, 64, 8, 8}, attrs({{"groups", int64_t(32)}, {"eps", 1e-5}}), "block per group"},
+      {OpKind::kGroupNorm, {1, 64, 64, 64}, attrs({{"groups", int64_t(4)}, {"eps", 1e-5}}), "per group"},
+      {OpKind::kGroupNorm, {32, 8, 8, 128}, nhwc, "block per sample"},
+      {OpKind::kGroupNorm, {8, 32, 32, 256}, nhwc, "blocks per sample"},
+      {OpKind::kGroupNorm, {1, 32, 32, 128}, nhwc, "block per group, channels last"}};
+  for (DType dt : {DType::kF16, DType::kF32})
+    for (const char* act : {"silu", "clipped_relu", "tanh"})
+      for (const Case& c : cases) {
+        Attrs a = c.a;
+        a.set("activation", std::string(act));
+        if (std::string(act) == "clipped_relu") a.set("activation_max", 6.0);
+        const int64_t ch = c.op == OpKind::kLayerNorm ? c.x.back() : c.x[a.has("layout") ? 3 : 1];
+        const Built b = one_node(c.op, {tt(dt, c.x), tt(dt, {ch}), tt(dt, {ch})}, a);
+        const std::string what = std::string(op_name(c.op)) + " " + tt(dt, c.x).to_string() + " + " + act;
+        const std::string d = check(gen::generate_norm, b);
+        EXPECT_NE(d.find(c.path), std::string::npos) << what << ": " << d;
+        EXPECT_NE(d.find(std::string(" + ") + act), std::string::npos) << what << ": " << d;
+        const std::string src = gen::generate_norm(*b.node, b.g).source;
+        EXPECT_NE(src.find(std::string("#define KG_ACT(v) kiln_") + (std::string(act) == "tanh" ? "tanh" : act)),
+                  std::string::npos)
+            << what;
+      }
+}
+
 TEST(CudaGenCodegen, RowSplitCoversARowWithTheFewestWholeVectors) {
   for (int esz : {1, 2, 4, 8})
     for (int lanes : {32, 512})

@@ -248,6 +248,7 @@ Graph stem(const std::string& act, int64_t channels, bool second_use, bool half 
   ValueId x = g.add_input("x", TensorType(DType::kF32, {2, channels, 13, 13}));
   Attrs c = conv2d_attrs(2, 3, 1);
   if (!act.empty()) c.set("activation", act);
+  if (act == "clipped_relu") c.set("activation_max", 0.5);
   ValueId y = g.add_node1(OpKind::kConv, {x, f32_weight(g, "w", {6, channels, 7, 7}, 1), f32_weight(g, "b", {6}, 2)}, c);
   Attrs p;
   p.set("kernel", Shape{3, 3});
@@ -261,7 +262,7 @@ Graph stem(const std::string& act, int64_t channels, bool second_use, bool half 
 }
 
 TEST(PoolBeforeEpilogue, ImageConvRunsAloneAndTheEpilogueFollowsThePool) {
-  for (const std::string act : {"relu", "sigmoid", ""}) {
+  for (const std::string act : {"relu", "sigmoid", "clipped_relu", ""}) {
     const Graph g = stem(act, 3, false);
     Graph f = g;
     ASSERT_TRUE(to_channels_last(f));

@@ -3,6 +3,8 @@
 // unfused one computes on the CPU reference kernels (every conv path, every activation), the
 // single-use and ordering rules, and the shape rules' messages for bad epilogues.
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "tests/cpp/pass_test_util.h"
 
@@ -11,7 +13,8 @@ namespace {
 using namespace kiln;
 using namespace kiln::test;
 
-const char* const kActivations[] = {"none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "hardswish", "hardsigmoid"};
+const char* const kActivations[] = {"none",    "relu", "gelu",      "gelu_tanh",   "silu",
+                                    "sigmoid", "tanh", "hardswish", "hardsigmoid", "clipped_relu"};
 
 // The unary node computing `act` on v (v itself for "none").
 ValueId apply_activation(Graph& g, ValueId v, const std::string& act) {
@@ -31,6 +34,10 @@ ValueId apply_activation(Graph& g, ValueId v, const std::string& act) {
     op = OpKind::kHardswish;
   } else if (act == "hardsigmoid") {
     op = OpKind::kHardsigmoid;
+  } else if (act == "clipped_relu") {  // a clamp to [0, 0.5]: random inputs cross both bounds
+    op = OpKind::kClamp;
+    a.set("min", 0.0);
+    a.set("max", 0.5);
   }
   return g.add_node1(op, {v}, a);
 }
@@ -368,6 +375,112 @@ TEST(FuseEpilogue, RespectsOrderAndWhatAnOpCanHold) {
   }
 }
 
+// A clamp is an epilogue when its lower bound is 0: clipped_relu with its upper bound (ReLU6),
+// or relu when it has none; other clamps stay nodes.
+TEST(FuseEpilogue, ClampsFromZeroBecomeClippedRelu) {
+  struct Case {
+    double lo, hi;
+    const char* fused;  // the activation, or nullptr when the clamp stays
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  uint32_t seed = 500;
+  for (const Case& c : {Case{0.0, 6.0, "clipped_relu"}, Case{0.0, inf, "relu"}, Case{-1.0, 1.0, nullptr},
+                        Case{0.0, -1.0, nullptr}, Case{-inf, 0.5, nullptr}}) {
+    SCOPED_TRACE(std::to_string(c.lo) + " .. " + std::to_string(c.hi));
+    Graph g;
+    ValueId x = g.add_input("x", TensorType(DType::kF32, {3, 8}));
+    ValueId y = g.add_node1(OpKind::kLinear, {x, f32_weight(g, "w", {5, 8}, seed++), f32_weight(g, "b", {5}, seed++)});
+    Attrs a;
+    if (!std::isinf(c.lo)) a.set("min", c.lo);
+    if (!std::isinf(c.hi)) a.set("max", c.hi);
+    g.mark_output(g.add_node1(OpKind::kClamp, {y}, a), "y");
+    Graph f = fuse_and_compare(g, seed++);
+    ASSERT_EQ(f.nodes().size(), c.fused ? 1u : 2u) << f.to_string();
+    if (!c.fused) continue;
+    EXPECT_EQ(f.nodes()[0]->attrs.get_string("activation"), c.fused);
+    EXPECT_EQ(f.nodes()[0]->attrs.has("activation_max"), std::string(c.fused) == "clipped_relu");
+  }
+}
+
+// Layer and group norms (channels first and last) take every activation the same way and
+// compute what the unfused graph does; f64 norms keep theirs as a node, a norm whose output has
+// another reader keeps it too, and batch_norm takes none.
+TEST(FuseEpilogue, NormsTakeActivations) {
+  struct NormCase {
+    OpKind op;
+    Shape x;
+    Attrs attrs;
+    int64_t channels;
+  };
+  Attrs ln;
+  ln.set("normalized_rank", int64_t(1));
+  Attrs gn;
+  gn.set("groups", int64_t(2));
+  Attrs gn_last = gn;
+  gn_last.set("layout", std::string("nhwc"));
+  const std::vector<NormCase> cases = {{OpKind::kLayerNorm, {3, 5, 12}, ln, 12},
+                                       {OpKind::kGroupNorm, {2, 6, 4, 5}, gn, 6},
+                                       {OpKind::kGroupNorm, {2, 4, 5, 6}, gn_last, 6}};
+  uint32_t seed = 700;
+  for (const NormCase& c : cases)
+    for (const char* act : kActivations) {
+      if (std::string(act) == "none") continue;
+      SCOPED_TRACE(std::string(op_name(c.op)) + (c.attrs.has("layout") ? " nhwc" : "") + " act=" + act);
+      Graph g;
+      ValueId x = g.add_input("x", TensorType(DType::kF32, c.x));
+      ValueId y = g.add_node1(
+          c.op, {x, f32_weight(g, "w", {c.channels}, seed++), f32_weight(g, "b", {c.channels}, seed++)}, c.attrs);
+      g.mark_output(apply_activation(g, y, act), "y");
+      Graph f = fuse_and_compare(g, seed++);
+      ASSERT_EQ(f.nodes().size(), 1u) << f.to_string();
+      EXPECT_EQ(f.nodes()[0]->op, c.op);
+      EXPECT_EQ(f.nodes()[0]->attrs.get_string("activation"), act);
+    }
+  for (const bool wide : {true, false}) {  // f64, or an output read twice
+    Graph g;
+    ValueId x = g.add_input("x", TensorType(wide ? DType::kF64 : DType::kF32, {2, 6, 4, 5}));
+    ValueId y = g.add_node1(OpKind::kGroupNorm, {x}, gn);
+    g.mark_output(g.add_node1(OpKind::kSilu, {y}), "y");
+    if (!wide) g.mark_output(y, "norm");
+    EXPECT_FALSE(fuse_epilogue(g)) << g.to_string();
+  }
+  Graph g;
+  ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 3, 4}));
+  ValueId stat = f32_weight(g, "s", {3}, seed++);
+  Attrs bn;
+  bn.set("activation", std::string("relu"));
+  expect_error([&] { g.add_node1(OpKind::kBatchNorm, {x, stat, stat}, bn); }, ErrorCode::kInvalidArgument,
+               {"batch_norm", "applies to layer_norm and group_norm only"});
+}
+
+// An activation of the producer's output seen through reshapes and permutes (SegFormer's GELU
+// after its depthwise conv, flattened to tokens) moves into the producer; the views stay and read
+// the activated output. A view read twice keeps the activation out.
+TEST(FuseEpilogue, ActivationThroughViewsMovesIntoTheProducer) {
+  for (const bool shared_view : {false, true}) {
+    SCOPED_TRACE(shared_view ? "view read twice" : "views read once");
+    Graph g;
+    ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 4, 5, 6}));
+    ValueId y = g.add_node1(OpKind::kConv, {x, f32_weight(g, "w", {4, 1, 3, 3}, 31), f32_weight(g, "b", {4}, 32)},
+                            conv2d_attrs(1, 1, 4));
+    ValueId v = permute(g, reshape(g, y, {2, 4, 30}), {0, 2, 1});
+    Attrs tanh_gelu;
+    tanh_gelu.set("approximate", std::string("tanh"));
+    g.mark_output(g.add_node1(OpKind::kGelu, {v}, tanh_gelu), "y");
+    if (shared_view) g.mark_output(v, "tokens");
+    Graph f = g;
+    EXPECT_EQ(fuse_epilogue(f), !shared_view);
+    f.verify();
+    const auto in = random_inputs(g, 33);
+    expect_close(run_plain(f, in), run_plain(g, in), 1e-5f, 1e-5f);
+    EXPECT_EQ(count_ops(f, OpKind::kGelu), shared_view ? 1 : 0) << f.to_string();
+    EXPECT_EQ(count_ops(f, OpKind::kPermute), 1) << f.to_string();
+    if (!shared_view) {
+      EXPECT_EQ(f.nodes()[0]->attrs.get_string("activation"), "gelu_tanh") << f.to_string();
+    }
+  }
+}
+
 TEST(FuseEpilogue, ShapeRulesRejectBadActivationsAndResiduals) {
   Graph g;
   ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 4}));
@@ -376,6 +489,13 @@ TEST(FuseEpilogue, ShapeRulesRejectBadActivationsAndResiduals) {
   swish.set("activation", std::string("swish"));
   expect_error([&] { g.add_node1(OpKind::kLinear, {x, w}, swish); }, ErrorCode::kInvalidArgument,
                {"linear", "'activation'", "\"swish\"", "gelu_tanh"});
+  for (const double bad_max : {0.0, -2.0, std::numeric_limits<double>::infinity()}) {
+    Attrs clip;
+    clip.set("activation", std::string("clipped_relu"));
+    if (bad_max != 0.0) clip.set("activation_max", bad_max);
+    expect_error([&] { g.add_node1(OpKind::kLinear, {x, w}, clip); }, ErrorCode::kInvalidArgument,
+                 {"linear", "clipped_relu", "'activation_max' > 0"});
+  }
   Attrs not_string;
   not_string.set("activation", int64_t(1));
   expect_error([&] { g.add_node1(OpKind::kLinear, {x, w}, not_string); }, ErrorCode::kInvalidArgument,

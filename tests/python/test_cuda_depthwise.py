@@ -60,6 +60,8 @@ def _nhwc_case(dtype: torch.dtype, n: int, h: int, w: int, c: int, k: int, strid
     attrs = {"stride": [stride, stride], "padding": [pad, pad], "dilation": [dil, dil], "groups": c, "layout": "nhwc"}
     if act != "none":
         attrs["activation"] = act
+    if act == "clipped_relu":
+        attrs["activation_max"] = 0.75
     (y,) = g.add_node("conv", ids, attrs, name="dw")
     g.mark_output(y, "y")
     return g, feeds
@@ -96,7 +98,7 @@ def test_depthwise_shapes_match_cpu(shape: tuple[int, ...], dtype: torch.dtype) 
 EPILOGUES = [
     (False, False, "none"), (True, False, "none"), (False, True, "none"), (True, True, "relu"),
     (True, True, "silu"), (False, True, "gelu_tanh"), (True, False, "gelu"), (True, False, "sigmoid"),
-    (False, False, "tanh"), (True, False, "hardswish"), (True, True, "hardsigmoid"),
+    (False, False, "tanh"), (True, False, "hardswish"), (True, True, "hardsigmoid"), (True, True, "clipped_relu"),
 ]
 
 

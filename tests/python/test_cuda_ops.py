@@ -309,6 +309,36 @@ def test_conv_hard_activation_as_cudnn_chain(act: str, residual: bool, dtype: to
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_clipped_relu_epilogue_of_conv_and_linear(layout: str, dtype: torch.dtype) -> None:
+    """ReLU6-style clamps fused into a conv (cuDNN's relu with its upper clip, in the fused graph)
+    and a linear (the generated GEMM epilogue, cuBLASLt having no clip) match the CPU; inputs
+    cross both bounds."""
+    gen = torch.Generator().manual_seed(13)
+    g = Graph()
+    kd = TORCH_TO_KILN[dtype]
+    x_shape = [2, 8, 10, 9] if layout == "nchw" else [2, 10, 9, 8]
+    w_shape = [16, 8, 3, 3] if layout == "nchw" else [16, 3, 3, 8]
+    x = g.add_input("x", kd, x_shape)
+    w = g.add_constant("w", (torch.randn(*w_shape, generator=gen) * 0.3).to(dtype), weight=True)
+    b = g.add_constant("b", (torch.randn(16, generator=gen) * 0.3).to(dtype), weight=True)
+    attrs = {"padding": [1, 1], "activation": "clipped_relu", "activation_max": 1.5, "layout": layout}
+    g.mark_output(g.add_node("conv", [x, w, b], attrs)[0], "conv")
+    t = g.add_input("t", kd, [6, 40])
+    lw = g.add_constant("lw", (torch.randn(24, 40, generator=gen) * 0.3).to(dtype), weight=True)
+    g.mark_output(g.add_node("linear", [t, lw], {"activation": "clipped_relu", "activation_max": 0.5})[0], "linear")
+    feeds = [(torch.randn(*x_shape, generator=gen) * 2).to(dtype), torch.randn(6, 40, generator=gen).to(dtype)]
+    want = _run(_build(g, "cpu"), feeds)
+    for out, bound in zip(want, (1.5, 0.5)):
+        assert (out == 0).any() and (out.float() == bound).any() and ((out > 0) & (out < bound)).any()
+    untimed = Builder(BuilderConfig(device="cuda", optimization_level=0, policy=STRICT_F32)).build(g)
+    log = untimed.build_log
+    assert "+ clipped_relu [" in log and "generated epilogue + clipped_relu" in log, log
+    _compare("conv", _run(untimed, feeds), want, " (clipped_relu, untimed)")
+    _compare("conv", _run(_build(g, "cuda"), feeds, use_graphs=True), want, " (clipped_relu, timed)", slack=2.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["f32", "f16", "bf16"])
 @pytest.mark.parametrize("groups,residual", [(2, False), (5, True)])
 def test_grouped_conv_fused_plan_timed_against_the_conv_alone(groups: int, residual: bool, dtype: torch.dtype) -> None:
     """A grouped conv (RegNet's 24 channels a group) with bias, relu and optionally a residual:

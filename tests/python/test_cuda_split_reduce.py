@@ -317,3 +317,40 @@ def test_short_rows_share_a_warp_and_match_pytorch(case: Case, dtype: torch.dtyp
     engine = _build(_graph(case, dtype))
     assert re.search(r"\(\d+ lanes? per (output|row)", engine.build_log), engine.build_log
     _check_runs(case, dtype, engine, seed=4)
+
+
+def _activated(case: Case, act: str) -> Case:
+    """The case with a fused activation: silu, or clipped_relu to [0, 1] (values cross both bounds)."""
+    attrs = dict(case.attrs, activation=act)
+    if act == "clipped_relu":
+        attrs["activation_max"] = 1.0
+    fn = F.silu if act == "silu" else (lambda y: y.clamp(0.0, 1.0))
+    return Case(f"{case.id}-{act}", case.op, case.shapes, attrs, lambda *a, ref=case.ref: fn(ref(*a)))
+
+
+# Every layer_norm / group_norm kernel applies a fused activation (fuse_epilogue folds a UNet's
+# group norm + SiLU into one node) as it writes: warp and block rows, split rows, a block per
+# group, and the channels-last kernels in one launch, in chunks and the fallback at batch 1.
+ACTIVATION_CASES = [
+    (Case("ln-warp", "layer_norm", [[64, 768], [768], [768]], {"normalized_rank": 1, "eps": 1e-5}, _ln(1)),
+     "warp per row"),
+    (Case("ln-block", "layer_norm", [[64, 4096], [4096], None], {"normalized_rank": 1, "eps": 1e-5}, _ln(1)),
+     "block per row in registers"),
+    (CASES[5], "(split: "),
+    (Case("gn-block", "group_norm", [[2, 64, 8, 8], [64], [64]], {"groups": 32, "eps": 1e-5}, _gn(32)),
+     "block per group"),
+    (CASES[0], "(split: "),
+    (NHWC_CASES[2], "blocks per sample"),
+    (NHWC_CASES[6], "block per sample"),
+    (_nhwc("gn-nhwc-b1", [1, 32, 32, 128], 32), "block per group, channels last"),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("act", ["silu", "clipped_relu"])
+@pytest.mark.parametrize("case,path", ACTIVATION_CASES, ids=[c.id for c, _ in ACTIVATION_CASES])
+def test_norm_kernels_apply_a_fused_activation(case: Case, path: str, act: str, dtype: torch.dtype) -> None:
+    fused = _activated(case, act)
+    engine = _build(_graph(fused, dtype))
+    assert path in engine.build_log and f"+ {act}" in engine.build_log, engine.build_log
+    _check_runs(fused, dtype, engine, seed=6)

@@ -8,11 +8,15 @@
 // scale = rstd times the weight (subtracting the mean first keeps low-variance groups exact);
 // batch_norm folds its running statistics into x * scale + shift per channel, once per run.
 // Parameters of another dtype than the compute type are converted into the workspace each run
-// (they are small, and weights may be refitted between runs, so nothing is cached).
+// (they are small, and weights may be refitted between runs, so nothing is cached). A fused
+// activation (layer_norm, group_norm) applies to the computed values before they are rounded to
+// y's dtype, as the CUDA kernels apply it in registers.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "src/backends/cpu/kernels.h"
+#include "src/ops/epilogue.h"
 #include "src/ops/pointwise.h"
 #include "src/ops/shape_rules.h"
 
@@ -97,8 +101,17 @@ struct Setup {
   bool channels_last = false;  // group_norm of x [N, S, C]
   double eps = 1e-5;
   Param p[4];  // layer/group_norm: weight, bias; batch_norm: mean, var, weight, bias
+  pw::Activation act;  // layer/group_norm's fused activation
   size_t workspace = 0;
 };
+
+// Applies the fused activation to v[0, n) in place, then stores it to y[0], y[stride], ...
+template <DType D>
+void activate_store(const pw::Activation& act, typename pw::Elem<D>::C* v, int64_t n, typename pw::Elem<D>::S* y,
+                    int64_t stride) {
+  if (!act.none) pw::unary_array(act.op, act.params, v, v, n);
+  for (int64_t i = 0; i < n; ++i) y[i * stride] = pw::Elem<D>::store(v[i]);
+}
 
 bool needs_convert(const Param& p, bool dbl) { return p.present && p.dtype != (dbl ? DType::kF64 : DType::kF32); }
 
@@ -136,9 +149,9 @@ KernelFn make_typed(Setup& st) {
     if (st.op == OpKind::kLayerNorm) {
       const int64_t D_ = st.inner;
       parallel_for(st.outer, std::max<int64_t>(1, kWork / std::max<int64_t>(D_, 1)), [&](int64_t b, int64_t e) {
+        std::vector<C> row(static_cast<size_t>(D_));
         for (int64_t r = b; r < e; ++r) {
           const S* xr = x + r * D_;
-          S* yr = y + r * D_;
           C mean, rstd;
           stats<D>(xr, D_, st.eps, mean, rstd);
           const C *w = prm[0], *bias = prm[1];
@@ -146,8 +159,9 @@ KernelFn make_typed(Setup& st) {
             C v = (E::load(xr[i]) - mean) * rstd;
             if (w) v *= w[i];
             if (bias) v += bias[i];
-            yr[i] = E::store(v);
+            row[size_t(i)] = v;
           }
+          activate_store<D>(st.act, row.data(), D_, y + r * D_, 1);
         }
       });
       return;
@@ -183,6 +197,7 @@ KernelFn make_typed(Setup& st) {
     const int64_t G = st.groups, Cg = Ch / G;
     if (st.channels_last) {  // group (n, g): Cg channels at stride Ch in each of the Sp positions
       parallel_for(N * G, std::max<int64_t>(1, kWork / std::max<int64_t>(Cg * Sp, 1)), [&](int64_t b, int64_t e) {
+        std::vector<C> run(static_cast<size_t>(Sp));
         for (int64_t t = b; t < e; ++t) {
           const int64_t base = (t / G) * Sp * Ch + (t % G) * Cg;
           const double count = double(std::max<int64_t>(Cg * Sp, 1));
@@ -201,10 +216,8 @@ KernelFn make_typed(Setup& st) {
             const int64_t c = (t % G) * Cg + k;
             const C sc = rstd * (prm[0] ? prm[0][c] : C(1));
             const C sh = prm[1] ? prm[1][c] : C(0);
-            for (int64_t i = 0; i < Sp; ++i) {
-              const int64_t at = base + i * Ch + k;
-              y[at] = E::store((E::load(x[at]) - mean) * sc + sh);
-            }
+            for (int64_t i = 0; i < Sp; ++i) run[size_t(i)] = (E::load(x[base + i * Ch + k]) - mean) * sc + sh;
+            activate_store<D>(st.act, run.data(), Sp, y + base + k, Ch);
           }
         }
       });
@@ -212,6 +225,7 @@ KernelFn make_typed(Setup& st) {
     }
     // group_norm: each (sample, group) is one contiguous block of Cg * Sp elements.
     parallel_for(N * G, std::max<int64_t>(1, kWork / std::max<int64_t>(Cg * Sp, 1)), [&](int64_t b, int64_t e) {
+      std::vector<C> run(static_cast<size_t>(Sp));
       for (int64_t t = b; t < e; ++t) {
         const S* xg = x + t * Cg * Sp;
         S* yg = y + t * Cg * Sp;
@@ -221,7 +235,8 @@ KernelFn make_typed(Setup& st) {
           const int64_t c = (t % G) * Cg + k;
           const C sc = rstd * (prm[0] ? prm[0][c] : C(1));
           const C sh = prm[1] ? prm[1][c] : C(0);
-          for (int64_t i = 0; i < Sp; ++i) yg[k * Sp + i] = E::store((E::load(xg[k * Sp + i]) - mean) * sc + sh);
+          for (int64_t i = 0; i < Sp; ++i) run[size_t(i)] = (E::load(xg[k * Sp + i]) - mean) * sc + sh;
+          activate_store<D>(st.act, run.data(), Sp, yg + k * Sp, 1);
         }
       }
     });
@@ -236,6 +251,7 @@ std::unique_ptr<Kernel> make_norm_kernel(const Node& n, const Graph& g) {
   Setup st;
   st.op = n.op;
   st.eps = n.attrs.get_float("eps", 1e-5);
+  if (n.op != OpKind::kBatchNorm) st.act = pw::parse_activation(n.op, n.attrs);
   if (n.op == OpKind::kLayerNorm) {
     const auto k = static_cast<size_t>(n.attrs.get_int("normalized_rank", 1));
     for (size_t d = 0; d < shape.size(); ++d) (d + k < shape.size() ? st.outer : st.inner) *= shape[d];
@@ -257,7 +273,10 @@ std::unique_ptr<Kernel> make_norm_kernel(const Node& n, const Graph& g) {
     case DType::kBF16: fn = make_typed<DType::kBF16>(st); break;
     default: KILN_FAIL(kUnsupported, op_name(n.op), ": x must be floating, got ", xt.to_string());
   }
-  return make_fn_kernel(std::move(fn), std::string("cpu ") + op_name(n.op) + " " + xt.to_string(), st.workspace);
+  return make_fn_kernel(
+      std::move(fn),
+      std::string("cpu ") + op_name(n.op) + " " + xt.to_string() + (st.act.none ? "" : " + " + st.act.name),
+      st.workspace);
 }
 
 }  // namespace kiln::cpu

@@ -13,13 +13,11 @@
 
 namespace kiln::cuda {
 
-std::string gemm_epilogue_source(DType dtype, const std::string& activation, bool residual) {
-  Attrs a;
-  a.set("activation", activation);
+std::string gemm_epilogue_source(DType dtype, const pw::Activation& activation, bool residual) {
   std::string s = prelude();
   s += "typedef " + std::string(storage_type(dtype)) + " T;\n";
   s += "#define KILN_RESIDUAL " + std::string(residual ? "1" : "0") + "\n";
-  s += "#define KILN_ACT(x) " + activation_call(pw::parse_activation(OpKind::kLinear, a), "x") + "\n";
+  s += "#define KILN_ACT(x) " + activation_call(activation, "x") + "\n";
   s += embedded_source("gemm_epilogue.cuh");
   return s;
 }

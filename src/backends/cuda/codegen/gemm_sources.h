@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kiln/dtype.h"
+#include "src/ops/epilogue.h"
 
 namespace kiln::cuda {
 
@@ -20,13 +21,13 @@ struct KilnDims {
   long long stride[kKilnMaxDims];
 };
 
-// In-place y = act(y + residual[broadcast]) over a GEMM's output (activation names as in
-// src/ops/epilogue.h; "none" with a residual only adds it). Kernels:
+// In-place y = act(y + residual[broadcast]) over a GEMM's output (src/ops/epilogue.h's
+// activations; none with a residual only adds it). Kernels:
 //   kiln_gemm_epilogue(T* y, const T* r, long long n, int rank, KilnDims rdims)
 //     rdims.size: the output's (collapsed) dims, rdims.stride: the residual's strides (0 where
 //     it broadcasts); r may be null when `residual` is false.
 //   kiln_gemm_epilogue_vec(T* y, long long nvec): activation only, 16 bytes per thread step.
-std::string gemm_epilogue_source(DType dtype, const std::string& activation, bool residual);
+std::string gemm_epilogue_source(DType dtype, const pw::Activation& activation, bool residual);
 
 // The pointer arrays of a matmul whose batches run through cuBLASLt's pointer arrays:
 //   kiln_gemm_ptrs(long long nb, int brank, KilnDims ad, bd, dd, const char* a, const char* b,

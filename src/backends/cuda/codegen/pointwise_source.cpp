@@ -34,19 +34,6 @@ std::string id(const char* prefix, int64_t i) {
   return s;
 }
 
-std::string flit(double v, DType t) {
-  const bool f32 = t != DType::kF64;
-  if (f32) v = double(float(v));
-  if (std::isnan(v)) return f32 ? "__int_as_float(0x7fc00000)" : "__longlong_as_double(0x7ff8000000000000LL)";
-  if (std::isinf(v)) {
-    const std::string inf = f32 ? "__int_as_float(0x7f800000)" : "__longlong_as_double(0x7ff0000000000000LL)";
-    return v < 0 ? "(-" + inf + ")" : inf;
-  }
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%a", v);
-  return std::string("(") + buf + (f32 ? "f)" : ")");
-}
-
 std::string ilit(int64_t v, DType t) {
   std::string s = v == std::numeric_limits<int64_t>::min() ? "(-9223372036854775807LL - 1)" : std::to_string(v) + "LL";
   return std::string("((") + reg_type(t) + ")" + s + ")";
@@ -121,20 +108,20 @@ std::string step_code(const Step& s, const std::vector<DType>& dtype, const std:
       case OpKind::kExp: e = cat(fn("exp", in), "(", x, ")"); break;
       case OpKind::kLog: e = cat(fn("log", in), "(", x, ")"); break;
       case OpKind::kSqrt: e = cat(fn("sqrt", in), "(", x, ")"); break;
-      case OpKind::kRsqrt: e = cat("(", flit(1.0, in), " / ", fn("sqrt", in), "(", x, "))"); break;
+      case OpKind::kRsqrt: e = cat("(", float_literal(1.0, in), " / ", fn("sqrt", in), "(", x, "))"); break;
       case OpKind::kNeg: e = fl ? "(-" + x + ")" : "kiln_ineg(" + x + ")"; break;
       case OpKind::kAbs: e = fl ? fn("fabs", in) + "(" + x + ")" : "kiln_iabs(" + x + ")"; break;
       case OpKind::kErf: e = cat(fn("erf", in), "(", x, ")"); break;
       case OpKind::kHardswish: e = cat("kiln_hardswish(", x, ")"); break;
       case OpKind::kHardsigmoid: e = cat("kiln_hardsigmoid(", x, ")"); break;
-      case OpKind::kReciprocal: e = cat("(", flit(1.0, in), " / ", x, ")"); break;
+      case OpKind::kReciprocal: e = cat("(", float_literal(1.0, in), " / ", x, ")"); break;
       case OpKind::kSin: e = cat(fn("sin", in), "(", x, ")"); break;
       case OpKind::kCos: e = cat(fn("cos", in), "(", x, ")"); break;
       case OpKind::kLogicalNot: e = cat("((", R, ")(", x, " == 0))"); break;
-      case OpKind::kLeakyRelu: e = cat("kiln_leaky_relu(", x, ", ", flit(p.slope, in), ")"); break;
+      case OpKind::kLeakyRelu: e = cat("kiln_leaky_relu(", x, ", ", float_literal(p.slope, in), ")"); break;
       case OpKind::kSign:  // (0 < x) - (x < 0): NaN and -0 give +0, as the CPU
         if (fl) {
-          const std::string zero = flit(0.0, in), one = flit(1.0, in);
+          const std::string zero = float_literal(0.0, in), one = float_literal(1.0, in);
           e = cat("((", x, " > ", zero, " ? ", one, " : ", zero, ") - (", x, " < ", zero, " ? ", one, " : ", zero,
                   "))");
         } else {
@@ -149,8 +136,8 @@ std::string step_code(const Step& s, const std::vector<DType>& dtype, const std:
         // min(max(x, lo), hi): an absent (infinite) bound never changes x, NaN included.
         std::string lo, hi;
         if (fl) {
-          if (!std::isinf(p.lo) || p.lo > 0) lo = flit(p.lo, in);
-          if (!std::isinf(p.hi) || p.hi < 0) hi = flit(p.hi, in);
+          if (!std::isinf(p.lo) || p.lo > 0) lo = float_literal(p.lo, in);
+          if (!std::isinf(p.hi) || p.hi < 0) hi = float_literal(p.hi, in);
         } else {
           lo = ilit(int_bound(in, p.lo, true), in);
           hi = ilit(int_bound(in, p.hi, false), in);

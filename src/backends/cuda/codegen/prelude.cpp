@@ -16,6 +16,19 @@ const std::string& prelude() {
   return text;
 }
 
+std::string float_literal(double v, DType t) {
+  const bool f32 = t != DType::kF64;
+  if (f32) v = double(float(v));
+  if (std::isnan(v)) return f32 ? "__int_as_float(0x7fc00000)" : "__longlong_as_double(0x7ff8000000000000LL)";
+  if (std::isinf(v)) {
+    const std::string inf = f32 ? "__int_as_float(0x7f800000)" : "__longlong_as_double(0x7ff0000000000000LL)";
+    return v < 0 ? "(-" + inf + ")" : inf;
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%a", v);
+  return std::string("(") + buf + (f32 ? "f)" : ")");
+}
+
 std::string activation_call(const pw::Activation& a, const std::string& v) {
   if (a.none) return v;
   switch (a.op) {
@@ -23,9 +36,10 @@ std::string activation_call(const pw::Activation& a, const std::string& v) {
     case OpKind::kGelu: return (a.params.gelu_tanh ? "kiln_gelu_tanh(" : "kiln_gelu(") + v + ")";
     case OpKind::kSilu: return "kiln_silu(" + v + ")";
     case OpKind::kSigmoid: return "kiln_sigmoid(" + v + ")";
-    case OpKind::kTanh: return "tanhf(" + v + ")";
+    case OpKind::kTanh: return "kiln_tanh(" + v + ")";
     case OpKind::kHardswish: return "kiln_hardswish(" + v + ")";
     case OpKind::kHardsigmoid: return "kiln_hardsigmoid(" + v + ")";
+    case OpKind::kClamp: return "kiln_clipped_relu(" + v + ", " + float_literal(a.params.hi, DType::kF64) + ")";
     default: KILN_FAIL(kUnsupported, "generated epilogue: activation '", a.name, "'");
   }
 }

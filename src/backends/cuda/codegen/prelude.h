@@ -24,6 +24,10 @@ const std::string& prelude();
 // epilogues (GEMM, conv, depthwise) name an activation.
 std::string activation_call(const pw::Activation& a, const std::string& v);
 
+// A literal of `v` in generated code, exact in the type arithmetic on `t` happens in (float for
+// f32 / f16 / bf16, with the f suffix; double for f64); inf and NaN as bit patterns.
+std::string float_literal(double v, DType t);
+
 // The storage type of a dtype in generated code: f32 "float", f64 "double", f16 "kiln_half",
 // bf16 "kiln_bf16", i64 "long long", i32 "int", i8 "signed char", u8 "unsigned char",
 // bool "bool".

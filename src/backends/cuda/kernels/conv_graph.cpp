@@ -30,7 +30,8 @@ Desc tensor(int64_t uid, cudnnDataType_t dt, const std::vector<int64_t>& dims, b
 
 cudnnPointwiseMode_t act_mode(const pw::Activation& a) {
   switch (a.op) {
-    case OpKind::kRelu: return CUDNN_POINTWISE_RELU_FWD;
+    case OpKind::kRelu:
+    case OpKind::kClamp: return CUDNN_POINTWISE_RELU_FWD;  // clipped_relu: with its upper clip
     case OpKind::kGelu: return a.params.gelu_tanh ? CUDNN_POINTWISE_GELU_APPROX_TANH_FWD : CUDNN_POINTWISE_GELU_FWD;
     case OpKind::kSilu: return CUDNN_POINTWISE_SWISH_FWD;
     case OpKind::kSigmoid: return CUDNN_POINTWISE_SIGMOID_FWD;
@@ -132,7 +133,8 @@ std::vector<std::string> conv_key_parts(const ConvGeom& q) {
           std::string("y=") + ints_str({q.N, q.O, q.OH, q.OW}),
           std::string("s=") + ints_str({q.sh, q.sw}) + " p=" + ints_str({q.ph, q.pw}) + " d=" + ints_str({q.dh, q.dw}) +
               " g=" + std::to_string(q.groups),
-          std::string(q.bias ? "bias" : "nobias") + (q.residual ? " residual" : "") + " act=" + q.act.name,
+          std::string(q.bias ? "bias" : "nobias") + (q.residual ? " residual" : "") + " act=" + q.act.name +
+              (q.act.op == OpKind::kClamp ? "<=" + float_literal(q.act.params.hi, DType::kF64) : ""),
           q.nhwc ? "nhwc" : "nchw"};
 }
 
@@ -230,7 +232,8 @@ ConvOpGraph build_conv_graph(const ConvGeom& q, cudnnHandle_t handle, bool fused
       acc = t;
       og.ops += " + " + q.act.name;
     } else if (!q.act.none) {
-      acc = pointwise(act_mode(q.act), acc, nullptr, q.act.name.c_str());
+      acc = pointwise(act_mode(q.act), acc, nullptr, q.act.name.c_str(),
+                      q.act.op == OpKind::kClamp ? q.act.params.hi : 0.0);
       og.ops += " + " + q.act.name;
     }
   }

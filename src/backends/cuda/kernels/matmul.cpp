@@ -178,7 +178,7 @@ struct Problem {
   std::vector<int64_t> batch_strides[3];  // per output batch dim: A's, B's, D's (pointer arrays)
   int64_t view_offset[2] = {0, 0};  // A's and B's
   int a_in = 0, b_in = 1, bias_in = -1, c_in = -1;
-  std::string activation;  // run by the generated epilogue (empty: none needed)
+  pw::Activation activation;  // run by the generated epilogue (none: only a residual, or nothing)
   bool kernel_residual = false;
   std::string what;
 };
@@ -215,17 +215,16 @@ Problem linear_problem(const Node& n, const Graph& g, const BuildPolicy& policy,
   if (res_in_c) s.beta = 1.0f, p.c_in = 3;
   p.kernel_residual = has_res && !res_in_c;
   if (has_bias) p.bias_in = 2;
-  const std::string a = act.none ? "none" : act.name;
+  const std::string& a = act.name;
   const bool half = xt.dtype == DType::kF16 || xt.dtype == DType::kBF16;
   const bool tanh_gelu_ok = half && a == "gelu" && (saved ? saved->cubin.empty() : !policy.exact_gelu);
   const bool lt_act = !p.kernel_residual && (a == "relu" || a == "gelu_tanh" || tanh_gelu_ok);
   if (lt_act) {
     s.epilogue = a == "relu" ? (has_bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU)
                              : (has_bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU);
-    p.activation.clear();
   } else {
     s.epilogue = has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-    p.activation = (a == "none" && !p.kernel_residual) ? "" : a;
+    p.activation = act;
   }
   p.what = "linear " + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K);
   if (tanh_gelu_ok) p.what += " (exact gelu as cuBLASLt's tanh form)";
@@ -377,16 +376,15 @@ std::unique_ptr<Kernel> make_matmul_kernel(const Node& n, const Graph& g, const 
   k->desc = "cuBLASLt " + p.what + " " + dtype_name(p.shape.ab_type) + (p.shape.tf32 ? " (TF32)" : "") +
             ", cuBLASLt epilogue " + epilogue_name(p.shape.epilogue) + (p.c_in >= 0 ? " + residual as C" : "") + "; " +
             k->plan->how();
-  if (!p.activation.empty() || p.kernel_residual) {
+  if (!p.activation.none || p.kernel_residual) {
     GemmKernel::Epilogue e;
     const DType dt = yt.dtype;
     if (saved && !saved->cubin.empty()) {
       e.module = Module::load(saved->cubin);
     } else {
       KILN_CHECK(!saved, kCorrupted, "matmul state of node '", n.name, "' lacks its epilogue kernel");
-      e.module =
-          Module::compile(gemm_epilogue_source(dt, p.activation.empty() ? "none" : p.activation, p.kernel_residual),
-                          "linear epilogue of node '" + n.name + "'");
+      e.module = Module::compile(gemm_epilogue_source(dt, p.activation, p.kernel_residual),
+                                 "linear epilogue of node '" + n.name + "'");
     }
     e.scalar = e.module->kernel("kiln_gemm_epilogue");
     e.vec = e.module->kernel("kiln_gemm_epilogue_vec");
@@ -395,7 +393,7 @@ std::unique_ptr<Kernel> make_matmul_kernel(const Node& n, const Graph& g, const 
     e.per_vec = int64_t(16 / dtype_size(dt));
     if (e.residual) e.rank = collapse_residual(yt.shape(), g.type(n.inputs[3]).shape(), e.dims);
     k->desc += "; generated epilogue" + std::string(e.residual ? " + broadcast residual" : "") +
-               (p.activation.empty() || p.activation == "none" ? "" : " + " + p.activation);
+               (p.activation.none ? "" : " + " + p.activation.name);
     k->epi = std::move(e);
   }
   return k;

@@ -244,10 +244,14 @@ Generated generate_norm(const Node& n, const Graph& g, const Target& t) {
   const int64_t numel = xt.numel();
   const int esz = int(dtype_size(xt.dtype));
   Generated gn;
-  const std::string desc = std::string("cuda ") + op_name(n.op) + " " + xt.to_string();
+  // layer_norm and group_norm apply their fused activation as they write.
+  const pw::Activation act = n.op == OpKind::kBatchNorm ? pw::Activation{} : pw::parse_activation(n.op, n.attrs);
+  const std::string desc =
+      std::string("cuda ") + op_name(n.op) + " " + xt.to_string() + (act.none ? "" : " + " + act.name);
   gn.plan.describe = desc + " (empty)";
   if (numel == 0) return gn;
   std::string head = source_head() + type_defs("x", xt.dtype) + "typedef " + compute_of(xt.dtype) + " A;\n";
+  if (n.op != OpKind::kBatchNorm) head += "#define KG_ACT(v) " + activation_call(act, "(v)") + "\n";
   const bool w = present(n, 1), b = present(n, 2);
 
   if (n.op == OpKind::kLayerNorm) {

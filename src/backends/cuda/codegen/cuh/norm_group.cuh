@@ -4,7 +4,8 @@
 // scale + bias) and layer_norm's long rows (KG_LAYER: the channel is the element; (x - mean) *
 // rstd, then * weight, then + bias).
 //
-// Expects T_x, ld_x, st_x, A (the compute type), T_p0 / ld_p0 (weight), T_p1 / ld_p1 (bias),
+// Expects T_x, ld_x, st_x, A (the compute type), KG_ACT (the fused activation of an A value),
+// T_p0 / ld_p0 (weight), T_p1 / ld_p1 (bias),
 // and KG_LAYER, KG_HAS_W, KG_HAS_B, KG_NHWC (group_norm of x [N, S, C]) and KG_CG (its channels
 // per group).
 extern "C" __global__ void kg_group_norm(const T_x* __restrict__ x, const T_p0* __restrict__ w,
@@ -58,7 +59,7 @@ extern "C" __global__ void kg_group_norm(const T_x* __restrict__ x, const T_p0* 
       const A r = (ld_x(x[KG_AT(i)]) - mean) * sc + (A)0;
 #endif
 #endif
-      y[KG_AT(i)] = st_x(r);
+      y[KG_AT(i)] = st_x(KG_ACT(r));
     }
 #undef KG_AT
   }

@@ -13,7 +13,8 @@
 // two split kernels take the same buffers, so that they pass or fail the same alignment check
 // (the fallback: norm_group.cuh's kernel, then kg_gn_nhwc_none).
 //
-// Expects T_x, ld_x, st_x, A (the compute type), T_p0 / ld_p0 (weight), T_p1 / ld_p1 (bias),
+// Expects T_x, ld_x, st_x, A (the compute type), KG_ACT (the fused activation of an A value),
+// T_p0 / ld_p0 (weight), T_p1 / ld_p1 (bias),
 // and KG_HAS_W, KG_HAS_B, KG_V (1, 2, 4 or 8), KG_VW, KG_CG, KG_G, KG_Q and KG_R (the block is
 // KG_Q * KG_R threads; KG_G <= KG_Q * KG_R); undefines them at the end.
 #define KG_GN_T (KG_Q * KG_R)
@@ -85,7 +86,7 @@ __device__ __forceinline__ void kg_gn_write(const T_x* xs, const T_p0* w, const 
     KG_VW o;
     T_x* f = reinterpret_cast<T_x*>(&o);
 #pragma unroll
-    for (int j = 0; j < KG_V; ++j) f[j] = st_x((ld_x(e[j]) - mean) * sc[j] + sh[j]);
+    for (int j = 0; j < KG_V; ++j) f[j] = st_x(KG_ACT((ld_x(e[j]) - mean) * sc[j] + sh[j]));
     *reinterpret_cast<KG_VW*>(ys + p * KG_GN_ROW) = o;
   }
 }

@@ -7,7 +7,8 @@
 // instruction over 16 sectors each. Sum, squared deviations, then the write. The kernel is
 // kg_layer_norm_v<KG_V>.
 //
-// Expects T_x, ld_x, st_x, A (the compute type), T_p0 / ld_p0 (weight), T_p1 / ld_p1 (bias),
+// Expects T_x, ld_x, st_x, A (the compute type), KG_ACT (the fused activation of an A value),
+// T_p0 / ld_p0 (weight), T_p1 / ld_p1 (bias),
 // and KG_WARP, KG_GROUP (with KG_WARP), KG_EPL, KG_V (1, 2, 4 or 8), KG_VW, KG_HAS_W (with
 // KG_W_WORD, KG_W_WORDS) and KG_HAS_B (with KG_B_WORD, KG_B_WORDS); undefines them at the end,
 // so that a source can append this file once per vector width.
@@ -131,7 +132,7 @@ extern "C" __global__ void kg_layer_norm_v8(const T_x* __restrict__ x, const T_p
 #if KG_HAS_B
           r += bv[c * KG_V + j];
 #endif
-          e[j] = st_x(r);
+          e[j] = st_x(KG_ACT(r));
         }
         q[i] = u;
       }

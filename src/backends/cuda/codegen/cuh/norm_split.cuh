@@ -12,7 +12,8 @@
 // statistics. x and y are read and written as words of KG_V elements (type KG_VW); n and chunk
 // are multiples of KG_V.
 //
-// Expects T_x, ld_x, st_x, A (the compute type), T_p0 / ld_p0 (weight), T_p1 / ld_p1 (bias),
+// Expects T_x, ld_x, st_x, A (the compute type), KG_ACT (the fused activation of an A value),
+// T_p0 / ld_p0 (weight), T_p1 / ld_p1 (bias),
 // and KG_LAYER, KG_HAS_W, KG_HAS_B, KG_V (1, 2, 4 or 8), KG_VW, KG_NHWC and KG_CG (the channels
 // of a group; KG_V divides it when KG_NHWC); undefines them at the end,
 // so that a source can append this file once per vector width.
@@ -126,7 +127,7 @@ extern "C" __global__ void kg_norm_split_apply_v8(const T_x* __restrict__ x, con
 #if KG_HAS_B
         r += (A)ld_p1(b[c]);
 #endif
-        f[j] = st_x(r);
+        f[j] = st_x(KG_ACT(r));
       }
 #elif KG_NHWC
       // Channels last: the word's elements are consecutive channels of one position.
@@ -139,9 +140,9 @@ extern "C" __global__ void kg_norm_split_apply_v8(const T_x* __restrict__ x, con
         const A sc = rstd * (A)1;
 #endif
 #if KG_HAS_B
-        f[j] = st_x((ld_x(e[j]) - mean) * sc + (A)ld_p1(b[c0 + j]));
+        f[j] = st_x(KG_ACT((ld_x(e[j]) - mean) * sc + (A)ld_p1(b[c0 + j])));
 #else
-        f[j] = st_x((ld_x(e[j]) - mean) * sc + (A)0);
+        f[j] = st_x(KG_ACT((ld_x(e[j]) - mean) * sc + (A)0));
 #endif
       }
 #else
@@ -160,7 +161,7 @@ extern "C" __global__ void kg_norm_split_apply_v8(const T_x* __restrict__ x, con
 #else
         const A r = (ld_x(e[j]) - mean) * sc + (A)0;
 #endif
-        f[j] = st_x(r);
+        f[j] = st_x(KG_ACT(r));
         if (++at == S) {
           at = 0;
           ++c;

@@ -126,6 +126,14 @@ __device__ __forceinline__ double kiln_hardswish(double x) {
   r = r > 6.0 ? 6.0 : r;
   return x * r / 6.0;
 }
+__device__ __forceinline__ float kiln_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ double kiln_tanh(double x) { return tanh(x); }
+// clamp(x, 0, hi) as the CPU's clamp: hi rounded to x's type, NaN stays NaN.
+template <typename F>
+__device__ __forceinline__ F kiln_clipped_relu(F x, double hi) {
+  const F t = x < F(0) ? F(0) : x;
+  return t > F(hi) ? F(hi) : t;
+}
 __device__ __forceinline__ float kiln_leaky_relu(float x, float slope) { return x < 0.0f ? x * slope : x; }
 __device__ __forceinline__ double kiln_leaky_relu(double x, double slope) { return x < 0.0 ? x * slope : x; }
 // NaN-propagating maximum / minimum (NaN in a wins; then a > b ? a : b, as the CPU).
