@@ -1,10 +1,11 @@
 // The epilogue of linear and conv: y = act(x @ w^T + bias + residual) (conv: act(conv(x, w) +
-// bias + residual)), with act named by the `activation` attribute.
+// bias + residual)), with act named by the `activation` attribute; layer_norm and group_norm
+// take the same attribute (y = act(norm(x))).
 //
 // One home for what an activation name means: the shape rules validate the attribute with
 // parse_activation, the CPU kernels apply the unary op it maps to (through pw::unary_array, the
 // same formulas as the stand-alone op), fuse_epilogue names a unary node with
-// activation_for_unary, and the CUDA backend reads the same Activation.
+// set_activation_for_unary, and the CUDA backend reads the same Activation.
 //
 //   "none"      -> identity (also when the attribute is absent)
 //   "relu"      -> relu           "gelu"    -> gelu, approximate "none"
@@ -33,7 +34,7 @@ struct Activation {
 inline constexpr const char* kActivationNames =
     R"("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "hardswish", "hardsigmoid", "clipped_relu")";
 
-// The activation attribute of a linear / conv node; throws kInvalidArgument naming `op` and the
+// The activation attribute of a linear / conv / norm node; throws kInvalidArgument naming `op` and the
 // bad value.
 inline Activation parse_activation(OpKind op, const Attrs& a) {
   Activation act;
@@ -65,7 +66,7 @@ inline Activation parse_activation(OpKind op, const Attrs& a) {
 }
 
 // Sets the activation attributes (`activation`, and `activation_max` for clipped_relu) that make a
-// linear / conv compute unary node `op` with attributes `a` as its epilogue on `target`; false
+// linear / conv / norm compute unary node `op` with attributes `a` as its epilogue on `target`; false
 // (target unchanged) when the op cannot run as an epilogue. A clamp to [0, hi] is clipped_relu,
 // a clamp to [0, inf) relu; other clamps stay nodes of their own.
 inline bool set_activation_for_unary(OpKind op, const Attrs& a, Attrs& target) {
@@ -81,13 +82,9 @@ inline bool set_activation_for_unary(OpKind op, const Attrs& a, Attrs& target) {
     case OpKind::kClamp: {
       const UnaryParams p = UnaryParams::from(op, a);
       if (p.lo != 0.0 || !(p.hi > 0)) return false;
-      if (std::isinf(p.hi)) {
-        name = "relu";
-        break;
-      }
-      target.set("activation", std::string("clipped_relu"));
-      target.set("activation_max", p.hi);
-      return true;
+      name = std::isinf(p.hi) ? "relu" : "clipped_relu";
+      if (!std::isinf(p.hi)) target.set("activation_max", p.hi);
+      break;
     }
     default: return false;
   }
@@ -95,13 +92,13 @@ inline bool set_activation_for_unary(OpKind op, const Attrs& a, Attrs& target) {
   return true;
 }
 
-// Copies the activation attributes of a linear / conv (if any) from `from` to `to`.
+// Copies the activation attributes of a linear / conv / norm (if any) from `from` to `to`.
 inline void copy_activation(const Attrs& from, Attrs& to) {
   for (const char* key : {"activation", "activation_max"})
     if (from.has(key)) to.set(key, from.items().at(key));
 }
 
-// Removes the activation attributes of a linear / conv.
+// Removes the activation attributes of a linear / conv / norm.
 inline void erase_activation(Attrs& a) {
   a.erase("activation");
   a.erase("activation_max");

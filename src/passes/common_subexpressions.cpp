@@ -28,7 +28,10 @@ bool eliminate_common_subexpressions(Graph& g) {
     std::vector<const Node*>& same = seen[{n.op, n.inputs}];
     const Node* earlier = nullptr;
     for (const Node* m : same)
-      if (m->attrs == n.attrs && m->outputs.size() == n.outputs.size()) earlier = m;
+      if (m->attrs == n.attrs && m->outputs.size() == n.outputs.size()) {
+        earlier = m;
+        break;
+      }
     bool output = false;
     for (ValueId v : n.outputs) output = output || passes::is_graph_output(g, v);
     if (earlier == nullptr || output) {

@@ -6,7 +6,6 @@
 // from the by-value argument block, so nodes differing only in them share one source.
 #include <cinttypes>
 #include <cmath>
-#include <cstdio>
 #include <limits>
 #include <sstream>
 

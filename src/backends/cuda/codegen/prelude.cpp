@@ -5,6 +5,9 @@
 // integer can never be mistaken for either. Conversions use PTX cvt (round to nearest even,
 // as the CPU's float_to_half / float_to_bf16); bf16 -> f32 is a shift. The activation helpers
 // follow src/ops/pointwise.h (the CPU's definitions) formula for formula, in float and double.
+#include <cmath>
+#include <cstdio>
+
 #include "kiln/errors.h"
 #include "src/backends/cuda/codegen/embedded.h"
 #include "src/backends/cuda/codegen/prelude.h"
