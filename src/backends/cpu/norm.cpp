@@ -251,7 +251,7 @@ std::unique_ptr<Kernel> make_norm_kernel(const Node& n, const Graph& g) {
   Setup st;
   st.op = n.op;
   st.eps = n.attrs.get_float("eps", 1e-5);
-  if (n.op != OpKind::kBatchNorm) st.act = pw::parse_activation(n.op, n.attrs);
+  st.act = pw::parse_activation(n.op, n.attrs);  // none for batch_norm (its shape rule)
   if (n.op == OpKind::kLayerNorm) {
     const auto k = static_cast<size_t>(n.attrs.get_int("normalized_rank", 1));
     for (size_t d = 0; d < shape.size(); ++d) (d + k < shape.size() ? st.outer : st.inner) *= shape[d];

@@ -244,8 +244,9 @@ Generated generate_norm(const Node& n, const Graph& g, const Target& t) {
   const int64_t numel = xt.numel();
   const int esz = int(dtype_size(xt.dtype));
   Generated gn;
-  // layer_norm and group_norm apply their fused activation as they write.
-  const pw::Activation act = n.op == OpKind::kBatchNorm ? pw::Activation{} : pw::parse_activation(n.op, n.attrs);
+  // layer_norm and group_norm apply their fused activation as they write (the shape rule gives
+  // batch_norm none).
+  const pw::Activation act = pw::parse_activation(n.op, n.attrs);
   const std::string desc =
       std::string("cuda ") + op_name(n.op) + " " + xt.to_string() + (act.none ? "" : " + " + act.name);
   gn.plan.describe = desc + " (empty)";
