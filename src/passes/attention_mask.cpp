@@ -11,9 +11,17 @@
 // when the other operand m broadcasts to the scores too, the node can read m directly: the
 // same keep / drop decision for every score, read from a smaller tensor (one mask row per batch
 // instead of a mask byte per score). The and-node goes when nothing else reads it.
+// In a dynamic program's block the index comparisons stay nodes (their aranges have the sizes of
+// the range: fold_constants leaves them), so the all-true side is also recognized as what it is
+// there: a comparison that holds for every element given lower bounds of its operands that
+// follow from the ops alone (an ascending arange starts at its start; adding constants, views
+// and broadcasts keep a bound), such as transformers' `q_idx >= 0`. No bound uses an arange's
+// end, so the answer is the same at every size of the range (kiln/size_program.h).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 
 #include "kiln/passes.h"
 #include "src/ops/shape_rules.h"
@@ -23,13 +31,102 @@ namespace kiln {
 
 namespace {
 
-bool all_true(const Graph& g, ValueId v) {
-  const Value& val = g.value(v);
-  if (!val.is_constant() || val.type.dtype != DType::kBool || !val.data) return false;
-  for (uint8_t b : *val.data)
-    if (b == 0) return false;
-  return true;
-}
+// Bounds every element of a value is known to lie within (either side may be unknown).
+struct Bounds {
+  std::optional<double> lo, hi;
+};
+
+// Constants larger than this are not scanned for their bounds.
+constexpr int64_t kMaxBoundedConstant = int64_t(1) << 16;
+
+class ValueBounds {
+ public:
+  explicit ValueBounds(const Graph& g) : g_(g) {}
+
+  Bounds of(ValueId v) {
+    auto [it, fresh] = memo_.try_emplace(v);
+    if (fresh) it->second = compute(v);
+    return it->second;
+  }
+
+  // Whether bool value `v` is true for every element: an all-true constant, a view or broadcast
+  // of one, the and of two such, or a comparison the operands' bounds decide.
+  bool all_true(ValueId v) {
+    auto [it, fresh] = true_memo_.try_emplace(v, false);
+    if (fresh) it->second = compute_all_true(v);
+    return it->second;
+  }
+
+ private:
+  bool compute_all_true(ValueId v) {
+    const Value& val = g_.value(v);
+    if (val.type.dtype != DType::kBool) return false;
+    if (val.is_constant()) {
+      for (uint8_t b : *val.data)
+        if (b == 0) return false;
+      return true;
+    }
+    const Node* p = val.producer;
+    if (p == nullptr) return false;
+    switch (p->op) {
+      case OpKind::kReshape:
+      case OpKind::kExpand: return all_true(p->inputs[0]);
+      case OpKind::kLogicalAnd: return all_true(p->inputs[0]) && all_true(p->inputs[1]);
+      case OpKind::kGe:
+      case OpKind::kGt:
+      case OpKind::kLe:
+      case OpKind::kLt: {
+        // x >= y for every pair when x's least value is at least y's greatest; the others alike.
+        const bool greater = p->op == OpKind::kGe || p->op == OpKind::kGt;
+        const Bounds big = of(p->inputs[greater ? 0 : 1]), small = of(p->inputs[greater ? 1 : 0]);
+        if (!big.lo || !small.hi) return false;
+        return p->op == OpKind::kGe || p->op == OpKind::kLe ? *big.lo >= *small.hi : *big.lo > *small.hi;
+      }
+      default: return false;
+    }
+  }
+
+  Bounds compute(ValueId v) {
+    const Value& val = g_.value(v);
+    if (val.is_constant()) {
+      const int64_t n = val.type.numel();
+      if (n == 0 || n > kMaxBoundedConstant) return {};
+      const std::vector<double> xs = passes::constant_as_doubles(g_, v);
+      if (std::any_of(xs.begin(), xs.end(), [](double x) { return std::isnan(x); })) return {};
+      const auto [lo, hi] = std::minmax_element(xs.begin(), xs.end());
+      return {*lo, *hi};
+    }
+    const Node* p = val.producer;
+    if (p == nullptr || p->outputs.size() != 1) return {};
+    switch (p->op) {
+      case OpKind::kArange: {  // never the end: it may be a size of the range
+        const double start = p->attrs.get_float("start"), step = p->attrs.get_float("step");
+        if (step > 0) return {start, std::nullopt};
+        if (step < 0) return {std::nullopt, start};
+        return {};
+      }
+      case OpKind::kReshape:
+      case OpKind::kExpand:
+      case OpKind::kPermute:
+      case OpKind::kSlice: return of(p->inputs[0]);
+      case OpKind::kAdd: {
+        const Bounds a = of(p->inputs[0]), b = of(p->inputs[1]);
+        return {a.lo && b.lo ? std::optional(*a.lo + *b.lo) : std::nullopt,
+                a.hi && b.hi ? std::optional(*a.hi + *b.hi) : std::nullopt};
+      }
+      case OpKind::kSub: {
+        const Bounds a = of(p->inputs[0]), b = of(p->inputs[1]);
+        return {a.lo && b.hi ? std::optional(*a.lo - *b.hi) : std::nullopt,
+                a.hi && b.lo ? std::optional(*a.hi - *b.lo) : std::nullopt};
+      }
+      default: return {};
+    }
+  }
+
+  const Graph& g_;
+  std::map<ValueId, Bounds> memo_;
+  std::map<ValueId, bool> true_memo_;
+};
 
 // Replaces the sdpa node at `pos` by one reading `mask`.
 void set_mask(Graph& g, size_t pos, ValueId mask) {
@@ -43,6 +140,7 @@ void set_mask(Graph& g, size_t pos, ValueId mask) {
 
 bool simplify_attention_masks(Graph& g) {
   bool changed = false;
+  ValueBounds bounds(g);  // set_mask leaves every value it has seen as it was
   for (size_t pos = 0; pos < g.nodes().size(); ++pos) {
     const Node& n = *g.nodes()[pos];
     if (n.op != OpKind::kSdpa || n.inputs.size() < 4 || n.inputs[3] == kNoValue) continue;
@@ -53,7 +151,7 @@ bool simplify_attention_masks(Graph& g) {
     ValueId keep = kNoValue;
     for (int i = 0; i < 2 && keep == kNoValue; ++i) {
       const ValueId c = and_node->inputs[size_t(i)], m = and_node->inputs[size_t(1 - i)];
-      if (all_true(g, c) && g.type(m).dtype == DType::kBool && broadcasts_to(g.type(m).shape(), scores)) keep = m;
+      if (bounds.all_true(c) && g.type(m).dtype == DType::kBool && broadcasts_to(g.type(m).shape(), scores)) keep = m;
     }
     if (keep == kNoValue) continue;
     set_mask(g, pos, keep);

@@ -1,6 +1,9 @@
 // simplify_attention_masks (src/passes/attention_mask.cpp): an sdpa mask that is
 // logical_and(all-true constant, m) becomes m, with the and gone and the same outputs on random
-// inputs; a constant with one false element, or a non-bool and, is left alone.
+// inputs; a constant with one false element, or a non-bool and, is left alone. The all-true
+// side may also be an index comparison that holds for every element by the bounds of its
+// operands (a dynamic program's `arange(L) + 0 >= 0`, its arange left unfolded): the same
+// rewrite; a comparison the bounds do not decide (one that needs the arange's end) stays.
 // additive_attention_masks: the bool mask two f16 sdpa nodes share becomes one additive f16
 // mask they both read, with the same outputs (dropped keys included); f32 nodes keep theirs.
 #include "tests/cpp/pass_test_util.h"
@@ -64,6 +67,84 @@ TEST(SimplifyAttentionMasks, LeavesAConstantWithAFalseElementAlone) {
   Graph g = c.g;
   EXPECT_FALSE(simplify_attention_masks(g));
   EXPECT_EQ(count_ops(g, OpKind::kLogicalAnd), 1);
+}
+
+// i64 scalar constant.
+ValueId i64_scalar(Graph& g, const std::string& name, int64_t v) {
+  return g.add_constant(name, TensorType(DType::kI64, {}), &v, sizeof v, false);
+}
+
+// The rows' side of a transformers-style mask as a dynamic block has it: r = arange(start, start
+// + 5) + shift, viewed [1, 1, 5, 1], compared with `bound` by `cmp` (operands swapped when
+// `bound_first`), and-ed with an all-true scalar; then and-ed with the padding mask. The arange
+// is marked sized, as an importer marks it in a dynamic program's block, so nothing folds it.
+MaskCase index_masked_attention(OpKind cmp, int64_t start, int64_t shift, int64_t bound, bool bound_first) {
+  MaskCase c;
+  Graph& g = c.g;
+  const Shape qs = {2, 3, 5, 8};
+  const ValueId q = g.add_input("q", TensorType(DType::kF32, qs));
+  const ValueId k = g.add_input("k", TensorType(DType::kF32, qs));
+  const ValueId v = g.add_input("v", TensorType(DType::kF32, qs));
+  const ValueId p = g.add_input("p", TensorType(DType::kF32, {2, 1, 1, 5}));
+  c.padding_mask = g.add_node1(OpKind::kGt, {p, f32_constant(g, "zero", {}, {0.0f}, false)});
+  Attrs range;
+  range.set("start", double(start));
+  range.set("end", double(start + 5));
+  range.set("step", 1.0);
+  range.set("dtype", DType::kI64);
+  const ValueId idx = g.add_node1(OpKind::kArange, {}, range);
+  g.value(idx).sized = true;
+  const ValueId shifted =
+      g.add_node1(shift >= 0 ? OpKind::kAdd : OpKind::kSub, {idx, i64_scalar(g, "shift", shift >= 0 ? shift : -shift)});
+  Attrs rows;
+  rows.set("shape", Shape{1, 1, 5, 1});
+  const ValueId r = g.add_node1(OpKind::kReshape, {shifted}, rows);
+  const ValueId b = i64_scalar(g, "bound", bound);
+  const ValueId holds = g.add_node1(cmp, bound_first ? std::vector<ValueId>{b, r} : std::vector<ValueId>{r, b});
+  const uint8_t yes = 1;
+  const ValueId t = g.add_constant("yes", TensorType(DType::kBool, {}), &yes, 1, false);
+  const ValueId rows_mask = g.add_node1(OpKind::kLogicalAnd, {t, holds});
+  const ValueId mask = g.add_node1(OpKind::kLogicalAnd, {rows_mask, c.padding_mask});
+  g.mark_output(g.add_node1(OpKind::kSdpa, {q, k, v, mask}, Attrs{}), "y");
+  return c;
+}
+
+TEST(SimplifyAttentionMasks, IndexComparisonsThatAlwaysHoldAreAllTrue) {
+  struct Case {
+    OpKind cmp;
+    int64_t start, shift, bound;
+    bool bound_first;
+  };
+  // r >= 0, r > -1, 0 <= r, -1 < r for r = arange(0, 5) + 0; r = arange(3, 8) - 3 >= 0.
+  for (const Case& k :
+       {Case{OpKind::kGe, 0, 0, 0, false}, Case{OpKind::kGt, 0, 0, -1, false}, Case{OpKind::kLe, 0, 0, 0, true},
+        Case{OpKind::kLt, 0, 0, -1, true}, Case{OpKind::kGe, 3, -3, 0, false}}) {
+    MaskCase c = index_masked_attention(k.cmp, k.start, k.shift, k.bound, k.bound_first);
+    Graph g = c.g;
+    const auto inputs = random_inputs(g, 5);
+    const auto want = run_plain(c.g, inputs);
+    ASSERT_TRUE(simplify_attention_masks(g)) << op_name(k.cmp);
+    g.verify();
+    EXPECT_EQ(count_ops(g, OpKind::kLogicalAnd), 0) << op_name(k.cmp);
+    EXPECT_EQ(count_ops(g, OpKind::kArange), 0) << op_name(k.cmp);
+    const Node* s = the_sdpa(g);
+    ASSERT_NE(s, nullptr);
+    EXPECT_EQ(s->inputs[3], c.padding_mask) << op_name(k.cmp);
+    expect_close(run_plain(g, inputs), want, 1e-6f, 1e-6f);
+  }
+}
+
+TEST(SimplifyAttentionMasks, LeavesIndexComparisonsTheBoundsDoNotDecide) {
+  // r >= 1 fails at r = 0; r < 5 holds here but only by the arange's end, which a dynamic
+  // program's other sizes move; r - 1 >= 0 fails at r = 0.
+  for (const auto& [cmp, shift, bound] :
+       {std::tuple{OpKind::kGe, int64_t(0), int64_t(1)}, std::tuple{OpKind::kLt, int64_t(0), int64_t(5)},
+        std::tuple{OpKind::kGe, int64_t(-1), int64_t(0)}}) {
+    MaskCase c = index_masked_attention(cmp, 0, shift, bound, false);
+    Graph g = c.g;
+    EXPECT_FALSE(simplify_attention_masks(g)) << op_name(cmp);
+    EXPECT_EQ(count_ops(g, OpKind::kLogicalAnd), 2) << op_name(cmp);
+  }
 }
 
 // q, k, v [2, 3, 5, 8] f32 inputs, cast to `dt`; m = p > 0 for p [2, 1, 1, 5] (about half of the

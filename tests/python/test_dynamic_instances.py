@@ -507,3 +507,27 @@ def test_the_batch_of_an_encoder_is_its_row_symbol_and_its_length_is_not() -> No
         x = _inputs(b, s)
         torch.testing.assert_close(compiled(*x), model(*x), rtol=1e-4, atol=1e-4)
 
+
+
+@torch.no_grad()
+def test_a_transformers_padding_mask_is_read_per_key_at_every_length() -> None:
+    """transformers builds BERT's mask from index comparisons over aranges of the length; in a
+    dynamic block they stay nodes, and the mask's rows side (`q_idx >= 0`) is still recognized as
+    all true: every sdpa reads a [B, 1, 1, S] mask, as a static build's does, at the opt length
+    and in the instances at other lengths, with eager's outputs."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=64, max_position_embeddings=64)
+    model = transformers.BertModel(config).eval()
+    compiled = _compile(model)
+    for s in (16, 23, 64, 4):
+        x = _inputs(2, s)
+        torch.testing.assert_close(compiled(*x).last_hidden_state, model(*x).last_hidden_state,
+                                   rtol=1e-4, atol=1e-4)
+        engines = _engines(compiled, s)
+        assert engines
+        for e in engines:
+            plan = e.engine.graph()
+            masks = [plan.type(n.inputs[3]).shape for n in plan.nodes if n.op == "sdpa" and len(n.inputs) > 3]
+            assert masks and all(m[-2] == 1 and m[-1] == s for m in masks), (s, masks)
