@@ -2,11 +2,12 @@
 convolutions and the layout propagation that moves their permutes through norms, concats, pads,
 upsampling and reshapes; strided attention operands) must not change what a model computes.
 
-Each reduced zoo model with convolutions is compiled with torch.compile(backend="kiln"), and every
-reduced zoo model with kiln.compile, while every engine is built from ``Builder.optimize`` for a
-CUDA device (the plan graph, which needs no GPU) by the CPU backend, and compared with eager: the
-whole zoo runs in one engine each, no op left in PyTorch (and BART in FP16, whose encoder layers
-branch on tensor values there, built for the CPU).
+Each reduced zoo model is compiled with torch.compile(backend="kiln") and with kiln.compile, while
+every engine is built from ``Builder.optimize`` for a CUDA device (the plan graph, which needs no
+GPU) by the CPU backend, and compared with eager: the whole zoo runs in one engine each, no op left
+in PyTorch (and BART in FP16, whose encoder layers branch on tensor values there, built for the
+CPU); each kiln.compile'd model also goes through kiln.save and kiln.load and runs its one saved
+engine with the same outputs.
 """
 
 from __future__ import annotations
@@ -27,10 +28,8 @@ import zoo_models  # noqa: E402
 
 import kiln.pipeline  # noqa: E402
 from kiln import _C  # noqa: E402
+from kiln.archive import engine_blobs  # noqa: E402
 from kiln.runtime import builder_config  # noqa: E402
-
-CONV_MODELS = [m.name for m in zoo_models.MODELS.values()
-               if m.family in ("cnn", "unet", "dense-prediction") or m.name in ("swin_t", "maxvit_t", "convnext_tiny")]
 
 
 def _cuda_plan_on_cpu(description: Any, settings: Any, device: str, borrowed: Any = None,
@@ -41,7 +40,7 @@ def _cuda_plan_on_cpu(description: Any, settings: Any, device: str, borrowed: An
     return _C.Builder(builder_config(settings, "cpu")).build(plan)
 
 
-@pytest.mark.parametrize("name", CONV_MODELS)
+@pytest.mark.parametrize("name", list(zoo_models.MODELS))
 def test_cuda_plan_matches_eager(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kiln.pipeline, "build_engine", _cuda_plan_on_cpu)
     entry = zoo_models.MODELS[name]
@@ -57,7 +56,8 @@ def test_cuda_plan_matches_eager(name: str, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 @pytest.mark.parametrize("name", list(zoo_models.MODELS))
-def test_every_zoo_model_compiles_into_one_engine(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_zoo_model_compiles_into_one_engine_and_round_trips(name: str, monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
     monkeypatch.setattr(kiln.pipeline, "build_engine", _cuda_plan_on_cpu)
     model, inputs = zoo_models.MODELS[name].create_randomized(2, small=True)
     with torch.no_grad():
@@ -65,8 +65,14 @@ def test_every_zoo_model_compiles_into_one_engine(name: str, monkeypatch: pytest
         compiled = kiln.compile(model, inputs, min_block_size=1, cache_built_engines=False,
                                 reuse_cached_engines=False)
         got = zoo.flat_output(compiled(*inputs))
-    assert zoo.rel_error(got, want) < 1e-4, f"{name}: relative error {zoo.rel_error(got, want):.2e}"
-    assert compiled.summary.engines == 1 and not compiled.summary.ops_in_pytorch, compiled.summary
+        assert zoo.rel_error(got, want) < 1e-4, f"{name}: relative error {zoo.rel_error(got, want):.2e}"
+        assert compiled.summary.engines == 1 and not compiled.summary.ops_in_pytorch, compiled.summary
+        path = tmp_path / f"{name}.ep"
+        kiln.save(compiled, path, inputs)
+        loaded = kiln.load(path)
+        assert len(engine_blobs(loaded)) == 1
+        again = zoo.flat_output(loaded.module()(*inputs))
+    torch.testing.assert_close(again, got, rtol=0, atol=0)
 
 
 def test_bart_in_fp16_compiles_into_one_engine() -> None:
