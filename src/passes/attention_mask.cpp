@@ -1,6 +1,6 @@
 // simplify_attention_masks: an sdpa mask that is logical_and(all-true constant, m) reads m.
-// causal_attention_masks: an sdpa whose mask is a constant causal pattern becomes causal, unmasked
-// (below).
+// causal_attention_masks: an sdpa whose mask is a causal pattern becomes causal, unmasked; one
+// whose mask is logical_and(causal pattern, m) becomes causal, masked by m (below).
 // additive_attention_masks: an f16 / bf16 sdpa's bool mask becomes where(m, 0, -inf) in q's
 // dtype (below).
 //
@@ -190,13 +190,103 @@ bool is_causal_mask(const Graph& g, ValueId mask, int64_t L, int64_t S) {
   return true;
 }
 
+// A value whose element at index i of one dim is offset + i, the same along every other dim:
+// that dim counted from the end (0: the last), and the offset.
+struct IndexRange {
+  int from_end = 0;
+  double offset = 0;
+};
+
+// The dim of a shape that is not 1 (counted from the end), where exactly one is.
+std::optional<int> only_long_dim(const std::vector<int64_t>& shape) {
+  std::optional<int> found;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    if (found) return std::nullopt;
+    found = int(shape.size() - 1 - d);
+  }
+  return found;
+}
+
+// `v` as an IndexRange where its producers say it is one: an arange of step 1, a scalar constant
+// added or subtracted, a reshape that only moves the one long dim among dims of 1, a broadcast of
+// the other dims. Sizes never enter, so the answer is the same at every size of a dynamic range.
+std::optional<IndexRange> index_range(const Graph& g, ValueId v) {
+  const Node* p = g.value(v).producer;
+  if (p == nullptr || p->outputs.size() != 1) return std::nullopt;
+  auto scalar = [&](ValueId c) -> std::optional<double> {
+    const Value& val = g.value(c);
+    if (!val.is_constant() || val.type.numel() != 1) return std::nullopt;
+    return passes::constant_as_doubles(g, c)[0];
+  };
+  switch (p->op) {
+    case OpKind::kArange:
+      if (p->attrs.get_float("step") != 1.0) return std::nullopt;
+      return IndexRange{0, p->attrs.get_float("start")};
+    case OpKind::kAdd:
+    case OpKind::kSub:
+      for (int side = 0; side < 2; ++side) {
+        if (p->op == OpKind::kSub && side == 1) break;  // c - x counts down
+        const std::optional<double> c = scalar(p->inputs[size_t(1 - side)]);
+        std::optional<IndexRange> r = c ? index_range(g, p->inputs[size_t(side)]) : std::nullopt;
+        if (!r) continue;
+        r->offset += p->op == OpKind::kAdd ? *c : -*c;
+        return r;
+      }
+      return std::nullopt;
+    case OpKind::kReshape: {
+      const std::optional<IndexRange> r = index_range(g, p->inputs[0]);
+      const std::optional<int> before = only_long_dim(g.type(p->inputs[0]).shape()),
+                               after = only_long_dim(g.type(v).shape());
+      if (!r || !before || !after || *before != r->from_end) return std::nullopt;
+      return IndexRange{*after, r->offset};
+    }
+    case OpKind::kExpand: {
+      std::optional<IndexRange> r = index_range(g, p->inputs[0]);
+      const std::vector<int64_t> in = g.type(p->inputs[0]).shape(), out = g.type(v).shape();
+      if (!r || r->from_end >= int(in.size()) ||
+          in[in.size() - 1 - size_t(r->from_end)] != out[out.size() - 1 - size_t(r->from_end)])
+        return std::nullopt;
+      return r;
+    }
+    default: return std::nullopt;
+  }
+}
+
+// Whether bool `c` is the causal pattern over the scores' last two dims [L, S] (query i sees key j
+// iff j <= i), the same for every batch slice: such a constant, the comparison kv_idx <= q_idx of
+// index ranges of equal offset along the keys' and the queries' dims (how transformers builds it,
+// left unfolded in a dynamic program's block), or one of those and-ed with something all true.
+bool is_causal_part(const Graph& g, ValueBounds& bounds, ValueId c, int64_t L, int64_t S) {
+  const TensorType& t = g.type(c);
+  if (t.dtype != DType::kBool || t.rank() < 2 || t.dims[size_t(t.rank() - 2)].extent != L || t.dims.back().extent != S)
+    return false;
+  const Node* p = g.value(c).producer;
+  if (p == nullptr) return is_causal_mask(g, c, L, S);
+  if (p->op == OpKind::kLogicalAnd) {
+    for (int i = 0; i < 2; ++i)
+      if (bounds.all_true(p->inputs[size_t(1 - i)]) && is_causal_part(g, bounds, p->inputs[size_t(i)], L, S))
+        return true;
+    return false;
+  }
+  if (p->op != OpKind::kLe && p->op != OpKind::kGe) return false;
+  // kv <= q, or q >= kv.
+  const ValueId kv = p->inputs[p->op == OpKind::kLe ? 0 : 1], q = p->inputs[p->op == OpKind::kLe ? 1 : 0];
+  const std::optional<IndexRange> j = index_range(g, kv), i = index_range(g, q);
+  return j && i && j->from_end == 0 && i->from_end == 1 && j->offset == i->offset;
+}
+
 }  // namespace
 
 // Transformers give decoders without a padding mask (and torch code that builds its own
 // triangle) a folded constant mask of the causal pattern; as "causal" the kernels skip the
-// blocks above the diagonal instead of reading a mask per score.
+// blocks above the diagonal instead of reading a mask per score. With a padding mask the mask is
+// the causal pattern and-ed with the padding rows: the sdpa becomes causal and reads the
+// padding mask alone ([B, 1, 1, S] instead of [B, 1, L, S]), the same keep / drop decision
+// for every score. In a dynamic program's block the pattern is the index comparison itself.
 bool causal_attention_masks(Graph& g) {
   bool changed = false;
+  ValueBounds bounds(g);
   for (size_t pos = 0; pos < g.nodes().size(); ++pos) {
     const Node& n = *g.nodes()[pos];
     if (n.op != OpKind::kSdpa || n.inputs.size() < 4 || n.inputs[3] == kNoValue || n.attrs.get_bool("causal", false))
@@ -204,12 +294,26 @@ bool causal_attention_masks(Graph& g) {
     const TypeList types = {&g.type(n.inputs[0]), &g.type(n.inputs[1]), &g.type(n.inputs[2])};
     const SdpaLayout l = sdpa_layout(types, n.attrs);  // the logical q and k under any layout or views
     const TensorType &q = l.q.logical, &k = l.k.logical;
-    if (!passes::all_static(q) || !passes::all_static(k) ||
-        !is_causal_mask(g, n.inputs[3], q.dims[size_t(q.rank() - 2)].extent, k.dims[size_t(k.rank() - 2)].extent))
-      continue;
+    if (!passes::all_static(q) || !passes::all_static(k)) continue;
+    const int64_t L = q.dims[size_t(q.rank() - 2)].extent, S = k.dims[size_t(k.rank() - 2)].extent;
+    const ValueId mask = n.inputs[3];
+    std::vector<ValueId> ins(n.inputs.begin(), n.inputs.begin() + 3);
+    if (!is_causal_mask(g, mask, L, S) && !is_causal_part(g, bounds, mask, L, S)) {
+      // causal and m: the causal flag, and m as the mask.
+      const Node* and_node = g.value(mask).producer;
+      if (and_node == nullptr || and_node->op != OpKind::kLogicalAnd) continue;
+      const std::vector<int64_t> scores = g.type(mask).shape();
+      for (int i = 0; i < 2 && ins.size() == 3; ++i) {
+        const ValueId c = and_node->inputs[size_t(i)], m = and_node->inputs[size_t(1 - i)];
+        if (is_causal_part(g, bounds, c, L, S) && g.type(m).dtype == DType::kBool &&
+            broadcasts_to(g.type(m).shape(), scores))
+          ins.push_back(m);
+      }
+      if (ins.size() == 3) continue;
+    }
     Attrs attrs = n.attrs;
     attrs.set("causal", true);
-    passes::replace_node(g, pos, OpKind::kSdpa, {n.inputs.begin(), n.inputs.begin() + 3}, attrs);
+    passes::replace_node(g, pos, OpKind::kSdpa, ins, attrs);
     changed = true;
   }
   if (changed) eliminate_dead_code(g);

@@ -7,6 +7,7 @@
 // becomes causal=true with the same outputs; near-causal constants stay masks.
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 
 #include "tests/cpp/pass_test_util.h"
@@ -185,6 +186,117 @@ TEST(CausalAttentionMasks, OtherConstantsStayMasks) {
   // A mask input is no constant.
   Graph g = grouped_block(1, 2, 1, 3, 3, 8, {1, 1, 3, 3});
   EXPECT_FALSE(causal_attention_masks(g));
+}
+
+// q, k, v [2, 3, L, 8]; the padding mask pad [2, 1, 1, L] (a constant that keeps key 0 of every
+// batch, so that no query row loses every key); `rows` the causal part; mask = and(rows, pad).
+struct PaddedCase {
+  Graph g;
+  ValueId pad = kNoValue;
+};
+
+PaddedCase padded_causal(int64_t L, const std::function<ValueId(Graph&)>& rows, bool rows_first) {
+  PaddedCase c;
+  Graph& g = c.g;
+  const Shape qs = {2, 3, L, 8};
+  const ValueId q = g.add_input("q", TensorType(DType::kF32, qs));
+  const ValueId k = g.add_input("k", TensorType(DType::kF32, qs));
+  const ValueId v = g.add_input("v", TensorType(DType::kF32, qs));
+  Bytes keep;
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t j = 0; j < L; ++j) keep.push_back(j == 0 || (j + b) % 3 != 0 ? 1 : 0);
+  c.pad = g.add_constant("pad", TensorType(DType::kBool, {2, 1, 1, L}), keep.data(), keep.size(), false);
+  const ValueId r = rows(g);
+  const ValueId mask =
+      g.add_node1(OpKind::kLogicalAnd, rows_first ? std::vector<ValueId>{r, c.pad} : std::vector<ValueId>{c.pad, r});
+  g.mark_output(g.add_node1(OpKind::kSdpa, {q, k, v, mask}), "y");
+  return c;
+}
+
+// arange(start, start + L) + shift, viewed with its one long dim `from_end` dims from the end of a
+// rank-4 shape: transformers' q_idx (from_end 1) and kv_idx (from_end 0).
+ValueId index_of(Graph& g, int64_t L, int64_t start, int64_t shift, int from_end) {
+  Attrs range;
+  range.set("start", double(start));
+  range.set("end", double(start + L));
+  range.set("step", 1.0);
+  range.set("dtype", DType::kI64);
+  ValueId x = g.add_node1(OpKind::kArange, {}, range);
+  const int64_t c = shift;
+  x = g.add_node1(OpKind::kAdd, {x, g.add_constant("shift" + std::to_string(g.num_values()),
+                                                   TensorType(DType::kI64, {}), &c, sizeof c, false)});
+  Shape shape = {1, 1, 1, 1};
+  shape[size_t(3 - from_end)] = L;
+  Attrs view;
+  view.set("shape", shape);
+  return g.add_node1(OpKind::kReshape, {x}, view);
+}
+
+TEST(CausalAttentionMasks, CausalAndPaddingBecomeCausalReadingThePaddingMask) {
+  const int64_t L = 5;
+  const uint8_t yes = 1;
+  std::vector<std::pair<const char*, std::function<ValueId(Graph&)>>> parts = {
+      {"constant triangle",
+       [&](Graph& g) {
+         Bytes tri;
+         for (float x : triangle(L, 1.0f, 0.0f)) tri.push_back(x != 0.0f ? 1 : 0);
+         return g.add_constant("tri", TensorType(DType::kBool, {1, 1, L, L}), tri.data(), tri.size(), false);
+       }},
+      {"kv <= q",
+       [&](Graph& g) { return g.add_node1(OpKind::kLe, {index_of(g, L, 0, 0, 0), index_of(g, L, 0, 0, 1)}); }},
+      {"q >= kv, equal offsets",
+       [&](Graph& g) { return g.add_node1(OpKind::kGe, {index_of(g, L, 2, 1, 1), index_of(g, L, 1, 2, 0)}); }},
+      {"true and (kv <= q)", [&](Graph& g) {
+         const ValueId t = g.add_constant("yes", TensorType(DType::kBool, {}), &yes, 1, false);
+         return g.add_node1(OpKind::kLogicalAnd,
+                            {t, g.add_node1(OpKind::kLe, {index_of(g, L, 0, 0, 0), index_of(g, L, 0, 0, 1)})});
+       }}};
+  for (const auto& [what, rows] : parts) {
+    for (bool rows_first : {true, false}) {
+      PaddedCase c = padded_causal(L, rows, rows_first);
+      Graph f = c.g;
+      ASSERT_TRUE(causal_attention_masks(f)) << what;
+      f.verify();
+      const Node* s = the_sdpa(f);
+      EXPECT_TRUE(s->attrs.get_bool("causal", false)) << what;
+      ASSERT_EQ(s->inputs.size(), 4u) << what;
+      EXPECT_EQ(s->inputs[3], c.pad) << what;
+      EXPECT_EQ(count_ops(f, OpKind::kArange), 0) << what;
+      auto in = random_inputs(c.g, 9);
+      expect_close(run_plain(f, in), run_plain(c.g, in), 1e-5f, 1e-6f);
+    }
+  }
+}
+
+TEST(CausalAttentionMasks, AnIndexComparisonAloneBecomesCausalUnmasked) {
+  const int64_t L = 6;
+  Graph g;
+  const Shape qs = {1, 2, L, 8};
+  const ValueId q = g.add_input("q", TensorType(DType::kF32, qs));
+  const ValueId k = g.add_input("k", TensorType(DType::kF32, qs));
+  const ValueId v = g.add_input("v", TensorType(DType::kF32, qs));
+  const ValueId m = g.add_node1(OpKind::kLe, {index_of(g, L, 0, 0, 0), index_of(g, L, 0, 0, 1)});
+  g.mark_output(g.add_node1(OpKind::kSdpa, {q, k, v, m}), "y");
+  Graph f = g;
+  ASSERT_TRUE(causal_attention_masks(f));
+  EXPECT_TRUE(the_sdpa(f)->attrs.get_bool("causal", false));
+  EXPECT_EQ(the_sdpa(f)->inputs.size(), 3u);
+  auto in = random_inputs(g, 4);
+  expect_close(run_plain(f, in), run_plain(g, in), 1e-5f, 1e-6f);
+}
+
+TEST(CausalAttentionMasks, IndexComparisonsOfOtherPatternsStayMasks) {
+  const int64_t L = 5;
+  // q sees one key ahead (offsets differ), the upper triangle (q <= kv), kv on the rows' dim.
+  for (const auto& rows : std::vector<std::function<ValueId(Graph&)>>{
+           [&](Graph& g) { return g.add_node1(OpKind::kLe, {index_of(g, L, 0, 0, 0), index_of(g, L, 0, 1, 1)}); },
+           [&](Graph& g) { return g.add_node1(OpKind::kLe, {index_of(g, L, 0, 0, 1), index_of(g, L, 0, 0, 0)}); },
+           [&](Graph& g) { return g.add_node1(OpKind::kLe, {index_of(g, L, 0, 0, 1), index_of(g, L, 0, 0, 1)}); }}) {
+    PaddedCase c = padded_causal(L, rows, true);
+    const std::string before = c.g.to_string();
+    EXPECT_FALSE(causal_attention_masks(c.g)) << before;
+    EXPECT_EQ(c.g.to_string(), before);
+  }
 }
 
 }  // namespace

@@ -531,3 +531,37 @@ def test_a_transformers_padding_mask_is_read_per_key_at_every_length() -> None:
             plan = e.engine.graph()
             masks = [plan.type(n.inputs[3]).shape for n in plan.nodes if n.op == "sdpa" and len(n.inputs) > 3]
             assert masks and all(m[-2] == 1 and m[-1] == s for m in masks), (s, masks)
+
+
+@torch.no_grad()
+def test_a_decoders_causal_and_padding_mask_becomes_the_causal_flag_at_every_length() -> None:
+    """GPT-2 with a padding mask: transformers ands kv_idx <= q_idx with the padding rows. In a
+    dynamic block the comparison stays a node over aranges of the length; it is still seen as the
+    causal pattern, so every sdpa is causal and reads the [B, 1, 1, S] padding mask, with eager's
+    outputs, at the opt length and in the instances."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                     bos_token_id=0, eos_token_id=0)
+    gpt2 = transformers.GPT2Model(config).eval()
+
+    class Decoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gpt2 = gpt2
+
+        def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return self.gpt2(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+
+    model = Decoder().eval()
+    compiled = _compile(model)
+    for s in (16, 23, 64, 5):
+        x = _inputs(2, s)
+        torch.testing.assert_close(compiled(*x), model(*x), rtol=1e-4, atol=1e-4)
+        engines = _engines(compiled, s)
+        assert engines
+        for e in engines:
+            plan = e.engine.graph()
+            sdpa = [n for n in plan.nodes if n.op == "sdpa"]
+            assert sdpa and all(n.attrs.get("causal", False) for n in sdpa), s
+            assert all(plan.type(n.inputs[3]).shape[-2:] == [1, s] for n in sdpa), s

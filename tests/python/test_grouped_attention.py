@@ -3,7 +3,8 @@ k and v with fewer heads repeated as transformers' repeat_kv does, a causal mask
 forward as transformers builds it, SwiGLU) compiles with the mask turned into sdpa's causal flag
 (causal_attention_masks) and, on CUDA, k and v read once per group of heads through stride-0
 views (fold_attention_layout): no expand left. Outputs match eager PyTorch (f32 reference) in f32
-and f16, also after kiln.save / kiln.load; a padding mask input stays a mask."""
+and f16, also after kiln.save / kiln.load; a padding mask input stays a mask, and the causal
+triangle and-ed with one becomes the causal flag with the padding mask alone."""
 
 from __future__ import annotations
 
@@ -48,6 +49,8 @@ class GroupedBlock(torch.nn.Module):
             mask = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
         elif self.mask == "padding":
             mask = padding[:, None, None, :].to(torch.bool)
+        elif self.mask == "causal+padding":
+            mask = torch.ones(s, s, dtype=torch.bool, device=x.device).tril() & padding[:, None, None, :].to(torch.bool)
         else:
             mask, causal = None, True
         y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
@@ -57,7 +60,7 @@ class GroupedBlock(torch.nn.Module):
 
 @pytest.mark.parametrize("device", _DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("mask", ["additive", "bool", "is_causal", "padding"])
+@pytest.mark.parametrize("mask", ["additive", "bool", "is_causal", "padding", "causal+padding"])
 def test_grouped_causal_block_matches_eager(device: str, dtype: torch.dtype, mask: str, tmp_path) -> None:
     if device == "cpu" and dtype == torch.float16:
         pytest.skip("the CPU backend computes f16 through f32; f32 covers its kernels")
@@ -65,7 +68,7 @@ def test_grouped_causal_block_matches_eager(device: str, dtype: torch.dtype, mas
     model = GroupedBlock(256, 4, 2, mask).eval().to(device)
     x = torch.randn(2, 24, 256, device=device)
     args = [x]
-    if mask == "padding":
+    if "padding" in mask:
         padding = torch.ones(2, 24, device=device)
         padding[1, 17:] = 0
         args.append(padding)
@@ -78,7 +81,9 @@ def test_grouped_causal_block_matches_eager(device: str, dtype: torch.dtype, mas
     plan = engine.engine.graph()
     (sdpa,) = [n for n in plan.nodes if n.op == "sdpa"]
     assert sdpa.attrs.get("causal", False) == (mask != "padding")
-    assert len(sdpa.inputs) == (4 if mask == "padding" else 3)
+    assert len(sdpa.inputs) == (4 if "padding" in mask else 3)
+    if "padding" in mask:  # one mask row per batch, not one per score
+        assert plan.type(sdpa.inputs[3]).shape[-2:] == [1, 24]
     if device == "cuda":  # k and v: stride-0 views over the repeated heads, no copy
         assert "k_view" in sdpa.attrs and "v_view" in sdpa.attrs
         assert not [n.op for n in plan.nodes if n.op in ("expand", "permute")]
