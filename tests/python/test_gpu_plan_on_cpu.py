@@ -7,7 +7,9 @@ every engine is built from ``Builder.optimize`` for a CUDA device (the plan grap
 GPU) by the CPU backend, and compared with eager: the whole zoo runs in one engine each, no op left
 in PyTorch (and BART in FP16, whose encoder layers branch on tensor values there, built for the
 CPU); each kiln.compile'd model also goes through kiln.save and kiln.load and runs its one saved
-engine with the same outputs.
+engine with the same outputs. The reduced-precision plans the zoo table measures (FP16 for every
+model, BF16 for those that list it) run on the CPU too, within a few times eager's own error in
+that precision.
 """
 
 from __future__ import annotations
@@ -37,7 +39,11 @@ def _cuda_plan_on_cpu(description: Any, settings: Any, device: str, borrowed: An
     plan = _C.Builder(builder_config(settings, "cuda:0")).optimize(_C.import_aten(description))
     if meanwhile is not None:
         meanwhile()
-    return _C.Builder(builder_config(settings, "cpu")).build(plan)
+    # The plan is optimized already: the CPU build's passes must not lower its precision again.
+    return _C.Builder(builder_config(settings.replace(enabled_precisions={torch.float32}), "cpu")).build(plan)
+
+
+REDUCED = [(m.name, dt) for m in zoo_models.MODELS.values() for dt in ("fp16", "bf16") if dt in m.dtypes]
 
 
 @pytest.mark.parametrize("name", list(zoo_models.MODELS))
@@ -87,4 +93,26 @@ def test_bart_in_fp16_compiles_into_one_engine() -> None:
         got = zoo.flat_output(compiled(*inputs)).float()
         eager16 = zoo.flat_output(model(*inputs)).float()
     assert zoo.rel_error(got, want) < 5 * max(zoo.rel_error(eager16, want), 1e-4)
+    assert compiled.summary.engines == 1 and not compiled.summary.ops_in_pytorch, compiled.summary
+
+
+@pytest.mark.parametrize("name,dtype", REDUCED, ids=[f"{n}-{d}" for n, d in REDUCED])
+def test_reduced_precision_plans_match_eager_in_their_precision(name: str, dtype: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA plan of a model compiled in FP16 / BF16 (the casts lower_precision puts in, the
+    additive attention masks in q's dtype), run by the CPU backend: one engine, no op in PyTorch,
+    its error against eager FP32 within 3x eager's own in that precision."""
+    monkeypatch.setattr(kiln.pipeline, "build_engine", _cuda_plan_on_cpu)
+    dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    model, inputs = zoo_models.MODELS[name].create_randomized(2, small=True)
+    with torch.no_grad():
+        want = zoo.flat_output(model(*inputs))
+        model = model.to(dt)
+        inputs = [x.to(dt) if x.is_floating_point() else x for x in inputs]
+        eager = zoo.flat_output(model(*inputs)).float()
+        compiled = kiln.compile(model, inputs, min_block_size=1, enabled_precisions={dt}, cache_built_engines=False,
+                                reuse_cached_engines=False)
+        got = zoo.flat_output(compiled(*inputs)).float()
+    own = max(zoo.rel_error(eager, want), 1e-4)
+    assert zoo.rel_error(got, want) < 3 * own, f"{name} {dtype}: {zoo.rel_error(got, want):.2e} (eager {own:.2e})"
     assert compiled.summary.engines == 1 and not compiled.summary.ops_in_pytorch, compiled.summary
