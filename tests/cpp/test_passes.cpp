@@ -576,6 +576,35 @@ TEST(FusePointwise, MergesSiblingGroupsAndHandlesWhereAndCast) {
   expect_close(run_plain(g, in), run_plain(original, in), 1e-6f, 1e-6f);
 }
 
+// T5's relative position buckets: an i64 distance cast to f32, log(d / 8) / log(16) * 8 + 8,
+// truncated to i64. A body with i64 values computes in f64 on the CPU; its f32 values must still
+// round as the f32 kernels round them, or d = 16 and 32 (exactly 10 and 12 in f32) truncate to
+// 9 and 11. The fused node equals the unfused ops bit for bit.
+TEST(FusePointwise, AnF32ChainInsideAnI64BodyRoundsAsF32) {
+  Graph g;
+  const ValueId x = g.add_input("d", TensorType(DType::kF32, {8}));
+  Attrs to;
+  to.set("dtype", DType::kI64);
+  const ValueId d = g.add_node1(OpKind::kCast, {x}, to);
+  to.set("dtype", DType::kF32);
+  ValueId v = g.add_node1(OpKind::kCast, {d}, to);
+  v = g.add_node1(OpKind::kLog, {g.add_node1(OpKind::kDiv, {v, f32_scalar(g, 8.0f)})});
+  v = g.add_node1(OpKind::kDiv, {v, f32_scalar(g, float(std::log(16.0)))});
+  v = g.add_node1(OpKind::kAdd, {g.add_node1(OpKind::kMul, {v, f32_scalar(g, 8.0f)}), f32_scalar(g, 8.0f)});
+  to.set("dtype", DType::kI64);
+  const ValueId bucket = g.add_node1(OpKind::kCast, {v}, to);
+  to.set("dtype", DType::kF32);
+  g.mark_output(g.add_node1(OpKind::kCast, {bucket}, to), "y");
+  const Graph original = g;
+  ASSERT_TRUE(fuse_pointwise(g));
+  ASSERT_EQ(count_ops(g, OpKind::kFusedPointwise), 1);
+  const std::vector<Floats> in = {{16, 32, 64, 128, 9, 17, 33, 100}};
+  const auto fused = run_plain(g, in), plain = run_plain(original, in);
+  EXPECT_EQ(plain[0][0], 10.0f);
+  EXPECT_EQ(plain[0][1], 12.0f);
+  expect_close(fused, plain, 0.0f, 0.0f);
+}
+
 // A random DAG of pointwise ops over [4,5] and [5] values with some linears in between.
 Graph random_graph(uint32_t seed, int steps) {
   std::mt19937 rng(seed);

@@ -565,3 +565,30 @@ def test_a_decoders_causal_and_padding_mask_becomes_the_causal_flag_at_every_len
             sdpa = [n for n in plan.nodes if n.op == "sdpa"]
             assert sdpa and all(n.attrs.get("causal", False) for n in sdpa), s
             assert all(plan.type(n.inputs[3]).shape[-2:] == [1, s] for n in sdpa), s
+
+
+@torch.no_grad()
+def test_t5_relative_position_buckets_match_eager_at_every_length() -> None:
+    """T5's bias buckets are log(d / 8) / log(16) * 8 + 8 truncated to an integer: exactly 10 at
+    distance 16. A dynamic block computes them at run time (a static build folds them), in a fused
+    kernel with i64 values; its f32 steps must round as f32, or the lengths past 16 take a wrong
+    bucket."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.T5Config(vocab_size=50, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                                   relative_attention_num_buckets=32, relative_attention_max_distance=128)
+    encoder = transformers.T5EncoderModel(config).eval()
+
+    class Encoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.t5 = encoder
+
+        def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return self.t5(input_ids=ids, attention_mask=mask).last_hidden_state
+
+    model = Encoder().eval()
+    compiled = _compile(model)
+    for s in (16, 17, 33, 64, 5):
+        x = _inputs(2, s)
+        torch.testing.assert_close(compiled(*x), model(*x), rtol=1e-4, atol=1e-4)

@@ -15,7 +15,9 @@
 //     unfused kernels, so a fused f32 chain equals the unfused one bit for bit.
 // The compute type is f32, or f64 when any body value is f64, i64 or i32 (integers stay exact
 // up to 2^53). Values of integer dtype keep integer semantics: div truncates (x / 0 == 0),
-// results wrap to their dtype, clamp bounds round inward. Casts round as cast does (to f16,
+// results wrap to their dtype, clamp bounds round inward; an f32 value in an f64 program is
+// rounded to f32 after its op, so that an f32 chain ending in a cast to an integer (T5's
+// relative position buckets) truncates what the f32 chain computes. Casts round as cast does (to f16,
 // bf16, f32, integers, bool); other intermediates are not rounded to a 16-bit dtype, as in
 // other fusing compilers. Blocks split over threads, each part with its own scratch slots.
 // An index_select in the body (a gathered leaf: its data and index are node inputs) loads its
@@ -231,6 +233,12 @@ void Program<T>::run_block(const void* const* in, void* const* out, T* scratch, 
     }
     if (is_integral(s.out_dtype) && fam != OpFamily::kCast)  // wrap like the integer kernels
       for (int64_t i = 0; i < len; ++i) y[i] = static_cast<T>(pw::wrap_integer(double(y[i]), s.out_dtype));
+    if constexpr (std::is_same_v<T, double>) {
+      // An f32 result in an f64 program rounds to f32 as the f32 kernels' would (on f32 operands,
+      // one f64 operation rounded once is the f32 operation's result).
+      if (s.out_dtype == DType::kF32 && fam != OpFamily::kCast)
+        for (int64_t i = 0; i < len; ++i) y[i] = static_cast<double>(static_cast<float>(y[i]));
+    }
   }
   for (size_t k = 0; k < outputs.size(); ++k) {
     const auto [v, dt] = outputs[k];
