@@ -45,8 +45,9 @@ struct ImportTensor {
   // Symbolic dims of graph inputs: empty, or one entry per dim ("" = static).
   std::vector<std::string> symbols;
   std::vector<int64_t> sym_min, sym_max;
-  // The tensor's size depends on shape symbols (a node of a dynamic program's concrete copy): its
-  // Kiln value is marked Value::sized, so that fold_constants leaves it a node.
+  // The tensor's size depends on shape symbols (an input or a node of a dynamic program's concrete
+  // copy): a node's Kiln value is marked Value::sized, so that fold_constants leaves it a node, and
+  // importers build what has that size from indices rather than as a constant (cumsum's triangle).
   bool sized = false;
 };
 

@@ -575,6 +575,7 @@ def specialize_nodes(src: fx.GraphModule, inputs: Sequence[fx.Node], nodes: Iter
         new = graph.placeholder(node.name)
         new.meta.update(node.meta)
         new.meta["val"] = concrete_value(node.meta.get("val"), binding, made)
+        new.meta["kiln_sized"] = symbolic_tensor(node.meta.get("val"))  # what importers build from it
         env[node] = new
 
     def lookup(n: fx.Node) -> Any:

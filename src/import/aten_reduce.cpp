@@ -133,7 +133,7 @@ std::vector<ValueId> convert_any(ImportContext& cx) {
 }
 
 // cumsum(self, dim, *, dtype=None): a matmul with an upper-triangular matrix of ones over the
-// scanned dim (moved last). Integer outputs are summed in f64, exact below 2^53, or in f32 where
+// scanned dim (moved last), a constant or, in a dynamic block, computed from indices. Integer outputs are summed in f64, exact below 2^53, or in f32 where
 // the inputs are small integers (see below).
 constexpr int64_t kMaxCumsumLength = 4096;  // the n x n constant stays below 128 MiB
 
@@ -163,6 +163,20 @@ ValueId triangle_of_ones(ImportContext& cx, int64_t n, DType dt) {
   return cx.graph.add_constant("", t, b.data(), b.size());
 }
 
+// The same triangle computed from the indices (i <= j), for a dynamic program's block, where n is
+// a size of the range: a constant would differ at every size, and the range fit needs the plans to
+// differ in integers only (kiln/size_program.h). The arange is sized, so fold_constants leaves it.
+ValueId triangle_from_indices(ImportContext& cx, int64_t n, DType dt) {
+  Attrs range;
+  range.set("start", 0.0);
+  range.set("end", double(n));
+  range.set("step", 1.0);
+  range.set("dtype", DType::kI64);
+  const ValueId idx = cx.add(OpKind::kArange, {}, range);
+  cx.graph.value(idx).sized = true;
+  return cx.cast(cx.add(OpKind::kLe, {cx.reshape(idx, {n, 1}), cx.reshape(idx, {1, n})}), dt);
+}
+
 std::vector<ValueId> convert_cumsum(ImportContext& cx) {
   const DType out = cx.args.out().dtype;
   ValueId x = cx.input(0, "self");
@@ -183,7 +197,9 @@ std::vector<ValueId> convert_cumsum(ImportContext& cx) {
   ValueId moved = cx.permute(cx.cast(x, compute), perm);
   std::vector<int64_t> moved_shape = cx.type(moved).shape();
   ValueId m = rank == 1 ? cx.reshape(moved, {1, n}) : moved;
-  ValueId sums = cx.reshape(cx.add(OpKind::kMatmul, {m, triangle_of_ones(cx, n, compute)}), moved_shape);
+  const ValueId ones =
+      cx.args.tensor_arg(0, "self").sized ? triangle_from_indices(cx, n, compute) : triangle_of_ones(cx, n, compute);
+  ValueId sums = cx.reshape(cx.add(OpKind::kMatmul, {m, ones}), moved_shape);
   return {cx.cast(cx.permute(sums, inverse), out)};
 }
 

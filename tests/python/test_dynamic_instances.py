@@ -538,7 +538,8 @@ def test_a_decoders_causal_and_padding_mask_becomes_the_causal_flag_at_every_len
     """GPT-2 with a padding mask: transformers ands kv_idx <= q_idx with the padding rows. In a
     dynamic block the comparison stays a node over aranges of the length; it is still seen as the
     causal pattern, so every sdpa is causal and reads the [B, 1, 1, S] padding mask, with eager's
-    outputs, at the opt length and in the instances."""
+    outputs, at the opt length and in the instances. (Its position ids are a cumsum of the mask:
+    the instances need that cumsum's triangle computed, not a constant of the length.)"""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=4, n_positions=64,
@@ -555,16 +556,18 @@ def test_a_decoders_causal_and_padding_mask_becomes_the_causal_flag_at_every_len
 
     model = Decoder().eval()
     compiled = _compile(model)
+    reset_cache_stats()
     for s in (16, 23, 64, 5):
         x = _inputs(2, s)
         torch.testing.assert_close(compiled(*x), model(*x), rtol=1e-4, atol=1e-4)
         engines = _engines(compiled, s)
-        assert engines
+        assert engines and all(e.engine.is_instance for e in engines if s != 16), s
         for e in engines:
             plan = e.engine.graph()
             sdpa = [n for n in plan.nodes if n.op == "sdpa"]
             assert sdpa and all(n.attrs.get("causal", False) for n in sdpa), s
             assert all(plan.type(n.inputs[3]).shape[-2:] == [1, s] for n in sdpa), s
+    assert cache_stats().get("builds", 0) == 0  # no engine was built for a new length
 
 
 @torch.no_grad()
@@ -592,3 +595,29 @@ def test_t5_relative_position_buckets_match_eager_at_every_length() -> None:
     for s in (16, 17, 33, 64, 5):
         x = _inputs(2, s)
         torch.testing.assert_close(compiled(*x), model(*x), rtol=1e-4, atol=1e-4)
+
+
+@torch.no_grad()
+def test_a_cumsum_over_the_length_is_served_by_instances() -> None:
+    """cumsum is a matmul with a triangle of ones over the scanned dim. In a dynamic block that
+    triangle has the length's size: it is computed from indices, not a constant per size, so the
+    plans fit one engine and every length runs as an instance, with eager's outputs."""
+    class Positions(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(70, 8)
+
+        def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            positions = mask.cumsum(-1) * mask  # transformers' position ids of a padded batch
+            return self.embed(positions) + ids[..., None].float()
+
+    model = Positions().eval()
+    compiled = _compile(model)
+    table = dynamic_program_of(compiled)
+    assert table is not None and table.ranges
+    reset_cache_stats()
+    for s in (5, 23, 64):
+        x = _inputs(2, s)
+        torch.testing.assert_close(compiled(*x), model(*x), rtol=1e-5, atol=1e-5)
+        assert all(e.engine.is_instance for e in _engines(compiled, s))
+    assert cache_stats().get("builds", 0) == 0
