@@ -133,8 +133,9 @@ std::vector<ValueId> convert_any(ImportContext& cx) {
 }
 
 // cumsum(self, dim, *, dtype=None): a matmul with an upper-triangular matrix of ones over the
-// scanned dim (moved last), a constant or, in a dynamic block, computed from indices. Integer outputs are summed in f64, exact below 2^53, or in f32 where
-// the inputs are small integers (see below).
+// scanned dim (moved last): a constant or, in a dynamic block, computed from indices. Integer
+// outputs are summed in f64, exact below 2^53, or in f32 where the inputs are small integers
+// (see below).
 constexpr int64_t kMaxCumsumLength = 4096;  // the n x n constant stays below 128 MiB
 
 // Whether every element of `v` is an integer of magnitude at most 255: a bool or 8-bit integer,

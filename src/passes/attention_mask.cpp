@@ -1,4 +1,4 @@
-// simplify_attention_masks: an sdpa mask that is logical_and(all-true constant, m) reads m.
+// simplify_attention_masks: an sdpa mask that is logical_and(all true, m) reads m.
 // causal_attention_masks: an sdpa whose mask is a causal pattern becomes causal, unmasked; one
 // whose mask is logical_and(causal pattern, m) becomes causal, masked by m (below).
 // additive_attention_masks: an f16 / bf16 sdpa's bool mask becomes where(m, 0, -inf) in q's

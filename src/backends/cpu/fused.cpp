@@ -17,9 +17,9 @@
 // up to 2^53). Values of integer dtype keep integer semantics: div truncates (x / 0 == 0),
 // results wrap to their dtype, clamp bounds round inward; an f32 value in an f64 program is
 // rounded to f32 after its op, so that an f32 chain ending in a cast to an integer (T5's
-// relative position buckets) truncates what the f32 chain computes. Casts round as cast does (to f16,
-// bf16, f32, integers, bool); other intermediates are not rounded to a 16-bit dtype, as in
-// other fusing compilers. Blocks split over threads, each part with its own scratch slots.
+// relative position buckets) truncates what the f32 chain computes. Casts round as cast does
+// (to f16, bf16, f32, integers, bool); other intermediates are not rounded to a 16-bit dtype,
+// as in other fusing compilers. Blocks split over threads, each part with its own scratch slots.
 // An index_select in the body (a gathered leaf: its data and index are node inputs) loads its
 // block from the data at the indexed positions. An input the node reads through a view
 // ("view<i>": a permute, slice or expand of it) is loaded through the view's strides, and a
