@@ -146,7 +146,8 @@ struct Value {
   bool is_weight = false;               // a named constant taken from the model (refittable)
   // Its size depends on shape symbols although its plan is concrete (a dynamic program's block):
   // fold_constants does not fold the node making it, so that the constants stay the same at every
-  // size (kiln/size_program.h). Set by import; not saved in engine files.
+  // size (kiln/size_program.h). Set by import; kept by passes (lower_precision copies it, and a
+  // value that replaces it takes it: Graph::replace_all_uses); not saved in engine files.
   bool sized = false;
   bool is_constant() const { return data != nullptr; }
 };
@@ -205,7 +206,7 @@ class Graph {
   std::vector<ValueId> insert_node(size_t pos, OpKind op, const std::vector<ValueId>& inputs,
                                    const Attrs& attrs = {}, const std::string& name = "");
   void erase_node(size_t pos);
-  void replace_all_uses(ValueId from, ValueId to);  // in nodes and graph outputs
+  void replace_all_uses(ValueId from, ValueId to);  // in nodes and graph outputs; `to` takes from's sized
   void set_output(size_t i, ValueId v);
   // Drop values with no producer and no use (except inputs), renumber densely. Invalidates ValueIds.
   void compact();

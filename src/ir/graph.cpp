@@ -210,6 +210,7 @@ void Graph::erase_node(size_t pos) {
 }
 
 void Graph::replace_all_uses(ValueId from, ValueId to) {
+  if (values_[size_t(from)].sized) value(to).sized = true;  // the same type: its size is the symbols' too
   for (auto& n : nodes_)
     for (ValueId& in : n->inputs)
       if (in == from) in = to;

@@ -18,7 +18,7 @@
 // already has fused_pointwise nodes (kInvalidArgument: run it before fuse_pointwise, since a
 // body's scalar constants cannot take a cast node); decide whether lowering is wanted (the
 // builder calls it when the config enables f16 / bf16 on a GPU). Value ids change (the graph
-// is rebuilt); value names, weights and node names stay.
+// is rebuilt); value names, weights, node names and which values are sized stay.
 #include <vector>
 
 #include "kiln/errors.h"
@@ -92,6 +92,7 @@ class Lowering {
       const TensorType& was = src_.type(n.outputs[i]);
       const TensorType& now = dst_.type(outs[i]);
       const size_t v = size_t(n.outputs[i]);
+      dst_.value(outs[i]).sized = src_.value(n.outputs[i]).sized;  // still left to run (Value::sized)
       if (now.dtype == was.dtype) {
         wide_[v] = outs[i];  // unchanged (an f32 one is cast at its first use)
       } else {

@@ -621,3 +621,22 @@ def test_a_cumsum_over_the_length_is_served_by_instances() -> None:
         torch.testing.assert_close(compiled(*x), model(*x), rtol=1e-5, atol=1e-5)
         assert all(e.engine.is_instance for e in _engines(compiled, s))
     assert cache_stats().get("builds", 0) == 0
+
+
+@torch.no_grad()
+def test_an_f32_model_compiled_for_f16_serves_new_lengths_by_instances() -> None:
+    """enabled_precisions={torch.half} on an f32 model: lower_precision rebuilds the graph, and
+    must keep which values have the range's sizes, or fold_constants folds the position rows
+    (a table gathered at positions[:, :s]) into a constant that differs at every length, and the
+    plans no longer fit one engine."""
+    torch.manual_seed(0)
+    model = Encoder().eval()
+    compiled = _compile(model, enabled_precisions={torch.half})
+    table = dynamic_program_of(compiled)
+    assert table is not None and table.ranges
+    reset_cache_stats()
+    for s in (5, 23, 64):
+        x = _inputs(2, s)
+        torch.testing.assert_close(compiled(*x), model(*x), rtol=2e-2, atol=2e-2)
+        assert all(e.engine.is_instance for e in _engines(compiled, s))
+    assert cache_stats().get("builds", 0) == 0
