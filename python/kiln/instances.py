@@ -390,7 +390,9 @@ def sample_bindings(symbols: Sequence[sympy.Symbol], ranges: dict[sympy.Symbol, 
     """The bindings a SizeProgram is fitted from: the grid corners {base, a value near it}^n (base,
     the binding of the engine the instances share, first), then checks near each range's ends and
     a third value. None when a range is too narrow (a size of 1 is left out: broadcasting treats it
-    apart)."""
+    apart). Bit i of a corner's index is the i-th symbol by name, the order SizeProgram::fit reads
+    the bindings' keys in."""
+    symbols = sorted(symbols, key=str)
     lows, highs = [], []
     checks: list[list[int]] = []
     for s in symbols:

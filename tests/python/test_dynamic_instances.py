@@ -640,3 +640,44 @@ def test_an_f32_model_compiled_for_f16_serves_new_lengths_by_instances() -> None
         torch.testing.assert_close(compiled(*x), model(*x), rtol=2e-2, atol=2e-2)
         assert all(e.engine.is_instance for e in _engines(compiled, s))
     assert cache_stats().get("builds", 0) == 0
+
+
+def test_the_sample_grid_follows_the_symbols_names() -> None:
+    """SizeProgram::fit reads bit i of a corner's index as the i-th symbol by name: whatever order
+    a block meets its symbols in, samples 0 and 1 differ in the first name, 0 and 2 in the second."""
+    import sympy
+
+    from kiln.dynamic import SymbolRange
+    from kiln.instances import sample_bindings
+
+    late, early = sympy.Symbol("s95"), sympy.Symbol("s85")
+    ranges = {late: SymbolRange(late, 2, 64, 3), early: SymbolRange(early, 2, 64, 16)}
+    bindings = sample_bindings((late, early), ranges, {late: 3, early: 16})
+    assert bindings is not None
+    assert bindings[0][late] == bindings[1][late] and bindings[0][early] != bindings[1][early]
+    assert bindings[0][early] == bindings[2][early] and bindings[0][late] != bindings[2][late]
+
+
+@torch.no_grad()
+def test_two_symbols_of_torch_compile_dynamic_fit_one_engine() -> None:
+    """torch.compile(dynamic=True) makes a batch and a length symbol: one engine serves both, every
+    later size an instance, no build."""
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.n = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8), torch.nn.LayerNorm(8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.n(x + self.b(F.gelu(self.a(x))))
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Block().eval()
+    compiled = torch.compile(model, backend="kiln", dynamic=True)
+    x = torch.randn(3, 16, 8)
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    reset_cache_stats()
+    for b, s in ((5, 19), (4, 27), (7, 9)):
+        x = torch.randn(b, s, 8)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    assert cache_stats().get("builds", 0) == 0
