@@ -128,6 +128,20 @@ class ValueBounds {
   std::map<ValueId, bool> true_memo_;
 };
 
+// Where `mask` is logical_and(c, m) (either order) with `part(c)` and m a bool that broadcasts
+// to the scores (the mask's own shape, which the shape rule broadcast to them): m. Else kNoValue.
+template <typename Part>
+ValueId and_rest(const Graph& g, ValueId mask, Part&& part) {
+  const Node* a = g.value(mask).producer;
+  if (a == nullptr || a->op != OpKind::kLogicalAnd) return kNoValue;
+  const std::vector<int64_t> scores = g.type(mask).shape();
+  for (int i = 0; i < 2; ++i) {
+    const ValueId c = a->inputs[size_t(i)], m = a->inputs[size_t(1 - i)];
+    if (part(c) && g.type(m).dtype == DType::kBool && broadcasts_to(g.type(m).shape(), scores)) return m;
+  }
+  return kNoValue;
+}
+
 // Replaces the sdpa node at `pos` by one reading `mask`.
 void set_mask(Graph& g, size_t pos, ValueId mask) {
   const Node& n = *g.nodes()[pos];
@@ -144,15 +158,7 @@ bool simplify_attention_masks(Graph& g) {
   for (size_t pos = 0; pos < g.nodes().size(); ++pos) {
     const Node& n = *g.nodes()[pos];
     if (n.op != OpKind::kSdpa || n.inputs.size() < 4 || n.inputs[3] == kNoValue) continue;
-    const Node* and_node = g.value(n.inputs[3]).producer;
-    if (and_node == nullptr || and_node->op != OpKind::kLogicalAnd) continue;
-    // The scores' shape: the mask's own shape is what the shape rule broadcast to them.
-    const std::vector<int64_t> scores = g.type(n.inputs[3]).shape();
-    ValueId keep = kNoValue;
-    for (int i = 0; i < 2 && keep == kNoValue; ++i) {
-      const ValueId c = and_node->inputs[size_t(i)], m = and_node->inputs[size_t(1 - i)];
-      if (bounds.all_true(c) && g.type(m).dtype == DType::kBool && broadcasts_to(g.type(m).shape(), scores)) keep = m;
-    }
+    const ValueId keep = and_rest(g, n.inputs[3], [&](ValueId c) { return bounds.all_true(c); });
     if (keep == kNoValue) continue;
     set_mask(g, pos, keep);
     changed = true;
@@ -300,16 +306,9 @@ bool causal_attention_masks(Graph& g) {
     std::vector<ValueId> ins(n.inputs.begin(), n.inputs.begin() + 3);
     if (!is_causal_mask(g, mask, L, S) && !is_causal_part(g, bounds, mask, L, S)) {
       // causal and m: the causal flag, and m as the mask.
-      const Node* and_node = g.value(mask).producer;
-      if (and_node == nullptr || and_node->op != OpKind::kLogicalAnd) continue;
-      const std::vector<int64_t> scores = g.type(mask).shape();
-      for (int i = 0; i < 2 && ins.size() == 3; ++i) {
-        const ValueId c = and_node->inputs[size_t(i)], m = and_node->inputs[size_t(1 - i)];
-        if (is_causal_part(g, bounds, c, L, S) && g.type(m).dtype == DType::kBool &&
-            broadcasts_to(g.type(m).shape(), scores))
-          ins.push_back(m);
-      }
-      if (ins.size() == 3) continue;
+      const ValueId m = and_rest(g, mask, [&](ValueId c) { return is_causal_part(g, bounds, c, L, S); });
+      if (m == kNoValue) continue;
+      ins.push_back(m);
     }
     Attrs attrs = n.attrs;
     attrs.set("causal", true);

@@ -63,6 +63,19 @@ inline ValueId expand(Graph& g, ValueId v, const Shape& shape) {
   return g.add_node1(OpKind::kExpand, {v}, a);
 }
 
+// An i64 arange(start, end) node; `sized` as an importer marks one in a dynamic program's block
+// (fold_constants then leaves it a node).
+inline ValueId i64_arange(Graph& g, int64_t start, int64_t end, bool sized) {
+  Attrs a;
+  a.set("start", double(start));
+  a.set("end", double(end));
+  a.set("step", 1.0);
+  a.set("dtype", DType::kI64);
+  const ValueId v = g.add_node1(OpKind::kArange, {}, a);
+  g.value(v).sized = sized;
+  return v;
+}
+
 inline Attrs conv2d_attrs(int64_t stride, int64_t pad, int64_t groups) {
   Attrs a;
   a.set("stride", Shape{stride, stride});

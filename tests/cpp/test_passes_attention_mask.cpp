@@ -6,6 +6,8 @@
 // rewrite; a comparison the bounds do not decide (one that needs the arange's end) stays.
 // additive_attention_masks: the bool mask two f16 sdpa nodes share becomes one additive f16
 // mask they both read, with the same outputs (dropped keys included); f32 nodes keep theirs.
+#include <array>
+
 #include "tests/cpp/pass_test_util.h"
 
 namespace {
@@ -20,16 +22,23 @@ struct MaskCase {
 
 // q, k, v [2, 3, 5, 8]; a padding input p [2, 1, 1, 5] -> m = p > 0; the all-true (or not)
 // constant c [1, 1, 5, 1]; mask = logical_and(c, m) (or (m, c)) -> [2, 1, 5, 5].
-MaskCase masked_attention(bool all_true, bool constant_first) {
-  MaskCase c;
+// The inputs q, k, v [2, 3, 5, 8] and p [2, 1, 1, 5] of c.g, with c.padding_mask = p > 0; returns
+// q, k and v.
+std::array<ValueId, 3> attention_inputs(MaskCase& c) {
   Graph& g = c.g;
   const Shape qs = {2, 3, 5, 8};
   const ValueId q = g.add_input("q", TensorType(DType::kF32, qs));
   const ValueId k = g.add_input("k", TensorType(DType::kF32, qs));
   const ValueId v = g.add_input("v", TensorType(DType::kF32, qs));
   const ValueId p = g.add_input("p", TensorType(DType::kF32, {2, 1, 1, 5}));
-  const ValueId zero = f32_constant(g, "zero", {}, {0.0f}, false);
-  c.padding_mask = g.add_node1(OpKind::kGt, {p, zero});
+  c.padding_mask = g.add_node1(OpKind::kGt, {p, f32_constant(g, "zero", {}, {0.0f}, false)});
+  return {q, k, v};
+}
+
+MaskCase masked_attention(bool all_true, bool constant_first) {
+  MaskCase c;
+  Graph& g = c.g;
+  const auto [q, k, v] = attention_inputs(c);
   Bytes ones(5, 1);
   if (!all_true) ones[2] = 0;
   const ValueId t = g.add_constant("rows", TensorType(DType::kBool, {1, 1, 5, 1}), ones.data(), ones.size(), false);
@@ -81,19 +90,8 @@ ValueId i64_scalar(Graph& g, const std::string& name, int64_t v) {
 MaskCase index_masked_attention(OpKind cmp, int64_t start, int64_t shift, int64_t bound, bool bound_first) {
   MaskCase c;
   Graph& g = c.g;
-  const Shape qs = {2, 3, 5, 8};
-  const ValueId q = g.add_input("q", TensorType(DType::kF32, qs));
-  const ValueId k = g.add_input("k", TensorType(DType::kF32, qs));
-  const ValueId v = g.add_input("v", TensorType(DType::kF32, qs));
-  const ValueId p = g.add_input("p", TensorType(DType::kF32, {2, 1, 1, 5}));
-  c.padding_mask = g.add_node1(OpKind::kGt, {p, f32_constant(g, "zero", {}, {0.0f}, false)});
-  Attrs range;
-  range.set("start", double(start));
-  range.set("end", double(start + 5));
-  range.set("step", 1.0);
-  range.set("dtype", DType::kI64);
-  const ValueId idx = g.add_node1(OpKind::kArange, {}, range);
-  g.value(idx).sized = true;
+  const auto [q, k, v] = attention_inputs(c);
+  const ValueId idx = i64_arange(g, start, start + 5, true);
   const ValueId shifted =
       g.add_node1(shift >= 0 ? OpKind::kAdd : OpKind::kSub, {idx, i64_scalar(g, "shift", shift >= 0 ? shift : -shift)});
   Attrs rows;

@@ -216,12 +216,7 @@ PaddedCase padded_causal(int64_t L, const std::function<ValueId(Graph&)>& rows, 
 // arange(start, start + L) + shift, viewed with its one long dim `from_end` dims from the end of a
 // rank-4 shape: transformers' q_idx (from_end 1) and kv_idx (from_end 0).
 ValueId index_of(Graph& g, int64_t L, int64_t start, int64_t shift, int from_end) {
-  Attrs range;
-  range.set("start", double(start));
-  range.set("end", double(start + L));
-  range.set("step", 1.0);
-  range.set("dtype", DType::kI64);
-  ValueId x = g.add_node1(OpKind::kArange, {}, range);
+  ValueId x = i64_arange(g, start, start + L, false);
   const int64_t c = shift;
   x = g.add_node1(OpKind::kAdd, {x, g.add_constant("shift" + std::to_string(g.num_values()),
                                                    TensorType(DType::kI64, {}), &c, sizeof c, false)});

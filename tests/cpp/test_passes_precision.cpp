@@ -218,13 +218,7 @@ TEST(LowerPrecision, IntegerF64AndDtypeAttributes) {
 TEST(LowerPrecision, SizedValuesStaySizedAndUnfolded) {
   Graph g;
   const ValueId x = g.add_input("x", TensorType(DType::kF32, {6, 4}));
-  Attrs range;
-  range.set("start", 0.0);
-  range.set("end", 6.0);
-  range.set("step", 1.0);
-  range.set("dtype", DType::kI64);
-  const ValueId idx = g.add_node1(OpKind::kArange, {}, range);
-  g.value(idx).sized = true;
+  const ValueId idx = i64_arange(g, 0, 6, true);
   Attrs rows;
   rows.set("axis", int64_t(0));
   const ValueId table = f32_constant(g, "table", {8, 4}, random_floats(32, 3), true);
@@ -238,7 +232,9 @@ TEST(LowerPrecision, SizedValuesStaySizedAndUnfolded) {
   EXPECT_EQ(count_ops(g, OpKind::kArange), 1);
   ASSERT_EQ(count_ops(g, OpKind::kIndexSelect), 1);
   for (const auto& n : g.nodes())
-    if (n->op == OpKind::kIndexSelect || n->op == OpKind::kArange) EXPECT_TRUE(g.value(n->outputs[0]).sized);
+    if (n->op == OpKind::kIndexSelect || n->op == OpKind::kArange) {
+      EXPECT_TRUE(g.value(n->outputs[0]).sized);
+    }
   const auto in = random_inputs(original, 5);
   expect_close(run_plain(g, in), run_plain(original, in), 2e-3f, 2e-3f);
 }

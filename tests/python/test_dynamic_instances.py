@@ -45,6 +45,17 @@ class Encoder(torch.nn.Module):
         return self.out(self.norm(h + a))
 
 
+class _IdsAndMask(torch.nn.Module):
+    """A transformers model called with ids and an attention mask by keyword; its last hidden state."""
+
+    def __init__(self, model: torch.nn.Module, **fixed: object) -> None:
+        super().__init__()
+        self.model, self.fixed = model, fixed
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, attention_mask=mask, **self.fixed).last_hidden_state
+
+
 def _inputs(b: int, s: int) -> list[torch.Tensor]:
     ids = torch.randint(1, 50, (b, s))
     mask = torch.ones(b, s, dtype=torch.long)
@@ -544,17 +555,7 @@ def test_a_decoders_causal_and_padding_mask_becomes_the_causal_flag_at_every_len
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=4, n_positions=64,
                                      bos_token_id=0, eos_token_id=0)
-    gpt2 = transformers.GPT2Model(config).eval()
-
-    class Decoder(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.gpt2 = gpt2
-
-        def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            return self.gpt2(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
-
-    model = Decoder().eval()
+    model = _IdsAndMask(transformers.GPT2Model(config), use_cache=False).eval()
     compiled = _compile(model)
     reset_cache_stats()
     for s in (16, 23, 64, 5):
@@ -580,17 +581,7 @@ def test_t5_relative_position_buckets_match_eager_at_every_length() -> None:
     torch.manual_seed(0)
     config = transformers.T5Config(vocab_size=50, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
                                    relative_attention_num_buckets=32, relative_attention_max_distance=128)
-    encoder = transformers.T5EncoderModel(config).eval()
-
-    class Encoder(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.t5 = encoder
-
-        def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            return self.t5(input_ids=ids, attention_mask=mask).last_hidden_state
-
-    model = Encoder().eval()
+    model = _IdsAndMask(transformers.T5EncoderModel(config)).eval()
     compiled = _compile(model)
     for s in (16, 17, 33, 64, 5):
         x = _inputs(2, s)
