@@ -2,6 +2,8 @@
 
     python3 benchmarks/gpu_latency.py --model vit_b_16 --batch 1 [--dtype fp16] [--backends kiln,ro]
 
+The model is one of gpu_models.py's or any model of the zoo (zoo_models.py).
+
 `gpu_models.py` times one synchronized forward at a time, so its number is the host time until
 the device work is issued plus the device time from there on. This script splits that number,
 per backend (Kiln and inductor reduce-overhead both replay CUDA graphs here), into:

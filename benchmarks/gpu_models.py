@@ -106,11 +106,17 @@ def build_model(name: str, batch: int) -> tuple[torch.nn.Module, list[torch.Tens
 
 
 def model_on_gpu(name: str, batch: int, dtype: torch.dtype) -> tuple[torch.nn.Module, list[torch.Tensor]]:
-    """The model with re-randomized weights on the GPU in `dtype`, and its inputs; allows TF32."""
+    """The model with re-randomized weights on the GPU in `dtype`, and its inputs; allows TF32.
+    `name` is one of this script's models or any model of the zoo (zoo_models.py, built as
+    benchmarks/zoo.py builds it)."""
+    import zoo_models  # type: ignore[import-not-found]
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    model, inputs = build_model(name, batch)
-    randomize_weights(model.eval())
+    if name in zoo_models.MODELS:
+        model, inputs = zoo_models.MODELS[name].create_randomized(batch)
+    else:
+        model, inputs = build_model(name, batch)
+        randomize_weights(model.eval())
     model = model.cuda().to(dtype)
     return model, [x.cuda().to(dtype) if x.is_floating_point() else x.cuda() for x in inputs]
 

@@ -17,7 +17,6 @@ import logging
 
 import torch
 
-import zoo_models  # type: ignore[import-not-found]
 from gpu_models import DTYPES, median_ms, model_on_gpu  # type: ignore[import-not-found]
 
 log = logging.getLogger("kiln.bench.gpu_profile")
@@ -40,12 +39,7 @@ def main() -> None:
         logging.getLogger("kiln.compile").addHandler(handler)
         logging.getLogger("kiln.compile").setLevel(logging.DEBUG)
     dtype = DTYPES[args.dtype]
-    if args.model in zoo_models.MODELS:  # any zoo model, built as benchmarks/zoo.py builds it
-        model, inputs = zoo_models.MODELS[args.model].create_randomized(args.batch, device="cuda")
-        model = model.to(dtype)
-        inputs = [x.cuda().to(dtype) if x.is_floating_point() else x.cuda() for x in inputs]
-    else:
-        model, inputs = model_on_gpu(args.model, args.batch, dtype)
+    model, inputs = model_on_gpu(args.model, args.batch, dtype)
     if args.backend == "kiln":
         fn = torch.compile(model, backend="kiln", options={"enabled_precisions": {dtype}, "min_block_size": 1,
                                                            "use_cuda_graphs": False})

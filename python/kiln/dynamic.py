@@ -951,7 +951,8 @@ class Specializations(torch.nn.Module):
                 continue
             r = finish_fit(fit, runner)
             if r is not None:
-                r.rows = row_symbol(b.tensor_inputs, b.block.nodes, b.block.outputs, r.symbols)
+                # (Tied symbols count the rows of other inputs too: no padded rows for those.)
+                r.rows = None if r.tied else row_symbol(b.tensor_inputs, b.block.nodes, b.block.outputs, r.symbols)
                 self.ranges[b.index] = r
                 self.range_parents[str(b.index)] = runner
                 runner.refit_hooks.append(self._drop_instances)

@@ -73,6 +73,10 @@ class SizeRange:
     built_at: dict[str, int]  # the fitted symbols' values the parent engine was built at
     # The fitted symbol that only counts rows (row_symbol), and the row dims of the inputs and outputs.
     rows: tuple[sympy.Symbol, dict[int, int], dict[int, int]] | None = None
+    # Symbols fitted as equal to another (tie_symbols): instances serve bindings that keep them so.
+    tied: dict[sympy.Symbol, sympy.Symbol] = dataclasses.field(default_factory=dict)
+    # The least value of each fitted symbol that instances serve (sizes below build their engines).
+    lowest: dict[sympy.Symbol, int] = dataclasses.field(default_factory=dict)
     arena: Any = None  # _C.SharedArena
     shares: bool = True  # False once the arena was found too large or could not be allocated
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
@@ -439,6 +443,27 @@ class PendingFit:
     first: dict[str, int]  # the binding the engine is built at (sample 0)
     plans: list[tuple[dict[str, int], concurrent.futures.Future[Any]]]
     seconds: float  # spent describing the samples
+    # When the plans do not fit: the fit again with the symbols of equal base values tied
+    # (tie_symbols) and the sizes below _RETRY_FLOOR left out.
+    tied_fit: Callable[[], PendingFit | None] | None = None
+    tied: dict[sympy.Symbol, sympy.Symbol] = dataclasses.field(default_factory=dict)
+
+
+_RETRY_FLOOR = 3  # the least size a second fit samples and its instances serve
+
+
+def tie_symbols(base: Binding, symbols: Sequence[sympy.Symbol]) -> dict[sympy.Symbol, sympy.Symbol]:
+    """Each symbol whose base value an earlier symbol (by name) has -> that symbol. Dynamo gives
+    each input's dims symbols of their own (``dynamic=True``, or dims it saw change), so a model's
+    ids and attention mask have a batch and a length each, equal in every real call; fitted apart,
+    their plans differ where they differ (a mask broadcast over another batch) and do not fit."""
+    first: dict[int, sympy.Symbol] = {}
+    tied: dict[sympy.Symbol, sympy.Symbol] = {}
+    for s in sorted(symbols, key=str):
+        held = first.setdefault(base[s], s)
+        if held is not s:
+            tied[s] = held
+    return tied
 
 
 def start_fit(base: Binding, ranges: dict[sympy.Symbol, Any], nodes: Sequence[fx.Node],
@@ -447,49 +472,83 @@ def start_fit(base: Binding, ranges: dict[sympy.Symbol, Any], nodes: Sequence[fx
     """Starts the range fit of a block whose engine is (to be) built at ``base`` (its symbols'
     values): describes the block at the other sample bindings (``concrete(binding)`` gives its
     concrete copy, graph module and Block; the constants' host copies come from ``shared`` where
-    they are there) and optimizes them on ``pool``. None (logged) when its sizes cannot be fitted."""
+    they are there) and optimizes them on ``pool``. None (logged) when its sizes cannot be fitted.
+    Should the plans not fit, finish_fit tries once more with the symbols of equal base values
+    tied (tie_symbols) and sizes from _RETRY_FLOOR up (a plan at a size of 2 may differ: a
+    length-2 attention's)."""
     start = time.perf_counter()
     sizes = _sizes(nodes)
     pinned = pinned_symbols(sizes, tuple(base))
     symbols = tuple(s for s in base if s not in pinned)
     problem = multilinear_problem(sizes, symbols, pinned) if symbols else "no symbol's sizes are multilinear"
-    bindings = sample_bindings(symbols, ranges, base) if problem is None else None
-    if problem is None and bindings is None:
-        problem = "its ranges are too narrow to sample"
-    if problem is not None or bindings is None:
+    if problem is not None:
         log.info("%s: an engine per size (%s)", name, problem)
         return None
     builder = _C.Builder(builder_config(settings, device))
-    plans = []
-    try:
-        for binding in bindings[1:]:
-            gm, block = concrete(binding)
-            network = _C.import_aten(describe_block_parts(gm, block, settings, shared=shared).graph)
-            plans.append(({str(s): v for s, v in binding.items()}, pool.submit(builder.optimize, network)))
-    except _C.KilnError as err:
-        log.info("%s: an engine per size (its plans do not fit one: %s)", name, err)
-        return None
-    return PendingFit(name, ranges, base, symbols, {s: base[s] for s in pinned},
-                      {str(s): v for s, v in bindings[0].items()}, plans, time.perf_counter() - start)
+    tied = tie_symbols(base, symbols)
+    low = any(ranges[s].min < min(_RETRY_FLOOR, base[s]) for s in symbols)
+
+    def describe(ties: dict[sympy.Symbol, sympy.Symbol], floor: int,
+                 at_pool: concurrent.futures.Executor) -> PendingFit | None:
+        """The samples over the symbols not in ``ties`` (those in it follow theirs, the ranges
+        intersected) from ``floor`` up, described and submitted to ``at_pool``."""
+        began = time.perf_counter()
+        free = tuple(s for s in symbols if s not in ties)
+        narrowed = dict(ranges)
+        for m, r in ties.items():
+            narrowed[r] = dataclasses.replace(narrowed[r], min=max(narrowed[r].min, ranges[m].min),
+                                              max=min(narrowed[r].max, ranges[m].max))
+        for s in free:  # (not past the base: sample 0 is the engine built there)
+            narrowed[s] = dataclasses.replace(narrowed[s], min=max(narrowed[s].min, min(floor, base[s])))
+        bindings = sample_bindings(free, narrowed, base)
+        if bindings is None:
+            log.info("%s: an engine per size (its ranges are too narrow to sample)", name)
+            return None
+        plans = []
+        try:
+            for binding in bindings[1:]:
+                gm, block = concrete({**binding, **{m: binding[r] for m, r in ties.items()}})
+                network = _C.import_aten(describe_block_parts(gm, block, settings, shared=shared).graph)
+                plans.append(({str(s): v for s, v in binding.items()}, at_pool.submit(builder.optimize, network)))
+        except _C.KilnError as err:
+            log.info("%s: an engine per size (its plans do not fit one: %s)", name, err)
+            return None
+        return PendingFit(name, narrowed, base, free, {s: base[s] for s in pinned},
+                          {str(s): v for s, v in bindings[0].items()}, plans,
+                          time.perf_counter() - (start if not ties else began),
+                          again if floor < _RETRY_FLOOR and (tied or low) else None, ties)
+
+    def again() -> PendingFit | None:
+        with fit_pool() as own:
+            fit = describe(tied, _RETRY_FLOOR, own)
+        return fit
+    return describe({}, 1, pool)
 
 
 def finish_fit(fit: PendingFit, parent: KilnEngineModule) -> SizeRange | None:
     """The SizeRange of the block whose engine ``parent`` was built at ``fit``'s base, or None
-    (logged) when its plans do not fit one."""
+    (logged) when its plans do not fit one (apart, nor with the symbols of equal base values tied)."""
     start = time.perf_counter()
     try:
         samples = [(fit.first, parent.engine.graph())] + [(binding, plan.result()) for binding, plan in fit.plans]
         program = _C.SizeProgram.fit(samples)
     except _C.KilnError as err:
-        log.info("%s: an engine per size (its plans do not fit one: %s)", fit.name, err)
-        return None
+        again = fit.tied_fit() if fit.tied_fit is not None else None
+        if again is None:
+            log.info("%s: an engine per size (its plans do not fit one: %s)", fit.name, err)
+            return None
+        log.info("%s: its plans do not fit one (%s); fitting again from %d up%s", fit.name, err, _RETRY_FLOOR,
+                 "".join(f", {m} = {r}" for m, r in again.tied.items()))
+        return finish_fit(again, parent)
     held = "".join(f", {s}={fit.base[s]} held" for s in fit.pinned)
+    ties = "".join(f", {m} = {r}" for m, r in fit.tied.items())
     # The samples' passes ran beside the build: the time counted is what the fit added to it.
-    log.info("%s: one engine for %s%s (%d sizes fitted from %d plans in %.3f s besides the build)", fit.name,
-             ", ".join(fit.ranges[s].text() for s in fit.symbols), held, program.fitted, len(samples),
+    log.info("%s: one engine for %s%s%s (%d sizes fitted from %d plans in %.3f s besides the build)", fit.name,
+             ", ".join(fit.ranges[s].text() for s in fit.symbols), held, ties, program.fitted, len(samples),
              fit.seconds + time.perf_counter() - start)
     return SizeRange(parent, program, fit.symbols, {str(s): fit.ranges[s].max for s in fit.symbols},
-                     fit.pinned, {str(s): fit.base[s] for s in fit.symbols})
+                     fit.pinned, {str(s): fit.base[s] for s in fit.symbols}, tied=dict(fit.tied),
+                     lowest={s: fit.ranges[s].min for s in fit.symbols})
 
 
 def make_instance(r: SizeRange, binding: Binding, name: str, level: int = 0) -> KilnEngineModule:
@@ -500,6 +559,12 @@ def make_instance(r: SizeRange, binding: Binding, name: str, level: int = 0) -> 
     for s, v in r.pinned.items():
         if binding[s] != v:
             raise _C.UnsupportedError(f"{s}={binding[s]}: the fitted sizes hold at {s}={v} only")
+    for s, least in r.lowest.items():
+        if binding[s] < least:
+            raise _C.UnsupportedError(f"{s}={binding[s]}: the fitted sizes hold from {s}={least} up")
+    for m, t in r.tied.items():
+        if binding[m] != binding[t]:
+            raise _C.UnsupportedError(f"{m}={binding[m]}, {t}={binding[t]}: the fitted sizes hold where {m} = {t} only")
     plan = r.program.evaluate(parent.engine.graph(), {str(s): binding[s] for s in r.symbols})
     # The untimed instance serves at once: no cuDNN engine compiled for its shape (the timed one may).
     engine = parent.engine.instance(plan, level, level == 0)

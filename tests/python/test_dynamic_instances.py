@@ -672,3 +672,136 @@ def test_two_symbols_of_torch_compile_dynamic_fit_one_engine() -> None:
         x = torch.randn(b, s, 8)
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
     assert cache_stats().get("builds", 0) == 0
+
+
+@torch.no_grad()
+def test_dynamo_symbols_of_ids_and_mask_fit_one_engine_tied() -> None:
+    """torch.compile(dynamic=True) gives a transformers model's ids and mask a batch and a length
+    symbol each. Fitted apart their plans do not fit (a sample pairs a mask with another batch),
+    nor at a length of 2 (attention over two keys plans differently): the second fit ties the
+    symbols of equal base values and starts at 3. Every later size is an instance with eager's
+    outputs; a length of 2 and a mask whose length differs from the ids' build engines of their own."""
+    from kiln.instances import tie_symbols
+
+    transformers = pytest.importorskip("transformers")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=64, max_position_embeddings=64)
+    model = transformers.BertModel(config).eval()
+    compiled = torch.compile(model, backend="kiln", dynamic=True)
+
+    def check(b: int, s: int) -> None:
+        ids, mask = _inputs(b, s)
+        torch.testing.assert_close(compiled(input_ids=ids, attention_mask=mask).last_hidden_state,
+                                   model(input_ids=ids, attention_mask=mask).last_hidden_state, rtol=1e-4, atol=1e-4)
+    check(2, 16)
+    reset_cache_stats()
+    for b, s in ((3, 23), (4, 9), (5, 31)):
+        check(b, s)
+    assert cache_stats().get("builds", 0) == 0
+    check(3, 2)
+    assert cache_stats().get("builds", 0) == 1
+
+    import sympy
+    a, b, c = sympy.symbols("s1 s2 s3")
+    assert tie_symbols({a: 2, b: 16, c: 2}, (c, b, a)) == {c: a}
+
+
+def _decoder(arch: str) -> torch.nn.Module:
+    transformers = pytest.importorskip("transformers")
+    if arch == "gpt2":
+        config = transformers.GPT2Config(vocab_size=50, n_embd=128, n_layer=2, n_head=2, n_positions=64,
+                                         bos_token_id=0, eos_token_id=0)
+        return _IdsAndMask(transformers.GPT2Model(config), use_cache=False)
+    config = transformers.LlamaConfig(vocab_size=50, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                                      num_key_value_heads=1, intermediate_size=256, max_position_embeddings=64)
+    return _IdsAndMask(transformers.LlamaModel(config), use_cache=False)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@torch.no_grad()
+def test_cuda_f32_decoders_for_f16_with_padding_serve_every_length_by_instances(arch: str) -> None:
+    """The CUDA side of the decoder tests above: an f32 decoder (head dim 64) compiled for f16
+    with a dynamic length, called with a padding mask. Every sdpa is causal with a [B, 1, 1, S]
+    mask (cuDNN's or the flash kernel's causal path with a padding mask), every later length is an
+    instance (no build) and matches eager FP32 within f16's error."""
+    torch.manual_seed(0)
+    model = _decoder(arch).eval().cuda()
+
+    def inputs(s: int) -> list[torch.Tensor]:
+        return [x.cuda() for x in _inputs(3, s)]
+    seq = Dim("seq", min=4, max=64)
+    compiled = kiln.compile(model, inputs(16), dynamic_shapes=({1: seq}, {1: seq}), enabled_precisions={torch.half},
+                            dynamic_instances=True)
+    table = dynamic_program_of(compiled)
+    assert table is not None and table.ranges
+    reset_cache_stats()
+    for s in (16, 37, 64, 5):
+        x = inputs(s)
+        ref = model(*x)
+        first = compiled(*x)
+        table.wait_tuned()
+        for out in (first, compiled(*x)):
+            assert float((out.float() - ref).norm() / ref.norm()) < 1e-2, s
+        engines = _engines(compiled, s)
+        assert engines and all(e.engine.is_instance for e in engines if s != 16), s
+        for e in engines:
+            plan = e.engine.graph()
+            sdpa = [n for n in plan.nodes if n.op == "sdpa"]
+            assert sdpa and all(n.attrs.get("causal", False) for n in sdpa), s
+            assert all(plan.type(n.inputs[3]).shape[-2:] == [1, s] for n in sdpa), s
+    assert cache_stats().get("builds", 0) == 0
+
+
+@pytest.mark.cuda
+@torch.no_grad()
+def test_cuda_torch_compile_dynamic_serves_batch_and_length_from_one_engine() -> None:
+    """torch.compile(dynamic=True) on CUDA in f16: a batch and a length symbol, one engine, every
+    later size an instance with eager's outputs."""
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.n = torch.nn.Linear(64, 256), torch.nn.Linear(256, 64), torch.nn.LayerNorm(64)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.n(x + self.b(F.gelu(self.a(x))))
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Block().eval().cuda().half()
+    compiled = torch.compile(model, backend="kiln", dynamic=True, options={"enabled_precisions": {torch.half}})
+    x = torch.randn(3, 16, 64, device="cuda", dtype=torch.half)
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-2, atol=1e-2)
+    reset_cache_stats()
+    for b, s in ((5, 19), (4, 27), (7, 9)):
+        x = torch.randn(b, s, 64, device="cuda", dtype=torch.half)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-2, atol=1e-2)
+    assert cache_stats().get("builds", 0) == 0
+
+
+@pytest.mark.cuda
+@torch.no_grad()
+def test_cuda_dynamo_symbols_of_ids_and_mask_fit_one_engine_tied() -> None:
+    """The tied fit above on CUDA in f16: every later size an instance, eager FP32's outputs
+    within f16's error."""
+    transformers = pytest.importorskip("transformers")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=50, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=256, max_position_embeddings=64)
+    model = transformers.BertModel(config).eval().cuda()
+    compiled = torch.compile(model, backend="kiln", dynamic=True, options={"enabled_precisions": {torch.half}})
+
+    def check(b: int, s: int) -> None:
+        ids, mask = (x.cuda() for x in _inputs(b, s))
+        ref = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        out = compiled(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+        assert float((out - ref).norm() / ref.norm()) < 1e-2, (b, s)
+    check(2, 16)
+    reset_cache_stats()
+    for b, s in ((3, 23), (4, 9), (5, 31)):
+        check(b, s)
+    assert cache_stats().get("builds", 0) == 0
+
