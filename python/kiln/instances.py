@@ -474,8 +474,7 @@ def start_fit(base: Binding, ranges: dict[sympy.Symbol, Any], nodes: Sequence[fx
     concrete copy, graph module and Block; the constants' host copies come from ``shared`` where
     they are there) and optimizes them on ``pool``. None (logged) when its sizes cannot be fitted.
     Should the plans not fit, finish_fit tries once more with the symbols of equal base values
-    tied (tie_symbols) and sizes from _RETRY_FLOOR up (a plan at a size of 2 may differ: a
-    length-2 attention's)."""
+    tied (tie_symbols) and sizes from _RETRY_FLOOR up (a plan at a size of 2 may differ)."""
     start = time.perf_counter()
     sizes = _sizes(nodes)
     pinned = pinned_symbols(sizes, tuple(base))

@@ -678,9 +678,9 @@ def test_two_symbols_of_torch_compile_dynamic_fit_one_engine() -> None:
 def test_dynamo_symbols_of_ids_and_mask_fit_one_engine_tied() -> None:
     """torch.compile(dynamic=True) gives a transformers model's ids and mask a batch and a length
     symbol each. Fitted apart their plans do not fit (a sample pairs a mask with another batch),
-    nor at a length of 2 (attention over two keys plans differently): the second fit ties the
+    nor with a sample at a length of 2 (its plan differs from the one at 16): the second fit ties the
     symbols of equal base values and starts at 3. Every later size is an instance with eager's
-    outputs; a length of 2 and a mask whose length differs from the ids' build engines of their own."""
+    outputs; a length of 2 builds an engine of its own."""
     from kiln.instances import tie_symbols
 
     transformers = pytest.importorskip("transformers")
