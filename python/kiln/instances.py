@@ -445,7 +445,7 @@ class PendingFit:
     seconds: float  # spent describing the samples
     # When the plans do not fit: the fit again with the symbols of equal base values tied
     # (tie_symbols) and the sizes below _RETRY_FLOOR left out.
-    tied_fit: Callable[[], PendingFit | None] | None = None
+    retry: Callable[[], PendingFit | None] | None = None
     tied: dict[sympy.Symbol, sympy.Symbol] = dataclasses.field(default_factory=dict)
 
 
@@ -532,7 +532,7 @@ def finish_fit(fit: PendingFit, parent: KilnEngineModule) -> SizeRange | None:
         samples = [(fit.first, parent.engine.graph())] + [(binding, plan.result()) for binding, plan in fit.plans]
         program = _C.SizeProgram.fit(samples)
     except _C.KilnError as err:
-        again = fit.tied_fit() if fit.tied_fit is not None else None
+        again = fit.retry() if fit.retry is not None else None
         if again is None:
             log.info("%s: an engine per size (its plans do not fit one: %s)", fit.name, err)
             return None
