@@ -56,6 +56,16 @@ class _IdsAndMask(torch.nn.Module):
         return self.model(input_ids=ids, attention_mask=mask, **self.fixed).last_hidden_state
 
 
+class _FeedForward(torch.nn.Module):
+    """A transformer's feed-forward block with its residual and norm, on [batch, length, dim]."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.a, self.b, self.n = torch.nn.Linear(dim, hidden), torch.nn.Linear(hidden, dim), torch.nn.LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.n(x + self.b(F.gelu(self.a(x))))
+
 def _inputs(b: int, s: int) -> list[torch.Tensor]:
     ids = torch.randint(1, 50, (b, s))
     mask = torch.ones(b, s, dtype=torch.long)
@@ -653,17 +663,9 @@ def test_the_sample_grid_follows_the_symbols_names() -> None:
 def test_two_symbols_of_torch_compile_dynamic_fit_one_engine() -> None:
     """torch.compile(dynamic=True) makes a batch and a length symbol: one engine serves both, every
     later size an instance, no build."""
-    class Block(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.a, self.b, self.n = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8), torch.nn.LayerNorm(8)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.n(x + self.b(F.gelu(self.a(x))))
-
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = Block().eval()
+    model = _FeedForward(8, 16).eval()
     compiled = torch.compile(model, backend="kiln", dynamic=True)
     x = torch.randn(3, 16, 8)
     torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
@@ -760,17 +762,9 @@ def test_cuda_f32_decoders_for_f16_with_padding_serve_every_length_by_instances(
 def test_cuda_torch_compile_dynamic_serves_batch_and_length_from_one_engine() -> None:
     """torch.compile(dynamic=True) on CUDA in f16: a batch and a length symbol, one engine, every
     later size an instance with eager's outputs."""
-    class Block(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.a, self.b, self.n = torch.nn.Linear(64, 256), torch.nn.Linear(256, 64), torch.nn.LayerNorm(64)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.n(x + self.b(F.gelu(self.a(x))))
-
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = Block().eval().cuda().half()
+    model = _FeedForward(64, 256).eval().cuda().half()
     compiled = torch.compile(model, backend="kiln", dynamic=True, options={"enabled_precisions": {torch.half}})
     x = torch.randn(3, 16, 64, device="cuda", dtype=torch.half)
     torch.testing.assert_close(compiled(x), model(x), rtol=1e-2, atol=1e-2)
