@@ -132,6 +132,10 @@ bool fuse_pointwise(Graph& g);
 // of the value the chain starts from ("view<i>"), its innermost dim contiguous, so the chain
 // copies nothing (input_views.cpp). Static shapes. Run it after fuse_pointwise.
 bool fold_input_views(Graph& g);
+// Makes a concat whose parts are fused pointwise kernels read only by it, or strided views, one
+// fused_pointwise node whose body ends in the concat: one kernel computes every part in its
+// columns (pointwise_concats.cpp). Static shapes. Run it after fold_input_views.
+bool fuse_pointwise_concats(Graph& g);
 // Runs the graph in `compute` (f16 or bf16): every f32 value inside it becomes `compute`, f32
 // graph inputs / outputs keep their type behind cast nodes, f32 constants are read through a
 // cast (fold_constants then stores them narrow), dtype attributes saying f32 say `compute`.

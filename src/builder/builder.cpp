@@ -95,6 +95,8 @@ Graph Builder::optimize(const Graph& network, std::ostream& log, std::shared_ptr
   if (config_.fuse_pointwise) {
     run("fuse_pointwise", &fuse_pointwise);
     run("fold_input_views", &fold_input_views);
+    // The generated CUDA kernel computes each part in its columns; the CPU's runs the parts apart.
+    if (config_.device.type == DeviceType::kCUDA) run("fuse_pointwise_concats", &fuse_pointwise_concats);
   }
   run("eliminate_dead_code", &eliminate_dead_code);
   if (recorder) {

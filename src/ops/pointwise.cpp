@@ -360,4 +360,35 @@ std::vector<int64_t> gathered_shape(const Graph& body, const Node& gather) {
   return body.type(gather.outputs[0]).shape();
 }
 
+std::optional<ConcatBody> concat_body(const Graph& body) {
+  if (body.outputs().size() != 1) return std::nullopt;
+  const Node* c = body.value(body.outputs()[0]).producer;
+  if (c == nullptr || c->op != OpKind::kConcat) return std::nullopt;
+  ConcatBody cb;
+  const std::vector<int64_t> out = body.type(c->outputs[0]).shape();
+  cb.axis = c->attrs.get_int("axis");
+  if (cb.axis < 0) cb.axis += int64_t(out.size());
+  cb.parts = c->inputs;
+  cb.part_of.assign(size_t(body.num_values()), -1);
+  cb.start.push_back(0);
+  for (size_t k = 0; k < cb.parts.size(); ++k) {
+    cb.shape.push_back(out);
+    cb.shape.back()[size_t(cb.axis)] = body.type(cb.parts[k]).dims[size_t(cb.axis)].extent;
+    cb.start.push_back(cb.start.back() + cb.shape.back()[size_t(cb.axis)]);
+    // Every value the part is computed from, back through the producers.
+    std::vector<ValueId> todo{cb.parts[k]};
+    while (!todo.empty()) {
+      const ValueId v = todo.back();
+      todo.pop_back();
+      if (body.value(v).is_constant()) continue;
+      int& mark = cb.part_of[size_t(v)];
+      if (mark == int(k)) continue;
+      KILN_CHECK(mark < 0, kUnsupported, "fused_pointwise: body value ", v, " feeds two parts of its concat");
+      mark = int(k);
+      if (const Node* p = body.value(v).producer) todo.insert(todo.end(), p->inputs.begin(), p->inputs.end());
+    }
+  }
+  return cb;
+}
+
 }  // namespace kiln::pw

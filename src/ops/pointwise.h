@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -474,5 +475,19 @@ int input_position(const Graph& body, ValueId v);
 // The shape the gathered leaf `gather` (an index_select of `body`) is read in: that of the
 // reshape that alone reads it, if any, else its own.
 std::vector<int64_t> gathered_shape(const Graph& body, const Node& gather);
+
+// ---- a fused_pointwise body that ends in a concat --------------------------------------------
+// (fuse_pointwise_concats, src/passes/pointwise_concats.cpp: each output element is computed by
+// the part its column along `axis` falls in.)
+struct ConcatBody {
+  int64_t axis = 0;
+  std::vector<ValueId> parts;        // the concat's inputs, body values
+  std::vector<int64_t> start;        // first column of each part along axis, then the total
+  std::vector<int> part_of;          // per body value: its part, -1 for a constant or none
+  std::vector<std::vector<int64_t>> shape;  // per part: the output's shape, axis narrowed
+};
+// The parts of `body` when its one output is a concat's; nullopt otherwise. kUnsupported when a
+// value other than a constant feeds two parts (fuse_pointwise_concats gives each its own).
+std::optional<ConcatBody> concat_body(const Graph& body);
 
 }  // namespace kiln::pw

@@ -28,7 +28,9 @@
 //     broadcasts to it, one read only by index_select any shape;
 //   - scalar constants (one element, not weights) are copied into the body; any other constant
 //     is an input;
-//   - a member whose value is used outside the group, or is a graph output, is a body output.
+//   - a member whose value is used outside the group, or is a graph output, is a body output;
+//   - after fuse_pointwise_concats (pointwise_concats.cpp), a body's one output may be a concat
+//     of parts, each computed from its own inputs in the part's shape (pw::concat_body).
 //
 // Does not: fuse a group of a single op (nothing to save), fuse across shapes beyond the
 // recomputed gates above (a [C] chain that is also read elsewhere, or longer than

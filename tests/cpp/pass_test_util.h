@@ -63,6 +63,21 @@ inline ValueId expand(Graph& g, ValueId v, const Shape& shape) {
   return g.add_node1(OpKind::kExpand, {v}, a);
 }
 
+inline ValueId slice(Graph& g, ValueId v, int64_t axis, int64_t start, int64_t end, int64_t step = 1) {
+  Attrs a;
+  a.set("axis", axis);
+  a.set("start", start);
+  a.set("end", end);
+  a.set("step", step);
+  return g.add_node1(OpKind::kSlice, {v}, a);
+}
+
+inline ValueId concat(Graph& g, const std::vector<ValueId>& parts, int64_t axis) {
+  Attrs a;
+  a.set("axis", axis);
+  return g.add_node1(OpKind::kConcat, parts, a);
+}
+
 // An i64 arange(start, end) node; `sized` as an importer marks one in a dynamic program's block
 // (fold_constants then leaves it a node).
 inline ValueId i64_arange(Graph& g, int64_t start, int64_t end, bool sized) {

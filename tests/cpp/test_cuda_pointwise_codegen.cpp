@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kiln/kiln.h"
+#include "kiln/passes.h"
 #include "src/backends/cuda/codegen/nvrtc.h"
 #include "src/backends/cuda/codegen/pointwise_program.h"
 #include "src/backends/cuda/kernels.h"
@@ -462,6 +463,86 @@ TEST(CudaPointwiseCodegen, NodesDifferingOnlyInSizesShareOneSource) {
   a2.set("negative_slope", 0.3);
   EXPECT_NE(generate(one_node(OpKind::kLeakyRelu, {TensorType(DType::kF32, {10})}, a1)).source,
             generate(one_node(OpKind::kLeakyRelu, {TensorType(DType::kF32, {10})}, a2)).source);
+}
+
+// GPT-NeoX's partial rotary q for heads of `d` (a [b, s, h, 3 d] projection, h = 2): the rotated
+// first half of q joined to its second half, as fuse_pointwise_concats leaves it (one fused node
+// whose body ends in the concat).
+Built partial_rotary(int64_t s, int64_t d) {
+  Built b;
+  Graph& g = b.g;
+  const ValueId x = g.add_input("x", TensorType(DType::kF16, {2, s, 6 * d}));
+  Attrs shape, perm;
+  shape.set("shape", Shape{2, s, 2, 3 * d});
+  perm.set("perm", Shape{0, 2, 1, 3});
+  const ValueId heads = g.add_node1(OpKind::kPermute, {g.add_node1(OpKind::kReshape, {x}, shape)}, perm);
+  auto slice = [&](ValueId v, int64_t start, int64_t end) {
+    Attrs a;
+    a.set("axis", int64_t{3});
+    a.set("start", start);
+    a.set("end", end);
+    a.set("step", int64_t{1});
+    return g.add_node1(OpKind::kSlice, {v}, a);
+  };
+  const ValueId rot = slice(heads, 0, d / 2);
+  std::vector<int64_t> idx;
+  for (int64_t k = 0; k < d / 2; ++k) idx.push_back((k + d / 4) % (d / 2));
+  const ValueId index = g.add_constant("", TensorType(DType::kI64, {d / 2}), idx.data(), idx.size() * 8);
+  const std::vector<uint16_t> ones(size_t(s * d / 2), 0x3c00);
+  const ValueId cos = g.add_constant("", TensorType(DType::kF16, {s, d / 2}), ones.data(), ones.size() * 2);
+  Attrs last;
+  last.set("axis", int64_t{3});
+  const ValueId gathered = g.add_node1(OpKind::kIndexSelect, {rot, index}, last);
+  const ValueId rotated = g.add_node1(OpKind::kAdd, {g.add_node1(OpKind::kMul, {rot, cos}), gathered});
+  g.mark_output(g.add_node1(OpKind::kConcat, {rotated, slice(heads, d / 2, d)}, last), "q");
+  fuse_pointwise(g);
+  fold_input_views(g);
+  EXPECT_TRUE(fuse_pointwise_concats(g)) << g.to_string();
+  b.node = g.nodes().back().get();
+  return b;
+}
+
+TEST(CudaPointwiseCodegen, ConcatBodyComputesEachPartInItsColumns) {
+  const Generated gen = compiles(partial_rotary(5, 16), "partial rotary concat");
+  EXPECT_EQ(gen.program.concat_dim, 3);
+  EXPECT_EQ(gen.program.part_start, (Shape{0, 8, 16}));
+  EXPECT_FALSE(gen.layout.flat);
+  EXPECT_EQ(gen.layout.vec, 1);
+  EXPECT_EQ(gen.layout.dims, (Shape{2, 2, 5, 16}));
+  // The passing half is read from q's buffer 8 columns on: its base steps back to column 0.
+  const int pass = gen.program.input_part.back() == 1 ? gen.program.num_inputs - 1 : -1;
+  ASSERT_GE(pass, 0);
+  EXPECT_EQ(gen.layout.bases[size_t(pass)], -8);
+  EXPECT_EQ(gen.layout.offsets[size_t(pass)], 8);
+  EXPECT_NE(gen.source.find("(part == 0 ?"), std::string::npos);
+  EXPECT_NE(gen.source.find(" else if (part == 1) {"), std::string::npos);  // only its own part computes
+}
+
+TEST(CudaPointwiseCodegen, ConcatBodiesShareSourcesAndVectorizeInsideParts) {
+  // -tanh(x) joined to x's first `keep` columns: sizes and part starts are arguments of one
+  // source; 16-byte vectors when every part starts on a multiple of 8 bf16 columns.
+  auto gen = [](int64_t rows, int64_t cols, int64_t keep) {
+    Built b;
+    const ValueId x = b.g.add_input("x", TensorType(DType::kBF16, {rows, cols}));
+    Attrs a, axis;
+    a.set("axis", int64_t{1});
+    a.set("start", int64_t{0});
+    a.set("end", keep);
+    a.set("step", int64_t{1});
+    axis.set("axis", int64_t{1});
+    const ValueId t = b.g.add_node1(OpKind::kNeg, {b.g.add_node1(OpKind::kTanh, {x})});
+    b.g.mark_output(b.g.add_node1(OpKind::kConcat, {t, b.g.add_node1(OpKind::kSlice, {x}, a)}, axis), "y");
+    fuse_pointwise(b.g);
+    fold_input_views(b.g);
+    EXPECT_TRUE(fuse_pointwise_concats(b.g)) << b.g.to_string();
+    b.node = b.g.nodes().back().get();
+    return compiles(b, "tanh concat");
+  };
+  const Generated small = gen(4, 32, 16), large = gen(64, 96, 32), unaligned = gen(3, 10, 4);
+  EXPECT_EQ(small.layout.vec, 8);
+  EXPECT_EQ(small.source, large.source);
+  EXPECT_EQ(unaligned.layout.vec, 1);
+  EXPECT_NE(small.source.find(" : kiln_vec<kiln_bf16, 8>{})"), std::string::npos);
 }
 
 TEST(CudaPointwiseCodegen, TooManyUnmergeableDimsAreRefused) {

@@ -9,18 +9,6 @@ namespace {
 using namespace kiln;
 using namespace kiln::test;
 
-ValueId slice(Graph& g, ValueId x, int64_t axis, int64_t start, int64_t end, int64_t step = 1) {
-  Attrs a;
-  a.set("axis", axis), a.set("start", start), a.set("end", end), a.set("step", step);
-  return g.add_node1(OpKind::kSlice, {x}, a);
-}
-
-ValueId concat(Graph& g, const std::vector<ValueId>& parts, int64_t axis) {
-  Attrs a;
-  a.set("axis", axis);
-  return g.add_node1(OpKind::kConcat, parts, a);
-}
-
 TEST(GatherConcats, RotateHalfIsOneSignedGather) {
   Graph g;
   ValueId x = g.add_input("x", TensorType(DType::kF32, {2, 3, 8}));

@@ -13,15 +13,6 @@ namespace {
 using namespace kiln;
 using namespace kiln::test;
 
-ValueId slice(Graph& g, ValueId v, int64_t axis, int64_t start, int64_t end) {
-  Attrs a;
-  a.set("axis", axis);
-  a.set("start", start);
-  a.set("end", end);
-  a.set("step", int64_t{1});
-  return g.add_node1(OpKind::kSlice, {v}, a);
-}
-
 // x * cos + rotate_half(x) * sin over the last dim of x ([.., d]), rotate_half as the gathered
 // leaf gather_concats makes of it: index_select(x, [d/2 .. d-1, 0 .. d/2-1]) * [-1.., 1..].
 ValueId rope(Graph& g, ValueId x, uint32_t seed) {

@@ -9,12 +9,6 @@ namespace {
 using namespace kiln;
 using namespace kiln::test;
 
-ValueId concat(Graph& g, const std::vector<ValueId>& parts, int64_t axis) {
-  Attrs a;
-  a.set("axis", axis);
-  return g.add_node1(OpKind::kConcat, parts, a);
-}
-
 TEST(InterleaveConcats, AShuffleAfterAConcatIsOneConcat) {
   for (int64_t parts : {2, 3}) {
     Graph g;

@@ -31,6 +31,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <unordered_map>
 
 #include "src/backends/cpu/kernels.h"
 #include "src/ops/access.h"
@@ -402,6 +403,95 @@ std::unique_ptr<Kernel> make(const Node& n, const Graph& g) {
   return make_fn_kernel(fn, desc, ws, std::move(over));
 }
 
+// A body that ends in a concat (fuse_pointwise_concats, for CUDA's kernel that computes each part
+// in its columns): here each computed part runs as a fused node of its own into the workspace,
+// then a concat node joins those and the parts read as they are.
+std::unique_ptr<Kernel> make_concat_body_kernel(const Node& n, const Graph& g, const pw::ConcatBody& cb) {
+  const Graph& body = *n.body;
+  Graph parts;  // the node's inputs, one fused node per computed part, the concat
+  std::vector<ValueId> ins;
+  for (size_t i = 0; i < n.inputs.size(); ++i)
+    ins.push_back(parts.add_input("in" + std::to_string(i), g.type(n.inputs[i])));
+  std::vector<ValueId> joined;
+  Attrs join;
+  join.set("axis", cb.axis);
+  for (size_t k = 0; k < cb.parts.size(); ++k) {
+    KILN_CHECK(!body.value(cb.parts[k]).is_constant(), kUnsupported, "fused_pointwise: a concat part is a constant");
+    if (const int j = pw::input_position(body, cb.parts[k]); j >= 0) {
+      if (n.attrs.has(input_view_key(size_t(j))))
+        join.set(input_view_key(joined.size()), n.attrs.get_ints(input_view_key(size_t(j))));
+      joined.push_back(ins[size_t(j)]);
+      continue;
+    }
+    auto sub = std::make_shared<Graph>();
+    std::unordered_map<ValueId, ValueId> to_sub;
+    std::vector<ValueId> sub_inputs;
+    Attrs views;
+    for (size_t i = 0; i < body.inputs().size(); ++i) {
+      const ValueId v = body.inputs()[i];
+      if (cb.part_of[size_t(v)] != int(k)) continue;
+      if (n.attrs.has(input_view_key(i)))
+        views.set(input_view_key(sub_inputs.size()), n.attrs.get_ints(input_view_key(i)));
+      to_sub[v] = sub->add_input("in" + std::to_string(sub_inputs.size()), body.type(v));
+      sub_inputs.push_back(ins[i]);
+    }
+    for (const auto& node : body.nodes()) {
+      if (cb.part_of[size_t(node->outputs[0])] != int(k)) continue;
+      std::vector<ValueId> args;
+      for (ValueId v : node->inputs) {
+        if (!to_sub.count(v)) to_sub[v] = sub->add_constant("", body.type(v), body.value(v).data);
+        args.push_back(to_sub.at(v));
+      }
+      const std::vector<ValueId> outs = sub->add_node(node->op, args, node->attrs, node->name);
+      for (size_t o = 0; o < outs.size(); ++o) to_sub[node->outputs[o]] = outs[o];
+    }
+    sub->mark_output(to_sub.at(cb.parts[k]), "out0");
+    joined.push_back(parts.insert_fused(parts.nodes().size(), sub_inputs, std::move(sub), n.name, views)[0]);
+  }
+  parts.mark_output(parts.add_node1(OpKind::kConcat, joined, join, n.name), "out0");
+
+  // Each node's kernel, where its inputs come from (a node input, or a part's place in the
+  // workspace) and where its output goes; the parts first in the workspace, then the largest
+  // workspace a part's kernel needs.
+  struct Step {
+    std::shared_ptr<const Kernel> kernel;
+    std::vector<std::pair<bool, size_t>> from;  // (in the workspace, node input index or byte offset)
+    size_t at = 0;                              // the output's byte offset in the workspace
+  };
+  std::vector<Step> steps;
+  std::unordered_map<ValueId, size_t> placed;
+  size_t bytes = 0, scratch = 0;
+  for (const auto& node : parts.nodes()) {
+    Step st;
+    st.kernel = node->op == OpKind::kConcat ? make_shape_kernel(*node, parts) : make_fused_kernel(*node, parts);
+    for (ValueId v : node->inputs) {
+      const int i = pw::input_position(parts, v);
+      st.from.emplace_back(i < 0, i < 0 ? placed.at(v) : size_t(i));
+    }
+    if (node->op != OpKind::kConcat) {
+      st.at = bytes;
+      placed[node->outputs[0]] = bytes;
+      bytes += (parts.type(node->outputs[0]).nbytes() + 63) / 64 * 64;
+    }
+    scratch = std::max(scratch, st.kernel->workspace_size());
+    steps.push_back(std::move(st));
+  }
+  const size_t ws = bytes + scratch;
+  auto fn = [steps, bytes, ws](const void* const* in, void* const* out, const RunContext& ctx) {
+    KILN_CHECK(ws == 0 || (ctx.workspace && ctx.workspace_size >= ws), kInternal, "fused_pointwise: workspace of ",
+               ctx.workspace_size, " bytes, kernel needs ", ws);
+    auto* base = static_cast<uint8_t*>(ctx.workspace);
+    const RunContext inner{ctx.stream, base + bytes, ws - bytes};
+    for (const Step& st : steps) {
+      std::vector<const void*> args;
+      for (const auto& [scratch_part, at] : st.from) args.push_back(scratch_part ? base + at : in[at]);
+      void* dst = &st == &steps.back() ? out[0] : static_cast<void*>(base + st.at);
+      st.kernel->run(args.data(), &dst, inner);
+    }
+  };
+  return make_fn_kernel(fn, "cpu fused_pointwise concat of " + std::to_string(cb.parts.size()) + " parts", ws);
+}
+
 }  // namespace
 
 std::unique_ptr<Kernel> make_fused_kernel(const Node& n, const Graph& g) {
@@ -410,6 +500,7 @@ std::unique_ptr<Kernel> make_fused_kernel(const Node& n, const Graph& g) {
   KILN_CHECK(body.inputs().size() == n.inputs.size() && body.outputs().size() == n.outputs.size(), kInternal,
              "fused_pointwise: body has ", body.inputs().size(), " inputs and ", body.outputs().size(),
              " outputs, node has ", n.inputs.size(), " and ", n.outputs.size());
+  if (const std::optional<pw::ConcatBody> cb = pw::concat_body(body)) return make_concat_body_kernel(n, g, *cb);
   // An index_select's index is read as an integer, never computed with: it does not widen.
   std::vector<char> index_only(size_t(body.num_values()), 0);
   const std::vector<char> gathered = pw::gather_only_inputs(body);

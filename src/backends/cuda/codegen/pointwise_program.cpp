@@ -10,6 +10,7 @@
 
 #include "src/backends/cuda/codegen/pointwise_program.h"
 #include "src/common/element_access.h"
+#include "src/ops/access.h"
 #include "src/ops/shape_rules.h"
 
 namespace kiln::cuda::pwgen {
@@ -97,8 +98,8 @@ bool op_supported(OpKind op, DType in, std::string* why) {
 
 // Why index_select `s` of n's body cannot be a gathered leaf, or "": its data and index must be
 // node inputs, the index a constant 1-D i64 / i32 tensor of the graph with every value in range
-// (the kernel does not check), and its result must broadcast to the group.
-std::string gather_refusal(const Node& n, const Graph& g, const Node& s) {
+// (the kernel does not check), and its result must broadcast to `group` (its part's shape).
+std::string gather_refusal(const Node& n, const Graph& g, const Node& s, const std::vector<int64_t>& group) {
   const Graph& body = *n.body;
   const int data = pw::input_position(body, s.inputs[0]), index = pw::input_position(body, s.inputs[1]);
   if (data < 0 || index < 0) return "fused_pointwise body index_select reads a value computed in the body";
@@ -112,7 +113,7 @@ std::string gather_refusal(const Node& n, const Graph& g, const Node& s) {
       return "fused_pointwise body index_select index " + std::to_string(v) + " is out of range for a dim of " +
              std::to_string(dim);
   }
-  if (!broadcasts_to(pw::gathered_shape(body, s), g.type(n.outputs[0]).shape()))
+  if (!broadcasts_to(pw::gathered_shape(body, s), group))
     return "fused_pointwise body index_select gives a shape that does not broadcast to the group shape";
   return "";
 }
@@ -128,6 +129,12 @@ std::vector<uint8_t> pointer_only_inputs(const Node& n) {
   if (n.op != OpKind::kFusedPointwise || !n.body) return std::vector<uint8_t>(n.inputs.size(), 0);
   const std::vector<char> only = pw::gather_only_inputs(*n.body);
   return std::vector<uint8_t>(only.begin(), only.end());
+}
+
+// The parts of n's body when it ends in a concat (pw::concat_body), else nullopt.
+std::optional<pw::ConcatBody> concat_parts(const Node& n) {
+  if (n.op != OpKind::kFusedPointwise || !n.body) return std::nullopt;
+  return pw::concat_body(*n.body);
 }
 
 // Why the generator cannot build n's program, or "" when it can: an absent input, an op or
@@ -156,10 +163,30 @@ std::string program_refusal(const Node& n, const Graph& g) {
              " elements (the CUDA generator takes one-element constants; larger ones are inputs)";
     defined[size_t(c)] = true;
   }
-  const std::vector<int64_t> group = g.type(n.outputs[0]).shape();
+  const std::vector<int64_t> out = g.type(n.outputs[0]).shape();
+  std::optional<pw::ConcatBody> parts;
+  try {
+    parts = concat_parts(n);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  if (parts && int64_t(out.size()) > kMaxRank)
+    return "fused_pointwise concat of rank " + std::to_string(out.size()) + " (at most " + std::to_string(kMaxRank) +
+           ")";
   for (const auto& node : body.nodes()) {
+    // Each value broadcasts to the output, or in a concat program to its part's shape.
+    std::vector<int64_t> group = out;
+    if (parts) {
+      if (node->op == OpKind::kConcat && node->outputs[0] == body.outputs()[0]) {
+        defined[size_t(node->outputs[0])] = true;
+        continue;
+      }
+      const int k = parts->part_of[size_t(node->outputs[0])];
+      if (k < 0) return std::string("fused_pointwise body op ") + op_name(node->op) + " feeds no part of its concat";
+      group = parts->shape[size_t(k)];
+    }
     if (node->op == OpKind::kIndexSelect) {
-      if (std::string reason = gather_refusal(n, g, *node); !reason.empty()) return reason;
+      if (std::string reason = gather_refusal(n, g, *node, group); !reason.empty()) return reason;
       defined[size_t(node->outputs[0])] = true;
       continue;
     }
@@ -185,7 +212,7 @@ std::string program_refusal(const Node& n, const Graph& g) {
   for (ValueId v : body.outputs())
     if (v < 0 || !defined[size_t(v)]) return "fused_pointwise body output is undefined";
   for (size_t k = 0; k < n.outputs.size(); ++k)
-    if (g.type(n.outputs[k]).dtype != body.type(body.outputs()[k]).dtype || g.type(n.outputs[k]).shape() != group)
+    if (g.type(n.outputs[k]).dtype != body.type(body.outputs()[k]).dtype || g.type(n.outputs[k]).shape() != out)
       return "fused_pointwise output " + std::to_string(k) + " does not match its body value";
   return "";
 }
@@ -239,6 +266,7 @@ std::string layout_refusal(const Node& n, const Graph& g) {
   for (size_t i = 0; i < n.inputs.size(); ++i) dense += pointer_only[i] || scalar_input(n, g, i, numel) ? 0 : 1;
   if (n.op == OpKind::kFusedPointwise && n.body) dense += size_t(count_gathers(*n.body));
   if (dense > 16) return "pointwise node with " + std::to_string(dense) + " non-scalar inputs (at most 16)";
+  if (concat_parts(n)) return "";  // indexed by the output's own dims, at most kMaxRank (program_refusal)
   const pw::BroadcastPlan plan = broadcast_of(n, g, nullptr);
   if (!flat_layout(numel, plan) && int(plan.shape.size()) > kMaxRank)
     return "pointwise broadcast over " + std::to_string(plan.shape.size()) + " non-mergeable dims (at most " +
@@ -277,10 +305,16 @@ bool program_of(const Node& n, const Graph& g, Program* out, std::string* why) {
     return true;
   }
   const Graph& body = *n.body;
+  const std::optional<pw::ConcatBody> parts = concat_parts(n);
   std::vector<int> index(size_t(body.num_values()), -1);
   for (ValueId v : body.inputs()) {
     index[size_t(v)] = int(p.dtype.size());
     p.dtype.push_back(body.type(v).dtype);
+    if (parts) p.input_part.push_back(parts->part_of[size_t(v)]);
+  }
+  if (parts) {
+    p.concat_dim = int(parts->axis);
+    p.part_start = parts->start;
   }
   p.num_inputs = int(body.inputs().size());
   p.pointer_only = pointer_only_inputs(n);
@@ -313,6 +347,7 @@ bool program_of(const Node& n, const Graph& g, Program* out, std::string* why) {
     q.shape = pw::gathered_shape(body, *node);
     if (const OperandView v = read_view(n, g, size_t(q.data)); !v.dense())
       q.view_sizes = v.logical.shape(), q.view_strides = v.strides;
+    if (parts) q.part = parts->part_of[size_t(node->outputs[0])];
     index[size_t(node->outputs[0])] = int(p.dtype.size());
     p.dtype.push_back(data.dtype);
     p.gathers.push_back(std::move(q));
@@ -328,6 +363,7 @@ bool program_of(const Node& n, const Graph& g, Program* out, std::string* why) {
     s.out = body.type(node->outputs[0]).dtype;
     for (ValueId v : node->inputs) s.in.push_back(index[size_t(v)]);
     if (op_info(node->op).family == OpFamily::kUnary) s.params = pw::UnaryParams::from(node->op, node->attrs);
+    if (parts) s.part = parts->part_of[size_t(node->outputs[0])];
     index[size_t(node->outputs[0])] = int(p.dtype.size());
     p.dtype.push_back(s.out);
     p.steps.push_back(std::move(s));
@@ -372,6 +408,48 @@ bool gathers_runs(const Node& n, const Graph& g, const Gather& q, int vec) {
 
 }  // namespace
 
+namespace {
+
+// Element strides of a value of `shape` (its own `strides`, row-major when empty) read at every
+// position of `part`, whose trailing dims it broadcasts to: 0 where it has no dim or one element.
+std::vector<int64_t> broadcast_strides(const std::vector<int64_t>& shape, std::vector<int64_t> strides,
+                                       const std::vector<int64_t>& part) {
+  if (strides.empty()) strides = row_major_strides(shape);
+  std::vector<int64_t> out(part.size(), 0);
+  const size_t lead = part.size() - shape.size();
+  for (size_t d = lead; d < part.size(); ++d)
+    if (shape[d - lead] != 1) out[d] = strides[d - lead];
+  return out;
+}
+
+// The strided layout of a concat program over the output's own dims: each non-scalar input and
+// gathered leaf strided as its part's shape reads it, based at its part's first column.
+void concat_layout(const Node& n, const Graph& g, const Program& p, Layout& l) {
+  const std::optional<pw::ConcatBody> parts = concat_parts(n);
+  l.dims = g.type(n.outputs[0]).shape();
+  l.rank = int(l.dims.size());
+  l.strides.assign(size_t(p.num_inputs) + p.gathers.size(), std::vector<int64_t>(size_t(l.rank), 0));
+  l.bases.assign(l.strides.size(), 0);
+  auto place = [&](size_t row, int part, std::vector<int64_t> strides) {
+    if (part < 0) return;
+    l.bases[row] = -p.part_start[size_t(part)] * strides[size_t(p.concat_dim)];
+    l.strides[row] = std::move(strides);
+  };
+  for (int i = 0; i < p.num_inputs; ++i) {
+    if (l.scalar[size_t(i)] || p.pointer_only[size_t(i)]) continue;
+    const int part = p.input_part[size_t(i)];
+    const OperandView v = read_view(n, g, size_t(i));
+    if (part >= 0) place(size_t(i), part, broadcast_strides(v.logical.shape(), v.strides, parts->shape[size_t(part)]));
+  }
+  for (size_t k = 0; k < p.gathers.size(); ++k) {
+    const Gather& q = p.gathers[k];
+    if (q.part >= 0)
+      place(size_t(p.num_inputs) + k, q.part, broadcast_strides(q.shape, {}, parts->shape[size_t(q.part)]));
+  }
+}
+
+}  // namespace
+
 Layout layout_of(const Node& n, const Graph& g, const Program& p, std::string* why, bool* ok) {
   Layout l;
   const std::string reason = layout_refusal(n, g);
@@ -384,8 +462,13 @@ Layout layout_of(const Node& n, const Graph& g, const Program& p, std::string* w
     l.offsets.push_back(read_view(n, g, size_t(i)).offset);
   }
   std::vector<int> dense_inputs;
-  const pw::BroadcastPlan plan = broadcast_of(n, g, &dense_inputs);
-  l.flat = flat_layout(l.numel, plan);
+  pw::BroadcastPlan plan;
+  if (p.concat_dim < 0) {
+    plan = broadcast_of(n, g, &dense_inputs);
+    l.flat = flat_layout(l.numel, plan);
+  } else {
+    l.flat = false;
+  }
   // Vector width: 16 bytes of the widest array that moves an element per output element (a
   // gather's data does, its index does not). A gathered leaf's vector is consecutive in its data
   // when it stays inside one index's block, or inside one run of consecutive indices
@@ -401,21 +484,33 @@ Layout layout_of(const Node& n, const Graph& g, const Program& p, std::string* w
     if ((q.inner % l.vec != 0 && !gathers_runs(n, g, q, l.vec)) || !view_keeps_runs(q, l.vec)) l.vec = 1;
   l.splat.assign(size_t(p.num_inputs), 0);
   if (l.flat) return l;
-  l.rank = int(plan.shape.size());
-  l.dims = plan.shape;
-  l.strides.assign(size_t(p.num_inputs) + p.gathers.size(), std::vector<int64_t>(size_t(l.rank), 0));
-  for (size_t k = 0; k < dense_inputs.size(); ++k) l.strides[size_t(dense_inputs[k])] = plan.strides[k];
-  for (size_t k = 0; k < p.gathers.size(); ++k)
-    l.strides[size_t(p.num_inputs) + k] = plan.strides[dense_inputs.size() + k];
   // Strided vectors: vec consecutive elements of the innermost dim are consecutive in every
   // non-scalar input (a per-channel operand of a channels-last tensor, a row added to every row)
   // and start on a multiple of vec there, or are one element of an input broadcast along the
   // innermost dim (a splat: a per-row scale such as a norm's statistics), read once per vector.
-  bool rows = l.dims.back() % l.vec == 0;
-  for (size_t k = 0; k < plan.strides.size() && rows; ++k) {
-    const std::vector<int64_t>& st = plan.strides[k];
-    if (k < dense_inputs.size() && st.back() == 0) {
-      l.splat[size_t(dense_inputs[k])] = 1;
+  // A concat program's vectors also stay inside one part: along an innermost concat dim every
+  // part starts on a multiple of vec.
+  bool rows;
+  if (p.concat_dim >= 0) {
+    concat_layout(n, g, p, l);
+    rows = p.concat_dim < l.rank - 1 ||
+           std::all_of(p.part_start.begin(), p.part_start.end(), [&](int64_t c) { return c % l.vec == 0; });
+  } else {
+    l.rank = int(plan.shape.size());
+    l.dims = plan.shape;
+    l.strides.assign(size_t(p.num_inputs) + p.gathers.size(), std::vector<int64_t>(size_t(l.rank), 0));
+    for (size_t k = 0; k < dense_inputs.size(); ++k) l.strides[size_t(dense_inputs[k])] = plan.strides[k];
+    for (size_t k = 0; k < p.gathers.size(); ++k)
+      l.strides[size_t(p.num_inputs) + k] = plan.strides[dense_inputs.size() + k];
+    rows = true;
+  }
+  rows = rows && l.dims.back() % l.vec == 0;
+  for (size_t r = 0; r < l.strides.size() && rows; ++r) {
+    const bool input = r < size_t(p.num_inputs);
+    if (input && (l.scalar[r] || p.pointer_only[r])) continue;
+    const std::vector<int64_t>& st = l.strides[r];
+    if (input && st.back() == 0) {
+      l.splat[r] = 1;
       continue;
     }
     for (int d = 0; d < l.rank && rows; ++d)
@@ -443,6 +538,14 @@ std::vector<int64_t> argument_block(const Program& p, const Layout& l) {
         a.insert(a.end(), l.strides[size_t(i)].begin(), l.strides[size_t(i)].end());
     for (size_t k = 0; k < p.gathers.size(); ++k)
       a.insert(a.end(), l.strides[size_t(p.num_inputs) + k].begin(), l.strides[size_t(p.num_inputs) + k].end());
+  }
+  if (p.concat_dim >= 0) {  // the parts' starts, then each strided read's base, in the strides' order
+    a.insert(a.end(), p.part_start.begin(), p.part_start.end());
+    const size_t first = a.size();
+    for (int i = 0; i < p.num_inputs; ++i)
+      if (!l.scalar[size_t(i)] && !p.pointer_only[size_t(i)]) a.push_back(l.bases[size_t(i)]);
+    for (size_t k = 0; k < p.gathers.size(); ++k) a.push_back(l.bases[size_t(p.num_inputs) + k]);
+    if (a.size() == first) a.push_back(0);  // the source declares at least one base
   }
   for (double f : p.const_float) {
     int64_t bits;

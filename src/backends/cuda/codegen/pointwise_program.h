@@ -7,6 +7,10 @@
 // dtype (float for f32/f16/bf16, double for f64, the integer type itself for integers, bool);
 // only casts round to a narrower dtype, as the CPU's fused kernel does.
 //
+// A body that ends in a concat (fuse_pointwise_concats) is a concat program: each element
+// computes the part its column falls in, loading only that part's leaves, over a strided layout
+// of the output's own dims without vectors.
+//
 // A Layout is the make-time choice of how to index: `flat` when every input is either the
 // output's size and contiguous or a single element (no index math, plus a vectorized kernel
 // of `vec` elements per thread step), otherwise `rank` collapsed dims with per-input element
@@ -35,6 +39,7 @@ struct Step {
   DType out;
   std::vector<int> in;  // value indices
   pw::UnaryParams params;
+  int part = -1;  // in a concat program: the part it computes (-1: the concat)
 };
 
 // A gathered leaf: index_select(input `data`, input `index`) of a fused body, read straight from
@@ -48,6 +53,7 @@ struct Gather {
   int64_t count = 0, inner = 1, dim = 0;
   std::vector<int64_t> shape;
   std::vector<int64_t> view_sizes, view_strides;
+  int part = -1;  // in a concat program: the part it is read by
 };
 
 struct Program {
@@ -61,6 +67,12 @@ struct Program {
   std::vector<uint8_t> pointer_only;  // per input: read only by gathers (no value of its own)
   std::vector<Step> steps;            // step k defines value num_leaves() + k
   std::vector<int> outputs;           // value index of each node output
+  // A body that ends in a concat (pw::concat_body): the output dim it joins along, each part's
+  // first column there and then the total, and per input the part that reads it (-1: a scalar).
+  // An element computes only the part its column falls in, and loads only that part's leaves.
+  int concat_dim = -1;
+  std::vector<int64_t> part_start;
+  std::vector<int> input_part;
   int num_leaves() const { return num_inputs + int(const_slot.size() + gathers.size()); }
 };
 
@@ -86,6 +98,10 @@ struct Layout {
   // per input, then per gathered leaf (strided): element strides per dim (a gather's into its
   // virtual result)
   std::vector<std::vector<int64_t>> strides;
+  // Concat programs (strided, uncollapsed): per input, then per gathered leaf, the element offset
+  // of output column 0 along the concat dim, -(its part's start) * stride, so that each part is
+  // read from its own first column.
+  std::vector<int64_t> bases;
 };
 
 Layout layout_of(const Node& n, const Graph& g, const Program& p, std::string* why, bool* ok);

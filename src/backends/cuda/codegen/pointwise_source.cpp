@@ -192,6 +192,8 @@ std::string generate(const Program& p, const Layout& l) {
   s << "struct KilnPwArgs {\n  long long n;\n";
   if (!l.flat) s << "  long long dims[" << l.rank << "];\n";
   if (!l.flat && dense) s << "  long long st[" << dense << "][" << l.rank << "];\n";
+  const bool parts = p.concat_dim >= 0;
+  if (parts) s << "  long long cb[" << p.part_start.size() << "];\n  long long ob[" << std::max(dense, 1) << "];\n";
   if (!p.const_float.empty()) s << "  double cf[" << p.const_float.size() << "];\n";
   if (!p.const_int.empty()) s << "  long long ci[" << p.const_int.size() << "];\n";
   s << "};\n\n";
@@ -218,9 +220,25 @@ std::string generate(const Program& p, const Layout& l) {
   // One element: leaf values in, every output's register value out.
   s << "__device__ __forceinline__ void kiln_pw_body(";
   for (int i = 0; i < leaves; ++i) s << (i ? ", " : "") << reg_type(p.dtype[size_t(i)]) << " v" << i;
+  if (parts) s << ", int part";
   for (size_t k = 0; k < p.outputs.size(); ++k) s << ", " << reg_type(p.dtype[size_t(p.outputs[k])]) << "& o" << k;
   s << ") {\n";
-  for (size_t k = 0; k < p.steps.size(); ++k) s << step_code(p.steps[k], p.dtype, id("v", leaves + int(k)));
+  if (!parts) {
+    for (size_t k = 0; k < p.steps.size(); ++k) s << step_code(p.steps[k], p.dtype, id("v", leaves + int(k)));
+  } else {
+    // Only the element's part is computed: each part's steps in a branch of their own, ending in
+    // the concat's value (the last step).
+    const Step& join = p.steps.back();
+    const std::string y = id("v", leaves + int(p.steps.size()) - 1);
+    s << "  " << reg_type(join.out) << " " << y << ";\n";
+    for (size_t part = 0; part < join.in.size(); ++part) {
+      s << (part ? " else if" : "  if") << " (part == " << part << ") {\n";
+      for (size_t k = 0; k + 1 < p.steps.size(); ++k)
+        if (p.steps[k].part == int(part)) s << "  " << step_code(p.steps[k], p.dtype, id("v", leaves + int(k)));
+      s << "    " << y << " = v" << join.in[part] << ";\n  }";
+    }
+    s << "\n";
+  }
   for (size_t k = 0; k < p.outputs.size(); ++k) s << "  o" << k << " = v" << p.outputs[k] << ";\n";
   s << "}\n\n";
 
@@ -261,6 +279,7 @@ std::string generate(const Program& p, const Layout& l) {
       t << indent << reg_type(p.dtype[size_t(p.outputs[k])]) << " r" << k << ";\n";
     t << indent << "kiln_pw_body(";
     for (int i = 0; i < leaves; ++i) t << (i ? ", " : "") << leaf[size_t(i)];
+    if (parts) t << ", part";
     for (size_t k = 0; k < p.outputs.size(); ++k) t << ", r" << k;
     t << ");\n";
     for (size_t k = 0; k < p.outputs.size(); ++k) {
@@ -284,17 +303,28 @@ std::string generate(const Program& p, const Layout& l) {
   auto offsets = [&](const std::string& index) {
     std::ostringstream t;
     t << "    " << I << " rem = " << index << ", c;\n";
+    // A concat program's reads start at their part's base (a wrapped unsigned value until the
+    // column is added), and the column along the concat dim picks the part.
+    int row = 0;
+    auto base = [&] { return parts ? cat("(", I, ")a.ob[", std::to_string(row++), "]") : std::string("0"); };
     for (int i = 0; i < p.num_inputs; ++i)
-      if (elementwise(i)) t << "    " << I << " o" << i << " = 0;\n";
-    for (size_t k = 0; k < p.gathers.size(); ++k) t << "    " << I << " og" << k << " = 0;\n";
+      if (elementwise(i)) t << "    " << I << " o" << i << " = " << base() << ";\n";
+    for (size_t k = 0; k < p.gathers.size(); ++k) t << "    " << I << " og" << k << " = " << base() << ";\n";
+    if (parts) t << "    " << I << " cax = 0;\n";
     for (int d = l.rank - 1; d >= 0; --d) {
       if (d > 0) t << "    c = rem % d" << d << "; rem /= d" << d << ";\n";
       else t << "    c = rem;\n";
+      if (parts && d == p.concat_dim) t << "    cax = c;\n";
       int k = 0;
       for (int i = 0; i < p.num_inputs; ++i)
         if (elementwise(i)) t << "    o" << i << " += c * (" << I << ")a.st[" << k++ << "][" << d << "];\n";
       for (size_t q = 0; q < p.gathers.size(); ++q)
         t << "    og" << q << " += c * (" << I << ")a.st[" << k++ << "][" << d << "];\n";
+    }
+    if (parts) {
+      t << "    const int part = 0";
+      for (size_t k = 1; k + 1 < p.part_start.size(); ++k) t << " + (cax >= (" << I << ")a.cb[" << k << "])";
+      t << ";\n";
     }
     return t.str();
   };
@@ -317,12 +347,19 @@ std::string generate(const Program& p, const Layout& l) {
   if (!l.flat) s << dim_defs();
   s << "  for (" << I << " i = tid; i < n; i += step) {\n";
   if (!l.flat) s << offsets("i");
+  // A concat program loads a leaf only in its part's columns (elsewhere its offset may be out of
+  // range): the other parts compute on zeros, and their values are not taken.
+  auto in_part = [&](int part, DType t, const std::string& load) {
+    return part < 0 ? load : cat("(part == ", std::to_string(part), " ? ", load, " : (", reg_type(t), ")0)");
+  };
   for (int i = 0; i < p.num_inputs; ++i)
-    leaf[size_t(i)] = !elementwise(i)
-                          ? id("l", i)
-                          : load_expr(p.dtype[size_t(i)], id("in", i) + "[" + (l.flat ? "i" : id("o", i)) + "]");
+    leaf[size_t(i)] =
+        !elementwise(i) ? id("l", i)
+                        : in_part(parts ? p.input_part[size_t(i)] : -1, p.dtype[size_t(i)],
+                                  load_expr(p.dtype[size_t(i)], id("in", i) + "[" + (l.flat ? "i" : id("o", i)) + "]"));
   for (size_t k = 0; k < p.gathers.size(); ++k)
-    leaf[size_t(first_gather) + k] = gather_leaf(k, l.flat ? "i" : id("og", int64_t(k)));
+    leaf[size_t(first_gather) + k] = in_part(p.gathers[k].part, p.dtype[size_t(p.gathers[k].data)],
+                                             gather_leaf(k, l.flat ? "i" : id("og", int64_t(k))));
   s << element(leaf, "    ", false) << "  }\n}\n";
 
   if (l.vec > 1) {
@@ -336,19 +373,32 @@ std::string generate(const Program& p, const Layout& l) {
     s << "  const " << I << " nv = n / " << V << ";\n";
     s << "  for (" << I << " j = tid; j < nv; j += step) {\n";
     if (!l.flat) s << offsets("j * " + V);
-    for (int i = 0; i < p.num_inputs; ++i)
-      if (elementwise(i) && l.splat[size_t(i)])
+    // A concat program's vector lies in one part: the other parts' leaves are zeros.
+    auto vec_in_part = [&](int part, const std::string& type, const std::string& load) {
+      return part < 0 ? load : cat("(part == ", std::to_string(part), " ? ", load, " : ", type, "{})");
+    };
+    for (int i = 0; i < p.num_inputs; ++i) {
+      if (!elementwise(i)) continue;
+      const int part = parts ? p.input_part[size_t(i)] : -1;
+      const std::string st = store_type(p.dtype[size_t(i)]), vt = cat("kiln_vec<", st, ", ", V, ">");
+      if (l.splat[size_t(i)])
         s << "    const " << reg_type(p.dtype[size_t(i)]) << " x" << i << " = "
-          << load_expr(p.dtype[size_t(i)], id("in", i) + "[" + id("o", i) + "]") << ";\n";
-      else if (elementwise(i))
-        s << "    const kiln_vec<" << store_type(p.dtype[size_t(i)]) << ", " << V << "> x" << i << " = kiln_vload<"
-          << store_type(p.dtype[size_t(i)]) << ", " << V << ">(in" << i << ", "
-          << (l.flat ? std::string("j") : id("o", i) + " / " + V) << ");\n";
+          << in_part(part, p.dtype[size_t(i)], load_expr(p.dtype[size_t(i)], id("in", i) + "[" + id("o", i) + "]"))
+          << ";\n";
+      else
+        s << "    const " << vt << " x" << i << " = "
+          << vec_in_part(part, vt,
+                         cat("kiln_vload<", st, ", ", V, ">(in", std::to_string(i), ", ",
+                             l.flat ? std::string("j") : id("o", i) + " / " + V, ")"))
+          << ";\n";
+    }
     for (size_t k = 0; k < p.gathers.size(); ++k) {  // V elements inside one index's block (layout_of)
-      const std::string st = store_type(p.dtype[size_t(p.gathers[k].data)]);
-      s << "    const kiln_vec<" << st << ", " << V << "> xg" << k << " = kiln_vload<" << st << ", " << V << ">(in"
-        << p.gathers[k].data << ", " << gather_at(k, l.flat ? "j * " + V : id("og", int64_t(k))) << " / " << V
-        << ");\n";
+      const std::string st = store_type(p.dtype[size_t(p.gathers[k].data)]), vt = cat("kiln_vec<", st, ", ", V, ">");
+      s << "    const " << vt << " xg" << k << " = "
+        << vec_in_part(p.gathers[k].part, vt,
+                       cat("kiln_vload<", st, ", ", V, ">(in", std::to_string(p.gathers[k].data), ", ",
+                           gather_at(k, l.flat ? "j * " + V : id("og", int64_t(k))), " / ", V, ")"))
+        << ";\n";
     }
     for (size_t k = 0; k < p.outputs.size(); ++k)
       s << "    kiln_vec<" << store_type(p.dtype[size_t(p.outputs[k])]) << ", " << V << "> y" << k << ";\n";
