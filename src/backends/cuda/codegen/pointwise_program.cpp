@@ -406,10 +406,6 @@ bool gathers_runs(const Node& n, const Graph& g, const Gather& q, int vec) {
   return true;
 }
 
-}  // namespace
-
-namespace {
-
 // Element strides of a value of `shape` (its own `strides`, row-major when empty) read at every
 // position of `part`, whose trailing dims it broadcasts to: 0 where it has no dim or one element.
 std::vector<int64_t> broadcast_strides(const std::vector<int64_t>& shape, std::vector<int64_t> strides,
@@ -425,27 +421,26 @@ std::vector<int64_t> broadcast_strides(const std::vector<int64_t>& shape, std::v
 // The strided layout of a concat program over the output's own dims: each non-scalar input and
 // gathered leaf strided as its part's shape reads it, based at its part's first column.
 void concat_layout(const Node& n, const Graph& g, const Program& p, Layout& l) {
-  const std::optional<pw::ConcatBody> parts = concat_parts(n);
   l.dims = g.type(n.outputs[0]).shape();
   l.rank = int(l.dims.size());
   l.strides.assign(size_t(p.num_inputs) + p.gathers.size(), std::vector<int64_t>(size_t(l.rank), 0));
   l.bases.assign(l.strides.size(), 0);
-  auto place = [&](size_t row, int part, std::vector<int64_t> strides) {
+  // Row `row` (an input or a gathered leaf of `shape`, read through `strides`) of part `part`.
+  auto place = [&](size_t row, int part, const std::vector<int64_t>& shape, std::vector<int64_t> strides) {
     if (part < 0) return;
-    l.bases[row] = -p.part_start[size_t(part)] * strides[size_t(p.concat_dim)];
-    l.strides[row] = std::move(strides);
+    const auto k = size_t(part), axis = size_t(p.concat_dim);
+    std::vector<int64_t> part_shape = l.dims;
+    part_shape[axis] = p.part_start[k + 1] - p.part_start[k];
+    l.strides[row] = broadcast_strides(shape, std::move(strides), part_shape);
+    l.bases[row] = -p.part_start[k] * l.strides[row][axis];
   };
   for (int i = 0; i < p.num_inputs; ++i) {
     if (l.scalar[size_t(i)] || p.pointer_only[size_t(i)]) continue;
-    const int part = p.input_part[size_t(i)];
     const OperandView v = read_view(n, g, size_t(i));
-    if (part >= 0) place(size_t(i), part, broadcast_strides(v.logical.shape(), v.strides, parts->shape[size_t(part)]));
+    place(size_t(i), p.input_part[size_t(i)], v.logical.shape(), v.strides);
   }
-  for (size_t k = 0; k < p.gathers.size(); ++k) {
-    const Gather& q = p.gathers[k];
-    if (q.part >= 0)
-      place(size_t(p.num_inputs) + k, q.part, broadcast_strides(q.shape, {}, parts->shape[size_t(q.part)]));
-  }
+  for (size_t k = 0; k < p.gathers.size(); ++k)
+    place(size_t(p.num_inputs) + k, p.gathers[k].part, p.gathers[k].shape, {});
 }
 
 }  // namespace

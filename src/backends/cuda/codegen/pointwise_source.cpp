@@ -349,16 +349,17 @@ std::string generate(const Program& p, const Layout& l) {
   if (!l.flat) s << offsets("i");
   // A concat program loads a leaf only in its part's columns (elsewhere its offset may be out of
   // range): the other parts compute on zeros, and their values are not taken.
-  auto in_part = [&](int part, DType t, const std::string& load) {
-    return part < 0 ? load : cat("(part == ", std::to_string(part), " ? ", load, " : (", reg_type(t), ")0)");
+  auto in_part = [&](int part, const std::string& zero, const std::string& load) {
+    return part < 0 ? load : cat("(part == ", std::to_string(part), " ? ", load, " : ", zero, ")");
   };
+  auto zero = [](DType t) { return cat("(", reg_type(t), ")0"); };
   for (int i = 0; i < p.num_inputs; ++i)
     leaf[size_t(i)] =
         !elementwise(i) ? id("l", i)
-                        : in_part(parts ? p.input_part[size_t(i)] : -1, p.dtype[size_t(i)],
+                        : in_part(parts ? p.input_part[size_t(i)] : -1, zero(p.dtype[size_t(i)]),
                                   load_expr(p.dtype[size_t(i)], id("in", i) + "[" + (l.flat ? "i" : id("o", i)) + "]"));
   for (size_t k = 0; k < p.gathers.size(); ++k)
-    leaf[size_t(first_gather) + k] = in_part(p.gathers[k].part, p.dtype[size_t(p.gathers[k].data)],
+    leaf[size_t(first_gather) + k] = in_part(p.gathers[k].part, zero(p.dtype[size_t(p.gathers[k].data)]),
                                              gather_leaf(k, l.flat ? "i" : id("og", int64_t(k))));
   s << element(leaf, "    ", false) << "  }\n}\n";
 
@@ -374,30 +375,28 @@ std::string generate(const Program& p, const Layout& l) {
     s << "  for (" << I << " j = tid; j < nv; j += step) {\n";
     if (!l.flat) s << offsets("j * " + V);
     // A concat program's vector lies in one part: the other parts' leaves are zeros.
-    auto vec_in_part = [&](int part, const std::string& type, const std::string& load) {
-      return part < 0 ? load : cat("(part == ", std::to_string(part), " ? ", load, " : ", type, "{})");
-    };
     for (int i = 0; i < p.num_inputs; ++i) {
       if (!elementwise(i)) continue;
       const int part = parts ? p.input_part[size_t(i)] : -1;
       const std::string st = store_type(p.dtype[size_t(i)]), vt = cat("kiln_vec<", st, ", ", V, ">");
       if (l.splat[size_t(i)])
         s << "    const " << reg_type(p.dtype[size_t(i)]) << " x" << i << " = "
-          << in_part(part, p.dtype[size_t(i)], load_expr(p.dtype[size_t(i)], id("in", i) + "[" + id("o", i) + "]"))
+          << in_part(part, zero(p.dtype[size_t(i)]),
+                     load_expr(p.dtype[size_t(i)], id("in", i) + "[" + id("o", i) + "]"))
           << ";\n";
       else
         s << "    const " << vt << " x" << i << " = "
-          << vec_in_part(part, vt,
-                         cat("kiln_vload<", st, ", ", V, ">(in", std::to_string(i), ", ",
-                             l.flat ? std::string("j") : id("o", i) + " / " + V, ")"))
+          << in_part(part, vt + "{}",
+                     cat("kiln_vload<", st, ", ", V, ">(in", std::to_string(i), ", ",
+                         l.flat ? std::string("j") : id("o", i) + " / " + V, ")"))
           << ";\n";
     }
     for (size_t k = 0; k < p.gathers.size(); ++k) {  // V elements inside one index's block (layout_of)
       const std::string st = store_type(p.dtype[size_t(p.gathers[k].data)]), vt = cat("kiln_vec<", st, ", ", V, ">");
       s << "    const " << vt << " xg" << k << " = "
-        << vec_in_part(p.gathers[k].part, vt,
-                       cat("kiln_vload<", st, ", ", V, ">(in", std::to_string(p.gathers[k].data), ", ",
-                           gather_at(k, l.flat ? "j * " + V : id("og", int64_t(k))), " / ", V, ")"))
+        << in_part(p.gathers[k].part, vt + "{}",
+                   cat("kiln_vload<", st, ", ", V, ">(in", std::to_string(p.gathers[k].data), ", ",
+                       gather_at(k, l.flat ? "j * " + V : id("og", int64_t(k))), " / ", V, ")"))
         << ";\n";
     }
     for (size_t k = 0; k < p.outputs.size(); ++k)
