@@ -35,6 +35,7 @@ requiring grad) the graph runs in eager PyTorch with a warning, or raises under
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import operator
 import re
@@ -49,7 +50,7 @@ import torch.fx as fx
 from kiln import _C
 from kiln._logging import debug_logging, get_logger
 from kiln.dynamic import ShapeRangeError, compile_dynamic, range_bounds
-from kiln.lowering import lower_module
+from kiln.lowering import LoweredGraph, lower_module
 from kiln.pipeline import LIVE_GRAPHS, compile_lowered, device_of, graph_runner, supported_targets, unflattener
 from kiln.program_cache import ProgramCache
 from kiln.refit import WeightWatch, follow_weights
@@ -60,7 +61,10 @@ log = get_logger("dynamo")
 __all__ = ["kiln_backend"]
 
 _graph_ids = itertools.count()
-_MAX_SPECIALIZATIONS = 8
+_MAX_SIGNATURES = 8  # input signatures kept per graph; the least recently used one's engines go
+# Constant sets (module instances) kept per input signature: a graph shared by the layers of a
+# deep model has one per layer, and every one of them runs in each forward.
+_MAX_INSTANCES = 1024
 # Every KilnDynamoGraph alive: kiln.refit finds the engines Dynamo built for a model here.
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
@@ -150,7 +154,11 @@ class KilnDynamoGraph:
     graph inputs, and its guards do not pin their identity), so the constants of a call are
     checked by identity against those the engines were built from: another instance's
     parameters get engines of their own (from the engine cache when enabled), never the first
-    instance's weights.
+    instance's weights. A graph break inside a repeated block (a branch on a value in every layer)
+    makes every layer of the model such an instance, all run in each forward: their engines are
+    kept for up to _MAX_INSTANCES constant sets per input signature (the bound on signatures is
+    apart), and they are compiled from one lowering of the graph, copied with each instance's
+    weights, not exported and decomposed once per layer.
     """
 
     def __init__(self, gm: fx.GraphModule, examples: Sequence[Any], settings: CompilationSettings) -> None:
@@ -176,6 +184,10 @@ class KilnDynamoGraph:
             isinstance(s, torch.SymInt) for p in placeholders
             for s in getattr(p.meta.get("example_value"), "shape", ()))
         self.compiled: OrderedDict[Any, _Built] = OrderedDict()
+        # Per lowering key (_lowering_key), the lowered graph as it was before its first
+        # compilation: another set of constants of the same kinds (another instance of the module)
+        # is compiled from a copy of it instead of being exported and decomposed again.
+        self._lowerings: OrderedDict[Any, LoweredGraph] = OrderedDict()
         # Dynamic: one symbolic program per set of constants, until one cannot be made.
         self.symbolic = self.dynamic
         self._last: _Built | None = None
@@ -219,9 +231,22 @@ class KilnDynamoGraph:
             log.info("%s: symbolic program for the float arguments %s", self.name, key[2])
         key = self._key(args, constants, static)  # a symbolic program that failed: per signature
         self.compiled[key] = built
-        if len(self.compiled) > _MAX_SPECIALIZATIONS:
-            self.compiled.popitem(last=False)
+        self._evict(key[0])
         return built
+
+    def _evict(self, signature: Any) -> None:
+        """Keeps the specializations of at most _MAX_SIGNATURES input signatures (dropping the
+        least recently used signature's) and _MAX_INSTANCES constant sets of ``signature``."""
+        signatures = list(dict.fromkeys(k[0] for k in self.compiled))
+        if len(signatures) > _MAX_SIGNATURES:
+            for k in [k for k in self.compiled if k[0] == signatures[0]]:
+                del self.compiled[k]
+        same = [k for k in self.compiled if k[0] == signature]
+        if len(same) > _MAX_INSTANCES:
+            del self.compiled[same[0]]
+            log.warning("%s: more than %d sets of constant tensors (module instances) call it with one input "
+                        "signature; the least recently used one's engines are dropped and built again when "
+                        "it is called", self.name, _MAX_INSTANCES)
 
     def _dynamic_shapes(self, inputs: Sequence[torch.Tensor]) -> tuple[list[tuple[str, Any]], tuple[Any, ...]]:
         """The "size" layout entries of the int arguments and torch.export's dynamic_shapes of the
@@ -355,15 +380,19 @@ class KilnDynamoGraph:
             if hit is not None:
                 compiled, out_spec = hit.gm, hit.out_spec
             else:
-                try:
-                    lowered = lower_module(wrapper, _unmarked(inputs), None, supported_targets(), names=names,
-                                           fold_weights=self.settings.immutable_weights)
-                except Exception as err:  # noqa: BLE001 - any graph export cannot take runs eagerly
-                    if self.settings.require_full_compilation:
-                        raise
-                    warnings.warn(f"Kiln could not lower {self.name} ({type(err).__name__}: {err}); "
-                                  "running it in eager PyTorch", RuntimeWarning, stacklevel=3)
-                    return _Built(constants, None, self.gm.forward)
+                lowering_key = self._lowering_key(args, constants)
+                lowered = self._relower(lowering_key, constants)
+                if lowered is None:
+                    try:
+                        lowered = lower_module(wrapper, _unmarked(inputs), None, supported_targets(), names=names,
+                                               fold_weights=self.settings.immutable_weights)
+                    except Exception as err:  # noqa: BLE001 - any graph export cannot take runs eagerly
+                        if self.settings.require_full_compilation:
+                            raise
+                        warnings.warn(f"Kiln could not lower {self.name} ({type(err).__name__}: {err}); "
+                                      "running it in eager PyTorch", RuntimeWarning, stacklevel=3)
+                        return _Built(constants, None, self.gm.forward)
+                    self._keep_lowering(lowering_key, lowered)
                 device = device_of(self.settings, inputs + list(constants))
                 compiled = programs.compile(lowered, device) if programs is not None else \
                     compile_lowered(lowered, self.settings, device, self.name)
@@ -381,6 +410,55 @@ class KilnDynamoGraph:
         def run(*args: Any) -> Any:
             return unflatten(graph(*[args[i] for i in pick]))
         return _Built(constants, compiled, run, WeightWatch(sources) if sources else None)
+
+    def _lowering_key(self, args: Sequence[Any], constants: tuple[torch.Tensor, ...]) -> Any:
+        """What a static lowering depends on besides the constants' values: every argument's
+        shape, strides, dtype and device (the constants' too) and the values of the others; None
+        where it is not reused (weights folded into the graph, an argument of another kind)."""
+        if self.settings.immutable_weights:
+            return None
+        key: list[Any] = []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                key.append((tuple(a.shape), a.stride(), a.dtype, a.device))
+            elif a is None or isinstance(a, (bool, int, float, str)):
+                key.append((type(a), a))
+            else:
+                return None
+        return tuple(key)
+
+    def _keep_lowering(self, key: Any, lowered: LoweredGraph) -> None:
+        """Keeps a copy of ``lowered`` (before compiling changes it) for other constant sets.
+        Not for a graph with subgraphs (higher-order ops), which compiling changes in place."""
+        if key is None or any(True for _ in lowered.gm.children()):
+            return
+        self._lowerings[key] = _copy_lowered(lowered)
+        if len(self._lowerings) > _MAX_SIGNATURES:
+            self._lowerings.popitem(last=False)
+
+    def _relower(self, key: Any, constants: tuple[torch.Tensor, ...]) -> LoweredGraph | None:
+        """The kept lowering for ``key`` with ``constants`` in place of the ones it was made
+        with (each weight by the argument it came from, renamed as this call's), or None."""
+        kept = self._lowerings.get(key) if key is not None else None
+        if kept is None:
+            return None
+        by_attr = {f"c{i}": (t.detach(), self.constant_names[i]) for i, t in zip(self.constant_idx, constants)}
+        lowered = _copy_lowered(kept)
+        gm = lowered.gm
+        sources: dict[str, torch.Tensor] = {}
+        for node in gm.graph.nodes:
+            if node.op != "get_attr" or not node.meta.get("kiln_weight"):
+                continue
+            if node.meta.get("kiln_fqn") not in by_attr:
+                return None  # a weight of unknown origin: lowered anew
+            tensor, name = by_attr[node.meta["kiln_fqn"]]
+            gm.register_buffer(str(node.target), tensor)
+            node.meta["kiln_name"] = name
+            if node.users:
+                sources[name] = tensor
+        gm.meta["kiln_weight_sources"] = sources
+        log.debug("%s: lowered as another set of constants was", self.name)
+        return lowered
 
     def _follow(self, built: _Built) -> None:
         assert built.watch is not None and built.graph_module is not None
@@ -400,6 +478,16 @@ class KilnDynamoGraph:
         if built.watch is not None and built.watch.changed():
             self._follow(built)
         return built.run(*args)
+
+
+def _copy_lowered(lowered: LoweredGraph) -> LoweredGraph:
+    """A lowered graph on a new graph (nodes and their metadata copied, constants shared), which
+    compiling can change without changing ``lowered``."""
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(lowered.gm.graph, {}))
+    gm = fx.GraphModule(lowered.gm, graph, class_name="KilnLoweredGraph")
+    gm.meta.update(lowered.gm.meta)
+    return dataclasses.replace(lowered, gm=gm)
 
 
 def _unmarked(inputs: Sequence[Any]) -> list[Any]:

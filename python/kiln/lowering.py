@@ -397,6 +397,7 @@ def _constants_to_attrs(ep: torch.export.ExportedProgram, names: dict[str, str])
             new = graph.get_attr(attr)
         new.meta.update(node.meta)
         new.meta["kiln_name"] = names.get(target, target)
+        new.meta["kiln_fqn"] = target  # the exported module's attribute it came from
         new.meta["kiln_weight"] = spec.kind != InputKind.CONSTANT_TENSOR
         if new.meta["kiln_weight"] and node.users:
             sources[new.meta["kiln_name"]] = tensor

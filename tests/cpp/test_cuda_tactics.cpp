@@ -1,7 +1,8 @@
 // Tactic timing on a GPU (src/backends/cuda/tuning/tactics.cpp): candidates are measured by their
 // device time as a CUDA-graph replay runs them, not by what launching them costs the host; a
 // candidate that cannot be recorded into a graph is still timed (directly); one that throws is
-// skipped. Skipped without a CUDA device.
+// skipped; one far slower than the fastest is pruned after a few rounds of samples. Skipped
+// without a CUDA device.
 #ifdef KILN_WITH_CUDA
 
 #include <gtest/gtest.h>
@@ -44,6 +45,13 @@ Candidate device_heavy(const Buffers& b) {
   return [p = b.big.get()](cudaStream_t s) { ASSERT_EQ(cudaMemsetAsync(p, 1, kBig, s), cudaSuccess); };
 }
 
+// Device-heavier: four large memsets, four times the device time of device_heavy.
+Candidate device_heavier(const Buffers& b) {
+  return [p = b.big.get()](cudaStream_t s) {
+    for (int i = 0; i < 4; ++i) ASSERT_EQ(cudaMemsetAsync(p, 1, kBig, s), cudaSuccess);
+  };
+}
+
 TEST(CudaTactics, TheCandidateWithLessDeviceTimeWinsHoweverLongItsLaunchTakes) {
   if (!backend_available(DeviceType::kCUDA)) GTEST_SKIP() << "no CUDA device";
   const Buffers b = allocate();
@@ -69,6 +77,20 @@ TEST(CudaTactics, ACandidateThatCannotBeRecordedIsTimedDirectlyAndOneThatThrowsI
   EXPECT_NE(report.find("#0 "), std::string::npos) << report;  // timed, not failed
   EXPECT_NE(report.find("#1 failed (no such tactic)"), std::string::npos) << report;
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+TEST(CudaTactics, ACandidateFarSlowerThanTheFastestIsPrunedAndTheFastestStillWins) {
+  if (!backend_available(DeviceType::kCUDA)) GTEST_SKIP() << "no CUDA device";
+  const Buffers b = allocate();
+  std::string report;
+  EXPECT_EQ(time_candidates({device_heavier(b), device_heavy(b), device_heavier(b)}, TacticBudget::kAll, &report), 1u)
+      << report;
+  EXPECT_NE(report.find("#0 "), std::string::npos) << report;
+  EXPECT_NE(report.find(" us (pruned), #1 "), std::string::npos) << report;   // #0
+  EXPECT_NE(report.find(" us (pruned); chose #1"), std::string::npos) << report;  // #2
+  EXPECT_EQ(report.find("#1 failed"), std::string::npos) << report;
+  const size_t one = report.find("#1 ");
+  EXPECT_EQ(report.substr(one, report.find(',', one) - one).find("pruned"), std::string::npos) << report;
 }
 
 }  // namespace

@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 import kiln
+import kiln.cached_build
 import kiln.dynamic
 import kiln.dynamo
 import kiln.pipeline
@@ -400,6 +401,54 @@ def test_graphs_with_one_constant_or_none_check_them_on_every_call(instances: in
     one, none = graphs
     assert len(one.constant_idx) == 1 and len(one.graph_modules) == instances
     assert none.constant_idx == [] and len(none.graph_modules) == 1
+
+
+class GatedLayer(nn.Module):
+    """A layer whose forward branches on a value: Dynamo breaks the graph there, so that every
+    layer of a deep stack runs one captured graph with its own parameters."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.fc, self.norm = nn.Linear(d, d), nn.LayerNorm(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.fc(self.norm(x)))
+        if h.sum() > 0:  # data-dependent: a graph break
+            h = h * 0.5
+        return x + h
+
+
+def test_a_deep_stack_of_one_graph_builds_once_per_layer_and_lowers_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # More layers than input signatures kept: each layer's engines stay (a bound on constant sets
+    # equal to the signature bound rebuilt every layer on every call); the graph is exported and
+    # decomposed once, the other layers compile from a copy of that lowering with their own weights.
+    layers = kiln.dynamo._MAX_SIGNATURES + 4
+    model = nn.Sequential(*[GatedLayer() for _ in range(layers)]).eval()
+    lowered: list[Any] = []
+    real_lower = kiln.dynamo.lower_module
+    monkeypatch.setattr(kiln.dynamo, "lower_module", lambda *a, **k: lowered.append(1) or real_lower(*a, **k))
+    graphs: list[Any] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        graphs.append(kiln.dynamo.kiln_backend(gm, example_inputs, options={"min_block_size": 1}))
+        return graphs[-1]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+        kiln.cached_build.reset_cache_stats()
+        for _ in range(2):
+            torch.testing.assert_close(compiled(x), model(x))
+        assert kiln.cached_build.cache_stats()["builds"] == 0
+        x2 = torch.randn(4, 16)  # the other branch for some layers, other values for all
+        torch.testing.assert_close(compiled(-x2), model(-x2))
+        model[layers - 1].fc.weight.mul_(-2.0)  # a later layer's weights change in place: refitted by its names
+        torch.testing.assert_close(compiled(x2), model(x2))
+    shared = max(graphs, key=lambda g: len(g.graph_modules))
+    assert len(shared.graph_modules) == layers and len(shared.constant_idx) == 4
+    assert len(lowered) == len(graphs), (len(lowered), len(graphs))  # one lowering per captured graph
 
 
 def test_graph_mutating_its_input_runs_eagerly_with_a_warning() -> None:

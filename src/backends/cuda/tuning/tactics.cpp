@@ -3,15 +3,25 @@
 //
 // Each candidate runs on a private non-blocking stream: two direct warm-up runs (first-use
 // work stays out of the numbers; they also size a sample: a sample repeats the candidate until
-// it lasts about 50 us), then the median of 7 samples, each timed over replays of a CUDA graph
-// holding the sample's runs. An engine replays its launches from a graph, so that is what a
-// candidate is measured as: timed as direct launches, a microsecond kernel measures its host launch
-// cost instead (a library call's host time can exceed a small kernel's device time, so small
-// library kernels would lose to generated ones that are slower on the device). A candidate that
-// cannot be recorded into a graph is timed over direct launches. A candidate that throws is skipped
-// and noted in the report; if every candidate throws the first error is rethrown. An asynchronous
-// fault inside a candidate would poison the context, so candidates must only be configurations the
-// library itself accepted.
+// it lasts about 50 us), then up to 7 samples, each timed over replays of a CUDA graph holding the
+// sample's runs; its time is the median of its samples. An engine replays its launches from a
+// graph, so that is what a candidate is measured as: timed as direct launches, a microsecond
+// kernel measures its host launch cost instead (a library call's host time can exceed a small
+// kernel's device time, so small library kernels would lose to generated ones that are slower on
+// the device). A candidate that cannot be recorded into a graph is timed over direct launches.
+//
+// The samples are taken in rounds, one sample of every candidate per round, so that a change
+// of the device's clock while the candidates are timed (it idles at a fraction of its boost
+// clock and ramps up under load) moves every candidate's median alike instead of making the
+// first ones timed look slow. After kPruneAfter rounds, a candidate whose fastest sample is more
+// than kPruneRatio times the fastest candidate's is not sampled again: it cannot win, and timing
+// it would add to the build (a large convolution's sample lasts milliseconds). Where even the
+// fastest candidate's run lasts kLongRunMs, the samples end there: the launch's jitter is small
+// against such a run.
+//
+// A candidate that throws is skipped and noted in the report; if every candidate throws the
+// first error is rethrown. An asynchronous fault inside a candidate would poison the context,
+// so candidates must only be configurations the library itself accepted.
 #include <cublasLt.h>
 #include <cudnn.h>
 
@@ -19,6 +29,7 @@
 #include <cstdio>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "src/backends/cuda/device/cuda_util.h"
@@ -33,6 +44,9 @@ constexpr int kSamples = 7;
 constexpr float kSampleTargetMs = 0.05f;
 constexpr int kMaxRepeats = 64;
 constexpr int kReplays = 2;  // graph replays per sample: the first one's start-up overlaps the rest
+constexpr int kPruneAfter = 3;  // rounds every candidate is sampled in
+constexpr float kPruneRatio = 2.0f;
+constexpr float kLongRunMs = 0.5f;  // from this long a run, kPruneAfter rounds are all the samples
 
 struct GraphExecDeleter {
   void operator()(cudaGraphExec_t e) const { (void)cudaGraphExecDestroy(e); }
@@ -66,26 +80,33 @@ class Timer {
     return ms;
   }
 
-  // Median milliseconds of one run of c.
-  float measure(const Candidate& c) {
+  // Prepares c for sampling: warms it up and records `repeats` runs of it into a graph sized
+  // to last about kSampleTargetMs (no graph when c cannot be recorded: sampled directly).
+  struct Prepared {
+    GraphExecPtr exec;
+    int repeats = 1;
+  };
+  Prepared prepare(const Candidate& c) {
     const float warm = time(c, kWarmup) / float(kWarmup);
-    int repeats = std::clamp(int(kSampleTargetMs / std::max(warm, 1e-4f)), 1, kMaxRepeats);
-    GraphExecPtr exec = record(c, repeats);
-    if (exec && repeats < kMaxRepeats) {
+    Prepared p;
+    p.repeats = std::clamp(int(kSampleTargetMs / std::max(warm, 1e-4f)), 1, kMaxRepeats);
+    p.exec = record(c, p.repeats);
+    if (p.exec && p.repeats < kMaxRepeats) {
       // The direct warm-up counted host launch costs: with the device time, size again.
-      const float replay = time_graph(exec.get(), 1) / float(repeats);
+      const float replay = time_graph(p.exec.get(), 1) / float(p.repeats);
       const int more = std::clamp(int(kSampleTargetMs / std::max(replay, 1e-4f)), 1, kMaxRepeats);
-      if (more > repeats) {
-        repeats = more;
-        exec = record(c, repeats);
+      if (more > p.repeats) {
+        p.repeats = more;
+        p.exec = record(c, p.repeats);
       }
     }
-    std::vector<float> samples;
-    for (int s = 0; s < kSamples; ++s)
-      samples.push_back(exec ? time_graph(exec.get(), kReplays) / float(kReplays * repeats)
-                             : time(c, repeats) / float(repeats));
-    std::nth_element(samples.begin(), samples.begin() + kSamples / 2, samples.end());
-    return samples[kSamples / 2];
+    return p;
+  }
+
+  // Milliseconds of one run of c, from one sample.
+  float sample(const Candidate& c, const Prepared& p) {
+    return p.exec ? time_graph(p.exec.get(), kReplays) / float(kReplays * p.repeats)
+                  : time(c, p.repeats) / float(p.repeats);
   }
 
  private:
@@ -139,20 +160,55 @@ size_t time_candidates(const std::vector<Candidate>& candidates, size_t max_time
     return 0;
   }
   Timer timer;
-  std::ostringstream log;
   std::exception_ptr first_error;
+  std::vector<std::optional<std::string>> failed(n);  // why candidate i was dropped
+  auto fail = [&](size_t i, const std::exception& e) {
+    if (!first_error) first_error = std::current_exception();
+    failed[i] = e.what();
+    cudaGetLastError();  // clear a non-sticky launch error so the next candidate starts clean
+  };
+  std::vector<Timer::Prepared> prepared(n);
+  for (size_t i = 0; i < n; ++i) {
+    try {
+      prepared[i] = timer.prepare(candidates[i]);
+    } catch (const std::exception& e) {
+      fail(i, e);
+    }
+  }
+  std::vector<std::vector<float>> samples(n);
+  std::vector<bool> pruned(n, false);
+  for (int round = 0; round < kSamples; ++round) {
+    for (size_t i = 0; i < n; ++i) {
+      if (failed[i] || pruned[i]) continue;
+      try {
+        samples[i].push_back(timer.sample(candidates[i], prepared[i]));
+      } catch (const std::exception& e) {
+        fail(i, e);
+      }
+    }
+    if (round + 1 == kPruneAfter) {  // clear losers, by their fastest sample so far, are not sampled again
+      auto fastest = [&](size_t i) { return *std::min_element(samples[i].begin(), samples[i].end()); };
+      float best = 0;
+      for (size_t i = 0; i < n; ++i)
+        if (!failed[i] && (best == 0 || fastest(i) < best)) best = fastest(i);
+      for (size_t i = 0; i < n; ++i) pruned[i] = !failed[i] && fastest(i) > kPruneRatio * best;
+      if (best >= kLongRunMs) break;  // runs this long vary little: the medians of these rounds hold
+    }
+  }
+  std::ostringstream log;
   size_t best = n;
   float best_ms = 0;
   for (size_t i = 0; i < n; ++i) {
-    try {
-      const float ms = timer.measure(candidates[i]);
-      log << (i ? ", " : "") << "#" << i << " " << ms * 1000.0f << " us";
-      if (best == n || ms < best_ms) best = i, best_ms = ms;
-    } catch (const std::exception& e) {
-      if (!first_error) first_error = std::current_exception();
-      log << (i ? ", " : "") << "#" << i << " failed (" << e.what() << ")";
-      cudaGetLastError();  // clear a non-sticky launch error so the next candidate starts clean
+    log << (i ? ", " : "") << "#" << i;
+    if (failed[i]) {
+      log << " failed (" << *failed[i] << ")";
+      continue;
     }
+    std::vector<float>& s = samples[i];
+    std::nth_element(s.begin(), s.begin() + s.size() / 2, s.end());
+    const float ms = s[s.size() / 2];
+    log << " " << ms * 1000.0f << " us" << (pruned[i] ? " (pruned)" : "");
+    if (best == n || ms < best_ms) best = i, best_ms = ms;
   }
   if (best == n) std::rethrow_exception(first_error);
   if (report)
