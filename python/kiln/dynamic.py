@@ -13,9 +13,10 @@ included, so cached engines are found per shape). A block that fails to build at
 that concrete copy in PyTorch for it.
 
 Specializations are kept in a least-recently-used map of ``specialization_cache_size`` entries
-(kiln.settings); the one for the example inputs' sizes (the *opt* shape) is built at compile
-time, the others on the first call that needs them (one log line each). A block whose
-symbols take the same values in two specializations shares one engine between them.
+with engines of their own (kiln.settings) and up to _MAX_LIGHT served by instances; the one for
+the example inputs' sizes (the *opt* shape) is built at compile time, the others on the first
+call that needs them (one log line each). A block whose symbols take the same values in two
+specializations shares one engine between them.
 
 Which ops go into blocks is decided once, at the opt shape: the importers are asked about a
 concrete copy of the whole graph. A block that the importers take at the opt shape but refuse
@@ -75,6 +76,8 @@ __all__ = ["Input", "ShapeRangeError", "SymbolRange", "ProgramShapes", "Speciali
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 _SIZE = sympy.Symbol("size", integer=True, positive=True)  # an input dim's value, in solved sizes
 _SCALAR_REASON = "a symbolic size or scalar: PyTorch computes it from the inputs' sizes"
+# Specializations served by instances on a shared arena kept per program (Specializations.add).
+_MAX_LIGHT = 1024
 
 
 class ShapeRangeError(ValueError):
@@ -635,6 +638,13 @@ class Specialization:
     def text(self) -> str:
         return ", ".join(f"{s}={v}" for s, v in self.binding.items())
 
+    def light(self) -> bool:
+        """Whether every block runs an instance on its range's shared arena, or padded rows of
+        another size's engine: it holds no weights or arena of its own, only plans, kernels and
+        CUDA graphs."""
+        return all(isinstance(r, RowPadded) or (isinstance(r, KilnEngineModule) and r.engine.is_instance
+                                                 and r.shares_arena) for r in self.runners)
+
     def holds_instances(self) -> bool:
         """Whether a block runs an instance (kiln/instances.py) here, or another size's engine on
         padded rows until its instance is made."""
@@ -768,7 +778,7 @@ class Specializations(torch.nn.Module):
 
     def add(self, spec: Specialization) -> None:
         """Keeps ``spec`` as the most recently used, dropping the least recently used beyond the
-        capacity."""
+        capacity (specialization_cache_size; _MAX_LIGHT for light specializations)."""
         self.live[self._binding_key(spec.binding)] = spec
         name = f"s{self._count}"
         self._count += 1
@@ -777,20 +787,25 @@ class Specializations(torch.nn.Module):
         for job in spec.jobs:  # they replace runners of live specializations only
             self.tuning.submit(job)
         spec.jobs = []
+        # Specializations with engines of their own count against the capacity; light ones (served
+        # by instances, Specialization.light) against _MAX_LIGHT: a program over a range of sizes
+        # serves many of them, each cheap to keep and tens of milliseconds to make again.
         # The specialization whose engines the instances run on stays, beyond the capacity if need be
         # (they hold its engines anyway, and kiln.save writes it), as does the one just added: the
         # least recently used of the others goes.
-        while len(self.live) > self.capacity:
-            older = list(self.live.items())[:-1]
-            victim = next((k for k, s in older if not self._holds_range_engine(s)), None)
-            if victim is None:
-                break
-            old = self.live.pop(victim)
-            del self.built[self._names.pop(id(old))]
-            for k in [k for k, v in self.by_shapes.items() if v is old]:
-                del self.by_shapes[k]
-            log.info("%s: dropped the specialization for %s (least recently used; specialization_cache_size=%d)",
-                     self.graph_name, old.text(), self.capacity)
+        for light, bound in ((False, self.capacity), (True, _MAX_LIGHT)):
+            while sum(s.light() == light for s in self.live.values()) > bound:
+                older = list(self.live.items())[:-1]
+                victim = next((k for k, s in older if s.light() == light and not self._holds_range_engine(s)), None)
+                if victim is None:
+                    break
+                old = self.live.pop(victim)
+                del self.built[self._names.pop(id(old))]
+                for k in [k for k, v in self.by_shapes.items() if v is old]:
+                    del self.by_shapes[k]
+                log.info("%s: dropped the specialization for %s (least recently used; %s)", self.graph_name,
+                         old.text(), f"{_MAX_LIGHT} kept served by instances" if light
+                         else f"specialization_cache_size={self.capacity}")
 
     def _holds_range_engine(self, spec: Specialization) -> bool:
         """Whether a block of ``spec`` runs an engine that instances run on (kiln/instances.py)."""

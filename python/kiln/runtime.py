@@ -147,6 +147,11 @@ class KilnEngineModule(torch.nn.Module):
         self._set_engine(engine, device, input_dtypes, output_dtypes)
         self._exporting = False
 
+    @property
+    def shares_arena(self) -> bool:
+        """Whether its intermediates live in a SharedArena (kiln/instances.py), not its own."""
+        return self._arena is not None
+
     def _set_engine(self, engine: Any, device: str, input_dtypes: Sequence[torch.dtype] | None,
                     output_dtypes: Sequence[torch.dtype] | None) -> None:
         self._engine = engine

@@ -166,8 +166,10 @@ class CompilationSettings:
     autocast_calibration_dataloader: an iterable of example inputs whose run measures each
         node's output range for the threshold; None judges from the example inputs.
     specialization_cache_size: how many concrete shapes of a dynamic program (kiln.dynamic) keep
-        their engines at once; the least recently used beyond it is dropped (built again if its
-        shape comes back). An int >= 1, default 8.
+        engines built for them at once; the least recently used beyond it is dropped (built again
+        if its shape comes back). Shapes served by instances of a range engine on its shared arena
+        (kiln/instances.py) hold no weights or arena of their own and are kept apart, up to 1024.
+        An int >= 1, default 8.
     dynamic_max_size: the largest size served for a dynamic dim whose range has no upper bound
         (a torch.export Dim without max, Dynamo's automatic dynamic shapes). An int >= 2,
         default 4096; a larger size is outside the program's range (kiln.compile raises,

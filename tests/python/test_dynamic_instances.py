@@ -379,7 +379,7 @@ def test_cuda_cnn_batch_instances_match_eager_before_and_after_tuning() -> None:
 
 
 @torch.no_grad()
-def test_the_range_engine_outlives_the_lru_and_is_saved(tmp_path: object) -> None:
+def test_the_range_engine_and_its_instances_outlive_the_capacity_and_are_saved(tmp_path: object) -> None:
     torch.manual_seed(0)
     model = Encoder().eval()
     compiled = _compile(model, specialization_cache_size=2)
@@ -388,7 +388,7 @@ def test_the_range_engine_outlives_the_lru_and_is_saved(tmp_path: object) -> Non
     table = dynamic_program_of(compiled)
     assert table is not None
     lengths = [next(iter(spec.binding.values())) for spec in table.live.values()]
-    assert lengths == [16, 41]  # the opt engine's specialization stays; 5, 23 and 37 were dropped
+    assert lengths == [16, 5, 23, 37, 41]  # instances are kept apart from the capacity
     path = f"{tmp_path}/encoder.ep"
     kiln.save(compiled, path, _inputs(2, 16))
     loaded = kiln.load(path).module()
@@ -412,6 +412,29 @@ def test_a_program_whose_range_engine_is_kept_beyond_the_capacity_saves_at_most_
     kiln.save(compiled, path, _inputs(2, 16))
     x = _inputs(2, 23)
     torch.testing.assert_close(kiln.load(path).module()(*x), model(*x), rtol=1e-4, atol=1e-4)
+
+
+@torch.no_grad()
+def test_sizes_served_by_instances_stay_beyond_the_capacity_and_come_back_at_once() -> None:
+    # A range serves many sizes: instances on the shared arena hold no weights or arena of their
+    # own, so they are kept apart from specialization_cache_size (which bounds built engines),
+    # and a size that comes back runs its instance instead of making it again.
+    torch.manual_seed(0)
+    model = Encoder().eval()
+    compiled = _compile(model, specialization_cache_size=2)
+    lengths = (23, 37, 41, 30, 19, 56)
+    for s in lengths:
+        compiled(*_inputs(2, s))
+    table = dynamic_program_of(compiled)
+    assert table is not None
+    assert sorted(next(iter(spec.binding.values())) for spec in table.live.values()) == sorted((16, *lengths))
+    assert all(spec.light() for spec in table.live.values() if 16 not in spec.binding.values())
+    made = table._count
+    reset_cache_stats()
+    for s in reversed(lengths):
+        x = _inputs(2, s)
+        torch.testing.assert_close(compiled(*x), model(*x), rtol=1e-4, atol=1e-4)
+    assert table._count == made and cache_stats().get("builds", 0) == 0
 
 
 @torch.no_grad()
