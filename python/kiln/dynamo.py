@@ -157,8 +157,8 @@ class KilnDynamoGraph:
     instance's weights. A graph break inside a repeated block (a branch on a value in every layer)
     makes every layer of the model such an instance, all run in each forward: their engines are
     kept for up to _MAX_INSTANCES constant sets per input signature (the bound on signatures is
-    apart), and they are compiled from one lowering of the graph, copied with each instance's
-    weights, not exported and decomposed once per layer.
+    apart), and they are compiled from one lowering of the graph (static or symbolic), copied with
+    each instance's weights, not exported and decomposed once per layer.
     """
 
     def __init__(self, gm: fx.GraphModule, examples: Sequence[Any], settings: CompilationSettings) -> None:
@@ -248,49 +248,63 @@ class KilnDynamoGraph:
                         "signature; the least recently used one's engines are dropped and built again when "
                         "it is called", self.name, _MAX_INSTANCES)
 
-    def _dynamic_shapes(self, inputs: Sequence[torch.Tensor]) -> tuple[list[tuple[str, Any]], tuple[Any, ...]]:
-        """The "size" layout entries of the int arguments and torch.export's dynamic_shapes of the
-        tensor inputs: per symbol an automatic dynamic dim with its ShapeEnv range (an unbounded
-        max clamped to ``dynamic_max_size``). NotImplementedError for a graph that cannot be
+    def _dynamic_shapes(self, args: Sequence[Any]) -> tuple[list[tuple[str, Any]], tuple[Any, ...], list[int]]:
+        """The "size" layout entries of the int arguments, torch.export's dynamic_shapes of the
+        wrapper's tensors (per symbol an automatic dynamic dim with its ShapeEnv range, an
+        unbounded max clamped to ``dynamic_max_size``) and the int arguments that need a carrier.
+
+        A symbolic int argument that is no tensor input's size (a length that a graph break
+        passed on as a Python int, e.g. BART's position embedding after its encoder layers) is
+        carried as the first dim of an empty [n, 0] tensor after the inputs (_carriers), so that
+        the program binds it like any size. NotImplementedError for a graph that cannot be
         exported so."""
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
         fakes = [placeholders[i].meta.get("example_value") for i in self.tensor_idx]
         where: dict[Any, tuple[int, int]] = {}  # symbol -> (input position, dim)
         dims: dict[Any, Any] = {}
         specs: list[Any] = []
-        for pos, (fake, real) in enumerate(zip(fakes, inputs)):
+
+        def dim(size: torch.SymInt, example: int) -> Any:
+            expr = size.node.expr
+            if expr not in dims:
+                lo, hi = range_bounds(size.node.shape_env.var_to_range.get(expr))
+                if hi is None:  # unbounded: clamped, sizes beyond are built per signature
+                    hi = max(self.settings.dynamic_max_size, example)
+                # AUTO: export may narrow the range where the graph needs it (a pooled size that
+                # must not reach 1); a size outside it is then built per signature.
+                dims[expr] = torch.export.Dim.AUTO(min=lo, max=hi)
+            return dims[expr]
+        for pos, (fake, i) in enumerate(zip(fakes, self.tensor_idx)):
             if not isinstance(fake, torch.Tensor):
                 raise NotImplementedError("an input has no example value")
             spec: dict[int, Any] = {}
             for d, size in enumerate(fake.shape):
                 if not isinstance(size, torch.SymInt):
                     continue
-                expr = size.node.expr
-                if not expr.is_symbol:
+                if not size.node.expr.is_symbol:
                     spec[d] = torch.export.Dim.AUTO
                     continue
-                where.setdefault(expr, (pos, d))
-                if expr not in dims:
-                    lo, hi = range_bounds(size.node.shape_env.var_to_range.get(expr))
-                    if hi is None:  # unbounded: clamped, sizes beyond are built per signature
-                        hi = max(self.settings.dynamic_max_size, int(real.shape[d]))
-                    # AUTO: export may narrow the range where the graph needs it (a pooled size that
-                    # must not reach 1); a size outside it is then built per signature.
-                    dims[expr] = torch.export.Dim.AUTO(min=lo, max=hi)
-                spec[d] = dims[expr]
+                where.setdefault(size.node.expr, (pos, d))
+                spec[d] = dim(size, int(args[i].shape[d]))
             specs.append(spec or None)
         sizes: list[tuple[str, Any]] = []
-        for kind, p in zip(self.kinds, placeholders):
+        carried: list[int] = []
+        for i, (kind, p) in enumerate(zip(self.kinds, placeholders)):
             if kind != "value":
                 continue
             value = p.meta.get("example_value")
             if isinstance(value, (torch.SymFloat, torch.SymBool)):
                 raise NotImplementedError("a symbolic float or bool argument")
             if isinstance(value, torch.SymInt):
-                if value.node.expr not in where:
-                    raise NotImplementedError(f"the size argument {value.node.expr} is no input's size by itself")
-                sizes.append(("size", where[value.node.expr]))
-        return sizes, (tuple(specs),)  # the wrapper takes its tensors as *tensors
+                expr = value.node.expr
+                if expr not in where:
+                    if not expr.is_symbol:
+                        raise NotImplementedError(f"the size argument {expr} is no input's size by itself")
+                    where[expr] = (len(specs), 0)
+                    specs.append({0: dim(value, int(args[i]))})
+                    carried.append(i)
+                sizes.append(("size", where[expr]))
+        return sizes, (tuple(specs),), carried  # the wrapper takes its tensors as *tensors
 
     def _specialize(self, args: Sequence[Any], constants: tuple[torch.Tensor, ...], symbolic: bool = False) -> _Built:
         if symbolic:
@@ -308,8 +322,8 @@ class KilnDynamoGraph:
     def _specialize_symbolic(self, args: Sequence[Any], constants: tuple[torch.Tensor, ...]) -> _Built:
         """One program for every size in the symbols' ranges (kiln/dynamic.py)."""
         wrapper, names, _ = self._wrapper(args, constants)
-        inputs = [args[i] for i in self.tensor_idx]
-        sizes, dynamic_shapes = self._dynamic_shapes(inputs)
+        sizes, dynamic_shapes, carried = self._dynamic_shapes(args)
+        inputs = [args[i] for i in self.tensor_idx] + _carriers(args, carried)
         size_iter = iter(sizes)
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
         layout = []
@@ -321,14 +335,18 @@ class KilnDynamoGraph:
             layout.append(entry)
         wrapper.layout = layout
         with debug_logging(self.settings.debug):
-            lowered = lower_module(wrapper, _unmarked(inputs), None, supported_targets(), names=names,
-                                   fold_weights=self.settings.immutable_weights, dynamic_shapes=dynamic_shapes)
-            device = device_of(self.settings, inputs + list(constants))
+            lowering_key = self._lowering_key(args, constants, symbolic=True)
+            lowered = self._relower(lowering_key, constants)
+            if lowered is None:
+                lowered = lower_module(wrapper, _unmarked(inputs), None, supported_targets(), names=names,
+                                       fold_weights=self.settings.immutable_weights, dynamic_shapes=dynamic_shapes)
+                self._keep_lowering(lowering_key, lowered)
+            device = device_of(self.settings, [args[i] for i in self.tensor_idx] + list(constants))
             compiled = compile_dynamic(lowered, self.settings, device, self.name, lowered.range_constraints)
             shapes = compiled.meta.get("kiln_dynamic")
             if shapes is not None:  # errors name the inputs as the frame does (L['x'] -> x)
                 shapes.names = [_ROOT.sub(r"\1", _source_path(placeholders[i]) or placeholders[i].name)
-                                for i in self.tensor_idx]
+                                for i in self.tensor_idx + carried]
         if self.settings.builds_nothing:
             return _Built(constants, None, self.gm.forward)
         unflatten, graph, pick = unflattener(lowered.out_spec), graph_runner(compiled), self.tensor_idx
@@ -339,7 +357,7 @@ class KilnDynamoGraph:
 
         def run(*args: Any) -> Any:
             try:
-                return unflatten(graph(*[args[i] for i in pick]))
+                return unflatten(graph(*[args[i] for i in pick], *_carriers(args, carried)))
             except ShapeRangeError as err:  # beyond the clamped range: this signature statically
                 log.info("%s: %s; building this input signature statically", self.name, err)
                 return self._lookup(args, static=True).run(*args)
@@ -355,7 +373,7 @@ class KilnDynamoGraph:
         by_index = dict(zip(self.constant_idx, constants))
         for i, (kind, value) in enumerate(zip(self.kinds, args)):
             if kind == "constant":
-                attr = f"c{i}"
+                attr = _constant_attr(i)
                 wrapper_buffers[attr] = by_index[i].detach()
                 names[attr] = self.constant_names[i]
                 layout.append(("constant", attr))
@@ -380,7 +398,7 @@ class KilnDynamoGraph:
             if hit is not None:
                 compiled, out_spec = hit.gm, hit.out_spec
             else:
-                lowering_key = self._lowering_key(args, constants)
+                lowering_key = self._lowering_key(args, constants, symbolic=False)
                 lowered = self._relower(lowering_key, constants)
                 if lowered is None:
                     try:
@@ -411,16 +429,17 @@ class KilnDynamoGraph:
             return unflatten(graph(*[args[i] for i in pick]))
         return _Built(constants, compiled, run, WeightWatch(sources) if sources else None)
 
-    def _lowering_key(self, args: Sequence[Any], constants: tuple[torch.Tensor, ...]) -> Any:
-        """What a static lowering depends on besides the constants' values: every argument's
-        shape, strides, dtype and device (the constants' too) and the values of the others; None
-        where it is not reused (weights folded into the graph, an argument of another kind)."""
+    def _lowering_key(self, args: Sequence[Any], constants: tuple[torch.Tensor, ...], symbolic: bool) -> Any:
+        """What a lowering (static, or ``symbolic``: with the graph's symbolic sizes) depends on
+        besides the constants' values: every argument's shape, strides, dtype and device (the
+        constants' too), the values of the others and of the floats passed as tensors; None where
+        it is not reused (weights folded into the graph, an argument of another kind)."""
         if self.settings.immutable_weights:
             return None
-        key: list[Any] = []
-        for a in args:
+        key: list[Any] = [symbolic]
+        for i, a in enumerate(args):
             if isinstance(a, torch.Tensor):
-                key.append((tuple(a.shape), a.stride(), a.dtype, a.device))
+                key.append((tuple(a.shape), a.stride(), a.dtype, a.device, a.item() if i in self.float_idx else None))
             elif a is None or isinstance(a, (bool, int, float, str)):
                 key.append((type(a), a))
             else:
@@ -442,7 +461,8 @@ class KilnDynamoGraph:
         kept = self._lowerings.get(key) if key is not None else None
         if kept is None:
             return None
-        by_attr = {f"c{i}": (t.detach(), self.constant_names[i]) for i, t in zip(self.constant_idx, constants)}
+        by_attr = {_constant_attr(i): (t.detach(), self.constant_names[i])
+                   for i, t in zip(self.constant_idx, constants)}
         lowered = _copy_lowered(kept)
         gm = lowered.gm
         sources: dict[str, torch.Tensor] = {}
@@ -478,6 +498,16 @@ class KilnDynamoGraph:
         if built.watch is not None and built.watch.changed():
             self._follow(built)
         return built.run(*args)
+
+
+def _carriers(args: Sequence[Any], carried: Sequence[int]) -> list[torch.Tensor]:
+    """Per carried int argument (KilnDynamoGraph._dynamic_shapes), an empty tensor of that many rows."""
+    return [torch.empty((int(args[i]), 0)) for i in carried]
+
+
+def _constant_attr(i: int) -> str:
+    """The wrapper's buffer for constant argument ``i`` (_GraphAsModule), and its export FQN."""
+    return f"c{i}"
 
 
 def _copy_lowered(lowered: LoweredGraph) -> LoweredGraph:

@@ -163,6 +163,41 @@ def test_symbolic_graphs_build_one_program_with_engines_per_shape() -> None:
     assert len(engines) == 3  # batch 2, 5, 7: one engine each
 
 
+class LengthAfterBreak(nn.Module):
+    """A length read before a graph break and used after it: Dynamo passes it to the second graph
+    as a symbolic int of its own, no tensor input's size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.pos = nn.Linear(8, 8), nn.Embedding(64, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1]
+        h = self.lin(x)
+        torch._dynamo.graph_break()
+        p = self.pos(torch.arange(n)) * 2.0  # a graph whose only size is n (as BART's positions)
+        torch._dynamo.graph_break()
+        return torch.relu(h) + p
+
+
+def test_a_symbolic_int_that_is_no_input_size_is_carried_and_served_by_one_program() -> None:
+    graphs: list[Any] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        graphs.append(kiln.dynamo.kiln_backend(gm, example_inputs, options={"min_block_size": 1}))
+        return graphs[-1]
+
+    torch._dynamo.reset()
+    model = LengthAfterBreak().eval()
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for n in (6, 11, 3, 6):
+            x = torch.randn(2, n, 8)
+            torch.testing.assert_close(compiled(x), model(x))
+    (positions,) = [g for g in graphs if next(iter(g.gm.graph.nodes)).name == "l_n_"]  # n: its only size
+    assert positions.symbolic and len(positions.graph_modules) == 1  # one program, no build per length
+
+
 def test_gradients_required_runs_eagerly_with_a_warning() -> None:
     torch._dynamo.reset()
     m, x = MLP().eval(), torch.randn(2, 16)
@@ -449,6 +484,31 @@ def test_a_deep_stack_of_one_graph_builds_once_per_layer_and_lowers_once(monkeyp
     shared = max(graphs, key=lambda g: len(g.graph_modules))
     assert len(shared.graph_modules) == layers and len(shared.constant_idx) == 4
     assert len(lowered) == len(graphs), (len(lowered), len(graphs))  # one lowering per captured graph
+
+
+def test_a_deep_stack_of_one_symbolic_graph_exports_it_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # With dynamic shapes each layer is a symbolic program of its own (its own weights), all made
+    # from one symbolic export and decomposition of the shared graph.
+    layers = 5
+    model = nn.Sequential(*[GatedLayer() for _ in range(layers)]).eval()
+    lowered: list[Any] = []
+    real_lower = kiln.dynamo.lower_module
+    monkeypatch.setattr(kiln.dynamo, "lower_module", lambda *a, **k: lowered.append(1) or real_lower(*a, **k))
+    graphs: list[Any] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        graphs.append(kiln.dynamo.kiln_backend(gm, example_inputs, options={"min_block_size": 1}))
+        return graphs[-1]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for rows in (6, 3, 9):
+            x = torch.randn(rows, 16)
+            torch.testing.assert_close(compiled(x), model(x))
+    shared = max(graphs, key=lambda g: len(g.graph_modules))
+    assert shared.dynamic and shared.symbolic and len(shared.graph_modules) == layers
+    assert len(lowered) == len(graphs), (len(lowered), len(graphs))
 
 
 def test_graph_mutating_its_input_runs_eagerly_with_a_warning() -> None:
