@@ -3,7 +3,7 @@
     python3 benchmarks/dynamic_shapes.py [--models resnet18,resnet50,bert] [--device cpu|cuda]
                                          [--precision fp32|fp16] [--sizes 12] [--iters 20]
                                          [--reduce-overhead] [--no-instances] [--repeat 1]
-                                         [--out dynamic_shapes.md]
+                                         [--back-to-back] [--out dynamic_shapes.md]
 
 Models (random weights, nothing downloaded): torchvision resnet18 / resnet50 at 224x224 with a
 dynamic batch 1..8 (opt 2); ``resnet50-b32``, batch 1..32 (opt 8); a small transformers BertModel
@@ -31,6 +31,12 @@ script:
   and reports the medians and their ratio;
 * with ``--reduce-overhead``, does the same with ``torch.compile(mode="reduce-overhead",
   dynamic=True)``: its first call at each size and its steady latency there.
+
+``--back-to-back`` measures serving instead: after the dynamic compile, every size is called
+once in order and then once more, each call synchronized but none waiting for the instances'
+background tactic timing, as requests that come one after another would; it reports the ms of
+each call of both passes and how many specializations the second pass made (a size that comes
+back should make none).
 
 Every output is checked against eager PyTorch (relative error at most 1e-4 on the CPU, 2e-3 on
 CUDA in fp32, 1e-2 in fp16); the script exits with status 1 when one is off (after printing the
@@ -201,6 +207,39 @@ def _dynamic_serve_only(name: str, args: argparse.Namespace) -> float:
     return total
 
 
+def back_to_back(name: str, args: argparse.Namespace, tol: float, tmp: str) -> tuple[list[str], bool]:
+    """The rows of ``--back-to-back`` for one model: per pass, each size's call in ms."""
+    import kiln
+    import kiln.dynamic
+
+    device = args.device
+    model, inputs_at, spec, all_sizes, dtype = _prepared(name, args)
+    _warm_up(device, dtype, os.path.join(tmp, "warm-up.cache"))
+    chosen = all_sizes[:args.sizes]
+    rows: list[str] = []
+    checks: list[tuple[Any, list[torch.Tensor]]] = []
+    with torch.no_grad():
+        compiled, seconds = _timed(lambda: kiln.compile(
+            model, inputs_at(spec["opt"]), dynamic_shapes=spec["dims"], enabled_precisions={dtype},
+            dynamic_instances=args.instances, timing_cache_path=os.path.join(tmp, f"{name}-serve.cache")), device)
+        table = kiln.dynamic.dynamic_program_of(compiled)
+        for serve in (1, 2):
+            before = {id(s) for s in table.live.values()} if table is not None else set()
+            cells = []
+            for size in chosen:
+                inputs = inputs_at(size)
+                out, t = _timed(lambda: compiled(*inputs), device)
+                checks.append((out, inputs))
+                cells.append(f"{size}: {t * 1e3:.1f}")
+            made = len({id(s) for s in table.live.values()} - before) if table is not None else 0
+            rows.append(f"| {name} | {serve} | {'; '.join(cells)} | {made} |")
+        if table is not None:
+            table.wait_tuned()
+        errors = [_error(out, model(*inputs)) for out, inputs in checks]
+    rows.append(f"| {name} | compile | {seconds:.2f} s; max rel. error {max(errors):.1e} | |")
+    return rows, max(errors) <= tol
+
+
 def run(name: str, args: argparse.Namespace, tol: float, tmp: str) -> tuple[list[str], bool]:
     import kiln
     import kiln.dynamic
@@ -270,6 +309,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=1,
                         help="also report the medians over this many processes of the dynamic compile with its "
                              "first calls and of the one static build (each in a new process)")
+    parser.add_argument("--back-to-back", action="store_true",
+                        help="measure serving instead: every size called twice in order, back to back")
     parser.add_argument("--one-static-build", metavar="MODEL", help=argparse.SUPPRESS)
     parser.add_argument("--one-dynamic-serve", metavar="MODEL", help=argparse.SUPPRESS)
     parser.add_argument("--tmp", help=argparse.SUPPRESS)
@@ -292,10 +333,12 @@ def main() -> int:
     lines = ["| model | size | first call at it (ms) | steady (ms) | static compile (ms) | static steady (ms) | "
              "reduce-overhead first call (ms) | reduce-overhead steady (ms) | max rel. error |",
              "|---|---|---|---|---|---|---|---|---|"]
+    if args.back_to_back:
+        lines = ["| model | pass | size: ms of its call | specializations made |", "|---|---|---|---|"]
     ok = True
     with tempfile.TemporaryDirectory(prefix="kiln-dynamic-shapes-") as tmp:
         for name in args.models.split(","):
-            rows, good = run(name.strip(), args, tol, tmp)
+            rows, good = (back_to_back if args.back_to_back else run)(name.strip(), args, tol, tmp)
             lines += rows
             ok = ok and good
     text = "\n".join(lines)
