@@ -184,6 +184,16 @@ def _static_build_only(name: str, args: argparse.Namespace) -> float:
             args.tmp, f"{name}-static.cache")), args.device)[1]
 
 
+def _compiled_dynamic(model: torch.nn.Module, inputs_at: Callable[[int], list[torch.Tensor]], spec: dict[str, Any],
+                      dtype: torch.dtype, args: argparse.Namespace, timing_cache: str) -> tuple[Any, float]:
+    """The model compiled once with its dynamic shapes at the opt size, and the seconds it took."""
+    import kiln
+
+    return _timed(lambda: kiln.compile(model, inputs_at(spec["opt"]), dynamic_shapes=spec["dims"],
+                                       enabled_precisions={dtype}, dynamic_instances=args.instances,
+                                       timing_cache_path=timing_cache), args.device)
+
+
 def _dynamic_serve_only(name: str, args: argparse.Namespace) -> float:
     """Seconds of a dynamic compile plus the first call at each other size (each followed by the
     instances' background timing, as in the table's run), in this new warmed-up process."""
@@ -193,10 +203,8 @@ def _dynamic_serve_only(name: str, args: argparse.Namespace) -> float:
     model, inputs_at, spec, sizes, dtype = _prepared(name, args)
     _warm_up(args.device, dtype, os.path.join(args.tmp, "warm-up-dynamic.cache"))
     with torch.no_grad():
-        compiled, total = _timed(lambda: kiln.compile(
-            model, inputs_at(spec["opt"]), dynamic_shapes=spec["dims"], enabled_precisions={dtype},
-            dynamic_instances=args.instances, timing_cache_path=os.path.join(args.tmp, f"{name}-dynamic.cache")),
-            args.device)
+        compiled, total = _compiled_dynamic(model, inputs_at, spec, dtype, args,
+                                            os.path.join(args.tmp, f"{name}-dynamic.cache"))
         table = kiln.dynamic.dynamic_program_of(compiled)
         for size in sizes[:args.sizes]:
             inputs = inputs_at(size)
@@ -219,9 +227,8 @@ def back_to_back(name: str, args: argparse.Namespace, tol: float, tmp: str) -> t
     rows: list[str] = []
     checks: list[tuple[Any, list[torch.Tensor]]] = []
     with torch.no_grad():
-        compiled, seconds = _timed(lambda: kiln.compile(
-            model, inputs_at(spec["opt"]), dynamic_shapes=spec["dims"], enabled_precisions={dtype},
-            dynamic_instances=args.instances, timing_cache_path=os.path.join(tmp, f"{name}-serve.cache")), device)
+        compiled, seconds = _compiled_dynamic(model, inputs_at, spec, dtype, args,
+                                              os.path.join(tmp, f"{name}-serve.cache"))
         table = kiln.dynamic.dynamic_program_of(compiled)
         for serve in (1, 2):
             before = {id(s) for s in table.live.values()} if table is not None else set()

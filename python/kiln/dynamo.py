@@ -335,7 +335,7 @@ class KilnDynamoGraph:
             layout.append(entry)
         wrapper.layout = layout
         with debug_logging(self.settings.debug):
-            lowering_key = self._lowering_key(args, constants, symbolic=True)
+            lowering_key = self._lowering_key(args, symbolic=True)
             lowered = self._relower(lowering_key, constants)
             if lowered is None:
                 lowered = lower_module(wrapper, _unmarked(inputs), None, supported_targets(), names=names,
@@ -398,7 +398,7 @@ class KilnDynamoGraph:
             if hit is not None:
                 compiled, out_spec = hit.gm, hit.out_spec
             else:
-                lowering_key = self._lowering_key(args, constants, symbolic=False)
+                lowering_key = self._lowering_key(args, symbolic=False)
                 lowered = self._relower(lowering_key, constants)
                 if lowered is None:
                     try:
@@ -429,7 +429,7 @@ class KilnDynamoGraph:
             return unflatten(graph(*[args[i] for i in pick]))
         return _Built(constants, compiled, run, WeightWatch(sources) if sources else None)
 
-    def _lowering_key(self, args: Sequence[Any], constants: tuple[torch.Tensor, ...], symbolic: bool) -> Any:
+    def _lowering_key(self, args: Sequence[Any], symbolic: bool) -> Any:
         """What a lowering (static, or ``symbolic``: with the graph's symbolic sizes) depends on
         besides the constants' values: every argument's shape, strides, dtype and device (the
         constants' too), the values of the others and of the floats passed as tensors; None where

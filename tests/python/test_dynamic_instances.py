@@ -80,6 +80,18 @@ def _engines(compiled: torch.nn.Module, size: int) -> list[KilnEngineModule]:
             if isinstance(r, KilnEngineModule)]
 
 
+def _assert_causal_instances(compiled: torch.nn.Module, s: int) -> None:
+    """At length ``s`` (other than the opt length 16) the engines are instances, and every sdpa of
+    their plans is causal with a padding mask read per key ([..., 1, s])."""
+    engines = _engines(compiled, s)
+    assert engines and all(e.engine.is_instance for e in engines if s != 16), s
+    for e in engines:
+        plan = e.engine.graph()
+        sdpa = [n for n in plan.nodes if n.op == "sdpa"]
+        assert sdpa and all(n.attrs.get("causal", False) for n in sdpa), s
+        assert all(plan.type(n.inputs[3]).shape[-2:] == [1, s] for n in sdpa), s
+
+
 def _compile(model: torch.nn.Module, **options: object) -> torch.nn.Module:
     seq = Dim("seq", min=4, max=64)
     options.setdefault("dynamic_instances", True)
@@ -594,13 +606,7 @@ def test_a_decoders_causal_and_padding_mask_becomes_the_causal_flag_at_every_len
     for s in (16, 23, 64, 5):
         x = _inputs(2, s)
         torch.testing.assert_close(compiled(*x), model(*x), rtol=1e-4, atol=1e-4)
-        engines = _engines(compiled, s)
-        assert engines and all(e.engine.is_instance for e in engines if s != 16), s
-        for e in engines:
-            plan = e.engine.graph()
-            sdpa = [n for n in plan.nodes if n.op == "sdpa"]
-            assert sdpa and all(n.attrs.get("causal", False) for n in sdpa), s
-            assert all(plan.type(n.inputs[3]).shape[-2:] == [1, s] for n in sdpa), s
+        _assert_causal_instances(compiled, s)
     assert cache_stats().get("builds", 0) == 0  # no engine was built for a new length
 
 
@@ -767,13 +773,7 @@ def test_cuda_f32_decoders_for_f16_with_padding_serve_every_length_by_instances(
         table.wait_tuned()
         for out in (first, compiled(*x)):
             assert float((out.float() - ref).norm() / ref.norm()) < 1e-2, s
-        engines = _engines(compiled, s)
-        assert engines and all(e.engine.is_instance for e in engines if s != 16), s
-        for e in engines:
-            plan = e.engine.graph()
-            sdpa = [n for n in plan.nodes if n.op == "sdpa"]
-            assert sdpa and all(n.attrs.get("causal", False) for n in sdpa), s
-            assert all(plan.type(n.inputs[3]).shape[-2:] == [1, s] for n in sdpa), s
+        _assert_causal_instances(compiled, s)
     assert cache_stats().get("builds", 0) == 0
 
 

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,24 @@ class Broken(nn.Module):
         y = self.a(x)
         torch._dynamo.graph_break()
         return self.b(y) + 1.0
+
+
+def _recording_backend() -> tuple[list[Any], Callable[..., Any]]:
+    """A Dynamo backend that compiles with Kiln (min_block_size=1) and the KilnDynamoGraphs it made."""
+    graphs: list[Any] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        graphs.append(kiln.dynamo.kiln_backend(gm, example_inputs, options={"min_block_size": 1}))
+        return graphs[-1]
+    return graphs, backend
+
+
+def _counted_lowerings(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """A list that grows by one with every lower_module call the Dynamo backend makes."""
+    lowered: list[Any] = []
+    real_lower = kiln.dynamo.lower_module
+    monkeypatch.setattr(kiln.dynamo, "lower_module", lambda *a, **k: lowered.append(1) or real_lower(*a, **k))
+    return lowered
 
 
 def _entry_point() -> Any:
@@ -141,11 +160,7 @@ def test_recompiles_only_for_new_shapes_and_dtypes() -> None:
 
 
 def test_symbolic_graphs_build_one_program_with_engines_per_shape() -> None:
-    graphs: list[Any] = []
-
-    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        graphs.append(kiln.dynamo.kiln_backend(gm, example_inputs, options={"min_block_size": 1}))
-        return graphs[-1]
+    graphs, backend = _recording_backend()
 
     torch._dynamo.reset()
     m = MLP().eval()
@@ -181,11 +196,7 @@ class LengthAfterBreak(nn.Module):
 
 
 def test_a_symbolic_int_that_is_no_input_size_is_carried_and_served_by_one_program() -> None:
-    graphs: list[Any] = []
-
-    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        graphs.append(kiln.dynamo.kiln_backend(gm, example_inputs, options={"min_block_size": 1}))
-        return graphs[-1]
+    graphs, backend = _recording_backend()
 
     torch._dynamo.reset()
     model = LengthAfterBreak().eval()
@@ -380,11 +391,7 @@ def test_engine_weights_keep_their_module_paths() -> None:
 def test_second_instance_of_a_class_runs_with_its_own_weights() -> None:
     # Dynamo reuses one captured graph for every instance of a class (parameters are graph
     # inputs); the engines were built from the first instance's weights and must not serve the second.
-    graphs: list[Any] = []
-
-    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        graphs.append(kiln.dynamo.kiln_backend(gm, example_inputs, options={"min_block_size": 1}))
-        return graphs[-1]
+    graphs, backend = _recording_backend()
 
     torch._dynamo.reset()
     a, b = MLP().eval(), MLP().eval()
@@ -417,11 +424,7 @@ class Scale(nn.Module):
 def test_graphs_with_one_constant_or_none_check_them_on_every_call(instances: int) -> None:
     # The per-call identity check of the constants, at its edge sizes: one constant (each
     # instance's own weight must be used) and none (a module without parameters).
-    graphs: list[Any] = []
-
-    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        graphs.append(kiln.dynamo.kiln_backend(gm, example_inputs, options={"min_block_size": 1}))
-        return graphs[-1]
+    graphs, backend = _recording_backend()
 
     torch._dynamo.reset()
     modules = [Scale().eval() for _ in range(instances)]
@@ -459,14 +462,8 @@ def test_a_deep_stack_of_one_graph_builds_once_per_layer_and_lowers_once(monkeyp
     # decomposed once, the other layers compile from a copy of that lowering with their own weights.
     layers = kiln.dynamo._MAX_SIGNATURES + 4
     model = nn.Sequential(*[GatedLayer() for _ in range(layers)]).eval()
-    lowered: list[Any] = []
-    real_lower = kiln.dynamo.lower_module
-    monkeypatch.setattr(kiln.dynamo, "lower_module", lambda *a, **k: lowered.append(1) or real_lower(*a, **k))
-    graphs: list[Any] = []
-
-    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        graphs.append(kiln.dynamo.kiln_backend(gm, example_inputs, options={"min_block_size": 1}))
-        return graphs[-1]
+    lowered = _counted_lowerings(monkeypatch)
+    graphs, backend = _recording_backend()
 
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=backend, dynamic=False)
@@ -491,14 +488,8 @@ def test_a_deep_stack_of_one_symbolic_graph_exports_it_once(monkeypatch: pytest.
     # from one symbolic export and decomposition of the shared graph.
     layers = 5
     model = nn.Sequential(*[GatedLayer() for _ in range(layers)]).eval()
-    lowered: list[Any] = []
-    real_lower = kiln.dynamo.lower_module
-    monkeypatch.setattr(kiln.dynamo, "lower_module", lambda *a, **k: lowered.append(1) or real_lower(*a, **k))
-    graphs: list[Any] = []
-
-    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        graphs.append(kiln.dynamo.kiln_backend(gm, example_inputs, options={"min_block_size": 1}))
-        return graphs[-1]
+    lowered = _counted_lowerings(monkeypatch)
+    graphs, backend = _recording_backend()
 
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=backend, dynamic=True)
