@@ -36,7 +36,8 @@ script:
 once in order and then once more, each call synchronized but none waiting for the instances'
 background tactic timing, as requests that come one after another would; it reports the ms of
 each call of both passes and how many specializations the second pass made (a size that comes
-back should make none).
+back should make none), and on a GPU the device memory in use after the compile and after the
+sizes were served and their instances timed.
 
 Every output is checked against eager PyTorch (relative error at most 1e-4 on the CPU, 2e-3 on
 CUDA in fp32, 1e-2 in fp16); the script exits with status 1 when one is off (after printing the
@@ -215,6 +216,15 @@ def _dynamic_serve_only(name: str, args: argparse.Namespace) -> float:
     return total
 
 
+def _device_memory(device: str) -> float | None:
+    """MiB of the GPU's memory in use (by every allocator of the process), None on the CPU."""
+    if not device.startswith("cuda"):
+        return None
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 2**20
+
+
 def back_to_back(name: str, args: argparse.Namespace, tol: float, tmp: str) -> tuple[list[str], bool]:
     """The rows of ``--back-to-back`` for one model: per pass, each size's call in ms."""
     import kiln
@@ -230,6 +240,7 @@ def back_to_back(name: str, args: argparse.Namespace, tol: float, tmp: str) -> t
         compiled, seconds = _compiled_dynamic(model, inputs_at, spec, dtype, args,
                                               os.path.join(tmp, f"{name}-serve.cache"))
         table = kiln.dynamic.dynamic_program_of(compiled)
+        memory = [_device_memory(device)]
         for serve in (1, 2):
             before = {id(s) for s in table.live.values()} if table is not None else set()
             cells = []
@@ -242,8 +253,12 @@ def back_to_back(name: str, args: argparse.Namespace, tol: float, tmp: str) -> t
             rows.append(f"| {name} | {serve} | {'; '.join(cells)} | {made} |")
         if table is not None:
             table.wait_tuned()
+        memory.append(_device_memory(device))
         errors = [_error(out, model(*inputs)) for out, inputs in checks]
     rows.append(f"| {name} | compile | {seconds:.2f} s; max rel. error {max(errors):.1e} | |")
+    if memory[0] is not None:
+        rows.append(f"| {name} | device memory | {memory[0]:.0f} MiB after the compile, {memory[1]:.0f} MiB with "
+                    f"{len(chosen)} sizes served and tuned | |")
     return rows, max(errors) <= tol
 
 

@@ -83,6 +83,9 @@ struct KernelOptions {
   // are passed over where another serves): an engine instance that serves its first call at once
   // (Engine::instance, kiln/instances.py). Not saved in engine files: a load compiles nothing anyway.
   bool precompiled_only = false;
+  // Made in the background while the process serves calls (an instance replacing an untimed one):
+  // its device work yields to the calls' (the CUDA build turn). Not saved; changes no kernel.
+  bool background = false;
   size_t workspace_limit = size_t(1) << 30;
   BuildPolicy policy;
   // How many candidates tactic searches try: the budget of optimization_level (kiln/build_policy.h).

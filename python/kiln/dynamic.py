@@ -912,7 +912,7 @@ class Specializations(torch.nn.Module):
         start = time.perf_counter()
         level = self.settings.optimization_level if level is None else level
         try:
-            made = make_instance(self.ranges[b.index], binding, name, level)
+            made = make_instance(self.ranges[b.index], binding, name, level, background=True)
         except _C.KilnError as err:
             if not isinstance(current, RowPadded):
                 log.info("%s: keeps its untimed kernels (timing failed: %s)", name, err)

@@ -46,6 +46,7 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.fx as fx
+import torch.utils._pytree as pytree
 
 from kiln import _C
 from kiln._logging import debug_logging, get_logger
@@ -341,7 +342,7 @@ class KilnDynamoGraph:
                 lowered = lower_module(wrapper, _unmarked(inputs), None, supported_targets(), names=names,
                                        fold_weights=self.settings.immutable_weights, dynamic_shapes=dynamic_shapes)
                 self._keep_lowering(lowering_key, lowered)
-            device = device_of(self.settings, [args[i] for i in self.tensor_idx] + list(constants))
+            device = _device(self.settings, [args[i] for i in self.tensor_idx] + list(constants), self.gm)
             compiled = compile_dynamic(lowered, self.settings, device, self.name, lowered.range_constraints)
             shapes = compiled.meta.get("kiln_dynamic")
             if shapes is not None:  # errors name the inputs as the frame does (L['x'] -> x)
@@ -411,7 +412,7 @@ class KilnDynamoGraph:
                                       "running it in eager PyTorch", RuntimeWarning, stacklevel=3)
                         return _Built(constants, None, self.gm.forward)
                     self._keep_lowering(lowering_key, lowered)
-                device = device_of(self.settings, inputs + list(constants))
+                device = _device(self.settings, inputs + list(constants), self.gm)
                 compiled = programs.compile(lowered, device) if programs is not None else \
                     compile_lowered(lowered, self.settings, device, self.name)
                 out_spec = lowered.out_spec
@@ -498,6 +499,21 @@ class KilnDynamoGraph:
         if built.watch is not None and built.watch.changed():
             self._follow(built)
         return built.run(*args)
+
+
+def _device(settings: CompilationSettings, values: Sequence[Any], gm: fx.GraphModule) -> str:
+    """The device to build for: that of the tensors among the inputs and constants (device_of);
+    for a graph that takes none (sizes alone, say, from which it makes a mask), the device its
+    tensors are made on."""
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    if settings.device is None and not tensors:
+        made = {v.device: v for n in gm.graph.nodes for v in pytree.tree_leaves(n.meta.get("example_value"))
+                if isinstance(v, torch.Tensor)}
+        if len(made) > 1:
+            raise ValueError(f"a graph without tensor inputs makes tensors on {sorted(str(d) for d in made)}: "
+                             "Kiln builds for one device; set Kiln option 'device'")
+        tensors = list(made.values())
+    return device_of(settings, tensors)
 
 
 def _carriers(args: Sequence[Any], carried: Sequence[int]) -> list[torch.Tensor]:

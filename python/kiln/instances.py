@@ -550,10 +550,12 @@ def finish_fit(fit: PendingFit, parent: KilnEngineModule) -> SizeRange | None:
                      lowest={s: fit.ranges[s].min for s in fit.symbols})
 
 
-def make_instance(r: SizeRange, binding: Binding, name: str, level: int = 0) -> KilnEngineModule:
+def make_instance(r: SizeRange, binding: Binding, name: str, level: int = 0,
+                  background: bool = False) -> KilnEngineModule:
     """The engine module of ``r``'s block at ``binding``: an instance of its opt engine, its
-    kernels made at optimization ``level`` (0: untimed). Raises kiln.KilnError when the fitted
-    plan does not hold there or a kernel cannot be made."""
+    kernels made at optimization ``level`` (0: untimed); ``background``: made while calls are
+    served, its device work yielding to theirs. Raises kiln.KilnError when the fitted plan does
+    not hold there or a kernel cannot be made."""
     parent = r.parent
     for s, v in r.pinned.items():
         if binding[s] != v:
@@ -566,7 +568,7 @@ def make_instance(r: SizeRange, binding: Binding, name: str, level: int = 0) -> 
             raise _C.UnsupportedError(f"{m}={binding[m]}, {t}={binding[t]}: the fitted sizes hold where {m} = {t} only")
     plan = r.program.evaluate(parent.engine.graph(), {str(s): binding[s] for s in r.symbols})
     # The untimed instance serves at once: no cuDNN engine compiled for its shape (the timed one may).
-    engine = parent.engine.instance(plan, level, level == 0)
+    engine = parent.engine.instance(plan, level, level == 0, background)
     arena = _shared_arena(r, name)
     if arena is not None and arena.bytes < engine.arena_bytes:
         arena = None
@@ -597,8 +599,9 @@ def _shared_arena(r: SizeRange, name: str) -> Any:
 class Tuning:
     """Jobs run one after another on a worker thread of their own, started when a job comes and
     ending when none is left: the timed instances that replace untimed ones (kiln.dynamic), so
-    that no call waits for tactic timing. The thread is not a daemon: an exiting interpreter
-    waits for the job at hand instead of stopping it inside a build."""
+    that no call waits for tactic timing; their device work also yields to the calls' (the CUDA
+    build turn's background priority). The thread is not a daemon: an exiting interpreter waits
+    for the job at hand instead of stopping it inside a build."""
 
     def __init__(self) -> None:
         self._jobs: list[Callable[[], None]] = []

@@ -205,8 +205,9 @@ class KilnEngineModule(torch.nn.Module):
         """Runs a CUDA engine on two sets of zero inputs (valid for every input, indices included),
         so that its CUDA graphs are captured now rather than in real calls: the first set's on its
         own buffers, the second's on the staging buffers that calls with new buffers run through.
-        A capture waits for the device while a background build times tactics on it (a dynamic
-        program's instances), which would otherwise delay the first call at a new size."""
+        A capture takes the CUDA build turn, which a background build timing tactics (a dynamic
+        program's instances) gives up between timing rounds only: this keeps that wait out of
+        the first call at a new size."""
         if not self._cuda:
             return
         sets = [[torch.zeros(shape, dtype=dtype, device=self._device) for (shape, _), dtype in

@@ -185,14 +185,16 @@ void bind_engine(nb::module_& m) {
           "graph", [](const Engine& e) { return Graph(e.graph()); }, "A copy of the optimized plan.")
       .def(
           "instance",
-          [](const Engine& e, const Graph& plan, int optimization_level, bool precompiled_only) {
+          [](const Engine& e, const Graph& plan, int optimization_level, bool precompiled_only, bool background) {
             KernelOptions options = e.kernel_options();
             options.optimization_level = optimization_level;
             options.precompiled_only = precompiled_only;
+            options.background = background;
             nb::gil_scoped_release release;
             return e.instance(plan, options);
           },
           nb::arg("plan"), nb::arg("optimization_level") = 0, nb::arg("precompiled_only") = false,
+          nb::arg("background") = false,
           "An engine running ``plan`` (SizeProgram.evaluate of graph(): other sizes) on this engine's constants, "
           "its kernels made at ``optimization_level`` (0: untimed); ``precompiled_only``: no kernel that compiles "
           "library code when made (cuDNN's runtime-compiled engines passed over where another serves).")

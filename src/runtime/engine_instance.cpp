@@ -64,6 +64,7 @@ std::shared_ptr<Engine> Engine::instance(Graph plan, const KernelOptions& option
   for (ValueId out : e->plan_.outputs()) e->outputs_.push_back({e->plan_.value(out).name, e->plan_.type(out)});
   Assembly a;
   e->choose_kernels(nullptr, a);
+  e->options_.background = false;  // how its kernels were made, not how any others will be
   std::ostringstream log;
   log << std::fixed << std::setprecision(1) << "instance of an engine for inputs";
   for (const IOTensor& io : inputs_) log << " " << io.type.to_string();

@@ -1,9 +1,9 @@
 // The build turn (src/backends/cuda/tuning/build_turn.h) and TimingClaim (tactics.h), with which a CUDA
 // build makes several kernels at once: one thread at a time holds the turn; one that gives it up
 // (OffTurn) lets another in and gets it back; a second claim of a timing key waits, off its
-// turn, for the first; a graph's recording (DeviceTurn) keeps build workers out. No device is
-// needed, except for the support kernel case (skipped without one): build workers that ask for
-// one kernel at once get it, none left waiting.
+// turn, for the first; a graph's recording (DeviceTurn) keeps build workers out; background turns
+// come after foreground ones. No device is needed, except for the support kernel case (skipped
+// without one): build workers that ask for one kernel at once get it, none left waiting.
 #ifdef KILN_WITH_CUDA
 
 #include <gtest/gtest.h>
@@ -115,6 +115,70 @@ TEST(BuildTurn, OffTurnWithoutATurnDoesNothing) {
     const OffTurn nested;  // the turn is already given up: nothing more to give
     EXPECT_FALSE(holds_build_turn());
   }
+  EXPECT_TRUE(holds_build_turn());
+}
+
+// Background turns (an instance timed while calls are served) come after foreground ones: not
+// while one is held or wanted, nor within kQuietMs of the last one's end.
+TEST(BuildTurn, ABackgroundTurnWaitsForForegroundTurnsAndTheirQuietTime) {
+  std::atomic<bool> background_in{false};
+  std::chrono::steady_clock::time_point released, entered;
+  std::thread background;
+  {
+    const BuildTurn turn;  // foreground
+    background = std::thread([&] {
+      const BuildTurn mine(TurnPriority::kBackground);
+      entered = std::chrono::steady_clock::now();
+      background_in = true;
+    });
+    std::this_thread::sleep_for(20ms);
+    EXPECT_FALSE(background_in.load());
+    released = std::chrono::steady_clock::now();
+  }
+  ASSERT_TRUE(wait_for(background_in));
+  background.join();
+  EXPECT_GE(entered - released, std::chrono::milliseconds(kQuietMs) - 1ms)
+      << "a background turn was taken before the foreground had been quiet for kQuietMs";
+}
+
+TEST(BuildTurn, ABackgroundTurnYieldsToAForegroundOneBetweenItsSteps) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(2 * kQuietMs));  // earlier tests' foreground turns
+  std::mutex mu;
+  std::vector<std::string> events;
+  auto note = [&](const char* e) {
+    std::lock_guard<std::mutex> lock(mu);
+    events.push_back(e);
+  };
+  std::atomic<bool> stepping{false}, foreground_done{false};
+  std::thread background([&] {
+    const BuildTurn turn(TurnPriority::kBackground);
+    yield_build_turn();  // nobody else wants the turn: it stays
+    EXPECT_TRUE(holds_build_turn());
+    note("background step 1");
+    stepping = true;
+    for (int i = 0; i < 10000 && !foreground_done; ++i) {
+      std::this_thread::sleep_for(1ms);  // a timing round
+      yield_build_turn();
+      EXPECT_TRUE(holds_build_turn());
+    }
+    note("background step 2");
+  });
+  ASSERT_TRUE(wait_for(stepping));
+  std::thread foreground([&] {
+    const BuildTurn turn;  // waits for the background's next step only
+    note("foreground");
+    foreground_done = true;
+  });
+  foreground.join();
+  background.join();
+  EXPECT_EQ(events, (std::vector<std::string>{"background step 1", "foreground", "background step 2"}));
+}
+
+TEST(BuildTurn, YieldingOutsideABackgroundTurnDoesNothing) {
+  yield_build_turn();
+  EXPECT_FALSE(holds_build_turn());
+  const BuildTurn turn;
+  yield_build_turn();
   EXPECT_TRUE(holds_build_turn());
 }
 

@@ -209,6 +209,32 @@ def test_a_symbolic_int_that_is_no_input_size_is_carried_and_served_by_one_progr
     assert positions.symbolic and len(positions.graph_modules) == 1  # one program, no build per length
 
 
+def _sizes_only_graph(*devices: str) -> torch.fx.GraphModule:
+    """A Dynamo-style graph of one int input making an arange on each of ``devices`` (fake values)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    graph = torch.fx.Graph()
+    n = graph.placeholder("n")
+    n.meta["example_value"] = 5
+    made = []
+    with FakeTensorMode():
+        for d in devices:
+            node = graph.call_function(torch.arange, (n,), {"device": d})
+            node.meta["example_value"] = torch.arange(5, device=d)
+            made.append(node)
+    graph.output(tuple(made))
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+def test_a_graph_without_tensor_inputs_builds_for_the_device_it_makes_tensors_on() -> None:
+    # transformers makes masks from sizes alone: built for the CPU, a CUDA mask came back on the CPU.
+    settings = kiln.CompilationSettings()
+    assert kiln.dynamo._device(settings, [5], _sizes_only_graph("cuda")) == "cuda:0"
+    assert kiln.dynamo._device(settings, [5], _sizes_only_graph("cpu")) == "cpu"
+    with pytest.raises(ValueError, match=r"makes tensors on \['cpu', 'cuda:0'\].*set Kiln option 'device'"):
+        kiln.dynamo._device(settings, [5], _sizes_only_graph("cuda", "cpu"))
+
+
 def test_gradients_required_runs_eagerly_with_a_warning() -> None:
     torch._dynamo.reset()
     m, x = MLP().eval(), torch.randn(2, 16)

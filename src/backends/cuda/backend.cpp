@@ -179,7 +179,7 @@ class CudaBackend final : public Backend {
       // Nodes are taken in order, so the first failure in node order is always reached.
       for (size_t i; !failed && (i = next++) < n;) {
         try {
-          const BuildTurn turn;
+          const BuildTurn turn(o.background ? TurnPriority::kBackground : TurnPriority::kForeground);
           const Stopwatch watch;  // from the turn on: the wait for it is another node's time
           kernels[i] = make_kernel(*g.nodes()[i], g, o, nullptr);
           (*ms)[i] = watch.ms();

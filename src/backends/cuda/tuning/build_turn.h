@@ -11,6 +11,12 @@
 // build on another thread (an instance timed in the background) would otherwise synchronize the
 // device in the middle of a capture, which ends the capture with an error.
 //
+// Background work (an instance whose tactics are timed while an untimed one serves calls,
+// kiln/instances.py) yields to the work that serves calls: a background turn is taken only when
+// no foreground thread holds or waits for the turn and none has given it up for kQuietMs, and
+// tactic timing gives it up between its rounds while that is not so (yield_build_turn). A call's
+// instance and its graph recording then wait for one timing round at most, not for whole kernels.
+//
 // The turn is one mutex; it is held only by threads in a BuildTurn or a DeviceTurn. OffTurn on a thread that
 // holds none (a load, a sequential build, the warm-up thread) does nothing, so the code that
 // compiles need not know who called it. Rule: no other lock may be held across an OffTurn,
@@ -21,15 +27,22 @@
 
 namespace kiln::cuda {
 
+enum class TurnPriority { kForeground, kBackground };
+
+// How long after foreground threads last held the turn a background one may take it: calls made
+// back to back (each a new instance or a graph recording) keep background timing out between them.
+inline constexpr int kQuietMs = 20;
+
 class BuildTurn {
  public:
-  BuildTurn();  // waits for the turn
+  explicit BuildTurn(TurnPriority priority = TurnPriority::kForeground);  // waits for the turn
   ~BuildTurn();
   BuildTurn(const BuildTurn&) = delete;
   BuildTurn& operator=(const BuildTurn&) = delete;
 
  private:
   std::unique_lock<std::mutex> lock_;
+  TurnPriority priority_;
 };
 
 class OffTurn {
@@ -41,6 +54,7 @@ class OffTurn {
 
  private:
   std::unique_lock<std::mutex>* given_ = nullptr;
+  TurnPriority priority_ = TurnPriority::kForeground;
 };
 
 // The turn for device work outside a build's kernels that must not overlap with them: recording
@@ -56,7 +70,13 @@ class DeviceTurn {
  private:
   std::unique_lock<std::mutex> lock_;  // empty when the thread held the turn already
   std::unique_lock<std::mutex>* outer_ = nullptr;
+  TurnPriority outer_priority_ = TurnPriority::kForeground;
 };
+
+// Between steps of long device work (tactic timing rounds): a thread holding a background turn
+// gives it up while foreground threads want it (as above) and takes it back after them. Does
+// nothing on other threads. No other lock may be held across it (as across an OffTurn).
+void yield_build_turn();
 
 // Whether the calling thread holds the turn now (for tests).
 bool holds_build_turn();

@@ -33,6 +33,7 @@
 #include <sstream>
 
 #include "src/backends/cuda/device/cuda_util.h"
+#include "src/backends/cuda/tuning/build_turn.h"
 #include "src/backends/cuda/tuning/tactics.h"
 
 namespace kiln::cuda {
@@ -168,7 +169,9 @@ size_t time_candidates(const std::vector<Candidate>& candidates, size_t max_time
     cudaGetLastError();  // clear a non-sticky launch error so the next candidate starts clean
   };
   std::vector<Timer::Prepared> prepared(n);
+  // Between candidates and rounds, a background build lets calls being served go first (build_turn.h).
   for (size_t i = 0; i < n; ++i) {
+    yield_build_turn();
     try {
       prepared[i] = timer.prepare(candidates[i]);
     } catch (const std::exception& e) {
@@ -178,6 +181,7 @@ size_t time_candidates(const std::vector<Candidate>& candidates, size_t max_time
   std::vector<std::vector<float>> samples(n);
   std::vector<bool> pruned(n, false);
   for (int round = 0; round < kSamples; ++round) {
+    yield_build_turn();
     for (size_t i = 0; i < n; ++i) {
       if (failed[i] || pruned[i]) continue;
       try {
