@@ -226,6 +226,33 @@ def _sizes_only_graph(*devices: str) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(torch.nn.Module(), graph)
 
 
+class MaskAfterBreak(nn.Module):
+    """A mask made from a length alone between two graph breaks, as transformers makes attention
+    masks: the middle graph takes no tensor."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1]
+        torch._dynamo.graph_break()
+        rows = torch.arange(n, device=x.device.type)
+        mask = rows[None, :] > rows[:, None]
+        torch._dynamo.graph_break()
+        return x.masked_fill(mask, 0.0)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_mask_made_from_sizes_alone_comes_back_on_the_inputs_device(device: str, dynamic: bool) -> None:
+    torch._dynamo.reset()
+    model = MaskAfterBreak()
+    compiled = torch.compile(model, backend="kiln", dynamic=dynamic, options={"min_block_size": 1})
+    with torch.no_grad():
+        for n in (5, 9):
+            x = torch.randn(n, n, device=device) + 1.0
+            out = compiled(x)
+            assert out.device == x.device
+            torch.testing.assert_close(out, model(x))
+
+
 def test_a_graph_without_tensor_inputs_builds_for_the_device_it_makes_tensors_on() -> None:
     # transformers makes masks from sizes alone: built for the CPU, a CUDA mask came back on the CPU.
     settings = kiln.CompilationSettings()

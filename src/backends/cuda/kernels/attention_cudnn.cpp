@@ -333,28 +333,46 @@ std::vector<std::unique_ptr<Kernel>> cudnn_attention_candidates(const Node& n, c
                                                                 std::string* log) {
   std::vector<std::unique_ptr<Kernel>> out;
   const std::string what = "sdpa '" + n.name + "'";
-  HandleLock hl = lock_handle();
   try {
-    const SdpaGraph probe = build_graph(geo, hl.handle, what);
-    for (Desc& cfg : heuristic_configs(probe.graph, log)) {
-      if (out.size() >= limit) break;
-      const EngineInfo info = engine_info(cfg);
-      // Each kernel owns its graph: build it again around this engine config.
-      SdpaGraph own = build_graph(geo, hl.handle, what);
-      Desc mine = make_engine_config(own.graph, info.id);
-      std::string why;
-      Desc plan = make_plan(hl.handle, mine, &why);
-      if (!plan) {
-        if (log) *log += info.id.to_string() + ": " + why + "; ";
-        continue;
+    std::vector<Desc> heuristic;
+    {
+      HandleLock hl = lock_handle();
+      const SdpaGraph probe = build_graph(geo, hl.handle, what);
+      heuristic = heuristic_configs(probe.graph, log);
+    }
+    // In rounds of as many configs as candidates are still wanted: each kernel owns its graph,
+    // built again around its config under the handle's lock; the plans are finalized off the
+    // build's turn, in parallel (make_plans): the masked graphs' finalizing compiles cuDNN's kernels.
+    for (size_t next = 0; out.size() < limit && next < heuristic.size();) {
+      std::vector<SdpaGraph> graphs;
+      std::vector<Desc> configs;
+      std::vector<EngineId> ids;
+      {
+        HandleLock hl = lock_handle();
+        while (out.size() + configs.size() < limit && next < heuristic.size()) {
+          const EngineInfo info = engine_info(heuristic[next++]);
+          graphs.push_back(build_graph(geo, hl.handle, what));
+          configs.push_back(make_engine_config(graphs.back().graph, info.id));
+          ids.push_back(info.id);
+        }
       }
-      if (size_t(plan.get_i64(CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)) > workspace_limit) {
-        if (log) *log += info.id.to_string() + ": workspace over the limit; ";
-        continue;
+      std::vector<const Desc*> round;
+      for (const Desc& c : configs) round.push_back(&c);
+      std::vector<std::string> why;
+      std::vector<Desc> plans = make_plans(round, &why);
+      for (size_t i = 0; i < plans.size(); ++i) {
+        if (!plans[i]) {
+          if (log) *log += ids[i].to_string() + ": " + why[i] + "; ";
+          continue;
+        }
+        if (size_t(plans[i].get_i64(CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)) > workspace_limit) {
+          if (log) *log += ids[i].to_string() + ": workspace over the limit; ";
+          continue;
+        }
+        CudnnAttentionChoice choice{ids[i], plan_json(plans[i])};
+        out.push_back(std::make_unique<CudnnAttention>(geo, std::move(graphs[i]), std::move(plans[i]),
+                                                       std::move(choice), describe(geo, ids[i], "")));
       }
-      CudnnAttentionChoice choice{info.id, plan_json(plan)};
-      out.push_back(std::make_unique<CudnnAttention>(geo, std::move(own), std::move(plan), std::move(choice),
-                                                     describe(geo, info.id, "")));
     }
   } catch (const Error& e) {
     if (log) *log += std::string("cuDNN refused the sdpa graph: ") + e.what() + "; ";
