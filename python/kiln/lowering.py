@@ -207,9 +207,12 @@ def _decomposes_into(node: fx.Node, decomp: Callable[..., Any], keep: set[str]) 
 
 
 def _hint(size: Any) -> int:
+    """The example value of a size (a SymInt's hint)."""
     if isinstance(size, torch.SymInt):
-        from torch.fx.experimental.symbolic_shapes import hint_int
-        return hint_int(size)
+        hint = size.node.hint
+        if hint is None:
+            raise ValueError(f"the size {size} has no example value")
+        return int(hint)
     return int(size)
 
 

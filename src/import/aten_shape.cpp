@@ -73,6 +73,8 @@ std::vector<ValueId> convert_copy(ImportContext& cx) {
 }
 
 // repeat(self, repeats): x viewed as [1, s0, 1, s1, ...], expanded to [r0, s0, r1, s1, ...].
+// The expanded value has the output's elements: sized where the output is (a weight-derived
+// table repeated per batch row stays a node in a dynamic program, not a constant of one batch).
 std::vector<ValueId> convert_repeat(ImportContext& cx) {
   ValueId x = cx.input(0, "self");
   const std::vector<int64_t> reps = cx.args.get_ints(1, "repeats");
@@ -86,6 +88,7 @@ std::vector<ValueId> convert_repeat(ImportContext& cx) {
     expanded.insert(expanded.end(), {reps[i], s[i]});
   }
   x = expand_to(cx, cx.reshape(x, inter), expanded);
+  if (cx.args.out().sized) cx.graph.value(x).sized = true;
   return {cx.reshape(x, cx.args.out().shape)};
 }
 

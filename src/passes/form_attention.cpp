@@ -11,7 +11,8 @@
 //     last two dims are 1 (Swin V2's per-head logit scale): q is multiplied by it instead;
 //   - a reshape that keeps the last two dims (Swin splits the batch into windows to add the
 //     shift mask and merges it again): the bias so far is expanded to the scores' shape and
-//     reshaped the same way, q and k are reshaped to the final batch dims.
+//     reshaped the same way (Value::sized where the scores are), q and k are reshaped to the
+//     final batch dims.
 // q' = mul(q, c) with a single-element constant c (Swin scales q before the product) is q with c
 // in the scale, also through the reshapes and permutes after the mul, and so is such a scale of k
 // (MaxViT scales k after its head split). k_t is k with its last two dims swapped: the input of
@@ -178,7 +179,13 @@ bool form_at(Graph& g, size_t pos) {
   for (const Node* n : chain) {
     if (n->op == OpKind::kReshape) {
       const Shape next = g.type(n->outputs[0]).shape();
-      if (bias != kNoValue) bias = at.reshape(at.expand(bias, shape), next);
+      if (bias != kNoValue) {
+        const ValueId expanded = at.expand(bias, shape);
+        bias = at.reshape(expanded, next);
+        // Shaped as the scores: sized where they are (a dynamic program's batch), so that
+        // fold_constants leaves the expanded bias a node rather than a constant of one batch.
+        if (g.value(carried).sized) g.value(expanded).sized = g.value(bias).sized = true;
+      }
       shape = next;
       reshaped = true;
     } else if (n->op == OpKind::kAdd) {

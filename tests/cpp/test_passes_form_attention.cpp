@@ -44,6 +44,34 @@ TEST(FormAttention, SwinWindowAttentionWithBiasAndShiftMask) {
   EXPECT_EQ(sdpa.inputs.size(), 4u);
 }
 
+// In a dynamic program's plan the scores have the symbols' batch (Value::sized): the bias
+// expanded to them stays a node that fold_constants leaves, not a constant of one batch's size.
+// Where nothing is sized, the same bias folds into a constant.
+TEST(FormAttention, ABiasExpandedToSizedScoresStaysANode) {
+  for (const bool sized : {false, true}) {
+    Graph g;
+    const auto mark = [&](ValueId v) {
+      g.value(v).sized = sized;
+      return v;
+    };
+    const Shape qs = {4, 3, 5, 8};
+    ValueId q = mark(g.add_input("q", TensorType(DType::kF32, qs)));
+    ValueId k = mark(g.add_input("k", TensorType(DType::kF32, qs)));
+    ValueId v = mark(g.add_input("v", TensorType(DType::kF32, qs)));
+    ValueId s = mark(g.add_node1(OpKind::kMatmul, {q, permute(g, k, {0, 1, 3, 2})}));
+    s = mark(g.add_node1(OpKind::kAdd, {s, f32_weight(g, "bias", {3, 5, 5}, 1)}));
+    s = mark(reshape(g, s, {2, 2, 3, 5, 5}));
+    s = mark(g.add_node1(OpKind::kAdd, {s, f32_weight(g, "mask", {1, 2, 1, 5, 5}, 2, -4.0f, 0.0f)}));
+    s = mark(reshape(g, s, {4, 3, 5, 5}));
+    g.mark_output(g.add_node1(OpKind::kMatmul, {softmax(g, s, 3), v}), "y");
+    Graph f = formed(g, 3);
+    fold_constants(f);
+    const Node& sdpa = *f.value(f.outputs()[0]).producer;
+    ASSERT_EQ(sdpa.op, OpKind::kSdpa) << f.to_string();
+    EXPECT_EQ(f.value(sdpa.inputs[3]).is_constant(), !sized) << f.to_string();
+  }
+}
+
 // Scores divided by sqrt(d) (BERT-style code), k given already transposed: a permute is inserted.
 TEST(FormAttention, DividedScoresAndATransposedKey) {
   Graph g;

@@ -1,7 +1,8 @@
 // SizeProgram (kiln/size_program.h) and Engine::instance: plans optimized at a few batch sizes are
 // fitted, evaluated at another size, and run there on the first engine's constants; the result
-// matches an engine built for that size. Plans that differ in more than sizes, sizes that are no
-// multilinear function and instances whose parent was refitted are refused with their cause.
+// matches an engine built for that size. Plans that differ in more than sizes (a weight's name,
+// not the name of a constant that is no weight), sizes that are no multilinear function and
+// instances whose parent was refitted are refused with their cause.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -115,6 +116,27 @@ TEST(SizeProgram, RefusesPlansThatDifferInMoreThanSizes) {
         << e.what();
     EXPECT_NE(std::string(e.what()).find("the constant's bytes"), std::string::npos) << e.what();
   }
+}
+
+TEST(SizeProgram, ConstantsThatAreNoWeightsMayBeNamedApartWeightsMayNot) {
+  Fixture f;
+  // Sample 2's plan with the constant `name` renamed (a refittable engine's build renames the
+  // constants it derives from weights; the samples' plans keep the passes' names).
+  auto renamed = [&](const std::string& name) {
+    SizeSample s = f.sample(7);
+    int found = 0;
+    for (ValueId c : s.plan.constants())
+      if (s.plan.value(c).name == name) {
+        s.plan.value(c).name = name + ".renamed";
+        ++found;
+      }
+    EXPECT_EQ(found, 1) << name;
+    return s;
+  };
+  const SizeProgram p = SizeProgram::fit({f.sample(3), f.sample(5), renamed("c")});
+  EXPECT_GT(p.fitted(), 0u);
+  expect_error([&] { SizeProgram::fit({f.sample(3), f.sample(5), renamed("w")}); }, ErrorCode::kUnsupported,
+               {"the plan at sample 2 differs from sample 0 in value", "('w'): name or role"});
 }
 
 TEST(SizeProgram, RefusesASizeThatIsNoMultilinearFunction) {

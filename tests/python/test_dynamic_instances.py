@@ -98,6 +98,37 @@ def _compile(model: torch.nn.Module, **options: object) -> torch.nn.Module:
     return kiln.compile(model, _inputs(2, 16), dynamic_shapes=({1: seq}, {1: seq}), **options)
 
 
+class _KeysPerRow(torch.nn.Module):
+    """Scores against a weight repeated once per batch row (DeBERTa's position keys): the repeat's
+    operand expanded to the batch is no constant of one size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.positions = torch.nn.Embedding(8, 64)
+        self.proj = torch.nn.Linear(64, 64)
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:  # q [b, 4, 6, 16]
+        b = q.shape[0]
+        keys = self.proj(self.positions.weight).view(8, 4, 16).transpose(0, 1)  # [4, 8, 16]
+        scores = torch.bmm(q.reshape(b * 4, 6, 16), keys.repeat(b, 1, 1).transpose(-1, -2))
+        return scores.view(b, 4, 6, 8)
+
+
+@torch.no_grad()
+def test_a_weight_repeated_per_batch_row_fits_one_engine() -> None:
+    torch.manual_seed(0)
+    model = _KeysPerRow().eval()
+    compiled = kiln.compile(model, [torch.randn(2, 4, 6, 16)], dynamic_shapes=({0: Dim("batch", min=1, max=8)},),
+                            dynamic_instances=True, min_block_size=1)
+    assert not compiled.summary.ops_in_pytorch
+    reset_cache_stats()
+    for b in (5, 1, 8):
+        x = torch.randn(b, 4, 6, 16)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+        assert all(e.engine.is_instance for e in _engines(compiled, b)), b
+    assert cache_stats().get("builds", 0) == 0
+
+
 @torch.no_grad()
 def test_new_lengths_run_as_instances_of_the_opt_engine_and_match_eager() -> None:
     torch.manual_seed(0)
@@ -543,6 +574,32 @@ def test_a_block_that_mixes_rows_is_not_run_on_padded_rows(what: str) -> None:
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
         spec = next(s for s in table.live.values() if b in s.binding.values())
         assert not any(isinstance(r, RowPadded) for r in spec.runners)
+
+
+_KEEPING = {
+    "upsampled bilinearly": lambda y: F.interpolate(y, scale_factor=2, mode="bilinear"),
+    "hardswish": F.hardswish,
+    "where with a scalar": lambda y: torch.where(y > 0, y, -1.0),
+}
+
+
+@pytest.mark.parametrize("what", sorted(_KEEPING))
+@torch.no_grad()
+def test_a_block_that_keeps_rows_apart_runs_a_new_batch_on_padded_rows(what: str) -> None:
+    torch.manual_seed(0)
+    model = _Rows(_KEEPING[what]).eval()
+    compiled = kiln.compile(model, [torch.randn(4, 3, 8, 8)], dynamic_shapes=({0: Dim("b", min=1, max=16)},),
+                            min_block_size=1)
+    table = dynamic_program_of(compiled)
+    assert table is not None and table.ranges
+    assert all(r.rows is not None for r in table.ranges.values())
+    held: list[object] = []
+    table.tuning.submit = held.append  # type: ignore[method-assign]  # the instances wait
+    for b in (3, 9):
+        x = torch.randn(b, 3, 8, 8)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+        spec = next(s for s in table.live.values() if b in s.binding.values())
+        assert isinstance(spec.runners[0], RowPadded)
 
 
 @torch.no_grad()
