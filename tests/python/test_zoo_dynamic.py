@@ -1,6 +1,7 @@
-"""The reduced zoo with a dynamic batch: each model compiled once by kiln.compile with a batch
+"""The reduced zoo with dynamic shapes: each model compiled once by kiln.compile with a batch
 ``Dim`` (1..8, built at 2) runs at other batches in the range without a build, every op in
-engines, its outputs within 1e-4 of eager at each batch (CPU builds)."""
+engines, its outputs within 1e-4 of eager at each batch; each model of token ids (and masks)
+likewise over a sequence range (4..16, built at 16). CPU builds."""
 
 from __future__ import annotations
 
@@ -23,26 +24,51 @@ import kiln  # noqa: E402
 from kiln.cached_build import cache_stats, reset_cache_stats  # noqa: E402
 
 
-def _batch_dims(model: torch.nn.Module, inputs: list[torch.Tensor]) -> tuple[Any, ...]:
-    """dim 0 of every input is the batch; a forward that takes ``*inputs`` takes them as one tuple."""
-    batch = torch.export.Dim("batch", min=1, max=8)
-    dims = tuple({0: batch} for _ in inputs)
+def _dims(model: torch.nn.Module, inputs: list[torch.Tensor], dim: int, size: Any) -> tuple[Any, ...]:
+    """``dim`` of every input is ``size``; a forward that takes ``*inputs`` takes them as one tuple."""
+    dims = tuple({dim: size} for _ in inputs)
     params = list(inspect.signature(model.forward).parameters.values())
     return (dims,) if params and params[0].kind == inspect.Parameter.VAR_POSITIONAL else dims
+
+
+# Models whose inputs are token ids (and attention masks): [batch, sequence] integers.
+_TEXT = [name for name, m in zoo_models.MODELS.items()
+         if all(x.dim() == 2 and not x.is_floating_point() for x in m.make_inputs(1, small=True))]
+# T5's relative position bias gathers sequence * sequence buckets, a size no multilinear function
+# of the length fits: its block builds an engine per length (docs/dynamic-shapes.md, "Limits").
+_BUILDS_PER_LENGTH = {"t5_encoder"}
+
+
+def _builds_serving(name: str, model: torch.nn.Module, inputs: list[torch.Tensor], dims: tuple[Any, ...],
+                    calls: list[list[torch.Tensor]]) -> int:
+    """Compiles ``model`` once with ``dims`` (every op in engines), runs it on each of ``calls``
+    against eager, and returns how many engines those calls built."""
+    with torch.no_grad():
+        compiled = kiln.compile(model, inputs, dynamic_shapes=dims, min_block_size=1, cache_built_engines=False,
+                                reuse_cached_engines=False)
+        assert not compiled.summary.ops_in_pytorch, compiled.summary
+        reset_cache_stats()
+        for x in calls:
+            want, got = zoo.flat_output(model(*x)), zoo.flat_output(compiled(*x))
+            assert got.shape == want.shape
+            assert zoo.rel_error(got, want) < 1e-4, f"{name} at {list(x[0].shape)}: {zoo.rel_error(got, want):.2e}"
+    return cache_stats().get("builds", 0)
 
 
 @pytest.mark.parametrize("name", list(zoo_models.MODELS))
 def test_zoo_model_serves_a_batch_range_from_one_build(name: str) -> None:
     entry = zoo_models.MODELS[name]
     model, inputs = entry.create_randomized(2, small=True)
-    with torch.no_grad():
-        compiled = kiln.compile(model, inputs, dynamic_shapes=_batch_dims(model, inputs), min_block_size=1,
-                                cache_built_engines=False, reuse_cached_engines=False)
-        assert not compiled.summary.ops_in_pytorch, compiled.summary
-        reset_cache_stats()
-        for batch in (3, 1, 8):
-            x = entry.make_inputs(batch, small=True, seed=batch)
-            want, got = zoo.flat_output(model(*x)), zoo.flat_output(compiled(*x))
-            assert got.shape == want.shape
-            assert zoo.rel_error(got, want) < 1e-4, f"{name} batch {batch}: {zoo.rel_error(got, want):.2e}"
-    assert cache_stats().get("builds", 0) == 0, f"{name}: a batch in the range built an engine"
+    dims = _dims(model, inputs, 0, torch.export.Dim("batch", min=1, max=8))
+    calls = [entry.make_inputs(batch, small=True, seed=batch) for batch in (3, 1, 8)]
+    assert _builds_serving(name, model, inputs, dims, calls) == 0, f"{name}: a batch in the range built an engine"
+
+
+@pytest.mark.parametrize("name", _TEXT)
+def test_zoo_text_model_serves_a_sequence_range(name: str) -> None:
+    model, inputs = zoo_models.MODELS[name].create_randomized(2, small=True)
+    full = inputs[0].shape[1]
+    dims = _dims(model, inputs, 1, torch.export.Dim("seq", min=4, max=full))
+    calls = [[t[:, :length].contiguous() for t in inputs] for length in (full - 3, 4, full // 2 + 1)]
+    builds = _builds_serving(name, model, inputs, dims, calls)
+    assert (builds > 0) == (name in _BUILDS_PER_LENGTH), f"{name}: {builds} engine(s) built for lengths in the range"
