@@ -88,7 +88,7 @@ std::vector<ValueId> convert_repeat(ImportContext& cx) {
     expanded.insert(expanded.end(), {reps[i], s[i]});
   }
   x = expand_to(cx, cx.reshape(x, inter), expanded);
-  if (cx.args.out().sized) cx.graph.value(x).sized = true;
+  if (cx.args.out().sized && !cx.graph.value(x).is_constant()) cx.graph.value(x).sized = true;
   return {cx.reshape(x, cx.args.out().shape)};
 }
 

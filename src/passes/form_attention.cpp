@@ -184,7 +184,9 @@ bool form_at(Graph& g, size_t pos) {
         bias = at.reshape(expanded, next);
         // Shaped as the scores: sized where they are (a dynamic program's batch), so that
         // fold_constants leaves the expanded bias a node rather than a constant of one batch.
-        if (g.value(carried).sized) g.value(expanded).sized = g.value(bias).sized = true;
+        if (g.value(carried).sized)
+          for (const ValueId v : {expanded, bias})
+            if (!g.value(v).is_constant()) g.value(v).sized = true;
       }
       shape = next;
       reshaped = true;
