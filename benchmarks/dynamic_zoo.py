@@ -61,11 +61,12 @@ def _steady_ms(fn: Callable[[], Any], iters: int, device: str) -> float:
     return statistics.median(_timed(fn, device)[1] for _ in range(iters)) * 1e3
 
 
-def _is_text(entry: zoo_models.ZooModel) -> bool:
+def takes_token_ids(entry: zoo_models.ZooModel) -> bool:
+    """Whether the model's inputs are token ids (and attention masks): [batch, sequence] integers."""
     return all(x.dim() == 2 and not x.is_floating_point() for x in entry.make_inputs(1, small=True))
 
 
-def _dims(model: torch.nn.Module, inputs: Sequence[torch.Tensor], axis: int, dim: Any) -> tuple[Any, ...]:
+def dynamic_dims(model: torch.nn.Module, inputs: Sequence[torch.Tensor], axis: int, dim: Any) -> tuple[Any, ...]:
     """``axis`` of every input is ``dim``; a forward that takes ``*inputs`` takes them as one tuple."""
     dims = tuple({axis: dim} for _ in inputs)
     params = list(inspect.signature(model.forward).parameters.values())
@@ -118,7 +119,7 @@ def measure(name: str, args: argparse.Namespace) -> tuple[str, bool]:
 
     axis = 0 if args.axis == "batch" else 1
     example = inputs(opt, dtype)
-    dims = _dims(model, example, axis, torch.export.Dim(args.axis, min=lo, max=hi))
+    dims = dynamic_dims(model, example, axis, torch.export.Dim(args.axis, min=lo, max=hi))
     ok, firsts, errors = True, [], []  # errors: (Kiln's, eager's own) per size
     with torch.no_grad():
         compiled, seconds = _timed(lambda: kiln.compile(model, example, dynamic_shapes=dims, min_block_size=1,
@@ -170,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.iters < 1:
         parser.error("--iters must be at least 1")
     if args.axis == "sequence":
-        entries = [e for e in entries if _is_text(e)]
+        entries = [e for e in entries if takes_token_ids(e)]
     if not entries:
         parser.error(f"no zoo model of {args.models!r} takes a dynamic {args.axis}")
     lines = [f"| model | {args.axis} range at opt | compile s | engines built by the calls | first call ms per size | "

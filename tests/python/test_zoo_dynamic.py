@@ -5,7 +5,6 @@ likewise over a sequence range (4..16, built at 16). CPU builds."""
 
 from __future__ import annotations
 
-import inspect
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,21 +18,12 @@ pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import zoo  # noqa: E402
 import zoo_models  # noqa: E402
+from dynamic_zoo import dynamic_dims, takes_token_ids  # noqa: E402
 
 import kiln  # noqa: E402
 from kiln.cached_build import cache_stats, reset_cache_stats  # noqa: E402
 
-
-def _dims(model: torch.nn.Module, inputs: list[torch.Tensor], dim: int, size: Any) -> tuple[Any, ...]:
-    """``dim`` of every input is ``size``; a forward that takes ``*inputs`` takes them as one tuple."""
-    dims = tuple({dim: size} for _ in inputs)
-    params = list(inspect.signature(model.forward).parameters.values())
-    return (dims,) if params and params[0].kind == inspect.Parameter.VAR_POSITIONAL else dims
-
-
-# Models whose inputs are token ids (and attention masks): [batch, sequence] integers.
-_TEXT = [name for name, m in zoo_models.MODELS.items()
-         if all(x.dim() == 2 and not x.is_floating_point() for x in m.make_inputs(1, small=True))]
+_TEXT = [name for name, m in zoo_models.MODELS.items() if takes_token_ids(m)]
 # T5's relative position bias gathers sequence * sequence buckets, a size no multilinear function
 # of the length fits: its block builds an engine per length (docs/dynamic-shapes.md, "Limits").
 _BUILDS_PER_LENGTH = {"t5_encoder"}
@@ -59,7 +49,7 @@ def _builds_serving(name: str, model: torch.nn.Module, inputs: list[torch.Tensor
 def test_zoo_model_serves_a_batch_range_from_one_build(name: str) -> None:
     entry = zoo_models.MODELS[name]
     model, inputs = entry.create_randomized(2, small=True)
-    dims = _dims(model, inputs, 0, torch.export.Dim("batch", min=1, max=8))
+    dims = dynamic_dims(model, inputs, 0, torch.export.Dim("batch", min=1, max=8))
     calls = [entry.make_inputs(batch, small=True, seed=batch) for batch in (3, 1, 8)]
     assert _builds_serving(name, model, inputs, dims, calls) == 0, f"{name}: a batch in the range built an engine"
 
@@ -68,7 +58,7 @@ def test_zoo_model_serves_a_batch_range_from_one_build(name: str) -> None:
 def test_zoo_text_model_serves_a_sequence_range(name: str) -> None:
     model, inputs = zoo_models.MODELS[name].create_randomized(2, small=True)
     full = inputs[0].shape[1]
-    dims = _dims(model, inputs, 1, torch.export.Dim("seq", min=4, max=full))
+    dims = dynamic_dims(model, inputs, 1, torch.export.Dim("seq", min=4, max=full))
     calls = [[t[:, :length].contiguous() for t in inputs] for length in (full - 3, 4, full // 2 + 1)]
     builds = _builds_serving(name, model, inputs, dims, calls)
     assert (builds > 0) == (name in _BUILDS_PER_LENGTH), f"{name}: {builds} engine(s) built for lengths in the range"
