@@ -41,17 +41,12 @@ import zoo_models  # noqa: E402
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def _timed(fn: Callable[[], Any], device: str) -> tuple[Any, float]:
     """fn's result and its seconds, the device synchronized before and after."""
-    _sync(device)
+    zoo.synchronize(device)
     start = time.perf_counter()
     out = fn()
-    _sync(device)
+    zoo.synchronize(device)
     return out, time.perf_counter() - start
 
 

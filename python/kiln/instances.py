@@ -164,6 +164,8 @@ _ROW_FREE = frozenset({
     # Products: a contracted row dim leaves the output without one, which the shapes refuse.
     "addmm", "baddbmm", "bmm", "linear", "matmul", "mm",
 })
+# x[i0, i1, ...] (_unsafe_index: without bounds checks, as a bilinear upsample decomposes).
+_INDEX = frozenset({"index", "_unsafe_index"})
 # Elementwise ops (with broadcasting) whose overloads lack torch's pointwise tag.
 _POINTWISE_UNTAGGED = frozenset({"hardswish", "where"})
 # Ops that work along the dims their dim-like arguments name: rows stay apart where the row dim
@@ -253,7 +255,7 @@ def _keeps_rows(node: fx.Node, s: sympy.Symbol, rows: dict[fx.Node, int], index_
     hold each row's own index (arange(s)): they may only pick rows, through ``index``."""
     name = _op_name(node)
     if any(a in index_of_row for a in node.all_input_nodes) and not (
-            name in ("index", "_unsafe_index") or (name in _ROW_INDEX_KEPT and node.args[0] in index_of_row)):
+            name in _INDEX or (name in _ROW_INDEX_KEPT and node.args[0] in index_of_row)):
         return False  # a row's index used as a value
     scalar = any(_scalar_reads(a, s) for a in (*node.args, *node.kwargs.values()))
     reads = [a for a in node.all_input_nodes if rows.get(a, -1) >= 0]
@@ -290,7 +292,7 @@ def _keeps_rows(node: fx.Node, s: sympy.Symbol, rows: dict[fx.Node, int], index_
         return all(rows[a] in (0, 1) for a in reads)
     if name == "native_layer_norm":  # normalized over the last dims: not the rows'
         return len(reads) == 1 and row < first.meta["val"].dim() - len(node.args[1])
-    if name in ("index", "_unsafe_index"):  # x[i0, i1, ...]: rows at dim 0 of x and of the result
+    if name in _INDEX:  # x[i0, i1, ...]: rows at dim 0 of x and of the result
         source, indices = node.args[0], list(node.args[1])
         x_rows = rows.get(source, -1) if isinstance(source, fx.Node) else -1
         picks = [k for k, i in enumerate(indices) if isinstance(i, fx.Node) and rows.get(i, -1) >= 0]
