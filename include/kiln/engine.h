@@ -166,6 +166,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
   // Engine files: see src/serialize/engine_file.h for the format.
   Bytes serialize() const;
+  // The file of this engine with the kernels of `kernels`, an instance of it at its own sizes
+  // (instance(graph(), ...): e.g. tactics timed where this engine was built untimed), their
+  // choices and optimization level in place of its own: loading it makes those kernels.
+  // kInvalidArgument for an engine that is no such instance.
+  Bytes serialize_with_kernels_of(const Engine& kernels) const;
   // Throws kTruncated / kCorrupted / kVersionMismatch / kDeviceMismatch naming the problem.
   static std::shared_ptr<Engine> deserialize(const uint8_t* data, size_t size, const Device& device = Device{});
   void save(const std::string& path) const;

@@ -560,9 +560,9 @@ class Engine:
     def graph(self) -> Graph:
         """A copy of the optimized plan."""
 
-    def instance(self, plan: Graph, optimization_level: int = 0, precompiled_only: bool = False) -> Engine:
+    def instance(self, plan: Graph, optimization_level: int = 0, precompiled_only: bool = False, background: bool = False) -> Engine:
         """
-        An engine running ``plan`` (SizeProgram.evaluate of graph(): other sizes) on this engine's constants, its kernels made at ``optimization_level`` (0: untimed); ``precompiled_only``: no kernel that compiles library code when made (cuDNN's runtime-compiled engines passed over where another serves).
+        An engine running ``plan`` (SizeProgram.evaluate of graph(): other sizes) on this engine's constants, its kernels made at ``optimization_level`` (0: untimed); ``precompiled_only``: no kernel that compiles library code when made (cuDNN's runtime-compiled engines passed over where another serves); ``background``: made while calls run, its device work after theirs (the build turn's background priority).
         """
 
     @property
@@ -582,8 +582,10 @@ class Engine:
         A context with its own activation memory (or ``arena``'s, a SharedArena large enough); use_graphs replays one captured CUDA graph per call.
         """
 
-    def serialize(self) -> bytes:
-        """The engine file's bytes."""
+    def serialize(self, kernels_of: Engine | None = None) -> bytes:
+        """
+        The engine file's bytes; ``kernels_of``: an instance of this engine at its own sizes whose kernels (their choices and optimization level) the file holds in place of the engine's own.
+        """
 
     @staticmethod
     def deserialize(data: bytes | bytearray | memoryview, device: str = 'cpu') -> Engine:

@@ -267,7 +267,7 @@ def dynamic_bundle_bytes(glue: fx.GraphModule) -> bytes:
                 args.append(refs[a])
             refs[node] = (len(steps), 0)
             steps.append((f"block {b.index}", len(engines), args))
-            engines.append(runner.engine.serialize())
+            engines.append(runner.engine_bytes())
         elif node.op == "call_function" and node.target is operator.getitem and node.args[0] in refs \
                 and refs[node.args[0]][0] >= 0:
             refs[node] = (refs[node.args[0]][0], int(node.args[1]))

@@ -33,6 +33,7 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import threading
@@ -819,10 +820,11 @@ class Specializations(torch.nn.Module):
 
     def specialize(self, binding: Binding,
                    shared: dict[tuple[int, tuple[int, ...]], torch.nn.Module] | None = None,
-                   meanwhile: Callable[[], None] | None = None) -> Specialization:
+                   meanwhile: Callable[[], None] | None = None, untimed: bool = False) -> Specialization:
         """Builds every block's engine for this binding of the symbols, or shares one of `shared`
         (default: the live specializations') built for the same sizes of that block. ``meanwhile``
-        runs once: during the first engine build, or at the end if nothing was built."""
+        runs once: during the first engine build, or at the end if nothing was built. ``untimed``:
+        the blocks with symbols build at optimization level 0 (see :meth:`retime`)."""
         start = time.perf_counter()
         runners: list[torch.nn.Module] = []
         keys: list[tuple[int, ...]] = []
@@ -843,7 +845,7 @@ class Specializations(torch.nn.Module):
                 runner = self._instance(b, binding, jobs)
                 instances += runner is not None
             if runner is None:
-                runner, ok = self._build(b, binding, run_todo if todo else None)
+                runner, ok = self._build(b, binding, run_todo if todo else None, untimed and bool(b.symbols))
                 built += ok
             runners.append(runner)
         run_todo()
@@ -902,22 +904,35 @@ class Specializations(torch.nn.Module):
         return RowPadded(candidates[rows], rows, rows_in, rows_out)
 
     def _tune(self, b: _BlockSource, binding: Binding, current: torch.nn.Module, level: int | None = None) -> None:
-        """Replaces ``current`` (an untimed instance, or padded rows) by an instance whose tactics
-        are timed at ``level`` (default: the program's optimization level), in every live
-        specialization that still runs it."""
+        """Replaces ``current`` (an untimed instance, padded rows, or an engine built untimed) by
+        an instance whose tactics are timed at ``level`` (default: the program's optimization
+        level), or by an engine built so where no instance serves, in every live specialization
+        that still runs it. An untimed engine that instances run on stays, running the kernels of
+        a timed instance at its own sizes (KilnEngineModule.run_kernels_of)."""
         name = self._engine_name(b, binding)
         with self._lock:
             if not any(spec.runners[b.index] is current for spec in self.live.values()):
                 return  # dropped meanwhile (LRU, a refit)
         start = time.perf_counter()
         level = self.settings.optimization_level if level is None else level
+        r = self.ranges.get(b.index)
+        untimed_instance = isinstance(current, KilnEngineModule) and current.engine.is_instance
+        made: torch.nn.Module | None = None
         try:
-            made = make_instance(self.ranges[b.index], binding, name, level, background=True)
+            if r is not None and r.parent is current:
+                current.run_kernels_of(current.engine.instance(current.engine.graph(), level, False, True))
+                current.prime()
+                log.info("%s: timed in the background in %.3f s (optimization level %d)", name,
+                         time.perf_counter() - start, level)
+                return
+            if r is not None:
+                made = make_instance(r, binding, name, level, background=True)
         except _C.KilnError as err:
-            if not isinstance(current, RowPadded):
+            if untimed_instance or (r is not None and r.parent is current):
                 log.info("%s: keeps its untimed kernels (timing failed: %s)", name, err)
                 return
             log.info("%s: no instance (%s); building an engine in the background", name, err)
+        if made is None:
             with self._build_lock:
                 made, _ = self._build(b, binding)
         with self._lock:
@@ -930,6 +945,26 @@ class Specializations(torch.nn.Module):
         if swapped:
             log.info("%s: instance made in the background in %.3f s (optimization level %d)", name,
                      time.perf_counter() - start, level)
+
+    def retime(self, specs: Iterable[Specialization]) -> None:
+        """Times in the background the tactics of the engines of ``specs`` that were built at a
+        lower optimization level than the program's (the opt shape's blocks with symbols, on a
+        GPU: the compile returns, and calls are served, without waiting for tactic timing; see
+        :meth:`_tune`), and again after each refit of one that instances run on."""
+        level = self.settings.optimization_level
+        if not times_tactics(self.settings, self.device):
+            return
+        seen: set[int] = set()
+        for spec in specs:
+            for b, runner in zip(self.blocks, spec.runners):
+                if not _built(runner) or runner.engine.optimization_level >= level or id(runner) in seen:
+                    continue
+                seen.add(id(runner))
+                job = functools.partial(self._tune, b, dict(spec.binding), runner)
+                self.tuning.submit(job)
+                r = self.ranges.get(b.index)
+                if r is not None and r.parent is runner:
+                    runner.refit_hooks.append(functools.partial(self.tuning.submit, job))
 
     def wait_tuned(self) -> None:
         """Returns once the instances made so far run with timed tactics (or kept untimed ones)."""
@@ -1000,10 +1035,11 @@ class Specializations(torch.nn.Module):
                          [env[n] for n in block.constants], [env[n] for n in block.outputs])
         return gm, concrete, self._engine_name(b, binding)
 
-    def _build(self, b: _BlockSource, binding: Binding,
-               meanwhile: Callable[[], None] | None = None) -> tuple[torch.nn.Module, bool]:
+    def _build(self, b: _BlockSource, binding: Binding, meanwhile: Callable[[], None] | None = None,
+               untimed: bool = False) -> tuple[torch.nn.Module, bool]:
         gm, concrete, name = self._concrete(b, binding)
-        module = build_block(gm, concrete, self.settings, self.device, name, constants=self.shared_constants,
+        settings = self.settings.replace(optimization_level=0) if untimed else self.settings
+        module = build_block(gm, concrete, settings, self.device, name, constants=self.shared_constants,
                              meanwhile=meanwhile)
         if module is None:
             return gm, False  # the concrete copy runs in PyTorch at this shape
@@ -1453,15 +1489,20 @@ def compile_dynamic(lowered: LoweredGraph, settings: CompilationSettings, device
         with table.sharing_constants():
             for spec in list(table.live.values()):
                 table.fit_ranges(spec)
+        table.retime(list(table.live.values()))
     else:  # the opt shape's engines are built now, the samples of their range fits described and optimized meanwhile
+        # The blocks that may serve a range build untimed; their tactics are timed in the background.
+        untimed = settings.dynamic_instances and times_tactics(settings, device)
         with table.sharing_constants(), fit_pool() as pool:
             pending: dict[int, PendingFit] = {}
-            spec = table.specialize(opt, meanwhile=lambda: pending.update(table.start_fits(opt, pool)))
+            spec = table.specialize(opt, meanwhile=lambda: pending.update(table.start_fits(opt, pool)),
+                                    untimed=untimed)
             table.add(spec)
             table.finish_fits(spec, pending)
         for runner in spec.runners:  # a new size's first call runs on these (padded rows), untimed
             if _built(runner):
                 runner.prime()
+        table.retime([spec])
     in_engines: collections.Counter[str] = collections.Counter()
     for b in blocks:
         in_engines.update(b.histogram)
@@ -1475,6 +1516,12 @@ def compile_dynamic(lowered: LoweredGraph, settings: CompilationSettings, device
              ", ".join(shapes.ranges[s].text() for s in shapes.symbols),
              "saved engines installed" if saved is not None else "opt shape built", seconds)
     return glue
+
+
+def times_tactics(settings: CompilationSettings, device: str) -> bool:
+    """Whether builds for ``device`` time tactics at the settings' optimization level (on a GPU,
+    above level 0), so that a dynamic program defers that timing to the background."""
+    return settings.optimization_level > 0 and torch.device(device).type == "cuda"
 
 
 def dynamic_program_of(module: torch.nn.Module) -> Specializations | None:

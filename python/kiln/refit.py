@@ -98,6 +98,7 @@ def _check_complete(refitter: Any) -> None:
 def _apply(module: KilnEngineModule, refitter: Any) -> None:
     with module._lock:  # no call of this module runs during the refit
         refitter.refit()
+        module.own_kernels()  # an instance's kernels (run_kernels_of) refuse the new weights
     for hook in module.refit_hooks:  # e.g. dropping the instances made on the old weights
         hook()
     log.debug("%s: %s", module.name, refitter.report)

@@ -144,6 +144,7 @@ class KilnEngineModule(torch.nn.Module):
         self.truncated_weights: frozenset[str] = frozenset()
         # Called after each refit of this engine (kiln.refit's _apply); not pickled.
         self.refit_hooks: list[Callable[[], None]] = []
+        self._kernels: Any = None  # see run_kernels_of
         self._set_engine(engine, device, input_dtypes, output_dtypes)
         self._exporting = False
 
@@ -216,6 +217,29 @@ class KilnEngineModule(torch.nn.Module):
             self(*inputs)
         torch.cuda.synchronize(self._device)
 
+    def run_kernels_of(self, instance: Any) -> None:
+        """Runs the kernels of ``instance``, an instance of this module's engine at the same sizes
+        (``Engine.instance``: e.g. with tactics timed where the engine was built untimed), in place
+        of the engine's own. The engine stays the one the module saves and refits; a refit returns
+        to its own kernels (an instance does not run on weights changed since it was made)."""
+        if [(tuple(io.shape), io.dtype) for io in instance.inputs] != [(tuple(io.shape), io.dtype)
+                                                                        for io in self._engine.inputs] or \
+                [(tuple(io.shape), io.dtype) for io in instance.outputs] != [(tuple(io.shape), io.dtype)
+                                                                             for io in self._engine.outputs]:
+            raise _C.InternalError(f"Kiln {self.name}: an engine of other inputs or outputs cannot run its kernels")
+        context = instance.create_execution_context(use_graphs=self.use_cuda_graphs, arena=self._arena)
+        with self._lock:
+            self._context, self._kernels = context, instance
+            self._graph_checked = not (self._cuda and context.uses_graphs)
+
+    def own_kernels(self) -> None:
+        """Runs the engine's own kernels again (after run_kernels_of). The caller holds the
+        module's lock (kiln.refit does, around the refit)."""
+        if self._kernels is not None:
+            self._context = self._engine.create_execution_context(use_graphs=self.use_cuda_graphs, arena=self._arena)
+            self._kernels = None
+            self._graph_checked = not (self._cuda and self._context.uses_graphs)
+
     def _bad_input(self, x: Any, i: int) -> None:
         shape, dtype = self._in[i]
         want = f"Kiln {self.name} input {i} ('{self.input_names[i]}') must be {dtype} {list(shape)} on {self._device}"
@@ -241,7 +265,8 @@ class KilnEngineModule(torch.nn.Module):
                            "device": str(self._device)}, separators=(",", ":"))
 
     def engine_bytes(self) -> bytes:
-        return self._engine.serialize()
+        """The engine file, with the kernels the module runs (see run_kernels_of)."""
+        return self._engine.serialize(self._kernels)
 
     def set_exporting(self, on: bool) -> None:
         """Route forward through kiln::execute_engine (for torch.export) with the engine as a buffer."""
@@ -252,7 +277,7 @@ class KilnEngineModule(torch.nn.Module):
 
     def __getstate__(self) -> dict[str, Any]:
         state = {k: v for k, v in self.__dict__.items()
-                 if k not in ("_engine", "_context", "_lock", "refit_hooks", "_arena", "_shared_lock")}
+                 if k not in ("_engine", "_context", "_lock", "refit_hooks", "_arena", "_shared_lock", "_kernels")}
         state["_engine_bytes"] = self.engine_bytes()
         return state
 
@@ -260,6 +285,7 @@ class KilnEngineModule(torch.nn.Module):
         data = state.pop("_engine_bytes")
         self.__dict__.update(state)
         self.refit_hooks = []
+        self._kernels = None
         engine = _C.Engine.deserialize(data, str(self._device))
         self._set_engine(engine, str(self._device), self._in_cast, self._out_cast)
 

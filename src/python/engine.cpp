@@ -197,7 +197,8 @@ void bind_engine(nb::module_& m) {
           nb::arg("background") = false,
           "An engine running ``plan`` (SizeProgram.evaluate of graph(): other sizes) on this engine's constants, "
           "its kernels made at ``optimization_level`` (0: untimed); ``precompiled_only``: no kernel that compiles "
-          "library code when made (cuDNN's runtime-compiled engines passed over where another serves).")
+          "library code when made (cuDNN's runtime-compiled engines passed over where another serves); ``background``: "
+          "made while calls run, its device work after theirs (the build turn's background priority).")
       .def_prop_ro(
           "is_instance", [](const Engine& e) { return e.instance_of() != nullptr; },
           "Whether the engine is an instance of another (runs on its constants).")
@@ -215,11 +216,13 @@ void bind_engine(nb::module_& m) {
            "replays one captured CUDA graph per call.")
       .def(
           "serialize",
-          [](const Engine& e) {
-            Bytes b = e.serialize();
+          [](const Engine& e, const Engine* kernels_of) {
+            Bytes b = kernels_of != nullptr ? e.serialize_with_kernels_of(*kernels_of) : e.serialize();
             return nb::bytes(reinterpret_cast<const char*>(b.data()), b.size());
           },
-          "The engine file's bytes.")
+          nb::arg("kernels_of") = nb::none(),
+          "The engine file's bytes; ``kernels_of``: an instance of this engine at its own sizes whose kernels "
+          "(their choices and optimization level) the file holds in place of the engine's own.")
       .def_static(
           "deserialize",
           [](nb::handle data, const std::string& device) {

@@ -51,17 +51,28 @@ std::shared_ptr<Engine> naming_file(const std::string& path, Load&& load) {
 
 }  // namespace
 
-Bytes Engine::serialize() const {
+Bytes Engine::serialize() const { return serialize_with_kernels_of(*this); }
+
+Bytes Engine::serialize_with_kernels_of(const Engine& kernels) const {
+  if (&kernels != this) {
+    KILN_CHECK(kernels.parent_.get() == this, kInvalidArgument,
+               "serialize: the kernels are not those of an instance of this engine");
+    bool same =
+        kernels.plan_.num_values() == plan_.num_values() && kernels.plan_.nodes().size() == plan_.nodes().size();
+    for (ValueId v = 0; same && v < plan_.num_values(); ++v) same = kernels.plan_.type(v) == plan_.type(v);
+    KILN_CHECK(same, kInvalidArgument, "serialize: the kernels are those of an instance at other sizes");
+  }
   serialize::EngineFile f;
   f.kiln_version = kKilnVersion;
   f.backend = backend_->name();
   f.device_name = backend_->device_name();
   f.plan = plan_;
   f.options = options_;
+  f.options.optimization_level = kernels.options_.optimization_level;
   f.build_log = log_;
   bool any_state = false;
-  for (const Bytes& b : kernel_states_) any_state = any_state || !b.empty();
-  if (any_state) f.kernel_states = kernel_states_;
+  for (const Bytes& b : kernels.kernel_states_) any_state = any_state || !b.empty();
+  if (any_state) f.kernel_states = kernels.kernel_states_;
   f.refit_program = refit_program_;
   f.source_weights_id = source_weights_id_;
   return serialize::write_engine_file(f);

@@ -203,6 +203,32 @@ TEST(SizeProgram, AnInstanceRefusesToRunOnceItsParentWasRefitted) {
   EXPECT_EQ(run(*again, x, 4), run(*built, x, 4));
 }
 
+TEST(SizeProgram, AnEngineFileHoldsTheKernelsOfAnInstanceAtItsOwnSizes) {
+  Fixture f;
+  f.config.optimization_level = 0;
+  std::shared_ptr<Engine> parent = Builder(f.config).build(network(3, f.c, f.w));
+  KernelOptions timed = parent->kernel_options();
+  timed.optimization_level = 2;
+  std::shared_ptr<Engine> own_sizes = parent->instance(Graph(parent->graph()), timed);
+  const Bytes file = parent->serialize_with_kernels_of(*own_sizes);
+  std::shared_ptr<Engine> loaded = Engine::deserialize(file.data(), file.size());
+  EXPECT_EQ(loaded->kernel_options().optimization_level, 2);
+  EXPECT_EQ(loaded->instance_of(), nullptr);  // an engine of its own, the parent's constants copied in
+  EXPECT_EQ(loaded->graph().num_values(), parent->graph().num_values());
+  const Floats x = random_floats(3 * kCols, 9);
+  EXPECT_EQ(run(*loaded, x, 3), run(*parent, x, 3));
+  const Bytes plain = parent->serialize();
+  EXPECT_EQ(Engine::deserialize(plain.data(), plain.size())->kernel_options().optimization_level, 0);
+
+  const SizeProgram p = SizeProgram::fit({{{{"b", 3}}, Graph(parent->graph())}, f.sample(5), f.sample(7)});
+  std::shared_ptr<Engine> other_sizes = parent->instance(p.evaluate(parent->graph(), {{"b", 4}}), timed);
+  expect_error([&] { parent->serialize_with_kernels_of(*other_sizes); }, ErrorCode::kInvalidArgument,
+               {"an instance at other sizes"});
+  std::shared_ptr<Engine> stranger = Builder(f.config).build(network(3, f.c, f.w));
+  expect_error([&] { parent->serialize_with_kernels_of(*stranger); }, ErrorCode::kInvalidArgument,
+               {"not those of an instance of this engine"});
+}
+
 }  // namespace
 
 // ---- serialized programs and dynamic bundles ------------------------------------------------

@@ -348,6 +348,89 @@ def test_a_timed_instance_replaces_the_untimed_one_in_every_specialization_runni
     torch.testing.assert_close(compiled(*x), model(*x), rtol=1e-4, atol=1e-4)
 
 
+def _range_parent(compiled: torch.nn.Module) -> KilnEngineModule:
+    table = dynamic_program_of(compiled)
+    assert table is not None and len(table.range_parents) == 1
+    return next(iter(table.range_parents.values()))
+
+
+@torch.no_grad()
+def test_the_opt_engine_builds_untimed_and_runs_timed_kernels_made_in_the_background(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
+    # As on a GPU, where builds time tactics (on the CPU the levels make the same kernels).
+    monkeypatch.setattr(kiln.dynamic, "times_tactics", lambda settings, device: settings.optimization_level > 0)
+    torch.manual_seed(0)
+    model = Encoder().eval()
+    compiled = _compile(model, optimization_level=2)
+    table = dynamic_program_of(compiled)
+    assert table is not None
+    parent = _range_parent(compiled)
+    assert parent.engine.optimization_level == 0  # the compile did not wait for tactic timing
+    table.wait_tuned()
+    kernels = parent._kernels
+    assert kernels is not None and kernels.is_instance and kernels.optimization_level == 2
+    for s in (16, 23):
+        x = _inputs(2, s)
+        torch.testing.assert_close(compiled(*x), model(*x), rtol=1e-4, atol=1e-4)
+
+    path = f"{tmp_path}/timed.ep"  # the file holds the timed kernels: nothing to time after loading
+    kiln.save(compiled, path, _inputs(2, 16))
+    loaded = kiln.load(path).module()
+    assert _range_parent(loaded).engine.optimization_level == 2 and _range_parent(loaded)._kernels is None
+
+    other = Encoder().eval()  # a refit runs the engine's own kernels, on the new weights, until timed again
+    kiln.refit(compiled, other)
+    table.wait_tuned()
+    assert parent._kernels is not None and parent._kernels is not kernels
+    x = _inputs(2, 16)
+    torch.testing.assert_close(compiled(*x), other(*x), rtol=1e-4, atol=1e-4)
+
+
+@torch.no_grad()
+def test_a_program_saved_before_its_timing_is_timed_after_loading(monkeypatch: pytest.MonkeyPatch,
+                                                                  tmp_path: object) -> None:
+    monkeypatch.setattr(kiln.dynamic, "times_tactics", lambda settings, device: settings.optimization_level > 0)
+    retime = Specializations.retime
+    monkeypatch.setattr(Specializations, "retime", lambda self, specs: None)  # saved before any timing
+    torch.manual_seed(0)
+    model = Encoder().eval()
+    compiled = _compile(model, optimization_level=2)
+    path = f"{tmp_path}/untimed.ep"
+    kiln.save(compiled, path, _inputs(2, 16))
+    monkeypatch.setattr(Specializations, "retime", retime)
+    loaded = kiln.load(path).module()
+    parent = _range_parent(loaded)
+    assert parent.engine.optimization_level == 0
+    table = dynamic_program_of(loaded)
+    assert table is not None
+    table.wait_tuned()
+    assert parent._kernels is not None and parent._kernels.optimization_level == 2
+    for s in (16, 30):
+        x = _inputs(2, s)
+        torch.testing.assert_close(loaded(*x), model(*x), rtol=1e-4, atol=1e-4)
+
+
+@torch.no_grad()
+def test_an_engine_runs_the_kernels_of_an_instance_of_its_own_sizes_only() -> None:
+    torch.manual_seed(0)
+    model = Encoder().eval()
+    compiled = _compile(model)
+    parent = _range_parent(compiled)
+    compiled(*_inputs(2, 23))
+    other = next(e for e in _engines(compiled, 23) if e.engine.is_instance)
+    with pytest.raises(kiln.KilnError, match="other inputs or outputs"):
+        parent.run_kernels_of(other.engine)
+    x = _inputs(2, 16)
+    before = compiled(*x)
+    parent.run_kernels_of(parent.engine.instance(parent.engine.graph()))
+    assert parent._kernels is not None
+    torch.testing.assert_close(compiled(*x), before, rtol=0, atol=0)
+    with parent._lock:
+        parent.own_kernels()
+    assert parent._kernels is None
+    torch.testing.assert_close(compiled(*x), before, rtol=0, atol=0)
+
+
 @torch.no_grad()
 def test_instances_share_one_arena_sized_for_the_largest_size_and_one_lock() -> None:
     torch.manual_seed(0)
@@ -386,6 +469,27 @@ def test_cuda_instances_are_tuned_in_the_background_and_match_eager() -> None:
         ref = model(*x).float()
         for out in (first, compiled(*x)):
             assert float((out.float() - ref).norm() / ref.norm()) < 1e-2, s
+
+
+@pytest.mark.cuda
+@torch.no_grad()
+def test_cuda_opt_engine_is_timed_in_the_background_and_matches_eager() -> None:
+    torch.manual_seed(0)
+    model = Encoder().eval().cuda().half()
+    seq = Dim("seq", min=4, max=64)
+    x = [t.cuda() for t in _inputs(4, 16)]
+    compiled = kiln.compile(model, x, dynamic_shapes=({1: seq}, {1: seq}), enabled_precisions={torch.half},
+                            dynamic_instances=True)
+    table = dynamic_program_of(compiled)
+    assert table is not None
+    parent = _range_parent(compiled)
+    assert parent.engine.optimization_level == 0
+    first = compiled(*x)
+    table.wait_tuned()
+    assert parent._kernels is not None and parent._kernels.optimization_level == 3
+    ref = model(*x).float()
+    for out in (first, compiled(*x)):
+        assert float((out.float() - ref).norm() / ref.norm()) < 1e-2
 
 
 @pytest.mark.cuda
