@@ -9,15 +9,18 @@
 // integer-list attribute or of a small i64 / i32 constant, such as an index an importer computed
 // from a size; fused bodies included) that differs between them is fitted as a
 // multilinear function of the symbols (a + b*s for one symbol, a + b*s + c*t + d*s*t for two),
-// from the samples at the corners of a grid, and checked against every other sample. A plan that
+// from the samples at the corners of a grid, plus where that misses, a square term per symbol
+// (q * (s - lo) * (s - hi), zero at the corners: s*s, an index flattened over two dims of one
+// length), its coefficient from a check sample that moves that symbol alone and verified at another
+// such sample; then checked against every other sample. A plan that
 // differs in anything else, or an integer that the function does not reproduce, is refused with
 // the first difference named. evaluate() then writes the fitted integers into a copy of the first
 // sample's plan (or a plan equal to it, e.g. an engine's) for any binding and verifies the result
 // against every op's shape rule.
 //
-// What fit() cannot see: an integer that is multilinear at every sample but not between them
+// What fit() cannot see: an integer that is such a function at every sample but not between them
 // (a min() whose bend lies outside the samples). Front ends take samples spread over the range,
-// and only fit blocks whose symbolic sizes are multilinear in the symbols.
+// and only fit blocks whose symbolic sizes are polynomials of degree at most 2 in each symbol.
 #pragma once
 
 #include <cstdint>
@@ -70,6 +73,9 @@ class SizeProgram {
     std::string key;           // the attribute
     size_t element = 0;        // the dim (kExtent), list element (kAttrElement) or constant element
     std::vector<int64_t> corners;
+    // Per symbol, the coefficient num / den (den > 0) of (x - lo) * (x - hi) added to the corners'
+    // interpolation; empty where the interpolation alone fits.
+    std::vector<std::pair<int64_t, int64_t>> squares;
     std::string where() const;  // "value 12 dim 0", "node 3 attr 'shape'[1]"
   };
 

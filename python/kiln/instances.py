@@ -3,10 +3,11 @@
 A block of a dynamic program (kiln.dynamic) is built once, at the opt shape. Its plan is then
 optimized again (no kernels) at a few more bindings of its symbols: the corners of a grid around
 the opt values and check points near the ends of the ranges. ``_C.SizeProgram.fit`` finds whether
-these plans differ only in integers that are multilinear functions of the symbols (kiln/
-size_program.h). If they do, a new size is served by an *instance* of the opt engine
-(``Engine.instance``): the opt plan with the fitted sizes evaluated, its kernels made for those
-sizes without timing, on the opt engine's constants (no copy, no upload). That takes no export,
+these plans differ only in integers that are multilinear functions of the symbols, plus a square
+term per symbol where one is needed (kiln/size_program.h). If they do, a new size is served by an
+*instance* of the opt engine (``Engine.instance``): the opt plan with the fitted sizes evaluated,
+its kernels made for those sizes without timing, on the opt engine's constants (no copy, no
+upload). That takes no export,
 lowering, description, passes or tactic timing; generated kernels whose source is the same at
 every size come from the process's compile cache. On a GPU, an instance whose tactics are timed
 (at the program's optimization level) is then made on a background thread (:class:`Tuning`) and
@@ -14,8 +15,8 @@ replaces the untimed one: the first call at a size does not wait for timing, lat
 timed kernels. A block's instances share one activation arena, sized for the range's largest
 binding, and run one at a time.
 
-A symbol that a size uses other than multilinearly (``s**2``, ``floor(s/2)``, ``Max``: a conv's
-output size of a dynamic height) is held at the engine's value: instances serve the bindings
+A symbol that a size uses other than as such a polynomial (``s**3``, ``floor(s/2)``, ``Max``: a
+conv's output size of a dynamic height) is held at the engine's value: instances serve the bindings
 that keep it, other values of it build an engine. Not fitted (the block keeps an engine built per
 size): a block none of whose symbols is left to fit, one whose plans differ between
 samples in anything else (a constant that depends on the size, a pass that chose differently), a
@@ -45,7 +46,7 @@ from kiln.translate import SharedConstants, describe_block_parts
 
 log = get_logger("instances")
 
-__all__ = ["SizeRange", "Tuning", "RowPadded", "pinned_symbols", "multilinear_problem", "row_symbol",
+__all__ = ["SizeRange", "Tuning", "RowPadded", "pinned_symbols", "fit_problem", "row_symbol",
            "sample_bindings", "fit_pool", "PendingFit", "start_fit", "finish_fit", "make_instance"]
 
 Binding = dict[sympy.Symbol, int]
@@ -113,8 +114,9 @@ def _linear_term(e: Any) -> bool:
 
 
 def pinned_symbols(sizes: Sequence[tuple[str, Any]], symbols: Sequence[sympy.Symbol]) -> set[sympy.Symbol]:
-    """The symbols that a size uses other than multilinearly: inside a floor division, a modulo,
-    a min or max (a conv's output size of a dynamic input size), or squared. Instances of the block
+    """The symbols that a size uses other than as a polynomial of degree at most 2 (what a
+    SizeProgram fits): inside a floor division, a modulo, a min or max (a conv's output size of a
+    dynamic input size), or cubed. Instances of the block
     serve only bindings that keep them at the engine's values (Dynamo's ``dynamic=True`` makes an
     image's height and width symbols too, while only its batch varies)."""
     allowed = set(symbols)
@@ -124,16 +126,17 @@ def pinned_symbols(sizes: Sequence[tuple[str, Any]], symbols: Sequence[sympy.Sym
             if not _linear_term(term):
                 pinned |= term.free_symbols & allowed
         for s in expr.free_symbols & allowed:
-            if expr.is_polynomial(s) and sympy.degree(expr, s) > 1:
+            if expr.is_polynomial(s) and sympy.degree(expr, s) > 2:
                 pinned.add(s)
     return pinned
 
 
-def multilinear_problem(sizes: Sequence[tuple[str, Any]], symbols: Sequence[sympy.Symbol],
-                        constants: Iterable[sympy.Symbol] = ()) -> str | None:
-    """None when every size of ``sizes`` (:func:`_sizes`) is a polynomial of degree at most one in
-    each of ``symbols`` (what a SizeProgram fits), ``constants`` taken as fixed; else the first
-    size that is not."""
+def fit_problem(sizes: Sequence[tuple[str, Any]], symbols: Sequence[sympy.Symbol],
+                constants: Iterable[sympy.Symbol] = ()) -> str | None:
+    """None when every size of ``sizes`` (:func:`_sizes`) is a polynomial of degree at most 2 in
+    each of ``symbols`` (a SizeProgram fits those that are multilinear but for a square per
+    symbol, and refuses the others when it samples them), ``constants`` taken as fixed; else the
+    first size that is not."""
     allowed = set(symbols) | set(constants)
     for name, expr in sizes:
         if expr.is_number:
@@ -146,8 +149,8 @@ def multilinear_problem(sizes: Sequence[tuple[str, Any]], symbols: Sequence[symp
             poly = sympy.Poly(expr, *symbols)
         except sympy.PolynomialError:
             return f"{name}: size {expr} is not a polynomial of {', '.join(map(str, symbols))}"
-        if any(poly.degree(s) > 1 for s in symbols):
-            return f"{name}: size {expr} is of degree above 1 in a symbol"
+        if any(poly.degree(s) > 2 for s in symbols):
+            return f"{name}: size {expr} is of degree above 2 in a symbol"
     return None
 
 
@@ -483,7 +486,7 @@ def start_fit(base: Binding, ranges: dict[sympy.Symbol, Any], nodes: Sequence[fx
     sizes = _sizes(nodes)
     pinned = pinned_symbols(sizes, tuple(base))
     symbols = tuple(s for s in base if s not in pinned)
-    problem = multilinear_problem(sizes, symbols, pinned) if symbols else "no symbol's sizes are multilinear"
+    problem = fit_problem(sizes, symbols, pinned) if symbols else "no symbol's sizes are polynomials to fit"
     if problem is not None:
         log.info("%s: an engine per size (%s)", name, problem)
         return None

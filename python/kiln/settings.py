@@ -175,9 +175,9 @@ class CompilationSettings:
         default 4096; a larger size is outside the program's range (kiln.compile raises,
         torch.compile builds that shape statically).
     dynamic_instances: whether a block of a dynamic program whose plan is the same at every size
-        in its range but for multilinear sizes serves new sizes by instances of the engine built
-        at the opt shape (kiln/instances.py: no build per size, the weights shared). False builds
-        an engine per size. Default True.
+        in its range but for its sizes (polynomials of the symbols, kiln/size_program.h) serves new
+        sizes by instances of the engine built at the opt shape (kiln/instances.py: no build per
+        size, the weights shared). False builds an engine per size. Default True.
     """
 
     enabled_precisions: frozenset[torch.dtype] = frozenset({torch.float32})

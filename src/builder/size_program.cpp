@@ -4,10 +4,12 @@
 // The samples are walked side by side (values, then nodes, then fused bodies, in id order).
 // Everything but an integer must be equal; integers are gathered per position with their value
 // in every sample. A position whose value differs is a slot: a multilinear function fitted by
-// interpolating the grid corners, checked at the other samples.
+// interpolating the grid corners, plus a square term per symbol where the samples that move one
+// symbol alone need it, checked at the other samples.
 #include <cmath>
 #include <cstring>
 #include <sstream>
+#include <utility>
 
 #include "kiln/errors.h"
 #include "kiln/size_program.h"
@@ -173,10 +175,27 @@ class Walker {
   std::vector<Found>& found_;
 };
 
-// The multilinear interpolation of `corners` (grid corners lo/hi per symbol) at `x`; false
-// when it is not a whole number there.
-bool interpolate(const std::vector<int64_t>& corners, const std::vector<int64_t>& lo, const std::vector<int64_t>& hi,
-                 const std::vector<int64_t>& x, int64_t* out) {
+// A rational number num / den, den > 0.
+struct Ratio {
+  __int128 num = 0, den = 1;
+};
+
+__int128 gcd(__int128 a, __int128 b) {
+  if (a < 0) a = -a;
+  if (b < 0) b = -b;
+  while (b != 0) a = std::exchange(b, a % b);
+  return a;
+}
+
+Ratio reduced(__int128 num, __int128 den) {
+  if (den < 0) num = -num, den = -den;
+  const __int128 g = gcd(num, den);
+  return g > 1 ? Ratio{num / g, den / g} : Ratio{num, den};
+}
+
+// The multilinear interpolation of `corners` (grid corners lo/hi per symbol) at `x`.
+Ratio interpolate(const std::vector<int64_t>& corners, const std::vector<int64_t>& lo, const std::vector<int64_t>& hi,
+                  const std::vector<int64_t>& x) {
   __int128 num = 0, den = 1;
   for (size_t i = 0; i < lo.size(); ++i) den *= hi[i] - lo[i];
   for (size_t c = 0; c < corners.size(); ++c) {
@@ -184,12 +203,61 @@ bool interpolate(const std::vector<int64_t>& corners, const std::vector<int64_t>
     for (size_t i = 0; i < lo.size(); ++i) term *= (c >> i & 1) ? x[i] - lo[i] : hi[i] - x[i];
     num += term;
   }
-  if (den < 0) num = -num, den = -den;
-  if (num % den != 0) return false;
-  const __int128 v = num / den;
+  return reduced(num, den);
+}
+
+// (x - lo) * (x - hi) of symbol i: the square term's factor, zero at the grid corners.
+__int128 bend(const std::vector<int64_t>& lo, const std::vector<int64_t>& hi, const std::vector<int64_t>& x, size_t i) {
+  return __int128(x[i] - lo[i]) * (x[i] - hi[i]);
+}
+
+// A slot's value at `x`: the corners' interpolation plus its square terms.
+Ratio slot_value(const SizeProgram::Slot& s, const std::vector<int64_t>& lo, const std::vector<int64_t>& hi,
+                 const std::vector<int64_t>& x) {
+  Ratio r = interpolate(s.corners, lo, hi, x);
+  for (size_t i = 0; i < s.squares.size(); ++i) {
+    const auto [num, den] = s.squares[i];
+    if (num != 0) r = reduced(r.num * den + __int128(num) * bend(lo, hi, x, i) * r.den, r.den * den);
+  }
+  return r;
+}
+
+// Whether `r` is a whole number in int64's range, written to `out`.
+bool whole(const Ratio& r, int64_t* out) {
+  if (r.num % r.den != 0) return false;
+  const __int128 v = r.num / r.den;
   if (v < INT64_MIN || v > INT64_MAX) return false;
   *out = int64_t(v);
   return true;
+}
+
+// The square terms that make `values` fit where the interpolation of the corners does not: per
+// symbol, from the first check sample that moves that symbol alone (the others at their sample 0
+// values), where another such sample remains to verify it. Empty when no sample needs one.
+std::vector<std::pair<int64_t, int64_t>> fit_squares(const SizeProgram::Slot& s, const std::vector<int64_t>& values,
+                                                     const std::vector<std::vector<int64_t>>& x,
+                                                     const std::vector<int64_t>& lo, const std::vector<int64_t>& hi,
+                                                     size_t corners) {
+  const size_t n = lo.size();
+  std::vector<std::pair<int64_t, int64_t>> squares(n, {0, 1});
+  bool any = false;
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<size_t> axis;
+    for (size_t k = corners; k < x.size(); ++k) {
+      bool alone = x[k][i] != lo[i] && x[k][i] != hi[i];
+      for (size_t j = 0; j < n && alone; ++j) alone = j == i || x[k][j] == lo[j];
+      if (alone) axis.push_back(k);
+    }
+    if (axis.size() < 2) continue;
+    const size_t k = axis[0];
+    const Ratio at = interpolate(s.corners, lo, hi, x[k]);
+    const Ratio q = reduced(__int128(values[k]) * at.den - at.num, at.den * bend(lo, hi, x[k], i));
+    if (q.num == 0) continue;
+    if (q.num < INT64_MIN || q.num > INT64_MAX || q.den > INT64_MAX) return {};
+    squares[i] = {int64_t(q.num), int64_t(q.den)};
+    any = true;
+  }
+  return any ? squares : std::vector<std::pair<int64_t, int64_t>>{};
 }
 
 std::string binding_text(const std::vector<std::string>& symbols, const std::vector<int64_t>& x) {
@@ -262,12 +330,21 @@ SizeProgram SizeProgram::fit(const std::vector<SizeSample>& samples) {
     for (int64_t v : f.values) varies |= v != f.values[0];
     if (!varies) continue;
     f.slot.corners.assign(f.values.begin(), f.values.begin() + long(corners));
+    const auto fits = [&](size_t k, int64_t* want) {
+      return whole(slot_value(f.slot, p.lo_, p.hi_, x[k]), want) && *want == f.values[k];
+    };
+    bool multilinear = true;
+    int64_t want = 0;
+    for (size_t k = corners; k < samples.size() && multilinear; ++k) multilinear = fits(k, &want);
+    if (!multilinear) f.slot.squares = fit_squares(f.slot, f.values, x, p.lo_, p.hi_, corners);
     for (size_t k = corners; k < samples.size(); ++k) {
-      int64_t want = 0;
-      const bool whole = interpolate(f.slot.corners, p.lo_, p.hi_, x[k], &want);
-      KILN_CHECK(whole && want == f.values[k], kUnsupported, "size program: ", f.slot.where(), " is ", f.values[k],
-                 " at ", binding_text(p.symbols_, x[k]), ", not the multilinear function of the grid samples (",
-                 whole ? std::to_string(want) : std::string("not a whole number"), ")");
+      const bool ok = fits(k, &want);
+      KILN_CHECK(ok, kUnsupported, "size program: ", f.slot.where(), " is ", f.values[k], " at ",
+                 binding_text(p.symbols_, x[k]), ", not the multilinear function of the grid samples",
+                 f.slot.squares.empty() ? "" : " plus a square of a symbol", " (",
+                 whole(slot_value(f.slot, p.lo_, p.hi_, x[k]), &want) ? std::to_string(want)
+                                                                      : std::string("not a whole number"),
+                 ")");
     }
     p.slots_.push_back(std::move(f.slot));
   }
@@ -288,7 +365,7 @@ Graph SizeProgram::evaluate(const Graph& base, const SymbolBinding& binding) con
   std::map<std::pair<const Graph*, size_t>, std::shared_ptr<HostBuffer>> own;
   for (const Slot& slot : slots_) {
     int64_t v = 0;
-    KILN_CHECK(interpolate(slot.corners, lo_, hi_, x, &v) && v >= 0, kUnsupported, "size program: ", slot.where(),
+    KILN_CHECK(whole(slot_value(slot, lo_, hi_, x), &v) && v >= 0, kUnsupported, "size program: ", slot.where(),
                " is not a whole, non-negative number at ", binding_text(symbols_, x));
     Graph& at = graph_of(g, slot.body);
     if (slot.kind == Slot::kConstant) {
@@ -340,6 +417,8 @@ Graph SizeProgram::evaluate(const Graph& base, const SymbolBinding& binding) con
 
 // Layout: u32 nsymbols, per symbol: str name, i64 lo, i64 hi; u32 nslots, per slot: u32 depth,
 // depth x u64 body index, u8 kind, u64 index, str key, u64 element, 2^nsymbols x i64 corner.
+// Where a slot has square terms, then: u32 count, per such slot: u32 slot, nsymbols x (i64 num,
+// i64 den). A program without them ends after the slots, as before square terms existed.
 Bytes SizeProgram::serialize() const {
   serialize::ByteWriter w;
   w.u32(uint32_t(symbols_.size()));
@@ -357,6 +436,19 @@ Bytes SizeProgram::serialize() const {
     w.str(s.key, "a size program's attribute name");
     w.u64(s.element);
     for (int64_t c : s.corners) w.i64(c);
+  }
+  uint32_t squared = 0;
+  for (const Slot& s : slots_) squared += !s.squares.empty();
+  if (squared) {
+    w.u32(squared);
+    for (size_t k = 0; k < slots_.size(); ++k) {
+      if (slots_[k].squares.empty()) continue;
+      w.u32(uint32_t(k));
+      for (const auto& [num, den] : slots_[k].squares) {
+        w.i64(num);
+        w.i64(den);
+      }
+    }
   }
   return std::move(w.buffer());
 }
@@ -386,6 +478,19 @@ SizeProgram SizeProgram::deserialize(const uint8_t* data, size_t size) {
     s.element = size_t(r.u64());
     for (size_t c = 0; c < corners; ++c) s.corners.push_back(r.i64());
   }
+  if (!r.done()) {
+    const uint64_t squared = r.count32(4 + 16 * n, "size program square terms");
+    for (uint64_t k = 0; k < squared; ++k) {
+      const uint32_t slot = r.u32();
+      if (slot >= p.slots_.size() || !p.slots_[slot].squares.empty())
+        r.fail_corrupted(detail::concat("square terms for slot ", slot, " of ", p.slots_.size(), ", or twice"));
+      for (uint64_t i = 0; i < n; ++i) {
+        const int64_t num = r.i64(), den = r.i64();
+        if (den <= 0) r.fail_corrupted(detail::concat("a square term's denominator of ", den));
+        p.slots_[slot].squares.emplace_back(num, den);
+      }
+    }
+  }
   if (!r.done()) r.fail_corrupted(detail::concat(r.remaining(), " bytes after the size program"));
   return p;
 }
@@ -395,6 +500,10 @@ std::string SizeProgram::to_string() const {
   for (const Slot& s : slots_) {
     os << s.where() << ":";
     for (int64_t c : s.corners) os << " " << c;
+    for (size_t i = 0; i < s.squares.size(); ++i)
+      if (s.squares[i].first != 0)
+        os << " + " << s.squares[i].first << "/" << s.squares[i].second << " (" << symbols_[i] << " - " << lo_[i]
+           << ")(" << symbols_[i] << " - " << hi_[i] << ")";
     os << "\n";
   }
   return os.str();

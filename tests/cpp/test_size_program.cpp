@@ -246,14 +246,61 @@ TEST(SizeProgram, ASerializedProgramEvaluatesAsTheOriginal) {
 
   for (size_t n : {size_t(0), size_t(3), bytes.size() - 1})
     expect_error([&] { SizeProgram::deserialize(bytes.data(), n); }, ErrorCode::kTruncated, {"truncated"});
-  Bytes longer = bytes;
+  Bytes longer = bytes;  // what follows the slots is read as square terms
   longer.push_back(0);
-  expect_error([&] { SizeProgram::deserialize(longer.data(), longer.size()); }, ErrorCode::kCorrupted,
-               {"1 bytes after the size program"});
+  expect_error([&] { SizeProgram::deserialize(longer.data(), longer.size()); }, ErrorCode::kTruncated, {"truncated"});
   Bytes none = bytes;
   none[0] = 0;  // no symbols
   expect_error([&] { SizeProgram::deserialize(none.data(), none.size()); }, ErrorCode::kCorrupted,
                {"a size program of 0 symbols"});
+}
+
+// x [b, b] flattened to [b * b]: an extent quadratic in b (T5 gathers its relative position
+// buckets so), scaled by a weight.
+Graph flattened_square(int64_t b, const Floats& w, int power = 2) {
+  Graph g;
+  std::vector<int64_t> shape(size_t(power), b);
+  int64_t numel = 1;
+  for (int64_t e : shape) numel *= e;
+  const ValueId x = g.add_input("x", TensorType(DType::kF32, shape));
+  const ValueId wv = g.add_constant("w", TensorType(DType::kF32, {1}), w.data(), 4, true);
+  Attrs flat;
+  flat.set("shape", std::vector<int64_t>{numel});
+  g.mark_output(g.add_node1(OpKind::kMul, {g.add_node1(OpKind::kReshape, {x}, flat), wv}), "y");
+  return g;
+}
+
+TEST(SizeProgram, FitsASizeQuadraticInASymbolAndRefusesACubicOne) {
+  const Floats w = random_floats(1, 3);
+  BuilderConfig config;
+  const auto samples = [&](int power) {
+    std::vector<SizeSample> all;
+    for (int64_t b : {3, 5, 7, 2, 11})
+      all.push_back({{{"b", b}}, Builder(config).optimize(flattened_square(b, w, power))});
+    return all;
+  };
+  std::shared_ptr<Engine> parent = Builder(config).build(flattened_square(3, w));
+  std::vector<SizeSample> square = samples(2);
+  square[0].plan = parent->graph();
+  const SizeProgram p = SizeProgram::fit(square);
+  EXPECT_NE(p.to_string().find("(b - 3)(b - 5)"), std::string::npos) << p.to_string();
+  const Bytes bytes = p.serialize();
+  const SizeProgram q = SizeProgram::deserialize(bytes.data(), bytes.size());
+  EXPECT_EQ(q.to_string(), p.to_string());
+  for (int64_t b : {9, 1, 40}) {
+    std::shared_ptr<Engine> inst = parent->instance(q.evaluate(parent->graph(), {{"b", b}}), parent->kernel_options());
+    std::shared_ptr<Engine> built = Builder(config).build(flattened_square(b, w));
+    const Floats x = random_floats(size_t(b * b), uint32_t(b));
+    Floats got(size_t(b * b)), want(size_t(b * b));
+    inst->create_execution_context()->execute({x.data()}, {got.data()});
+    built->create_execution_context()->execute({x.data()}, {want.data()});
+    EXPECT_EQ(got, want) << "b=" << b;
+  }
+  Bytes bad = bytes;  // the square term's denominator (the last 8 bytes) zeroed
+  std::fill(bad.end() - 8, bad.end(), uint8_t(0));
+  expect_error([&] { SizeProgram::deserialize(bad.data(), bad.size()); }, ErrorCode::kCorrupted, {"denominator of 0"});
+  expect_error([&] { SizeProgram::fit(samples(3)); }, ErrorCode::kUnsupported,
+               {"not the multilinear function of the grid samples plus a square of a symbol"});
 }
 
 // A bundle of one ranged engine (built at b = 3, fitted over b in 1..64): Bundle::at makes its
