@@ -951,9 +951,9 @@ class Specializations(torch.nn.Module):
         lower optimization level than the program's (the opt shape's blocks with symbols, on a
         GPU: the compile returns, and calls are served, without waiting for tactic timing; see
         :meth:`_tune`), and again after each refit of one that instances run on."""
-        level = self.settings.optimization_level
         if not times_tactics(self.settings, self.device):
             return
+        level = self.settings.optimization_level
         seen: set[int] = set()
         for spec in specs:
             for b, runner in zip(self.blocks, spec.runners):

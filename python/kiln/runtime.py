@@ -222,10 +222,9 @@ class KilnEngineModule(torch.nn.Module):
         (``Engine.instance``: e.g. with tactics timed where the engine was built untimed), in place
         of the engine's own. The engine stays the one the module saves and refits; a refit returns
         to its own kernels (an instance does not run on weights changed since it was made)."""
-        if [(tuple(io.shape), io.dtype) for io in instance.inputs] != [(tuple(io.shape), io.dtype)
-                                                                        for io in self._engine.inputs] or \
-                [(tuple(io.shape), io.dtype) for io in instance.outputs] != [(tuple(io.shape), io.dtype)
-                                                                             for io in self._engine.outputs]:
+        def io(e: Any) -> list[tuple[tuple[int, ...], Any]]:
+            return [(tuple(t.shape), t.dtype) for t in (*e.inputs, *e.outputs)]
+        if io(instance) != io(self._engine):
             raise _C.InternalError(f"Kiln {self.name}: an engine of other inputs or outputs cannot run its kernels")
         context = instance.create_execution_context(use_graphs=self.use_cuda_graphs, arena=self._arena)
         with self._lock:
