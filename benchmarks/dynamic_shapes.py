@@ -17,7 +17,9 @@ script:
   that this process's builds compiled);
 * warms this process up the same way;
 * compiles once with ``kiln.compile(..., dynamic_shapes=...)`` (export, lowering, partitioning,
-  the opt shape's engines and the range fit: "dynamic compile"), with a new timing cache;
+  the opt shape's engines and the range fit: "dynamic compile"), with a new timing cache; on a
+  GPU the opt engines build untimed and their tactics are timed in the background, which the
+  steady latencies and ``--repeat``'s first calls wait for (not counted);
 * then, per size, times the first call at that size ("first call": binding, then per block an
   instance of the opt engine (kiln/instances.py) or, with ``--no-instances`` or where a block's
   plan does not fit one, a concrete copy and its engine build; then the run) and the steady
