@@ -207,17 +207,25 @@ def _tensors(val: Any) -> list[Any]:
     return []
 
 
-def _row_dim(t: Any, s: sympy.Symbol) -> int | None:
-    """The dim of tensor ``t`` whose size is ``s``; -1 where no size reads ``s``; None where one
-    does otherwise (``2*s``, or ``s`` twice)."""
-    found = -1
+# A tensor's rows: its row dim and how many entries of that dim each row has (k: a batch merged
+# with the dims after it, [b * heads, ...]); (-1, 0) for none.
+Rows = tuple[int, int]
+_NO_ROWS: Rows = (-1, 0)
+
+
+def _row_dim(t: Any, s: sympy.Symbol) -> Rows | None:
+    """The rows of tensor ``t``: the dim whose size is ``k * s`` (k a positive integer), and k;
+    _NO_ROWS where no size reads ``s``; None where one does otherwise (``s + 1``, ``s * t``, or
+    ``s`` in two dims)."""
+    found = _NO_ROWS
     for d, size in enumerate(t.shape):
         e = sympy.sympify(size.node.expr) if isinstance(size, torch.SymInt) else None
         if e is None or s not in e.free_symbols:
             continue
-        if e != s or found >= 0:
+        k = sympy.simplify(e / s)
+        if not (k.is_Integer and k > 0) or found[0] >= 0:
             return None
-        found = d
+        found = (d, int(k))
     return found
 
 
@@ -252,16 +260,18 @@ def _row_arange(node: fx.Node, s: sympy.Symbol) -> bool:
     return args[0] == 0 and args[2] == 1 and isinstance(end, torch.SymInt) and sympy.sympify(end.node.expr) == s
 
 
-def _keeps_rows(node: fx.Node, s: sympy.Symbol, rows: dict[fx.Node, int], index_of_row: set[fx.Node]) -> bool:
+def _keeps_rows(node: fx.Node, s: sympy.Symbol, rows: dict[fx.Node, Rows], index_of_row: set[fx.Node]) -> bool:
     """Whether op ``node`` computes each row of its outputs from the same row of its inputs alone;
-    ``rows`` has the row dim of every value before it (-1: none), ``index_of_row`` the values that
-    hold each row's own index (arange(s)): they may only pick rows, through ``index``."""
+    ``rows`` has the rows of every value before it, ``index_of_row`` the values that hold each
+    row's own index (arange(s)): they may only pick rows, through ``index``. Row r of a dim of
+    ``k * s`` entries is entries [k * r, k * (r + 1)): only a reshape regroups them (the same
+    elements before the row dim keep each row's elements together); other ops keep k."""
     name = _op_name(node)
     if any(a in index_of_row for a in node.all_input_nodes) and not (
             name in _INDEX or (name in _ROW_INDEX_KEPT and node.args[0] in index_of_row)):
         return False  # a row's index used as a value
     scalar = any(_scalar_reads(a, s) for a in (*node.args, *node.kwargs.values()))
-    reads = [a for a in node.all_input_nodes if rows.get(a, -1) >= 0]
+    reads = [a for a in node.all_input_nodes if rows.get(a, _NO_ROWS)[0] >= 0]
     if not reads and not scalar:
         return True  # no row enters it
     overload = node.target if isinstance(node.target, torch._ops.OpOverload) else None
@@ -270,15 +280,16 @@ def _keeps_rows(node: fx.Node, s: sympy.Symbol, rows: dict[fx.Node, int], index_
     if not reads:
         return name in _SIZE_ARG_OPS
     out = node.meta.get("val")
-    outs = [_row_dim(t, s) for t in _tensors(out)]
-    if not any(d is not None and d >= 0 for d in outs):
+    outs = [r for r in (_row_dim(t, s) for t in _tensors(out)) if r is not None and r[0] >= 0]
+    if not outs:
         return False  # rows in, none out: reduced over them
     first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else reads[0]
-    row = rows.get(first, -1)
+    row = rows.get(first, _NO_ROWS)[0]
+    if name in _RESHAPES:  # the same elements before the rows
+        return sympy.simplify(_outer(first.meta["val"], row) - _outer(out, outs[0][0])) == 0
+    if len({rows[a][1] for a in reads} | {k for _, k in outs}) != 1:
+        return False  # rows regrouped (a concat or repeat along them)
     if torch.Tag.pointwise in overload.tags or name in _ROW_FREE or name in _POINTWISE_UNTAGGED:
-        if name in _RESHAPES:  # the same elements before the rows
-            out_row = next(d for d in outs if d is not None and d >= 0)
-            return sympy.simplify(_outer(first.meta["val"], row) - _outer(out, out_row)) == 0
         return True
     if name in _ROW_ALONG:
         rank = max(first.meta["val"].dim(), 1)
@@ -290,16 +301,16 @@ def _keeps_rows(node: fx.Node, s: sympy.Symbol, rows: dict[fx.Node, int], index_
                     return False  # along the rows, or along every dim
         return True
     if name in _ROW_FIRST:
-        return row == 0 and all(rows.get(a, -1) <= 0 for a in reads)
+        return row == 0 and all(rows.get(a, _NO_ROWS)[0] <= 0 for a in reads)
     if name in _ATTENTION:
-        return all(rows[a] in (0, 1) for a in reads)
+        return all(rows[a][0] in (0, 1) for a in reads)
     if name == "native_layer_norm":  # normalized over the last dims: not the rows'
         return len(reads) == 1 and row < first.meta["val"].dim() - len(node.args[1])
     if name in _INDEX:  # x[i0, i1, ...]: rows at dim 0 of x and of the result
         source, indices = node.args[0], list(node.args[1])
-        x_rows = rows.get(source, -1) if isinstance(source, fx.Node) else -1
-        picks = [k for k, i in enumerate(indices) if isinstance(i, fx.Node) and rows.get(i, -1) >= 0]
-        if outs[0] != 0 or x_rows > 0 or any(k != 0 or rows[indices[k]] != 0 for k in picks):
+        x_rows = rows.get(source, _NO_ROWS)[0] if isinstance(source, fx.Node) else -1
+        picks = [k for k, i in enumerate(indices) if isinstance(i, fx.Node) and rows.get(i, _NO_ROWS)[0] >= 0]
+        if outs[0] != (0, 1) or x_rows > 0 or any(k != 0 or rows[indices[k]][0] != 0 for k in picks):
             return False
         # Rows of x kept (not indexed, or picked by their own index), or rows of a lookup's indices.
         return x_rows < 0 or not picks and (not indices or indices[0] is None) or (
@@ -316,7 +327,7 @@ def row_symbol(inputs: Sequence[fx.Node], nodes: Sequence[fx.Node], outputs: Seq
     Returns the symbol and, per input and output with rows (by position), its row dim."""
     sources = set(inputs)
     for s in symbols:
-        rows: dict[fx.Node, int] = {}
+        rows: dict[fx.Node, Rows] = {}
         index_of_row: set[fx.Node] = set()
         ok = True
         for n in (*inputs, *nodes):
@@ -334,9 +345,12 @@ def row_symbol(inputs: Sequence[fx.Node], nodes: Sequence[fx.Node], outputs: Seq
             elif n.args and n.args[0] in index_of_row and _op_name(n) in _ROW_INDEX_KEPT:
                 index_of_row.add(n)
             # A tuple's elements: its getitems have their own.
-            rows[n] = dims[0] if len(dims) == 1 and dims[0] is not None else -1
-        rows_in = {i: rows[n] for i, n in enumerate(inputs) if rows.get(n, -1) >= 0}
-        rows_out = {i: rows[n] for i, n in enumerate(outputs) if rows.get(n, -1) >= 0}
+            rows[n] = dims[0] if len(dims) == 1 and dims[0] is not None else _NO_ROWS
+        ends = [rows[n] for n in (*inputs, *outputs) if rows.get(n, _NO_ROWS)[0] >= 0]
+        if any(k != 1 for _, k in ends):
+            continue  # RowPadded pads and cuts whole rows of one entry each
+        rows_in = {i: rows[n][0] for i, n in enumerate(inputs) if rows.get(n, _NO_ROWS)[0] >= 0}
+        rows_out = {i: rows[n][0] for i, n in enumerate(outputs) if rows.get(n, _NO_ROWS)[0] >= 0}
         if ok and rows_in and all(n in rows for n in outputs):
             return s, rows_in, rows_out
     return None

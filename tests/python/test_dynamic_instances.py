@@ -668,6 +668,9 @@ _MIXING = {
     "rows picked by index": lambda y: y[torch.arange(y.shape[0] - 1, -1, -1)],
     "normalized over every dim": lambda y: torch.nn.functional.layer_norm(y, y.shape[1:]) * 0
     + torch.nn.functional.layer_norm(y.reshape(-1), (y.numel(),)).reshape(y.shape),
+    # [2b] regrouped as [b, 2]: row r takes entries 2r and 2r + 1 of the concat, rows of other r.
+    "rows concatenated, then regrouped": lambda y: torch.cat([y, 2 * y], 0).reshape(y.shape[0], 2, *y.shape[1:])[:, 0],
+    "rows repeated, then regrouped": lambda y: y.repeat(2, 1, 1, 1).reshape(y.shape[0], 2, *y.shape[1:])[:, 1],
 }
 
 
@@ -694,6 +697,9 @@ _KEEPING = {
     "upsampled bilinearly": lambda y: F.interpolate(y, scale_factor=2, mode="bilinear"),
     "hardswish": F.hardswish,
     "where with a scalar": lambda y: torch.where(y > 0, y, -1.0),
+    # [b * 4, 8, 8]: each row's 4 channels stay its own through the batched product.
+    "batch merged with the channels": lambda y: torch.bmm(y.reshape(-1, 8, 8), y.reshape(-1, 8, 8).transpose(1, 2))
+    .softmax(-1).reshape(y.shape),
 }
 
 
