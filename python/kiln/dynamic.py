@@ -916,10 +916,11 @@ class Specializations(torch.nn.Module):
         start = time.perf_counter()
         level = self.settings.optimization_level if level is None else level
         r = self.ranges.get(b.index)
+        range_engine = r is not None and r.parent is current
         untimed_instance = isinstance(current, KilnEngineModule) and current.engine.is_instance
         made: torch.nn.Module | None = None
         try:
-            if r is not None and r.parent is current:
+            if range_engine:
                 current.run_kernels_of(current.engine.instance(current.engine.graph(), level, False, True))
                 current.prime()
                 log.info("%s: timed in the background in %.3f s (optimization level %d)", name,
@@ -928,7 +929,7 @@ class Specializations(torch.nn.Module):
             if r is not None:
                 made = make_instance(r, binding, name, level, background=True)
         except _C.KilnError as err:
-            if untimed_instance or (r is not None and r.parent is current):
+            if untimed_instance or range_engine:
                 log.info("%s: keeps its untimed kernels (timing failed: %s)", name, err)
                 return
             log.info("%s: no instance (%s); building an engine in the background", name, err)

@@ -330,21 +330,19 @@ SizeProgram SizeProgram::fit(const std::vector<SizeSample>& samples) {
     for (int64_t v : f.values) varies |= v != f.values[0];
     if (!varies) continue;
     f.slot.corners.assign(f.values.begin(), f.values.begin() + long(corners));
-    const auto fits = [&](size_t k, int64_t* want) {
-      return whole(slot_value(f.slot, p.lo_, p.hi_, x[k]), want) && *want == f.values[k];
-    };
+    // Whether the slot's value at sample k is whole (then written to `want`).
+    const auto value_at = [&](size_t k, int64_t* want) { return whole(slot_value(f.slot, p.lo_, p.hi_, x[k]), want); };
     bool multilinear = true;
     int64_t want = 0;
-    for (size_t k = corners; k < samples.size() && multilinear; ++k) multilinear = fits(k, &want);
+    for (size_t k = corners; k < samples.size() && multilinear; ++k)
+      multilinear = value_at(k, &want) && want == f.values[k];
     if (!multilinear) f.slot.squares = fit_squares(f.slot, f.values, x, p.lo_, p.hi_, corners);
     for (size_t k = corners; k < samples.size(); ++k) {
-      const bool ok = fits(k, &want);
-      KILN_CHECK(ok, kUnsupported, "size program: ", f.slot.where(), " is ", f.values[k], " at ",
-                 binding_text(p.symbols_, x[k]), ", not the multilinear function of the grid samples",
+      const bool is_whole = value_at(k, &want);
+      KILN_CHECK(is_whole && want == f.values[k], kUnsupported, "size program: ", f.slot.where(), " is ", f.values[k],
+                 " at ", binding_text(p.symbols_, x[k]), ", not the multilinear function of the grid samples",
                  f.slot.squares.empty() ? "" : " plus a square of a symbol", " (",
-                 whole(slot_value(f.slot, p.lo_, p.hi_, x[k]), &want) ? std::to_string(want)
-                                                                      : std::string("not a whole number"),
-                 ")");
+                 is_whole ? std::to_string(want) : std::string("not a whole number"), ")");
     }
     p.slots_.push_back(std::move(f.slot));
   }
