@@ -190,8 +190,11 @@ _ATTENTION = frozenset({
     "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
 })
 # Of all of those, the ops whose integer arguments are sizes and may hold the row count itself.
-_SIZE_ARG_OPS = frozenset({"_unsafe_view", "empty", "expand", "full", "native_group_norm", "repeat", "reshape",
-                           "view", "zeros"})
+_SIZE_ARG_OPS = frozenset({"_unsafe_view", "empty", "expand", "full", "native_group_norm", "new_empty",
+                           "new_empty_strided", "new_ones", "new_zeros", "repeat", "reshape", "view", "zeros"})
+# Ops that read only their first argument's dtype and device (Swin's shifted-window mask is
+# x.new_zeros(H, W)): no row enters them.
+_NEW_TENSORS = frozenset({"new_empty", "new_empty_strided", "new_full", "new_ones", "new_zeros"})
 
 
 def _op_name(node: fx.Node) -> str:
@@ -207,8 +210,11 @@ def _tensors(val: Any) -> list[Any]:
     return []
 
 
-# A tensor's rows: its row dim and how many entries of that dim each row has (k: a batch merged
-# with the dims after it, [b * heads, ...]); (-1, 0) for none.
+# A tensor's rows: its row dim and how many entries of that dim each row has in all (m: a batch
+# merged with the dims after it, [b * heads, ...], or with those before it, [length * b]); (-1, 0)
+# for none. Entry (i * s + r) * k + j of the dim belongs to row r, i < a and j < k, m = a * k;
+# row_symbol keeps each value's a (how often the rows repeat along the dim, 1 unless a reshape
+# merged dims before the rows into it).
 Rows = tuple[int, int]
 _NO_ROWS: Rows = (-1, 0)
 
@@ -260,12 +266,14 @@ def _row_arange(node: fx.Node, s: sympy.Symbol) -> bool:
     return args[0] == 0 and args[2] == 1 and isinstance(end, torch.SymInt) and sympy.sympify(end.node.expr) == s
 
 
-def _keeps_rows(node: fx.Node, s: sympy.Symbol, rows: dict[fx.Node, Rows], index_of_row: set[fx.Node]) -> bool:
+def _keeps_rows(node: fx.Node, s: sympy.Symbol, rows: dict[fx.Node, Rows], repeats: dict[fx.Node, int],
+                index_of_row: set[fx.Node]) -> bool:
     """Whether op ``node`` computes each row of its outputs from the same row of its inputs alone;
-    ``rows`` has the rows of every value before it, ``index_of_row`` the values that hold each
-    row's own index (arange(s)): they may only pick rows, through ``index``. Row r of a dim of
-    ``k * s`` entries is entries [k * r, k * (r + 1)): only a reshape regroups them (the same
-    elements before the row dim keep each row's elements together); other ops keep k."""
+    ``rows`` has the rows of every value before it and ``repeats`` their a (see Rows),
+    ``index_of_row`` the values that hold each row's own index (arange(s)): they may only pick
+    rows, through ``index``. Only a reshape regroups the entries of a row dim: it keeps rows apart
+    where the same number of elements come before each row's block, and sets the output's a
+    (in ``repeats``); other ops keep m and a."""
     name = _op_name(node)
     if any(a in index_of_row for a in node.all_input_nodes) and not (
             name in _INDEX or (name in _ROW_INDEX_KEPT and node.args[0] in index_of_row)):
@@ -277,6 +285,8 @@ def _keeps_rows(node: fx.Node, s: sympy.Symbol, rows: dict[fx.Node, Rows], index
     overload = node.target if isinstance(node.target, torch._ops.OpOverload) else None
     if overload is None or (scalar and name not in _SIZE_ARG_OPS):
         return False  # a row count used as a value
+    if name in _NEW_TENSORS:
+        return True
     if not reads:
         return name in _SIZE_ARG_OPS
     out = node.meta.get("val")
@@ -285,9 +295,13 @@ def _keeps_rows(node: fx.Node, s: sympy.Symbol, rows: dict[fx.Node, Rows], index
         return False  # rows in, none out: reduced over them
     first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else reads[0]
     row = rows.get(first, _NO_ROWS)[0]
-    if name in _RESHAPES:  # the same elements before the rows
-        return sympy.simplify(_outer(first.meta["val"], row) - _outer(out, outs[0][0])) == 0
-    if len({rows[a][1] for a in reads} | {k for _, k in outs}) != 1:
+    if name in _RESHAPES:  # the same elements before the rows: a follows
+        a = sympy.simplify(_outer(first.meta["val"], row) * repeats.get(first, 1) / _outer(out, outs[0][0]))
+        if not (a.is_Integer and a > 0 and outs[0][1] % int(a) == 0):
+            return False
+        repeats[node] = int(a)
+        return True
+    if len({(rows[a][1], repeats.get(a, 1)) for a in reads}) != 1 or any(m != rows[reads[0]][1] for _, m in outs):
         return False  # rows regrouped (a concat or repeat along them)
     if torch.Tag.pointwise in overload.tags or name in _ROW_FREE or name in _POINTWISE_UNTAGGED:
         return True
@@ -328,6 +342,7 @@ def row_symbol(inputs: Sequence[fx.Node], nodes: Sequence[fx.Node], outputs: Seq
     sources = set(inputs)
     for s in symbols:
         rows: dict[fx.Node, Rows] = {}
+        repeats: dict[fx.Node, int] = {}  # each value's a where it is not 1 (see Rows)
         index_of_row: set[fx.Node] = set()
         ok = True
         for n in (*inputs, *nodes):
@@ -339,11 +354,15 @@ def row_symbol(inputs: Sequence[fx.Node], nodes: Sequence[fx.Node], outputs: Seq
                 index_of_row.add(n)
             elif any(d is None for d in dims) or (n not in sources and (
                     n.op != "call_function" or (n.target is not operator.getitem
-                                                and not _keeps_rows(n, s, rows, index_of_row)))):
+                                                and not _keeps_rows(n, s, rows, repeats, index_of_row)))):
                 ok = False
                 break
             elif n.args and n.args[0] in index_of_row and _op_name(n) in _ROW_INDEX_KEPT:
                 index_of_row.add(n)
+            if n not in sources and n not in repeats:  # kept from what it reads (a getitem: its tuple's)
+                a = next((repeats[r] for r in n.all_input_nodes if r in repeats), 1)
+                if a != 1:
+                    repeats[n] = a
             # A tuple's elements: its getitems have their own.
             rows[n] = dims[0] if len(dims) == 1 and dims[0] is not None else _NO_ROWS
         ends = [rows[n] for n in (*inputs, *outputs) if rows.get(n, _NO_ROWS)[0] >= 0]

@@ -671,6 +671,10 @@ _MIXING = {
     # [2b] regrouped as [b, 2]: row r takes entries 2r and 2r + 1 of the concat, rows of other r.
     "rows concatenated, then regrouped": lambda y: torch.cat([y, 2 * y], 0).reshape(y.shape[0], 2, *y.shape[1:])[:, 0],
     "rows repeated, then regrouped": lambda y: y.repeat(2, 1, 1, 1).reshape(y.shape[0], 2, *y.shape[1:])[:, 1],
+    "new_full filled with the batch": lambda y: y + y.new_full((8, 8), y.shape[0]),
+    # [4, b] merged, then read as [b, 4]: row r takes entries of rows 4r % b .. of the merge.
+    "batch merged behind the channels, then regrouped": lambda y: y.transpose(0, 1).reshape(-1, 64)
+    .reshape(y.shape[0], 4, 8, 8).softmax(1),
 }
 
 
@@ -700,6 +704,11 @@ _KEEPING = {
     # [b * 4, 8, 8]: each row's 4 channels stay its own through the batched product.
     "batch merged with the channels": lambda y: torch.bmm(y.reshape(-1, 8, 8), y.reshape(-1, 8, 8).transpose(1, 2))
     .softmax(-1).reshape(y.shape),
+    # nn.MultiheadAttention's layout: [length, b] merged, so each row repeats along the merged dim.
+    "batch merged behind the channels": lambda y: (y.transpose(0, 1).reshape(-1, 64).softmax(-1) * 2)
+    .reshape(4, -1, 8, 8).transpose(0, 1),
+    # Swin's shifted-window mask: a rowless tensor made with new_zeros from a tensor with rows.
+    "a mask made by new_zeros": lambda y: y + y.new_zeros(8, 8).index_fill(0, torch.tensor([1, 5]), -2.0),
 }
 
 
