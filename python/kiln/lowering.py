@@ -34,7 +34,7 @@ import dataclasses
 import logging
 import operator
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -278,7 +278,7 @@ def export_module(module: torch.nn.Module, args: Sequence[Any], kwargs: dict[str
     A branch on tensor values that torch.export cannot trace is specialized to the branch the
     example inputs take (export_specialized)."""
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
-    with torch.no_grad(), _inference_mode_off():
+    with torch.no_grad(), _inference_mode_off(), _no_stack_traces():
         try:
             if dynamic_shapes is not None:
                 from kiln.dynamic import export_dynamic  # it builds on this module
@@ -342,6 +342,23 @@ def export_specialized(module: torch.nn.Module, args: tuple[Any, ...], kwargs: d
                     "trace; the program takes the branch the example inputs took (%s was %s) for every input",
                     where, frame.get("loc", "?"), f.data.get("expr", "?"), f.data.get("result", "?"))
     return ep
+
+
+@contextlib.contextmanager
+def _no_stack_traces() -> Iterator[None]:
+    """FX records no stack trace per traced node meanwhile (torch.fx.config, where this torch has
+    the setting): nothing in Kiln reads them, and capturing them is a good part of a symbolic
+    export's time. The setting is global while it lasts."""
+    config = torch.fx.config
+    before = getattr(config, "do_not_emit_stack_traces", None)
+    if before is None:
+        yield
+        return
+    config.do_not_emit_stack_traces = True
+    try:
+        yield
+    finally:
+        config.do_not_emit_stack_traces = before
 
 
 @contextlib.contextmanager

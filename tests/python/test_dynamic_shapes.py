@@ -903,3 +903,26 @@ def test_cuda_dynamic_bundle_serves_its_range(tmp_path: Path) -> None:
             xb = torch.randn(b, 3, 16, 16)
             got = torch.from_numpy(bundle.run([xb.numpy()])[0])
             torch.testing.assert_close(got, m(xb.cuda()).cpu(), rtol=2e-3, atol=2e-3)
+
+
+def test_exports_record_no_stack_traces_and_restore_the_setting() -> None:
+    """Kiln's exports leave FX's per-node stack traces out (nothing reads them) and put torch's
+    setting back afterwards, also when the export fails."""
+    if not hasattr(torch.fx.config, "do_not_emit_stack_traces"):
+        pytest.skip("this torch has no setting for FX stack traces")
+
+    class Branchy(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2 if x.sum() > 0 else x + 1
+
+    before = torch.fx.config.do_not_emit_stack_traces
+    ep, _ = kiln.lowering.export_module(torch.nn.Linear(4, 3), [torch.randn(5, 4)], None,
+                                        ({0: Dim("b", min=1, max=8)},))
+    calls = [n for n in ep.graph.nodes if n.op == "call_function"]
+    assert calls and not any(n.meta.get("stack_trace") for n in calls)
+    assert torch.fx.config.do_not_emit_stack_traces == before
+    with pytest.raises(RuntimeError, match="data-dependent"):  # a branch on a value: no symbolic export
+        kiln.lowering.export_module(Branchy(), [torch.randn(5, 4)], None, ({0: Dim("b", min=1, max=8)},))
+    assert torch.fx.config.do_not_emit_stack_traces == before
+    plain = torch.export.export(torch.nn.Linear(4, 3), (torch.randn(5, 4),), strict=False)
+    assert any(n.meta.get("stack_trace") for n in plain.graph.nodes if n.op == "call_function")
