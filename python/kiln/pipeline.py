@@ -256,25 +256,38 @@ def unflattener(out_spec: pytree.TreeSpec | None) -> Callable[[Sequence[Any]], A
 
 def graph_runner(gm: fx.GraphModule) -> Callable[..., Sequence[Any]]:
     """How to run a compiled graph: the graph itself, or, when the whole graph is one engine
-    call on its inputs in order, that engine's forward directly (saves the GraphModule's few
-    microseconds per call; hooks on the engine module do not run on this path)."""
+    call on its inputs in order (or a dynamic program's one block on them), that engine's
+    forward directly (saves the GraphModule's few microseconds per call; hooks on the engine
+    module do not run on this path)."""
+    from kiln.dynamic import DynamicBlock, Specializations  # it builds on this module
+
     nodes = list(gm.graph.nodes)
-    placeholders = [n for n in nodes if n.op == "placeholder"]
+    placeholders = tuple(n for n in nodes if n.op == "placeholder")
     calls = [n for n in nodes if n.op == "call_module"]
     output = nodes[-1]
-    if len(calls) != 1 or tuple(calls[0].args) != tuple(placeholders) or calls[0].kwargs:
+    modules = [gm.get_submodule(str(n.target)) for n in calls]
+    if len(calls) == 1 and tuple(calls[0].args) == placeholders and isinstance(modules[0], KilnEngineModule):
+        forward: Callable[..., Any] = modules[0].forward
+        width = len(modules[0].output_names)
+    elif len(calls) == 2 and isinstance(modules[0], Specializations) and isinstance(modules[1], DynamicBlock) \
+            and tuple(calls[0].args) == placeholders and tuple(calls[1].args) == (calls[0], *placeholders):
+        # A dynamic program of one block on its inputs: the specialization's runner for it directly.
+        choose, index = modules[0].forward, modules[1].index
+        width = len(modules[0].blocks[index].block.outputs)
+
+        def forward(*inputs: Any) -> Any:
+            return choose(*inputs).runners[index](*inputs)
+    else:
         return gm
-    engine = gm.get_submodule(str(calls[0].target))
     rest = [n for n in nodes if n.op not in ("placeholder", "call_module", "output")]
     results = output.args[0]
-    if not isinstance(engine, KilnEngineModule) or not isinstance(results, (tuple, list)) or any(
-            n.target is not operator.getitem or n.args[0] is not calls[0] for n in rest) \
+    if any(n.kwargs for n in calls) or not isinstance(results, (tuple, list)) or any(
+            n.target is not operator.getitem or n.args[0] is not calls[-1] for n in rest) \
             or any(r not in rest for r in results):
         return gm
     order = [r.args[1] for r in results]
-    if order == list(range(len(engine.output_names))):
-        return engine.forward
-    forward = engine.forward
+    if order == list(range(width)):
+        return forward
 
     def reordered(*inputs: Any) -> tuple[Any, ...]:
         outs = forward(*inputs)

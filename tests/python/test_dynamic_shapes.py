@@ -926,3 +926,28 @@ def test_exports_record_no_stack_traces_and_restore_the_setting() -> None:
     assert torch.fx.config.do_not_emit_stack_traces == before
     plain = torch.export.export(torch.nn.Linear(4, 3), (torch.randn(5, 4),), strict=False)
     assert any(n.meta.get("stack_trace") for n in plain.graph.nodes if n.op == "call_function")
+
+
+@torch.no_grad()
+def test_a_one_block_program_runs_its_specialization_without_the_glue_graph() -> None:
+    """A dynamic program that is one block on its inputs runs the specialization's engine for it
+    directly, as a static one runs its engine; with glue ops in PyTorch it runs its graph."""
+    torch.manual_seed(0)
+    one = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU()).eval()
+    compiled = kiln.compile(one, [torch.randn(4, 16)], min_block_size=1, dynamic_shapes=({0: Dim("b", min=1, max=32)},))
+    assert compiled._run is not compiled.gm
+    for b in (4, 7, 1, 32, 7):
+        x = torch.randn(b, 16)
+        torch.testing.assert_close(compiled(x), one(x))
+    with pytest.raises(kiln.dynamic.ShapeRangeError, match="33"):
+        compiled(torch.randn(33, 16))
+
+    class Glue(torch.nn.Module):  # a second output that only PyTorch computes (nonzero's size)
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.relu(x @ x.T), torch.nonzero(x > 0)
+    glue = Glue()
+    compiled = kiln.compile(glue, [torch.randn(4, 16)], min_block_size=1, dynamic_shapes=({0: Dim("b", min=2, max=32)},))
+    assert compiled._run is compiled.gm
+    x = torch.randn(6, 16)
+    for got, want in zip(compiled(x), glue(x)):
+        torch.testing.assert_close(got, want)
