@@ -17,8 +17,11 @@
 #include <cstdint>
 #include <functional>
 #include <future>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kiln/build_policy.h"
@@ -75,6 +78,29 @@ class CapturedGraph {
   virtual void replay(void* stream) = 0;
 };
 
+// Host data a backend derives from a constant's bytes when it makes kernels (the CPU backend's
+// weights packed into its GEMM's panels), shared by an engine and its instances (Engine::instance)
+// so that an instance at other sizes derives nothing its engine's kernels already hold. An entry
+// lasts while its constant's buffer and some kernel holding the data live; a refit forgets them
+// all (the bytes change in place). Thread-safe.
+class DerivedConstants {
+ public:
+  using Make = std::function<std::shared_ptr<const void>()>;
+  // The data `what` (naming the derivation and all it depends on besides the bytes) derived from
+  // `source`'s bytes: the one made before where it is still held, else make()'s.
+  std::shared_ptr<const void> get(const std::shared_ptr<const HostBuffer>& source, const std::string& what,
+                                  const Make& make);
+  void clear();
+
+ private:
+  struct Entry {
+    std::weak_ptr<const HostBuffer> source;
+    std::weak_ptr<const void> data;
+  };
+  std::mutex mu_;
+  std::map<std::pair<const HostBuffer*, std::string>, Entry> entries_;
+};
+
 // What a build hands every make_kernel call (BuilderConfig's optimization level, workspace limit
 // and policy); an engine file keeps them, so that a load or a refit makes kernels with the same.
 struct KernelOptions {
@@ -88,6 +114,8 @@ struct KernelOptions {
   bool background = false;
   size_t workspace_limit = size_t(1) << 30;
   BuildPolicy policy;
+  // The engine's DerivedConstants (Engine sets it; null: each kernel derives its own). Not saved.
+  std::shared_ptr<DerivedConstants> derived;
   // How many candidates tactic searches try: the budget of optimization_level (kiln/build_policy.h).
   TacticBudget budget() const { return tactic_budget(optimization_level); }
 };

@@ -20,6 +20,23 @@ void set_timing_cache_path(const std::string& path);  // timing_cache.h
 }
 #endif
 
+std::shared_ptr<const void> DerivedConstants::get(const std::shared_ptr<const HostBuffer>& source,
+                                                  const std::string& what, const Make& make) {
+  const std::lock_guard<std::mutex> lock(mu_);
+  const auto key = std::make_pair(source.get(), what);
+  if (auto it = entries_.find(key); it != entries_.end() && it->second.source.lock() == source)
+    if (std::shared_ptr<const void> data = it->second.data.lock()) return data;
+  std::shared_ptr<const void> data = make();
+  std::erase_if(entries_, [](const auto& e) { return e.second.source.expired() || e.second.data.expired(); });
+  entries_[key] = Entry{source, data};
+  return data;
+}
+
+void DerivedConstants::clear() {
+  const std::lock_guard<std::mutex> lock(mu_);
+  entries_.clear();
+}
+
 std::vector<LibraryVersion> backend_library_versions() {
 #ifdef KILN_WITH_CUDA
   return cuda::library_versions();

@@ -19,6 +19,7 @@ void Engine::choose_kernels(const std::vector<Bytes>* kernel_states, Assembly& a
   const Graph& g = plan_;
   KILN_CHECK(kernel_states == nullptr || kernel_states->empty() || kernel_states->size() == g.nodes().size(),
              kCorrupted, kernel_states->size(), " kernel states for a plan of ", g.nodes().size(), " nodes");
+  if (!options_.derived) options_.derived = std::make_shared<DerivedConstants>();
   const Stopwatch kernels_watch;
   std::vector<std::unique_ptr<Kernel>> kernels = be.make_kernels(
       g, options_, kernel_states && !kernel_states->empty() ? kernel_states : nullptr, &assembly.kernel_ms);
@@ -271,7 +272,9 @@ Engine::Published Engine::publish_constants() {
     be.upload(copies);
   }
   done.device_ms = watch.lap();
-  // Kernels that may have read a written constant when they were made are made again.
+  // Kernels that may have read a written constant when they were made are made again, deriving
+  // their data from the new bytes.
+  if (options_.derived) options_.derived->clear();
   for (size_t i = 0; i < plan.nodes().size(); ++i) {
     const Node& n = *plan.nodes()[i];
     bool reads = false;

@@ -33,6 +33,7 @@ std::shared_ptr<Engine> Engine::instance(Graph plan, const KernelOptions& option
   e->plan_ = std::move(plan);
   e->device_ = device_;
   e->options_ = options;
+  e->options_.derived = options_.derived;  // the data its kernels derive from the shared constants
   e->backend_ = backend_;
   e->parent_ = shared_from_this();
   e->parent_version_ = weights_version_;

@@ -203,6 +203,65 @@ TEST(SizeProgram, AnInstanceRefusesToRunOnceItsParentWasRefitted) {
   EXPECT_EQ(run(*again, x, 4), run(*built, x, 4));
 }
 
+// y = linear(x, w): x [b, 32], w [16, 32] a weight, which the CPU backend packs for its GEMM.
+Graph linear_network(int64_t b, const Floats& w) {
+  Graph g;
+  const ValueId x = g.add_input("x", TensorType(DType::kF32, {b, 32}));
+  const ValueId wv = g.add_constant("w", TensorType(DType::kF32, {16, 32}), w.data(), w.size() * 4, true);
+  g.mark_output(g.add_node1(OpKind::kLinear, {x, wv, kNoValue}), "y");
+  return g;
+}
+
+TEST(SizeProgram, InstancesShareTheDataTheirEngineDerivedFromItsWeightsUntilARefit) {
+  Floats w = random_floats(16 * 32, 1);
+  BuilderConfig config;
+  auto plan = [&](int64_t b) { return Builder(config).optimize(linear_network(b, w)); };
+  std::shared_ptr<Engine> parent = Builder(config).build(linear_network(64, w));
+  ASSERT_NE(parent->kernel_options().derived, nullptr);
+  const SizeProgram p =
+      SizeProgram::fit({{{{"b", 64}}, Graph(parent->graph())}, {{{"b", 40}}, plan(40)}, {{{"b", 24}}, plan(24)}});
+  auto check = [&](int64_t b) {
+    std::shared_ptr<Engine> inst = parent->instance(p.evaluate(parent->graph(), {{"b", b}}), parent->kernel_options());
+    EXPECT_EQ(inst->kernel_options().derived, parent->kernel_options().derived);
+    std::shared_ptr<Engine> built = Builder(config).build(linear_network(b, w));
+    EXPECT_NE(built->kernel_options().derived, parent->kernel_options().derived);
+    const Floats x = random_floats(size_t(b * 32), uint32_t(b));
+    Floats got(size_t(b * 16)), want(size_t(b * 16));
+    inst->create_execution_context()->execute({x.data()}, {got.data()});
+    built->create_execution_context()->execute({x.data()}, {want.data()});
+    EXPECT_EQ(got, want) << "b=" << b;
+  };
+  check(48);
+  // After a refit the packed weight is the new one's, in the engine and in a new instance.
+  Refitter r(parent);
+  w = random_floats(16 * 32, 2);
+  r.set_weight("w", TensorType(DType::kF32, {16, 32}), w.data());
+  r.refit();
+  check(48);
+  check(17);
+}
+
+TEST(DerivedConstants, OneDerivationPerBufferAndKindWhileHeldAndNoneAfterAClear) {
+  DerivedConstants d;
+  int made = 0;
+  auto make = [&made] { return std::shared_ptr<const void>(std::make_shared<int>(++made)); };
+  auto buffer = std::make_shared<const HostBuffer>(Bytes{1, 2, 3});
+  auto twin = std::make_shared<const HostBuffer>(Bytes{1, 2, 3});
+  std::shared_ptr<const void> a = d.get(buffer, "pack", make);
+  EXPECT_EQ(d.get(buffer, "pack", make), a);
+  EXPECT_EQ(made, 1);
+  std::shared_ptr<const void> other = d.get(buffer, "pack transposed", make);
+  std::shared_ptr<const void> of_twin = d.get(twin, "pack", make);  // keyed by the buffer, not its bytes
+  EXPECT_EQ(made, 3);
+  EXPECT_NE(other, a);
+  EXPECT_NE(of_twin, a);
+  a.reset();  // nothing holds it any more: derived again
+  EXPECT_EQ(*std::static_pointer_cast<const int>(d.get(buffer, "pack", make)), 4);
+  d.clear();  // a refit: derived again although still held
+  EXPECT_EQ(*std::static_pointer_cast<const int>(d.get(twin, "pack", make)), 5);
+  EXPECT_EQ(*std::static_pointer_cast<const int>(of_twin), 3);
+}
+
 TEST(SizeProgram, AnEngineFileHoldsTheKernelsOfAnInstanceAtItsOwnSizes) {
   Fixture f;
   f.config.optimization_level = 0;

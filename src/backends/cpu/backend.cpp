@@ -32,8 +32,8 @@ class CpuBackend final : public Backend {
       case OpFamily::kReduce: return cpu::make_reduce_kernel(n, g);
       case OpFamily::kSoftmax: return cpu::make_softmax_kernel(n, g);
       case OpFamily::kNorm: return cpu::make_norm_kernel(n, g);
-      case OpFamily::kMatmul: return cpu::make_matmul_kernel(n, g);
-      case OpFamily::kConv: return cpu::make_conv_kernel(n, g, options.workspace_limit);
+      case OpFamily::kMatmul: return cpu::make_matmul_kernel(n, g, options.derived.get());
+      case OpFamily::kConv: return cpu::make_conv_kernel(n, g, options.workspace_limit, options.derived.get());
       case OpFamily::kPool: return cpu::make_pool_kernel(n, g);
       case OpFamily::kShape: return cpu::make_shape_kernel(n, g);
       case OpFamily::kGather: return cpu::make_gather_kernel(n, g);

@@ -228,12 +228,13 @@ enum class Path { kDirect, kPointwise, kIm2col, kTransposed };
 
 }  // namespace
 
-std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g, size_t workspace_limit) {
+std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g, size_t workspace_limit,
+                                         DerivedConstants* derived) {
   KILN_CHECK(n.op == OpKind::kConv || n.op == OpKind::kConvTranspose, kInternal, op_name(n.op),
              " is not in the conv family");
   if (channels_last(n.op, n.attrs))
-    return make_channels_last(n, g, {0, 1, 3}, [workspace_limit](const Node& inner, const Graph& ig) {
-      return make_conv_kernel(inner, ig, workspace_limit);
+    return make_channels_last(n, g, {0, 1, 3}, [workspace_limit, derived](const Node& inner, const Graph& ig) {
+      return make_conv_kernel(inner, ig, workspace_limit, derived);
     });
   const Geom q = geometry(n, g);
   const DType dt = g.type(n.inputs[0]).dtype;
@@ -263,11 +264,18 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g, size_t w
   if ((path == Path::kPointwise || path == Path::kIm2col) && g.value(n.inputs[1]).is_constant() &&
       q.Og > kFewRows) {
     const int64_t kdim = q.Cg * q.KH * q.KW, per = sgemm_packed_a_floats(q.Og, kdim);
-    const float* wf = w.get(g.value(n.inputs[1]).data->data(), nullptr);  // a constant needs no scratch
-    std::shared_ptr<float[]> packed(new float[size_t(per * q.groups)]);
-    for (int64_t grp = 0; grp < q.groups; ++grp)
-      sgemm_pack_a_parallel(q.Og, kdim, wf + grp * q.Og * kdim, kdim, 1, packed.get() + grp * per);
-    packed_w = std::move(packed);
+    auto pack = [&]() -> std::shared_ptr<const void> {
+      const float* wf = w.get(g.value(n.inputs[1]).data->data(), nullptr);  // a constant needs no scratch
+      std::shared_ptr<float[]> packed(new float[size_t(per * q.groups)]);
+      for (int64_t grp = 0; grp < q.groups; ++grp)
+        sgemm_pack_a_parallel(q.Og, kdim, wf + grp * q.Og * kdim, kdim, 1, packed.get() + grp * per);
+      return packed;
+    };
+    // The engine's instances share what its kernels packed.
+    const std::string what =
+        detail::concat("sgemm a ", dtype_name(g.type(n.inputs[1]).dtype), " ", q.groups, "x", q.Og, "x", kdim);
+    packed_w =
+        std::static_pointer_cast<const float[]>(derived ? derived->get(g.value(n.inputs[1]).data, what, pack) : pack());
   }
   const Epilogue epi(n, g);
   // relu in the GEMM's epilogue on the GEMM paths; everything else after the conv.

@@ -29,10 +29,12 @@ std::unique_ptr<Kernel> make_cast_kernel(const Node& n, const Graph& g);
 std::unique_ptr<Kernel> make_reduce_kernel(const Node& n, const Graph& g);
 std::unique_ptr<Kernel> make_softmax_kernel(const Node& n, const Graph& g);
 std::unique_ptr<Kernel> make_norm_kernel(const Node& n, const Graph& g);
-std::unique_ptr<Kernel> make_matmul_kernel(const Node& n, const Graph& g);
+// `derived` (may be null): where constant weights packed for the GEMM are shared (KernelOptions).
+std::unique_ptr<Kernel> make_matmul_kernel(const Node& n, const Graph& g, DerivedConstants* derived);
 // `workspace_limit`: the bytes of scratch the engine allows; im2col convs work in chunks of output
-// rows small enough to fit it.
-std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g, size_t workspace_limit);
+// rows small enough to fit it. `derived` as for matmul.
+std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g, size_t workspace_limit,
+                                         DerivedConstants* derived);
 // A channels-last node (layout "nhwc": conv, max_pool, avg_pool) as the same node
 using KernelMaker = std::function<std::unique_ptr<Kernel>(const Node&, const Graph&)>;
 // channels-first, made by `make_first`, between transposes into and out of the workspace.

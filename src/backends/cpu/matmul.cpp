@@ -26,8 +26,14 @@ namespace {
 // The buffer is left uninitialized before packing (sgemm_pack_b writes every float, padding
 // included): zeroing it first would be one more pass over every weight when an engine is made.
 std::shared_ptr<const float[]> pack_constant_b(const Graph& g, ValueId id, int64_t count, int64_t k, int64_t n,
-                                               bool trans) {
+                                               bool trans, DerivedConstants* derived) {
   const Value& v = g.value(id);
+  if (derived) {  // the engine's instances share what its kernels packed
+    const std::string what =
+        detail::concat("sgemm b ", dtype_name(v.type.dtype), " ", count, "x", k, "x", n, trans ? " t" : "");
+    return std::static_pointer_cast<const float[]>(
+        derived->get(v.data, what, [&] { return pack_constant_b(g, id, count, k, n, trans, nullptr); }));
+  }
   const int64_t numel = v.type.numel();
   std::vector<float> converted;
   const float* src = reinterpret_cast<const float*>(v.data->data());
@@ -43,7 +49,7 @@ std::shared_ptr<const float[]> pack_constant_b(const Graph& g, ValueId id, int64
   return packed;
 }
 
-std::unique_ptr<Kernel> make_linear(const Node& n, const Graph& g) {
+std::unique_ptr<Kernel> make_linear(const Node& n, const Graph& g, DerivedConstants* derived) {
   const TensorType& xt = g.type(n.inputs[0]);
   const TensorType& wt = g.type(n.inputs[1]);
   const TensorType& yt = g.type(n.outputs[0]);
@@ -57,7 +63,8 @@ std::unique_ptr<Kernel> make_linear(const Node& n, const Graph& g) {
   const Epilogue epi(n, g);
   const int threads = num_threads();
   std::shared_ptr<const float[]> packed;
-  if (g.value(n.inputs[1]).is_constant() && M > kFewRows) packed = pack_constant_b(g, n.inputs[1], 1, K, N, true);
+  if (g.value(n.inputs[1]).is_constant() && M > kFewRows)
+    packed = pack_constant_b(g, n.inputs[1], 1, K, N, true, derived);
 
   Carver sizes;
   sizes.take(x.scratch_floats());
@@ -90,7 +97,7 @@ std::unique_ptr<Kernel> make_linear(const Node& n, const Graph& g) {
                         ws);
 }
 
-std::unique_ptr<Kernel> make_batched_matmul(const Node& n, const Graph& g) {
+std::unique_ptr<Kernel> make_batched_matmul(const Node& n, const Graph& g, DerivedConstants* derived) {
   const MatmulLayout views = matmul_layout({&g.type(n.inputs[0]), &g.type(n.inputs[1])}, n.attrs);
   const float alpha = float(matmul_alpha(n.attrs));
   const auto as = views.a.logical.shape(), bs = views.b.logical.shape();
@@ -119,7 +126,7 @@ std::unique_ptr<Kernel> make_batched_matmul(const Node& n, const Graph& g) {
   std::shared_ptr<const float[]> packed;
   const int64_t packed_per = sgemm_packed_b_floats(N, K);
   if (g.value(n.inputs[1]).is_constant() && views.b.dense() && gm > kFewRows && K * N > 0)
-    packed = pack_constant_b(g, n.inputs[1], g.type(n.inputs[1]).numel() / (K * N), K, N, false);
+    packed = pack_constant_b(g, n.inputs[1], g.type(n.inputs[1]).numel() / (K * N), K, N, false, derived);
   Carver sizes;
   sizes.take(a.scratch_floats());
   sizes.take(bmat.scratch_floats());
@@ -166,14 +173,14 @@ std::unique_ptr<Kernel> make_batched_matmul(const Node& n, const Graph& g) {
 
 }  // namespace
 
-std::unique_ptr<Kernel> make_matmul_kernel(const Node& n, const Graph& g) {
+std::unique_ptr<Kernel> make_matmul_kernel(const Node& n, const Graph& g, DerivedConstants* derived) {
   if (g.type(n.inputs[0]).dtype == DType::kF64) {  // in double, not through sgemm (dgemm.cpp)
     if (n.op == OpKind::kLinear) return make_linear_f64(n, g);
     if (n.op == OpKind::kMatmul) return make_matmul_f64(n, g);
   }
   switch (n.op) {
-    case OpKind::kLinear: return make_linear(n, g);
-    case OpKind::kMatmul: return make_batched_matmul(n, g);
+    case OpKind::kLinear: return make_linear(n, g, derived);
+    case OpKind::kMatmul: return make_batched_matmul(n, g, derived);
     default: KILN_FAIL(kInternal, op_name(n.op), " is not in the matmul family");
   }
 }
