@@ -342,7 +342,7 @@ def row_symbol(inputs: Sequence[fx.Node], nodes: Sequence[fx.Node], outputs: Seq
     sources = set(inputs)
     for s in symbols:
         rows: dict[fx.Node, Rows] = {}
-        repeats: dict[fx.Node, int] = {}  # each value's a where it is not 1 (see Rows)
+        repeats: dict[fx.Node, int] = {}  # a (see Rows) of each reshape's output and of values where it is not 1
         index_of_row: set[fx.Node] = set()
         ok = True
         for n in (*inputs, *nodes):
