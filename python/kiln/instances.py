@@ -220,7 +220,7 @@ _NO_ROWS: Rows = (-1, 0)
 
 
 def _row_dim(t: Any, s: sympy.Symbol) -> Rows | None:
-    """The rows of tensor ``t``: the dim whose size is ``k * s`` (k a positive integer), and k;
+    """The rows of tensor ``t``: the dim whose size is ``m * s`` (m a positive integer), and m;
     _NO_ROWS where no size reads ``s``; None where one does otherwise (``s + 1``, ``s * t``, or
     ``s`` in two dims)."""
     found = _NO_ROWS
@@ -228,10 +228,10 @@ def _row_dim(t: Any, s: sympy.Symbol) -> Rows | None:
         e = sympy.sympify(size.node.expr) if isinstance(size, torch.SymInt) else None
         if e is None or s not in e.free_symbols:
             continue
-        k = sympy.simplify(e / s)
-        if not (k.is_Integer and k > 0) or found[0] >= 0:
+        m = sympy.simplify(e / s)
+        if not (m.is_Integer and m > 0) or found[0] >= 0:
             return None
-        found = (d, int(k))
+        found = (d, int(m))
     return found
 
 
@@ -366,7 +366,7 @@ def row_symbol(inputs: Sequence[fx.Node], nodes: Sequence[fx.Node], outputs: Seq
             # A tuple's elements: its getitems have their own.
             rows[n] = dims[0] if len(dims) == 1 and dims[0] is not None else _NO_ROWS
         ends = [rows[n] for n in (*inputs, *outputs) if rows.get(n, _NO_ROWS)[0] >= 0]
-        if any(k != 1 for _, k in ends):
+        if any(m != 1 for _, m in ends):
             continue  # RowPadded pads and cuts whole rows of one entry each
         rows_in = {i: rows[n][0] for i, n in enumerate(inputs) if rows.get(n, _NO_ROWS)[0] >= 0}
         rows_out = {i: rows[n][0] for i, n in enumerate(outputs) if rows.get(n, _NO_ROWS)[0] >= 0}

@@ -336,13 +336,17 @@ SizeProgram SizeProgram::fit(const std::vector<SizeSample>& samples) {
     int64_t want = 0;
     for (size_t k = corners; k < samples.size() && multilinear; ++k)
       multilinear = value_at(k, &want) && want == f.values[k];
-    if (!multilinear) f.slot.squares = fit_squares(f.slot, f.values, x, p.lo_, p.hi_, corners);
-    for (size_t k = corners; k < samples.size(); ++k) {
-      const bool is_whole = value_at(k, &want);
-      KILN_CHECK(is_whole && want == f.values[k], kUnsupported, "size program: ", f.slot.where(), " is ", f.values[k],
-                 " at ", binding_text(p.symbols_, x[k]), ", not the multilinear function of the grid samples",
-                 f.slot.squares.empty() ? "" : " plus a square of a symbol", " (",
-                 is_whole ? std::to_string(want) : std::string("not a whole number"), ")");
+    if (!multilinear) {  // square terms where they fit, then every check sample again
+      f.slot.squares = fit_squares(f.slot, f.values, x, p.lo_, p.hi_, corners);
+      for (size_t k = corners; k < samples.size(); ++k) {
+        const bool is_whole = value_at(k, &want);
+        KILN_CHECK(is_whole && want == f.values[k], kUnsupported, "size program: ", f.slot.where(), " is ", f.values[k],
+                   " at ", binding_text(p.symbols_, x[k]),
+                   ", not the multilinear function of the grid "
+                   "samples",
+                   f.slot.squares.empty() ? "" : " plus a square of a symbol", " (",
+                   is_whole ? std::to_string(want) : std::string("not a whole number"), ")");
+      }
     }
     p.slots_.push_back(std::move(f.slot));
   }
