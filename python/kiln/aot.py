@@ -43,7 +43,15 @@ from kiln.dynamic import (
 )
 from kiln.lowering import export_module, lower_exported_program
 from kiln.outputs import OutputTemplate, output_hint, unregistered_output
-from kiln.pipeline import CompileSummary, compile_lowered, device_of, graph_runner, supported_targets, unflattener
+from kiln.pipeline import (
+    CompileSummary,
+    compile_lowered,
+    device_of,
+    engines_only,
+    graph_runner,
+    supported_targets,
+    unflattener,
+)
 from kiln.program_cache import ProgramCache, WarmStart
 from kiln.refit import WeightWatch, follow_weights
 from kiln.runtime import KilnEngineModule, warm_up
@@ -80,7 +88,10 @@ class KilnModule(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         watch = self.weight_watch
-        if watch is not None and watch.changed():
+        # A graph of engines alone is launched first and its weights checked while the device
+        # works (pipeline.engines_only); any other graph follows them before it runs.
+        check_after = self._engines_only
+        if watch is not None and not check_after and watch.changed():
             self.follow_weights()
         if self._positional and self._in_spec is not None and not kwargs and len(args) == self._in_spec.num_leaves \
                 and all(isinstance(a, torch.Tensor) for a in args):
@@ -90,7 +101,11 @@ class KilnModule(torch.nn.Module):
             if self._in_spec is not None and spec != self._in_spec:
                 raise ValueError(f"Kiln module called with inputs structured as {spec}, "
                                  f"compiled for {self._in_spec}")
-        return self._unflatten(self._run(*flat))
+        out = self._run(*flat)
+        if check_after and watch is not None and watch.changed():
+            self.follow_weights()
+            out = self._run(*flat)
+        return self._unflatten(out)
 
     def _output_builder(self) -> Callable[[Sequence[Any]], Any]:
         unflatten, template = unflattener(self._out_spec), self._out_template
@@ -104,6 +119,7 @@ class KilnModule(torch.nn.Module):
         self.gm = gm
         self._modules.pop("_run", None)
         self.__dict__["_run"] = graph_runner(gm)
+        self._engines_only = engines_only(gm)
 
     def follow_weights(self) -> None:
         """Refits the engines now with the model's weights that changed in place (nothing when

@@ -52,7 +52,15 @@ from kiln import _C
 from kiln._logging import debug_logging, get_logger
 from kiln.dynamic import ShapeRangeError, compile_dynamic, range_bounds
 from kiln.lowering import LoweredGraph, lower_module
-from kiln.pipeline import LIVE_GRAPHS, compile_lowered, device_of, graph_runner, supported_targets, unflattener
+from kiln.pipeline import (
+    LIVE_GRAPHS,
+    compile_lowered,
+    device_of,
+    engines_only,
+    graph_runner,
+    supported_targets,
+    unflattener,
+)
 from kiln.program_cache import ProgramCache
 from kiln.refit import WeightWatch, follow_weights
 from kiln.settings import CompilationSettings, settings_from_options
@@ -138,13 +146,14 @@ class _GraphAsModule(torch.nn.Module):
 class _Built(NamedTuple):
     """One specialization: the constant tensors its engines were built from (held, so that their
     ids, which key it, stay theirs), the compiled graph module (None when nothing was built),
-    the function that runs it and the watch on the weights it follows (None when nothing was
-    built)."""
+    the function that runs it, the watch on the weights it follows (None when nothing was
+    built) and whether a run may be launched before those are checked (pipeline.engines_only)."""
 
     constants: tuple[torch.Tensor, ...]
     graph_module: fx.GraphModule | None
     run: Callable[..., Any]
     watch: WeightWatch | None = None
+    checks_after_launch: bool = False
 
 
 class KilnDynamoGraph:
@@ -428,7 +437,7 @@ class KilnDynamoGraph:
 
         def run(*args: Any) -> Any:
             return unflatten(graph(*[args[i] for i in pick]))
-        return _Built(constants, compiled, run, WeightWatch(sources) if sources else None)
+        return _Built(constants, compiled, run, WeightWatch(sources) if sources else None, engines_only(compiled))
 
     def _lowering_key(self, args: Sequence[Any], symbolic: bool) -> Any:
         """What a lowering (static, or ``symbolic``: with the graph's symbolic sizes) depends on
@@ -485,17 +494,27 @@ class KilnDynamoGraph:
         assert built.watch is not None and built.graph_module is not None
         follow_weights(built.watch, built.graph_module, self.settings.immutable_weights, f"Kiln {self.name}")
 
+    def _current(self, args: Sequence[Any], built: _Built) -> bool:
+        """Whether ``built`` holds this call's constants as they are now: the same tensors (static
+        shapes: Dynamo's guards fixed the rest), unchanged since its engines took them."""
+        return all(map(operator.is_, self._constants_of(args), built.constants)) and (
+            built.watch is None or not built.watch.changed())
+
     def __call__(self, *args: Any) -> Any:
         last = self._last
-        # Static shapes: Dynamo's guards fixed them, so the constants' identity decides.
+        if last is not None and last.checks_after_launch and (
+                not last.constants or args[self.constant_idx[0]] is last.constants[0]):
+            # Launched first, checked while the device works: a run on constants that are not
+            # current (another instance's, weights changed in place) is dropped and made again.
+            out = last.run(*args)
+            if self._current(args, last):
+                return out
         if last is not None and all(map(operator.is_, self._constants_of(args), last.constants)):
-            watch = last.watch
-            if watch is not None and watch.changed():
-                self._follow(last)
-            return last.run(*args)
-        built = self._lookup(args)
-        if not self.dynamic:
-            self._last = built
+            built = last
+        else:
+            built = self._lookup(args)
+            if not self.dynamic:
+                self._last = built
         if built.watch is not None and built.watch.changed():
             self._follow(built)
         return built.run(*args)

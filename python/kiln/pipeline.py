@@ -44,8 +44,8 @@ from kiln.translate import Capability, EncodeError, SharedConstants, describe_bl
 
 log = get_logger("compile")
 
-__all__ = ["LIVE_GRAPHS", "CompileSummary", "compile_lowered", "device_of", "graph_runner", "supported_targets",
-           "unflattener"]
+__all__ = ["LIVE_GRAPHS", "CompileSummary", "compile_lowered", "device_of", "engines_only", "graph_runner",
+           "supported_targets", "unflattener"]
 
 # The live Dynamo graphs (kiln.dynamo.KilnDynamoGraph), by weak reference.
 LIVE_GRAPHS: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -293,6 +293,22 @@ def graph_runner(gm: fx.GraphModule) -> Callable[..., Sequence[Any]]:
         outs = forward(*inputs)
         return tuple(outs[i] for i in order)
     return reordered
+
+
+def engines_only(gm: fx.GraphModule) -> bool:
+    """Whether running ``gm`` only runs static Kiln engines (and picks their outputs): such a run
+    writes no tensor of the model and reads no weight but those the engines hold, so a caller may
+    launch it before checking that those weights are still current, and run it again if not."""
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            if not isinstance(gm.get_submodule(str(node.target)), KilnEngineModule):
+                return False
+        elif node.op == "call_function":
+            if node.target is not operator.getitem:
+                return False
+        elif node.op not in ("placeholder", "output"):
+            return False
+    return True
 
 
 def device_of(settings: CompilationSettings, tensors: Sequence[Any]) -> str:

@@ -166,6 +166,9 @@ class KilnEngineModule(torch.nn.Module):
         self.output_names = [io.name for io in engine.outputs]
         self._in = [(torch.Size(io.shape), torch_dtype(io.dtype)) for io in engine.inputs]
         self._out = [(tuple(io.shape), torch_dtype(io.dtype)) for io in engine.outputs]
+        # What each call's outputs are made like: empty_like of a one-element view expanded to the
+        # output's shape allocates without parsing a shape, dtype and device every call.
+        self._out_like = [torch.empty((), dtype=dtype, device=self._device).expand(shape) for shape, dtype in self._out]
         self._in_cast = list(input_dtypes) if input_dtypes is not None else [dt for _, dt in self._in]
         self._out_cast = list(output_dtypes) if output_dtypes is not None else [dt for _, dt in self._out]
         self._casts = self._in_cast != [dt for _, dt in self._in] or self._out_cast != [dt for _, dt in self._out]
@@ -190,7 +193,7 @@ class KilnEngineModule(torch.nn.Module):
                 if not isinstance(x, torch.Tensor):
                     self._bad_input(x, i)
             raise
-        outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self._out]
+        outs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in self._out_like]
         stream = torch._C._cuda_getCurrentRawStream(device.index) if self._cuda else 0
         with self._lock:
             self._context.execute_ptrs([x.data_ptr() for x in held], [o.data_ptr() for o in outs], stream)
@@ -276,7 +279,8 @@ class KilnEngineModule(torch.nn.Module):
 
     def __getstate__(self) -> dict[str, Any]:
         state = {k: v for k, v in self.__dict__.items()
-                 if k not in ("_engine", "_context", "_lock", "refit_hooks", "_arena", "_shared_lock", "_kernels")}
+                 if k not in ("_engine", "_context", "_lock", "refit_hooks", "_arena", "_shared_lock", "_kernels",
+                              "_out_like")}
         state["_engine_bytes"] = self.engine_bytes()
         return state
 

@@ -70,6 +70,24 @@ def test_compile_structured_inputs_and_outputs() -> None:
         compiled(a)
 
 
+class Shapes(nn.Module):
+    """Outputs of one element, with a dim of one, and of four dims."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return x.sum().reshape(1), torch.tanh(x[:, :1]), x.reshape(2, 1, 3, 4) * 2.0
+
+
+def test_outputs_are_new_contiguous_tensors_on_every_call() -> None:
+    x = torch.randn(2, 12)
+    compiled = kiln.compile(Shapes(), [x], min_block_size=1)
+    with torch.no_grad():
+        first, second = compiled(x), compiled(x)
+        for a, b, want in zip(first, second, Shapes()(x)):
+            torch.testing.assert_close(a, want)
+            assert a.stride() == want.contiguous().stride() and a.dtype == want.dtype
+            assert a.data_ptr() != b.data_ptr()  # the first call's outputs stay the caller's
+
+
 def test_compile_exported_program(net: nn.Module) -> None:
     x = torch.randn(1, 3, 8, 8)
     ep = torch.export.export(net, (x,))

@@ -462,6 +462,29 @@ def test_second_instance_of_a_class_runs_with_its_own_weights() -> None:
     assert len(graph.graph_modules) == 3
 
 
+def test_an_instance_sharing_only_the_first_weight_of_another_runs_with_its_own() -> None:
+    # A call to the last specialization is launched when its first constant is that one's, and
+    # the others are checked while it runs: an instance that shares that tensor (a tied layer) but
+    # not the rest gets its own engines' output, not the launched run's.
+    graphs, backend = _recording_backend()
+
+    torch._dynamo.reset()
+    a, b = MLP().eval(), MLP().eval()
+    b.fc1 = a.fc1
+    fa, fb = torch.compile(a, backend=backend, dynamic=False), torch.compile(b, backend=backend, dynamic=False)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        assert not torch.allclose(a(x), b(x))
+        for _ in range(2):
+            torch.testing.assert_close(fa(x), a(x))
+            torch.testing.assert_close(fb(x), b(x))
+    (graph,) = graphs
+    first, second = graph.compiled.values()
+    assert first.checks_after_launch and second.checks_after_launch
+    assert first.constants[0] is second.constants[0]
+    assert any(c is not d for c, d in zip(first.constants, second.constants))
+
+
 class Scale(nn.Module):
     """One parameter: a graph with exactly one constant input."""
 
