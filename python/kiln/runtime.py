@@ -130,6 +130,8 @@ class KilnEngineModule(torch.nn.Module):
     in which case the module casts.
     """
 
+    _graph_checked: bool  # whether the first call on a context with CUDA graphs has run (_use_context)
+
     def __init__(self, engine: Any, device: str, input_dtypes: Sequence[torch.dtype] | None = None,
                  output_dtypes: Sequence[torch.dtype] | None = None, name: str = "engine",
                  use_cuda_graphs: bool = True, arena: Any = None, lock: Any = None) -> None:
@@ -156,12 +158,11 @@ class KilnEngineModule(torch.nn.Module):
     def _set_engine(self, engine: Any, device: str, input_dtypes: Sequence[torch.dtype] | None,
                     output_dtypes: Sequence[torch.dtype] | None) -> None:
         self._engine = engine
-        self._context = engine.create_execution_context(use_graphs=getattr(self, "use_cuda_graphs", True),
-                                                        arena=getattr(self, "_arena", None))
         self._device = torch.device(device)
         self._cuda = self._device.type == "cuda"
         self._lock = getattr(self, "_shared_lock", None) or threading.Lock()
-        self._graph_checked = not (self._cuda and self._context.uses_graphs)  # first call: warn if refused
+        self._use_context(engine.create_execution_context(use_graphs=getattr(self, "use_cuda_graphs", True),
+                                                          arena=getattr(self, "_arena", None)))
         self.input_names = [io.name for io in engine.inputs]
         self.output_names = [io.name for io in engine.outputs]
         self._in = [(torch.Size(io.shape), torch_dtype(io.dtype)) for io in engine.inputs]
@@ -231,16 +232,21 @@ class KilnEngineModule(torch.nn.Module):
             raise _C.InternalError(f"Kiln {self.name}: an engine of other inputs or outputs cannot run its kernels")
         context = instance.create_execution_context(use_graphs=self.use_cuda_graphs, arena=self._arena)
         with self._lock:
-            self._context, self._kernels = context, instance
-            self._graph_checked = not (self._cuda and context.uses_graphs)
+            self._use_context(context)
+            self._kernels = instance
 
     def own_kernels(self) -> None:
         """Runs the engine's own kernels again (after run_kernels_of). The caller holds the
         module's lock (kiln.refit does, around the refit)."""
         if self._kernels is not None:
-            self._context = self._engine.create_execution_context(use_graphs=self.use_cuda_graphs, arena=self._arena)
+            self._use_context(self._engine.create_execution_context(use_graphs=self.use_cuda_graphs, arena=self._arena))
             self._kernels = None
-            self._graph_checked = not (self._cuda and self._context.uses_graphs)
+
+    def _use_context(self, context: Any) -> None:
+        """Runs calls on ``context`` from now on; the first of them with CUDA graphs warns if the
+        context could not record one."""
+        self._context = context
+        self._graph_checked = not (self._cuda and context.uses_graphs)
 
     def _bad_input(self, x: Any, i: int) -> None:
         shape, dtype = self._in[i]
