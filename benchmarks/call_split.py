@@ -12,7 +12,8 @@ compiled graph's run (KilnDynamoGraph's specialization, which launches the engin
   before    Dynamo's guard checks and frame, then Kiln's test of the call's first constant
   run       the compiled graph's run: the engine module (input checks, outputs) and the launch
   after     Kiln's checks after the launch (every constant's identity, the weight watch) and
-            Dynamo's return; on a graph with PyTorch parts the checks are in ``before`` instead
+            Dynamo's return; on a graph that does not run again alike (kiln.pipeline.runs_again_alike)
+            the checks are in ``before`` instead
   watch     the weight watch (WeightWatch.changed) alone, and the tensors it watches
 
 On a CPU the run computes the model: only ``before``, ``after`` and ``watch`` mean the same there.

@@ -4,8 +4,8 @@
 
 Every call of a model from kiln.compile (and of each Dynamo graph from torch.compile) asks its
 WeightWatch whether any weight changed since the engines took it: one pass summing the weights'
-version counters (kiln/refit.py), after the launch for a graph of engines alone, before it for
-any other (docs/safety.md). Per model (torchvision resnet50, transformers
+version counters (kiln/refit.py), after the launch for a graph that runs again alike, before it
+for any other (docs/safety.md). Per model (torchvision resnet50, transformers
 BERT-base from its config, random weights, batch 1; FP16 on a GPU, FP32 on the CPU) and per
 path (``aot``: kiln.compile, ``dynamo``: torch.compile(backend="kiln")) the script reports:
 

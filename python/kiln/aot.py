@@ -47,8 +47,8 @@ from kiln.pipeline import (
     CompileSummary,
     compile_lowered,
     device_of,
-    engines_only,
     graph_runner,
+    runs_again_alike,
     supported_targets,
     unflattener,
 )
@@ -88,9 +88,9 @@ class KilnModule(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         watch = self.weight_watch
-        # A graph of engines alone is launched first and its weights checked while the device
-        # works (pipeline.engines_only); any other graph follows them before it runs.
-        check_after = self._engines_only
+        # A graph that runs again alike (pipeline.runs_again_alike) is launched first and its
+        # weights checked while the device works; any other graph follows them before it runs.
+        check_after = self._checks_after_launch
         if watch is not None and not check_after and watch.changed():
             self.follow_weights()
         if self._positional and self._in_spec is not None and not kwargs and len(args) == self._in_spec.num_leaves \
@@ -119,7 +119,7 @@ class KilnModule(torch.nn.Module):
         self.gm = gm
         self._modules.pop("_run", None)
         self.__dict__["_run"] = graph_runner(gm)
-        self._engines_only = engines_only(gm)
+        self._checks_after_launch = runs_again_alike(gm)
 
     def follow_weights(self) -> None:
         """Refits the engines now with the model's weights that changed in place (nothing when

@@ -56,8 +56,8 @@ from kiln.pipeline import (
     LIVE_GRAPHS,
     compile_lowered,
     device_of,
-    engines_only,
     graph_runner,
+    runs_again_alike,
     supported_targets,
     unflattener,
 )
@@ -147,7 +147,7 @@ class _Built(NamedTuple):
     """One specialization: the constant tensors its engines were built from (held, so that their
     ids, which key it, stay theirs), the compiled graph module (None when nothing was built),
     the function that runs it, the watch on the weights it follows (None when nothing was
-    built) and whether a run may be launched before those are checked (pipeline.engines_only)."""
+    built) and whether a run may be launched before those are checked (pipeline.runs_again_alike)."""
 
     constants: tuple[torch.Tensor, ...]
     graph_module: fx.GraphModule | None
@@ -437,7 +437,7 @@ class KilnDynamoGraph:
 
         def run(*args: Any) -> Any:
             return unflatten(graph(*[args[i] for i in pick]))
-        return _Built(constants, compiled, run, WeightWatch(sources) if sources else None, engines_only(compiled))
+        return _Built(constants, compiled, run, WeightWatch(sources) if sources else None, runs_again_alike(compiled))
 
     def _lowering_key(self, args: Sequence[Any], symbolic: bool) -> Any:
         """What a lowering (static, or ``symbolic``: with the graph's symbolic sizes) depends on

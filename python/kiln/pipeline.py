@@ -44,7 +44,7 @@ from kiln.translate import Capability, EncodeError, SharedConstants, describe_bl
 
 log = get_logger("compile")
 
-__all__ = ["LIVE_GRAPHS", "CompileSummary", "compile_lowered", "device_of", "engines_only", "graph_runner",
+__all__ = ["LIVE_GRAPHS", "CompileSummary", "compile_lowered", "device_of", "graph_runner", "runs_again_alike",
            "supported_targets", "unflattener"]
 
 # The live Dynamo graphs (kiln.dynamo.KilnDynamoGraph), by weak reference.
@@ -295,18 +295,33 @@ def graph_runner(gm: fx.GraphModule) -> Callable[..., Sequence[Any]]:
     return reordered
 
 
-def engines_only(gm: fx.GraphModule) -> bool:
-    """Whether running ``gm`` only runs static Kiln engines (and picks their outputs): such a run
-    writes no tensor of the model and reads no weight but those the engines hold, so a caller may
-    launch it before checking that those weights are still current, and run it again if not."""
+# Python functions a graph calls on sizes and tuples (a dynamic program's glue): none writes anything.
+_PURE_FUNCTIONS = frozenset({operator.getitem, operator.add, operator.sub, operator.mul, operator.floordiv,
+                             operator.truediv, operator.mod, operator.neg, operator.pow, operator.eq, operator.ne,
+                             operator.lt, operator.le, operator.gt, operator.ge, torch.sym_max, torch.sym_min,
+                             torch.sym_not, torch.sym_int, torch.sym_float, torch.sym_sqrt, torch.sym_ite})
+
+
+def runs_again_alike(gm: fx.GraphModule) -> bool:
+    """Whether running ``gm`` a second time gives what one run gives, and leaves what one run
+    leaves: it writes none of its inputs or constants (no op with a mutable schema, no module but
+    Kiln's engines and dynamic blocks, no higher-order op) and draws no random numbers. A caller may
+    then launch it before checking that the weights its engines hold are current, and run it again
+    if they are not."""
+    from kiln.dynamic import DynamicBlock, Specializations  # it builds on this module
+
     for node in gm.graph.nodes:
         if node.op == "call_module":
-            if not isinstance(gm.get_submodule(str(node.target)), KilnEngineModule):
+            if not isinstance(gm.get_submodule(str(node.target)), (KilnEngineModule, DynamicBlock, Specializations)):
                 return False
         elif node.op == "call_function":
-            if node.target is not operator.getitem:
+            target = node.target
+            if isinstance(target, torch._ops.OpOverload):
+                if target._schema.is_mutable or torch.Tag.nondeterministic_seeded in target.tags:
+                    return False
+            elif target not in _PURE_FUNCTIONS:
                 return False
-        elif node.op not in ("placeholder", "output"):
+        elif node.op not in ("placeholder", "get_attr", "output"):
             return False
     return True
 

@@ -1,5 +1,5 @@
-"""benchmarks/call_split.py on the CPU: one row per model, the checks after the launch on a graph of
-engines alone, every time positive."""
+"""benchmarks/call_split.py on the CPU: one row per model, the checks after the launch on a graph
+that runs again alike, every time positive."""
 
 from __future__ import annotations
 

@@ -271,6 +271,22 @@ def test_a_refit_remakes_the_instances_with_the_new_weights() -> None:
 
 
 @torch.no_grad()
+def test_weights_changed_in_place_reach_every_length_of_a_program_launched_before_its_check() -> None:
+    # A dynamic program runs again alike: its call launches first and checks its weights after,
+    # so a call after a change is made again with the refitted engines and their new instances.
+    torch.manual_seed(0)
+    model = Encoder().eval()
+    compiled = _compile(model)
+    assert kiln.pipeline.runs_again_alike(compiled.gm)
+    for s in (16, 23, 9, 23):
+        x = _inputs(2, s)
+        compiled(*x)
+        model.qkv.weight.mul_(-1.25)
+        model.pos.weight.add_(0.5)
+        torch.testing.assert_close(compiled(*x), model(*x), rtol=1e-4, atol=1e-4)
+
+
+@torch.no_grad()
 def test_a_saved_program_serves_new_lengths_by_instances_after_loading(tmp_path: object) -> None:
     torch.manual_seed(0)
     model = Encoder().eval()
