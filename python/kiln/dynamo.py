@@ -147,13 +147,17 @@ class _Built(NamedTuple):
     """One specialization: the constant tensors its engines were built from (held, so that their
     ids, which key it, stay theirs), the compiled graph module (None when nothing was built),
     the function that runs it, the watch on the weights it follows (None when nothing was
-    built) and whether a run may be launched before those are checked (pipeline.runs_again_alike)."""
+    built), whether a run may be launched before those are checked (pipeline.runs_again_alike),
+    whether it serves every shape of a dynamic graph (a symbolic program: it is then the graph's
+    last specialization, as a static graph's is) and the float arguments it was made for."""
 
     constants: tuple[torch.Tensor, ...]
     graph_module: fx.GraphModule | None
     run: Callable[..., Any]
     watch: WeightWatch | None = None
     checks_after_launch: bool = False
+    every_shape: bool = False
+    floats: tuple[float, ...] = ()
 
 
 class KilnDynamoGraph:
@@ -371,7 +375,8 @@ class KilnDynamoGraph:
             except ShapeRangeError as err:  # beyond the clamped range: this signature statically
                 log.info("%s: %s; building this input signature statically", self.name, err)
                 return self._lookup(args, static=True).run(*args)
-        return _Built(constants, compiled, run, WeightWatch(sources) if sources else None)
+        return _Built(constants, compiled, run, WeightWatch(sources) if sources else None, runs_again_alike(compiled),
+                      every_shape=True, floats=tuple(args[i].item() for i in self.float_idx))
 
     def _wrapper(self, args: Sequence[Any], constants: tuple[torch.Tensor, ...]
                  ) -> tuple[_GraphAsModule, dict[str, str], dict[str, torch.Tensor]]:
@@ -494,11 +499,17 @@ class KilnDynamoGraph:
         assert built.watch is not None and built.graph_module is not None
         follow_weights(built.watch, built.graph_module, self.settings.immutable_weights, f"Kiln {self.name}")
 
-    def _current(self, args: Sequence[Any], built: _Built) -> bool:
-        """Whether ``built`` holds this call's constants as they are now: the same tensors (static
-        shapes: Dynamo's guards fixed the rest), unchanged since its engines took them."""
+    def _serves(self, args: Sequence[Any], built: _Built) -> bool:
+        """Whether ``built`` is this call's specialization: made from the same constant tensors (the
+        shapes: fixed by Dynamo's guards in a static graph; any in a symbolic program's ranges,
+        which also keeps the float arguments it was made for)."""
         return all(map(operator.is_, self._constants_of(args), built.constants)) and (
-            built.watch is None or not built.watch.changed())
+            not built.every_shape or tuple(args[i].item() for i in self.float_idx) == built.floats)
+
+    def _current(self, args: Sequence[Any], built: _Built) -> bool:
+        """Whether ``built`` serves this call with its constants as they are now (unchanged since
+        its engines took them)."""
+        return self._serves(args, built) and (built.watch is None or not built.watch.changed())
 
     def __call__(self, *args: Any) -> Any:
         last = self._last
@@ -509,11 +520,11 @@ class KilnDynamoGraph:
             out = last.run(*args)
             if self._current(args, last):
                 return out
-        if last is not None and all(map(operator.is_, self._constants_of(args), last.constants)):
+        if last is not None and self._serves(args, last):
             built = last
         else:
             built = self._lookup(args)
-            if not self.dynamic:
+            if not self.dynamic or built.every_shape:
                 self._last = built
         if built.watch is not None and built.watch.changed():
             self._follow(built)

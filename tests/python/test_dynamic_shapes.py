@@ -712,6 +712,50 @@ def test_torch_compile_dynamic_true_lowers_once(dynamo_lowerings: list[int]) -> 
     assert dynamo_lowerings[0] == 1
 
 
+def test_torch_compile_dynamic_program_is_launched_first_and_follows_weights(dynamo_lowerings: list[int]) -> None:
+    # A symbolic program serves every size, so it stays the graph's last specialization: each call
+    # launches it and checks the weights after, and a change in place is followed at any size.
+    m = _cnn()
+    known = set(kiln.pipeline.LIVE_GRAPHS)
+    f = torch.compile(m, backend="kiln", dynamic=True, options={"min_block_size": 1})
+    with torch.no_grad():
+        for b in (2, 5):
+            x = torch.randn(b, 3, 16, 16)
+            _close(f(x), m(x))
+        (graph,) = [g for g in kiln.pipeline.LIVE_GRAPHS if g not in known]
+        assert graph.dynamic and graph._last is not None
+        assert graph._last.every_shape and graph._last.checks_after_launch
+        for b in (7, 5, 2):
+            m.conv1.weight.mul_(-1.25)
+            m.bn2.running_var.mul_(1.5)
+            x = torch.randn(b, 3, 16, 16)
+            _close(f(x), m(x))
+    assert dynamo_lowerings[0] == 1
+
+
+class Scaled(torch.nn.Module):
+    """A Python float argument, which Dynamo passes as a tensor under dynamic=True."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(12, 6)
+
+    def forward(self, x: torch.Tensor, scale: float) -> torch.Tensor:
+        return torch.tanh(self.fc(x) * scale)
+
+
+def test_torch_compile_dynamic_program_is_kept_per_float_argument(dynamo_lowerings: list[int]) -> None:
+    # The symbolic program holds the float arguments as constants: another value is another
+    # program, even when the program last launched is tried first.
+    torch.manual_seed(4)
+    m = Scaled().eval()
+    f = torch.compile(m, backend="kiln", dynamic=True, options={"min_block_size": 1})
+    with torch.no_grad():
+        for b, scale in ((2, 0.5), (3, 0.5), (4, 2.0), (3, 0.5), (2, 2.0)):
+            x = torch.randn(b, 12)
+            _close(f(x, scale), m(x, scale))
+
+
 def test_torch_compile_encoder_mark_dynamic(dynamo_lowerings: list[int]) -> None:
     torch.manual_seed(1)
     m = Encoder().eval()
