@@ -374,7 +374,10 @@ class KilnDynamoGraph:
                 return unflatten(graph(*[args[i] for i in pick], *_carriers(args, carried)))
             except ShapeRangeError as err:  # beyond the clamped range: this signature statically
                 log.info("%s: %s; building this input signature statically", self.name, err)
-                return self._lookup(args, static=True).run(*args)
+                fixed = self._lookup(args, static=True)
+                if fixed.watch is not None and fixed.watch.changed():
+                    self._follow(fixed)
+                return fixed.run(*args)
         return _Built(constants, compiled, run, WeightWatch(sources) if sources else None, runs_again_alike(compiled),
                       every_shape=True, floats=tuple(args[i].item() for i in self.float_idx))
 

@@ -774,6 +774,23 @@ def test_torch_compile_encoder_mark_dynamic(dynamo_lowerings: list[int]) -> None
         _close(f(ids, mask), m(ids, mask))
 
 
+def test_torch_compile_beyond_dynamic_max_size_follows_weights_there_too(dynamo_lowerings: list[int]) -> None:
+    # A size beyond the clamped range runs a static build of its own from inside the symbolic
+    # program's run: that build follows weights changed in place as the program does.
+    torch.manual_seed(5)
+    m = Reshaper().eval()
+    f = torch.compile(m, backend="kiln", dynamic=True, options={"dynamic_max_size": 8})
+    with torch.no_grad():
+        for b in (3, 11):
+            x = torch.randn(b, 4, 12)
+            _close(f(x), m(x))
+        for b in (11, 3, 11):
+            m.lin.weight.mul_(-1.5)
+            x = torch.randn(b, 4, 12)
+            _close(f(x), m(x))
+    assert dynamo_lowerings[0] == 2
+
+
 def test_torch_compile_beyond_dynamic_max_size_builds_statically(dynamo_lowerings: list[int],
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     torch.manual_seed(2)
