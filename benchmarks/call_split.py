@@ -30,14 +30,12 @@ from typing import Any
 
 import torch
 import zoo_models  # type: ignore[import-not-found]
+from gpu_models import DTYPES  # type: ignore[import-not-found]
 
 from kiln.dynamo import KilnDynamoGraph
 from kiln.pipeline import LIVE_GRAPHS
 
 log = logging.getLogger("kiln.bench.call_split")
-
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-
 
 def median_us(samples: list[float]) -> float:
     return statistics.median(samples) * 1e6

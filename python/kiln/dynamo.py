@@ -374,10 +374,7 @@ class KilnDynamoGraph:
                 return unflatten(graph(*[args[i] for i in pick], *_carriers(args, carried)))
             except ShapeRangeError as err:  # beyond the clamped range: this signature statically
                 log.info("%s: %s; building this input signature statically", self.name, err)
-                fixed = self._lookup(args, static=True)
-                if fixed.watch is not None and fixed.watch.changed():
-                    self._follow(fixed)
-                return fixed.run(*args)
+                return self._run_followed(self._lookup(args, static=True), args)
         return _Built(constants, compiled, run, WeightWatch(sources) if sources else None, runs_again_alike(compiled),
                       every_shape=True, floats=tuple(args[i].item() for i in self.float_idx))
 
@@ -498,9 +495,12 @@ class KilnDynamoGraph:
         log.debug("%s: lowered as another set of constants was", self.name)
         return lowered
 
-    def _follow(self, built: _Built) -> None:
-        assert built.watch is not None and built.graph_module is not None
-        follow_weights(built.watch, built.graph_module, self.settings.immutable_weights, f"Kiln {self.name}")
+    def _run_followed(self, built: _Built, args: Sequence[Any]) -> Any:
+        """Runs ``built`` after refitting its engines with any weight changed in place since."""
+        if built.watch is not None and built.watch.changed():
+            assert built.graph_module is not None
+            follow_weights(built.watch, built.graph_module, self.settings.immutable_weights, f"Kiln {self.name}")
+        return built.run(*args)
 
     def _serves(self, args: Sequence[Any], built: _Built) -> bool:
         """Whether ``built`` is this call's specialization: made from the same constant tensors (the
@@ -529,9 +529,7 @@ class KilnDynamoGraph:
             built = self._lookup(args)
             if not self.dynamic or built.every_shape:
                 self._last = built
-        if built.watch is not None and built.watch.changed():
-            self._follow(built)
-        return built.run(*args)
+        return self._run_followed(built, args)
 
 
 def _device(settings: CompilationSettings, values: Sequence[Any], gm: fx.GraphModule) -> str:
