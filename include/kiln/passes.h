@@ -66,6 +66,10 @@ bool broadcast_gather_indices(Graph& g);
 // on constants for fold_constants to fold. Run it after lower_precision, before fuse_epilogue.
 bool fuse_sibling_linears(Graph& g, const AttentionFilter& foldable = fused_attention_shape,
                           bool pointwise_views = false);
+// Replaces activations written out as arithmetic (the tanh form of GELU, x * sigmoid(x)) by the
+// gelu {approximate: tanh} / silu op, which fuse_epilogue can then fold. Run it before
+// fuse_epilogue.
+bool name_activations(Graph& g);
 // Folds a bias add, a residual add and an activation (relu, gelu, silu, sigmoid, tanh) that
 // follow a single-use linear or conv into that op's epilogue (its bias / residual inputs and
 // `activation` attribute). With `pointwise_follows` (fuse_pointwise runs later), an activation

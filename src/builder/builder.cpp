@@ -67,6 +67,7 @@ Graph Builder::optimize(const Graph& network, std::ostream& log, std::shared_ptr
         [&](Graph& graph) { return lower_precision(graph, *compute); });
   run("fold_constants", &fold_constants);
   run("eliminate_common_subexpressions", &eliminate_common_subexpressions);
+  run("name_activations", &name_activations);
   // CUDA's attention kernels (fused and fallback) read strided operands; the CPU's copy them.
   const AttentionFilter foldable =
       config_.device.type == DeviceType::kCUDA ? strided_attention_shape : fused_attention_shape;

@@ -11,7 +11,9 @@
 //     each: the fold_constants that follows this pass evaluates those casts, so the engine
 //     stores narrow weights, and records them so a refit casts new weights the same way;
 //   - attributes holding a dtype (cast's `dtype`, full / arange `dtype`) that say f32 say
-//     `compute`.
+//     `compute`; a cast to the type its input now has is dropped (its readers read the input;
+//     an f32 graph output it was is cast back by its own node, as every f32 output is; an f16
+//     / bf16 graph output keeps the cast).
 // Does not: touch integer, bool or f64 values (a cast from them to f32 now casts to
 // `compute`); convert any constant's bytes; keep any op in f32 for accuracy (every kernel
 // accumulates in f32 internally: matmul, conv, reductions, softmax, norms); lower a graph that
@@ -19,6 +21,7 @@
 // body's scalar constants cannot take a cast node); decide whether lowering is wanted (the
 // builder calls it when the config enables f16 / bf16 on a GPU). Value ids change (the graph
 // is rebuilt); value names, weights, node names and which values are sized stay.
+#include <algorithm>
 #include <vector>
 
 #include "kiln/errors.h"
@@ -85,6 +88,17 @@ class Lowering {
     Attrs attrs = n.attrs;
     for (const auto& [key, val] : n.attrs.items())
       if (const DType* t = std::get_if<DType>(&val); t && *t == DType::kF32) attrs.set(key, compute_);
+    // A cast to what its input is now (a model's upcast for accuracy, x.float() before a norm,
+    // or its cast of an f32 input, which this pass casts already) is that input, not a copy.
+    // A graph output of another type keeps its node (it could otherwise be a graph input).
+    const bool f32_out = n.op == OpKind::kCast && src_.type(n.outputs[0]).dtype == DType::kF32;
+    if (n.op == OpKind::kCast && dst_.type(ins[0]).dtype == attrs.get_dtype("dtype") &&
+        (f32_out || std::find(src_.outputs().begin(), src_.outputs().end(), n.outputs[0]) == src_.outputs().end())) {
+      const size_t v = size_t(n.outputs[0]);
+      (f32_out ? narrow_[v] : wide_[v]) = ins[0];
+      dst_.value(ins[0]).sized = dst_.value(ins[0]).sized || src_.value(n.outputs[0]).sized;
+      return;
+    }
     const std::vector<ValueId> outs = dst_.add_node(n.op, ins, attrs, n.name);
     KILN_CHECK(outs.size() == n.outputs.size(), kInternal, "lower_precision: ", op_name(n.op), " has ",
                n.outputs.size(), " outputs, rebuilt with ", outs.size());

@@ -239,6 +239,52 @@ TEST(LowerPrecision, SizedValuesStaySizedAndUnfolded) {
   expect_close(run_plain(g, in), run_plain(original, in), 2e-3f, 2e-3f);
 }
 
+// An f16 model's RMSNorm upcasts its input (x.float()), computes in f32 and casts back: lowered
+// to f16, those casts and the model's cast of its f32 input (which the pass casts already) cast
+// values to the type they have. None stays a node (each would be a copy kernel); the values
+// computed are the f32 graph's within f16 rounding.
+TEST(LowerPrecision, CastsToTheTypeTheirInputHasAreDropped) {
+  Graph g;
+  const ValueId x = g.add_input("x", TensorType(DType::kF32, {4, 16}));
+  Attrs to16, to32;
+  to16.set("dtype", DType::kF16);
+  to32.set("dtype", DType::kF32);
+  const ValueId h = g.add_node1(OpKind::kCast, {x}, to16);
+  const ValueId u = g.add_node1(OpKind::kCast, {h}, to32);
+  Attrs mean;
+  mean.set("axes", std::vector<int64_t>{1});
+  mean.set("keepdim", true);
+  const ValueId ms = g.add_node1(OpKind::kReduceMean, {g.add_node1(OpKind::kMul, {u, u})}, mean);
+  const ValueId eps = f32_constant(g, "", {}, {1e-6f}, false);
+  const ValueId inv = g.add_node1(OpKind::kRsqrt, {g.add_node1(OpKind::kAdd, {ms, eps})});
+  const ValueId y = g.add_node1(OpKind::kCast, {g.add_node1(OpKind::kMul, {u, inv})}, to16);
+  g.mark_output(g.add_node1(OpKind::kCast, {g.add_node1(OpKind::kMul, {y, h})}, to32), "y");
+  ASSERT_EQ(count_ops(g, OpKind::kCast), 4);
+  const Graph original = g;
+
+  ASSERT_TRUE(lower_precision(g, DType::kF16));
+  g.verify();
+  expect_only_interface_is_f32(g, original);
+  for (const auto& n : g.nodes())
+    if (n->op == OpKind::kCast) {
+      EXPECT_NE(g.type(n->inputs[0]).dtype, g.type(n->outputs[0]).dtype) << g.to_string();
+    }
+  // x's cast to f16, eps's (a constant, folded later) and the output's back to f32.
+  EXPECT_EQ(count_ops(g, OpKind::kCast), 3) << g.to_string();
+  const auto in = random_inputs(original, 21);
+  expect_close(run_plain(g, in), run_plain(original, in), 4e-3f, 4e-3f);
+
+  // x.float().half() as an f16 graph output: the output keeps a node, not the graph input.
+  Graph round_trip;
+  const ValueId h16 = round_trip.add_input("h", TensorType(DType::kF16, {3}));
+  const ValueId back = round_trip.add_node1(OpKind::kCast, {round_trip.add_node1(OpKind::kCast, {h16}, to32)}, to16);
+  round_trip.mark_output(back, "same");
+  ASSERT_TRUE(lower_precision(round_trip, DType::kF16));
+  round_trip.verify();
+  ASSERT_EQ(round_trip.outputs().size(), 1u);
+  EXPECT_FALSE(round_trip.value(round_trip.outputs()[0]).is_input) << round_trip.to_string();
+}
+
 TEST(LowerPrecision, RefusesGraphsWithFusedNodes) {
   Graph g;
   ValueId x = g.add_input("x", TensorType(DType::kF32, {3, 5}));

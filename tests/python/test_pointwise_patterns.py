@@ -1,13 +1,16 @@
 """Pointwise patterns that decoders and CNNs share, compiled whole with kiln.compile and checked
 against eager PyTorch on random inputs: the tanh-form GELU written out with pow (GPT-2's
-NewGELU), pow by the constants PyTorch's kernels special-case, an RMSNorm's apply step (a
-per-row statistic), rotate_half RoPE (a gather along the head dim) and a SwiGLU MLP.
+NewGELU, alone and between two linears), pow by the constants PyTorch's kernels special-case, an
+RMSNorm's apply step (a per-row statistic; also with the upcast to float32 of transformers'
+LlamaRMSNorm), rotate_half RoPE (a gather along the head dim) and a SwiGLU MLP.
 
 On the CPU: outputs against eager FP32, and the plans of the powers (no pow where PyTorch's
 kernels use none) and of the SwiGLU MLP (gate and up one GEMM, silu computed in the kernel of the
 mul it feeds, which reads both halves in place, not in the gate GEMM's epilogue). On CUDA (skipped without a GPU):
 outputs in FP32 and FP16 against eager FP32, and the vectorized pointwise kernels the RMSNorm
-and RoPE patterns get (their describe lines in the engine's build log)."""
+and RoPE patterns get (their describe lines in the engine's build log). The plans of the GPT-2 MLP
+(the written-out GELU named and folded into the first GEMM's epilogue, no kernel of its own) and
+of the upcasting RMSNorm built in FP16 (its casts to float32 and back are no kernels)."""
 
 from __future__ import annotations
 
@@ -44,6 +47,25 @@ class RMSNorm(torch.nn.Module):
         return x * torch.rsqrt(var + 1e-6) * self.weight
 
 
+class UpcastRMSNorm(RMSNorm):
+    """transformers' LlamaRMSNorm: statistics and scaling in float32, the weight applied after the
+    cast back to the input's dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return self.weight * h.to(x.dtype)
+
+
+class Gpt2Mlp(torch.nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.fc, self.proj, self.act = torch.nn.Linear(dim, hidden), torch.nn.Linear(hidden, dim), NewGelu()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.act(self.fc(x)))
+
+
 class Rope(torch.nn.Module):
     def __init__(self, seq: int, dim: int) -> None:
         super().__init__()
@@ -74,6 +96,8 @@ def _patterns() -> dict[str, tuple[torch.nn.Module, list[torch.Tensor]]]:
         "new_gelu": (NewGelu(), [torch.randn(4, 16, 96) * 2]),
         "powers": (Powers(), [torch.randn(4, 16, 64)]),
         "rms_norm": (RMSNorm(64), [torch.randn(2, 24, 64)]),
+        "rms_norm_upcast": (UpcastRMSNorm(64), [torch.randn(2, 24, 64)]),
+        "gpt2_mlp": (Gpt2Mlp(64, 256), [torch.randn(2, 24, 64)]),
         "rope": (Rope(24, 64), [torch.randn(2, 4, 24, 64)]),
         "swiglu": (SwiGLU(64, 160), [torch.randn(2, 24, 64)]),
     }
@@ -136,6 +160,33 @@ def test_swiglu_computes_silu_in_the_kernel_of_its_mul() -> None:
     assert len(fused) == 1 and [b.op for b in fused[0].body.nodes] == ["silu", "mul"], engine.engine.graph_text
     assert {"view0", "view1"} <= set(fused[0].attrs), engine.engine.graph_text
     assert not [n for n in plan.nodes if n.op == "slice"], engine.engine.graph_text
+
+
+def test_written_out_gelu_rides_in_the_gemm_epilogue() -> None:
+    model, inputs = _patterns()["gpt2_mlp"]
+    with torch.no_grad():
+        compiled = kiln.compile(model.eval(), inputs, min_block_size=1)
+    (engine,) = compiled.engines()
+    plan = engine.engine.graph()
+    assert [n.attrs.get("activation", "none") for n in plan.nodes if n.op == "linear"] == ["gelu_tanh", "none"], \
+        engine.engine.graph_text
+    assert not [n for n in plan.nodes if n.op in ("fused_pointwise", "tanh", "mul")], engine.engine.graph_text
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_upcast_rms_norm_in_half_precision_has_no_cast_kernels(dtype: torch.dtype) -> None:
+    # Built in `dtype` only, the model's casts to float32 and back cast values to their own type.
+    model, inputs = _patterns()["rms_norm_upcast"]
+    with torch.no_grad():
+        want = model.eval()(*inputs)
+        low = model.to(dtype)
+        compiled = kiln.compile(low, [x.to(dtype) for x in inputs], enabled_precisions={dtype}, min_block_size=1)
+        got = compiled(*[x.to(dtype) for x in inputs])
+    (engine,) = compiled.engines()
+    plan = engine.engine.graph()
+    ops = [b.op for n in plan.nodes for b in (n.body.nodes if n.body is not None else [n])]
+    assert "cast" not in ops, engine.engine.graph_text
+    assert relative_error(got.float(), want) <= (4e-3 if dtype == torch.float16 else 2e-2)
 
 
 @pytest.mark.cuda
