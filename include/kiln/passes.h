@@ -129,6 +129,10 @@ bool interleave_concats(Graph& g);
 // with {square: true}: the squares are formed as the reduction loads x (RMSNorm, L2 norms).
 // Run it before fuse_pointwise.
 bool square_into_reductions(Graph& g);
+// Replaces RMSNorm written out (x * rsqrt(mean(x^2) over the last dims + eps), then times a
+// weight) by layer_norm {rms} (src/passes/rms_norms.cpp). Run it after square_into_reductions,
+// before fuse_pointwise.
+bool form_rms_norms(Graph& g);
 // Groups chains of pointwise ops into fused_pointwise nodes with a body graph.
 bool fuse_pointwise(Graph& g);
 // Lets each fused_pointwise node (a single pointwise op becoming one) and each concat read an

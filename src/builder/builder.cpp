@@ -93,6 +93,7 @@ Graph Builder::optimize(const Graph& network, std::ostream& log, std::shared_ptr
   run("fold_constants", &fold_constants);
   run("broadcast_expands", &broadcast_expands);
   run("square_into_reductions", &square_into_reductions);
+  run("form_rms_norms", &form_rms_norms);
   if (config_.fuse_pointwise) {
     run("fuse_pointwise", &fuse_pointwise);
     run("fold_input_views", &fold_input_views);

@@ -2,8 +2,9 @@
 //
 // batch_norm (x[N,C,...], mean[C], var[C], weight[C]?, bias[C]?) {eps}: per-channel running
 //   statistics, C = x.dims[1].
-// layer_norm (x, weight?, bias?) {normalized_rank: k, eps}: statistics over the last k dims;
-//   weight and bias have those k dims.
+// layer_norm (x, weight?, bias?) {normalized_rank: k, eps, rms?}: statistics over the last k dims;
+//   weight and bias have those k dims. rms (default false): RMSNorm, x * rsqrt(mean(x^2) + eps)
+//   (no mean subtracted), then the weight and bias as before.
 // group_norm (x[N,C,...], weight[C]?, bias[C]?) {groups, eps, layout?}: statistics per (sample,
 //   group of C / groups channels); C % groups == 0. layout "nhwc": x is [N, H, W, C].
 //
@@ -48,6 +49,7 @@ std::vector<TensorType> infer_norm(OpKind op, const TypeList& in, const Attrs& a
 
   if (op == OpKind::kLayerNorm) {
     const int64_t k = pw::read_attrs(op, [&] { return a.get_int("normalized_rank", 1); });
+    pw::read_attrs(op, [&] { return a.get_bool("rms", false); });
     KILN_CHECK(k >= 1 && k <= x.rank(), kInvalidArgument, op_name(op), ": normalized_rank ", k,
                " must be in [1, rank] for x ", x.to_string());
     const std::vector<Dim> tail(x.dims.end() - k, x.dims.end());

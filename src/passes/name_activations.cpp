@@ -44,15 +44,10 @@ bool is_number(const Graph& g, ValueId v, double want) {
   return std::fabs(got - want) <= rounding_of(val.type.dtype) * std::fabs(want);
 }
 
-const Node* made_by(const Graph& g, ValueId v, OpKind op) {
-  const Node* p = v == kNoValue ? nullptr : g.value(v).producer;
-  return p != nullptr && p->op == op ? p : nullptr;
-}
-
 // The other operand of v = op(a, c) or op(c, a) (op commutative) where c is the number `c`;
 // kNoValue when v is not made so.
 ValueId operand_beside(const Graph& g, ValueId v, OpKind op, double c) {
-  const Node* n = made_by(g, v, op);
+  const Node* n = passes::made_by(g, v, op);
   if (n == nullptr) return kNoValue;
   for (int i = 0; i < 2; ++i)
     if (is_number(g, n->inputs[size_t(i)], c)) return n->inputs[size_t(1 - i)];
@@ -61,10 +56,10 @@ ValueId operand_beside(const Graph& g, ValueId v, OpKind op, double c) {
 
 // Whether v = x * x * x, the multiplies in any order.
 bool is_cube(const Graph& g, ValueId v, ValueId x) {
-  const Node* m = made_by(g, v, OpKind::kMul);
+  const Node* m = passes::made_by(g, v, OpKind::kMul);
   if (m == nullptr) return false;
   for (int i = 0; i < 2; ++i) {
-    const Node* sq = made_by(g, m->inputs[size_t(i)], OpKind::kMul);
+    const Node* sq = passes::made_by(g, m->inputs[size_t(i)], OpKind::kMul);
     if (m->inputs[size_t(1 - i)] == x && sq != nullptr && sq->inputs[0] == x && sq->inputs[1] == x) return true;
   }
   return false;
@@ -77,9 +72,9 @@ ValueId tanh_gelu_input(const Graph& g, const Node& root) {
     const ValueId x = operand_beside(g, root.inputs[size_t(i)], OpKind::kMul, 0.5);
     const ValueId t = operand_beside(g, root.inputs[size_t(1 - i)], OpKind::kAdd, 1.0);
     if (x == kNoValue || t == kNoValue) continue;
-    const Node* th = made_by(g, t, OpKind::kTanh);
+    const Node* th = passes::made_by(g, t, OpKind::kTanh);
     const ValueId inner = th ? operand_beside(g, th->inputs[0], OpKind::kMul, sqrt_2_over_pi) : kNoValue;
-    const Node* sum = made_by(g, inner, OpKind::kAdd);
+    const Node* sum = passes::made_by(g, inner, OpKind::kAdd);
     if (sum == nullptr) continue;
     for (int j = 0; j < 2; ++j)
       if (sum->inputs[size_t(j)] == x &&
@@ -92,7 +87,7 @@ ValueId tanh_gelu_input(const Graph& g, const Node& root) {
 // x where `root` = x * sigmoid(x) (either order), else kNoValue.
 ValueId silu_input(const Graph& g, const Node& root) {
   for (int i = 0; i < 2; ++i) {
-    const Node* s = made_by(g, root.inputs[size_t(i)], OpKind::kSigmoid);
+    const Node* s = passes::made_by(g, root.inputs[size_t(i)], OpKind::kSigmoid);
     if (s != nullptr && s->inputs[0] == root.inputs[size_t(1 - i)]) return s->inputs[0];
   }
   return kNoValue;

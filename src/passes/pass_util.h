@@ -121,6 +121,12 @@ inline bool is_identity(const Perm& p) {
   return true;
 }
 
+// The node of `op` producing v, if any (null for kNoValue, inputs and constants).
+inline const Node* made_by(const Graph& g, ValueId v, OpKind op) {
+  const Node* p = v == kNoValue ? nullptr : g.value(v).producer;
+  return p != nullptr && p->op == op ? p : nullptr;
+}
+
 // The permute node producing v, if any.
 inline const Node* permute_of(const Graph& g, ValueId v) {
   const Node* p = v == kNoValue ? nullptr : g.value(v).producer;

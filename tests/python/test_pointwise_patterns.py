@@ -1,16 +1,18 @@
 """Pointwise patterns that decoders and CNNs share, compiled whole with kiln.compile and checked
 against eager PyTorch on random inputs: the tanh-form GELU written out with pow (GPT-2's
-NewGELU, alone and between two linears), pow by the constants PyTorch's kernels special-case, an
-RMSNorm's apply step (a per-row statistic; also with the upcast to float32 of transformers'
-LlamaRMSNorm), rotate_half RoPE (a gather along the head dim) and a SwiGLU MLP.
+NewGELU, alone and between two linears), pow by the constants PyTorch's kernels special-case,
+RMSNorm (also with the upcast to float32 of transformers' LlamaRMSNorm), rotate_half RoPE (a
+gather along the head dim) and a SwiGLU MLP.
 
 On the CPU: outputs against eager FP32, and the plans of the powers (no pow where PyTorch's
-kernels use none) and of the SwiGLU MLP (gate and up one GEMM, silu computed in the kernel of the
-mul it feeds, which reads both halves in place, not in the gate GEMM's epilogue). On CUDA (skipped without a GPU):
-outputs in FP32 and FP16 against eager FP32, and the vectorized pointwise kernels the RMSNorm
-and RoPE patterns get (their describe lines in the engine's build log). The plans of the GPT-2 MLP
-(the written-out GELU named and folded into the first GEMM's epilogue, no kernel of its own) and
-of the upcasting RMSNorm built in FP16 (its casts to float32 and back are no kernels)."""
+kernels use none), of the SwiGLU MLP (gate and up one GEMM, silu computed in the kernel of the
+mul it feeds, which reads both halves in place, not in the gate GEMM's epilogue), of the GPT-2
+MLP (the written-out GELU named and folded into the first GEMM's epilogue, no kernel of its own),
+of RMSNorm (one layer_norm {rms} node) and of the upcasting RMSNorm built in FP16 / BF16 (its casts
+to float32 and back are no kernels). On CUDA (skipped without a GPU): outputs in FP32 and FP16
+against eager FP32, the vectorized pointwise kernel the RoPE pattern gets (its describe line in
+the engine's build log), and RMSNorm's layer_norm {rms} kernel on rows that stay in registers,
+rows split across blocks and long rows read in passes."""
 
 from __future__ import annotations
 
@@ -189,13 +191,41 @@ def test_upcast_rms_norm_in_half_precision_has_no_cast_kernels(dtype: torch.dtyp
     assert relative_error(got.float(), want) <= (4e-3 if dtype == torch.float16 else 2e-2)
 
 
+def test_rms_norm_is_one_layer_norm_node() -> None:
+    for name in ("rms_norm", "rms_norm_upcast"):
+        model, inputs = _patterns()[name]
+        with torch.no_grad():
+            compiled = kiln.compile(model.eval(), inputs, min_block_size=1)
+        (engine,) = compiled.engines()
+        plan = engine.engine.graph()
+        assert [(n.op, n.attrs.get("rms")) for n in plan.nodes] == [("layer_norm", True)], engine.engine.graph_text
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("shape, path", [((4, 24, 1024), "in registers"), ((2, 12288), "in registers"),
+                                         ((2, 40000), "split"), ((512, 40000), "three passes")])
+def test_rms_norm_kernels_on_cuda(shape: tuple[int, ...], path: str, dtype: torch.dtype) -> None:
+    torch.manual_seed(1)
+    model = RMSNorm(shape[-1]).eval().cuda()
+    x = torch.randn(*shape, device="cuda") * 3 + 0.5
+    with torch.no_grad():
+        want = model(x)
+        compiled = kiln.compile(model.to(dtype), [x.to(dtype)], enabled_precisions={dtype}, min_block_size=1)
+        got = compiled(x.to(dtype))
+    err = relative_error(got.float(), want)
+    assert err <= (1e-5 if dtype == torch.float32 else 2e-3), err
+    lines = [line for e in compiled.engines() for line in e.engine.build_log.splitlines() if "layer_norm (rms)" in line]
+    assert len(lines) == 1 and path in lines[0], lines
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("name", list(_patterns()))
 def test_pattern_matches_eager_on_cuda(name: str, dtype: torch.dtype) -> None:
     # FP32 against FP32 (the GEMMs of swiglu without TF32); FP16 against FP32 at half's precision.
     logs = _check(name, "cuda", dtype, 1e-5 if dtype == torch.float32 else 2e-3, allow_tf32=False)
-    if name in ("rms_norm", "rope") and dtype == torch.float16:
+    if name == "rope" and dtype == torch.float16:
         kernels = [line for log in logs for line in log.splitlines()
                    if line.startswith("kernel fused_pointwise")]
         assert kernels and all(re.search(r"vec8\b", line) for line in kernels), kernels

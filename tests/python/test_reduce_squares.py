@@ -1,7 +1,8 @@
-"""Sums and means of squares read their input once (reduce {square}): RMSNorm as Llama and T5
-write it (an f32 upcast, pow(2), mean over the last dim), an L2 normalization over the channel
-dim, and a sum of squares over every dim build with no square of their own left, and match
-eager PyTorch (f32 reference) in f32 and f16 (CUDA), also after kiln.save / kiln.load."""
+"""Sums and means of squares read their input once (reduce {square}): an L2 normalization over
+the channel dim and a sum of squares over every dim build with no square of their own left; RMSNorm
+as Llama and T5 write it (an f32 upcast, pow(2), mean over the last dim) builds into one
+layer_norm {rms} with no reduction at all. All match eager PyTorch (f32 reference) in f32 and f16
+(CUDA), also after kiln.save / kiln.load."""
 
 from __future__ import annotations
 
@@ -67,5 +68,6 @@ def test_squares_are_formed_by_the_reduction(device: str, dtype: torch.dtype, ca
                                str(tmp_path))
     plans = [e.engine.graph() for e in compiled.engines()]
     squared = [n for p in plans for n in p.nodes if n.op.startswith("reduce_") and n.attrs.get("square")]
-    assert len(squared) == (1 if case == "rms_norm" else 2)
+    rms = [n for p in plans for n in p.nodes if n.op == "layer_norm" and n.attrs.get("rms")]
+    assert (len(squared), len(rms)) == ((0, 1) if case == "rms_norm" else (2, 0))
     assert _squares_left(compiled) == 0

@@ -4,7 +4,8 @@
 //
 // Statistics compute in f32 (f64 for f64 tensors), two-pass (mean, then squared deviations)
 // with accumulator lanes so the loops vectorize; variance is the biased (population) one, as
-// PyTorch normalizes. layer_norm and group_norm then compute (x - mean) * scale + bias, with
+// PyTorch normalizes. An RMS layer_norm ({rms}) takes the mean as 0: its variance is the mean of
+// squares. layer_norm and group_norm then compute (x - mean) * scale + bias, with
 // scale = rstd times the weight (subtracting the mean first keeps low-variance groups exact);
 // batch_norm folds its running statistics into x * scale + shift per channel, once per run.
 // Parameters of another dtype than the compute type are converted into the workspace each run
@@ -53,19 +54,21 @@ const C* as_compute(const Param& p, const void* data, C* scratch) {
   return scratch;
 }
 
-// Mean and 1 / sqrt(var + eps) of n contiguous elements.
+// Mean and 1 / sqrt(var + eps) of n contiguous elements (rms: mean 0, var the mean of squares).
 template <DType D>
-void stats(const typename pw::Elem<D>::S* x, int64_t n, double eps, typename pw::Elem<D>::C& mean,
+void stats(const typename pw::Elem<D>::S* x, int64_t n, double eps, bool rms, typename pw::Elem<D>::C& mean,
            typename pw::Elem<D>::C& rstd) {
   using E = pw::Elem<D>;
   using C = typename E::C;
   C lanes[kLanes] = {};
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) lanes[j] += E::load(x[i + j]);
   double s = 0;
-  for (; i < n; ++i) s += E::load(x[i]);
-  for (C l : lanes) s += l;
+  if (!rms) {
+    for (; i + kLanes <= n; i += kLanes)
+      for (int j = 0; j < kLanes; ++j) lanes[j] += E::load(x[i + j]);
+    for (; i < n; ++i) s += E::load(x[i]);
+    for (C l : lanes) s += l;
+  }
   const C m = static_cast<C>(s / double(std::max<int64_t>(n, 1)));
   for (C& l : lanes) l = 0;
   for (i = 0; i + kLanes <= n; i += kLanes)
@@ -100,6 +103,7 @@ struct Setup {
   int64_t groups = 1;
   bool channels_last = false;  // group_norm of x [N, S, C]
   double eps = 1e-5;
+  bool rms = false;  // layer_norm {rms}
   Param p[4];  // layer/group_norm: weight, bias; batch_norm: mean, var, weight, bias
   pw::Activation act;  // layer/group_norm's fused activation
   size_t workspace = 0;
@@ -153,7 +157,7 @@ KernelFn make_typed(Setup& st) {
         for (int64_t r = b; r < e; ++r) {
           const S* xr = x + r * D_;
           C mean, rstd;
-          stats<D>(xr, D_, st.eps, mean, rstd);
+          stats<D>(xr, D_, st.eps, st.rms, mean, rstd);
           const C *w = prm[0], *bias = prm[1];
           for (int64_t i = 0; i < D_; ++i) {
             C v = (E::load(xr[i]) - mean) * rstd;
@@ -230,7 +234,7 @@ KernelFn make_typed(Setup& st) {
         const S* xg = x + t * Cg * Sp;
         S* yg = y + t * Cg * Sp;
         C mean, rstd;
-        stats<D>(xg, Cg * Sp, st.eps, mean, rstd);
+        stats<D>(xg, Cg * Sp, st.eps, false, mean, rstd);
         for (int64_t k = 0; k < Cg; ++k) {
           const int64_t c = (t % G) * Cg + k;
           const C sc = rstd * (prm[0] ? prm[0][c] : C(1));
@@ -255,6 +259,7 @@ std::unique_ptr<Kernel> make_norm_kernel(const Node& n, const Graph& g) {
   if (n.op == OpKind::kLayerNorm) {
     const auto k = static_cast<size_t>(n.attrs.get_int("normalized_rank", 1));
     for (size_t d = 0; d < shape.size(); ++d) (d + k < shape.size() ? st.outer : st.inner) *= shape[d];
+    st.rms = n.attrs.get_bool("rms", false);
   } else {
     st.channels_last = channels_last(n.op, n.attrs);  // group_norm [N, H, W, C]
     const size_t c = st.channels_last ? 3 : 1;
@@ -273,10 +278,10 @@ std::unique_ptr<Kernel> make_norm_kernel(const Node& n, const Graph& g) {
     case DType::kBF16: fn = make_typed<DType::kBF16>(st); break;
     default: KILN_FAIL(kUnsupported, op_name(n.op), ": x must be floating, got ", xt.to_string());
   }
-  return make_fn_kernel(
-      std::move(fn),
-      std::string("cpu ") + op_name(n.op) + " " + xt.to_string() + (st.act.none ? "" : " + " + st.act.name),
-      st.workspace);
+  return make_fn_kernel(std::move(fn),
+                        std::string("cpu ") + op_name(n.op) + (st.rms ? " (rms) " : " ") + xt.to_string() +
+                            (st.act.none ? "" : " + " + st.act.name),
+                        st.workspace);
 }
 
 }  // namespace kiln::cpu

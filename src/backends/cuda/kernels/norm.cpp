@@ -25,7 +25,8 @@
 //               the workspace, f64 arithmetic as on the CPU), then y = x * scale + shift
 //               (norm_batch.cuh).
 // Statistics follow the CPU: f32 (f64 for f64), two-pass mean and biased variance, rstd =
-// 1 / sqrt(var + eps) computed in double; y = (x - mean) * rstd, then * weight, then + bias.
+// 1 / sqrt(var + eps) computed in double; y = (x - mean) * rstd, then * weight, then + bias. An
+// RMS layer_norm ({rms}, KG_RMS) takes the mean as 0 and skips its pass.
 // weight / bias may have x's dtype or f32; absent ones are compiled out.
 #include <algorithm>
 #include <optional>
@@ -247,12 +248,14 @@ Generated generate_norm(const Node& n, const Graph& g, const Target& t) {
   // layer_norm and group_norm apply their fused activation as they write (the shape rule gives
   // batch_norm none).
   const pw::Activation act = pw::parse_activation(n.op, n.attrs);
-  const std::string desc =
-      std::string("cuda ") + op_name(n.op) + " " + xt.to_string() + (act.none ? "" : " + " + act.name);
+  const bool rms = n.op == OpKind::kLayerNorm && n.attrs.get_bool("rms", false);
+  const std::string desc = std::string("cuda ") + op_name(n.op) + (rms ? " (rms) " : " ") + xt.to_string() +
+                           (act.none ? "" : " + " + act.name);
   gn.plan.describe = desc + " (empty)";
   if (numel == 0) return gn;
   std::string head = source_head() + type_defs("x", xt.dtype) + "typedef " + compute_of(xt.dtype) + " A;\n";
-  if (n.op != OpKind::kBatchNorm) head += "#define KG_ACT(v) " + activation_call(act, "(v)") + "\n";
+  if (n.op != OpKind::kBatchNorm)
+    head += "#define KG_ACT(v) " + activation_call(act, "(v)") + "\n" + define("KG_RMS", rms);
   const bool w = present(n, 1), b = present(n, 2);
 
   if (n.op == OpKind::kLayerNorm) {

@@ -5,7 +5,7 @@
 // rstd, then * weight, then + bias).
 //
 // Expects T_x, ld_x, st_x, A (the compute type), KG_ACT (the fused activation of an A value),
-// T_p0 / ld_p0 (weight), T_p1 / ld_p1 (bias),
+// T_p0 / ld_p0 (weight), T_p1 / ld_p1 (bias), KG_RMS (1: RMSNorm, the mean taken as 0, no pass),
 // and KG_LAYER, KG_HAS_W, KG_HAS_B, KG_NHWC (group_norm of x [N, S, C]) and KG_CG (its channels
 // per group).
 extern "C" __global__ void kg_group_norm(const T_x* __restrict__ x, const T_p0* __restrict__ w,
@@ -22,10 +22,14 @@ extern "C" __global__ void kg_group_norm(const T_x* __restrict__ x, const T_p0* 
 #define KG_AT(i) (base + (i))
 #endif
     A s = 0;
+#if KG_RMS
+    const A mean = 0;
+#else
     for (long long i = threadIdx.x; i < n; i += blockDim.x) s += ld_x(x[KG_AT(i)]);
     s = kg_block_sum(s, sm);
     const A mean = (A)((double)s / (double)n);
     s = 0;
+#endif
     for (long long i = threadIdx.x; i < n; i += blockDim.x) {
       const A d = ld_x(x[KG_AT(i)]) - mean;
       s += d * d;

@@ -8,6 +8,7 @@
 // kg_layer_norm_v<KG_V>.
 //
 // Expects T_x, ld_x, st_x, A (the compute type), KG_ACT (the fused activation of an A value),
+// KG_RMS (1: RMSNorm, the mean taken as 0),
 // T_p0 / ld_p0 (weight), T_p1 / ld_p1 (bias),
 // and KG_WARP, KG_GROUP (with KG_WARP), KG_EPL, KG_V (1, 2, 4 or 8), KG_VW, KG_HAS_W (with
 // KG_W_WORD, KG_W_WORDS) and KG_HAS_B (with KG_B_WORD, KG_B_WORDS); undefines them at the end,
@@ -99,12 +100,16 @@ extern "C" __global__ void kg_layer_norm_v8(const T_x* __restrict__ x, const T_p
         for (int j = 0; j < KG_V; ++j) v[c * KG_V + j] = 0;
       }
     }
+#if KG_RMS
+    const A mean = 0;  // RMSNorm: squares about zero (s, unused, compiles away)
+#else
 #if KG_WARP
     s = kg_group_sum<KG_GROUP>(s);
 #else
     s = kg_block_sum(s, sm);
 #endif
     const A mean = (A)((double)s / (double)D);
+#endif
     s = 0;
 #pragma unroll
     for (int c = 0; c < KG_EPL / KG_V; ++c)

@@ -13,7 +13,7 @@
 // are multiples of KG_V.
 //
 // Expects T_x, ld_x, st_x, A (the compute type), KG_ACT (the fused activation of an A value),
-// T_p0 / ld_p0 (weight), T_p1 / ld_p1 (bias),
+// T_p0 / ld_p0 (weight), T_p1 / ld_p1 (bias), KG_RMS (1: RMSNorm, each chunk's mean taken as 0),
 // and KG_LAYER, KG_HAS_W, KG_HAS_B, KG_V (1, 2, 4 or 8), KG_VW, KG_NHWC and KG_CG (the channels
 // of a group; KG_V divides it when KG_NHWC); undefines them at the end,
 // so that a source can append this file once per vector width.
@@ -43,6 +43,9 @@ extern "C" __global__ void kg_norm_split_stats_v8(const T_x* __restrict__ x, A* 
   for (long long item = blockIdx.x; item < rows * splits; item += gridDim.x) {
     const long long row = item / splits, lo = (item % splits) * chunk;
     const long long hi = lo + chunk < n ? lo + chunk : n;
+#if KG_RMS
+    const A mean = 0;  // every chunk's: the row's combined mean is 0, its variance the mean square
+#else
     A s = 0;
     for (long long i = lo / KG_V + threadIdx.x; i < hi / KG_V; i += blockDim.x) {
       const KG_VW u = *reinterpret_cast<const KG_VW*>(x + KG_ELEM(row, i * KG_V));
@@ -52,6 +55,7 @@ extern "C" __global__ void kg_norm_split_stats_v8(const T_x* __restrict__ x, A* 
     }
     s = kg_block_sum(s, sm);
     const A mean = (A)((double)s / (double)(hi - lo));
+#endif
     A q = 0;
     for (long long i = lo / KG_V + threadIdx.x; i < hi / KG_V; i += blockDim.x) {
       const KG_VW u = *reinterpret_cast<const KG_VW*>(x + KG_ELEM(row, i * KG_V));
