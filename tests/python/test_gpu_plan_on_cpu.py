@@ -116,3 +116,32 @@ def test_reduced_precision_plans_match_eager_in_their_precision(name: str, dtype
     own = max(zoo.rel_error(eager, want), 1e-4)
     assert zoo.rel_error(got, want) < 3 * own, f"{name} {dtype}: {zoo.rel_error(got, want):.2e} (eager {own:.2e})"
     assert compiled.summary.engines == 1 and not compiled.summary.ops_in_pytorch, compiled.summary
+
+
+# The zoo's decoders and encoders as transformers spells them: RMSNorm is one layer_norm {rms}
+# with no reduction or cast left (Llama, Qwen2 and T5 upcast to float32 around it), and
+# NewGELU's tanh form rides in the GEMM epilogue (GPT-2, ALBERT), in the FP16 CUDA plan.
+@pytest.mark.parametrize("name,rms,gelu", [("llama", True, False), ("qwen2", True, False),
+                                           ("t5_encoder", True, False), ("gpt2", False, True),
+                                           ("albert", False, True)])
+def test_fp16_plans_name_written_out_norms_and_activations(name: str, rms: bool, gelu: bool) -> None:
+    import plan_traffic  # noqa: E402
+
+    model, inputs = zoo_models.MODELS[name].create_randomized(2, small=True)
+    model = model.half()
+    inputs = [x.half() if x.is_floating_point() else x for x in inputs]
+    with torch.no_grad():
+        plans = plan_traffic.plan_graphs(model, inputs, torch.float16)
+    nodes = [n for p in plans for n in p.nodes]
+    ops = [b.op for n in nodes for b in (n.body.nodes if n.body is not None else [n])]
+    same_type_casts = [n for p in plans for n in p.nodes
+                       if n.op == "cast" and p.type(n.inputs[0]).dtype == p.type(n.outputs[0]).dtype]
+    assert not same_type_casts, ops
+    norms = [n for n in nodes if n.op == "layer_norm" and n.attrs.get("rms")]
+    assert bool(norms) == rms, ops
+    if rms:
+        assert "reduce_mean" not in ops, ops
+    activations = [n.attrs.get("activation") for n in nodes if n.op == "linear"]
+    assert ("gelu_tanh" in activations) == gelu, activations
+    if gelu:
+        assert "tanh" not in ops, ops
