@@ -12,8 +12,8 @@
 //     stores narrow weights, and records them so a refit casts new weights the same way;
 //   - attributes holding a dtype (cast's `dtype`, full / arange `dtype`) that say f32 say
 //     `compute`; a cast to the type its input now has is dropped (its readers read the input;
-//     an f32 graph output it was is cast back by its own node, as every f32 output is; an f16
-//     / bf16 graph output keeps the cast).
+//     a graph output it was reads it too, through a copy where the input is a graph input or
+//     another output).
 // Does not: touch integer, bool or f64 values (a cast from them to f32 now casts to
 // `compute`); convert any constant's bytes; keep any op in f32 for accuracy (every kernel
 // accumulates in f32 internally: matmul, conv, reductions, softmax, norms); lower a graph that
@@ -21,7 +21,6 @@
 // body's scalar constants cannot take a cast node); decide whether lowering is wanted (the
 // builder calls it when the config enables f16 / bf16 on a GPU). Value ids change (the graph
 // is rebuilt); value names, weights, node names and which values are sized stay.
-#include <algorithm>
 #include <vector>
 
 #include "kiln/errors.h"
@@ -53,6 +52,8 @@ class Lowering {
       wide_[size_t(c)] = dst_.add_constant(v.name, v.type, v.data, v.is_weight);
     }
     for (const auto& n : src_.nodes()) lower_node(*n);
+    // An output that a dropped cast left on a named value (an input, another output) gets a
+    // copy of its own from mark_output.
     for (ValueId out : src_.outputs()) dst_.mark_output(wide(out), src_.value(out).name);
     return std::move(dst_);
   }
@@ -90,12 +91,9 @@ class Lowering {
       if (const DType* t = std::get_if<DType>(&val); t && *t == DType::kF32) attrs.set(key, compute_);
     // A cast to what its input is now (a model's upcast for accuracy, x.float() before a norm,
     // or its cast of an f32 input, which this pass casts already) is that input, not a copy.
-    // A graph output of another type keeps its node (it could otherwise be a graph input).
-    const bool f32_out = n.op == OpKind::kCast && src_.type(n.outputs[0]).dtype == DType::kF32;
-    if (n.op == OpKind::kCast && dst_.type(ins[0]).dtype == attrs.get_dtype("dtype") &&
-        (f32_out || std::find(src_.outputs().begin(), src_.outputs().end(), n.outputs[0]) == src_.outputs().end())) {
+    if (n.op == OpKind::kCast && dst_.type(ins[0]).dtype == attrs.get_dtype("dtype")) {
       const size_t v = size_t(n.outputs[0]);
-      (f32_out ? narrow_[v] : wide_[v]) = ins[0];
+      (src_.type(n.outputs[0]).dtype == DType::kF32 ? narrow_[v] : wide_[v]) = ins[0];
       dst_.value(ins[0]).sized = dst_.value(ins[0]).sized || src_.value(n.outputs[0]).sized;
       return;
     }

@@ -274,15 +274,25 @@ TEST(LowerPrecision, CastsToTheTypeTheirInputHasAreDropped) {
   const auto in = random_inputs(original, 21);
   expect_close(run_plain(g, in), run_plain(original, in), 4e-3f, 4e-3f);
 
-  // x.float().half() as an f16 graph output: the output keeps a node, not the graph input.
+  // v.float().half() as f16 graph outputs: of a computed v, the output is v itself (no copy);
+  // of a graph input, or beside v returned as well, each output is a copy of its own.
   Graph round_trip;
   const ValueId h16 = round_trip.add_input("h", TensorType(DType::kF16, {3}));
-  const ValueId back = round_trip.add_node1(OpKind::kCast, {round_trip.add_node1(OpKind::kCast, {h16}, to32)}, to16);
-  round_trip.mark_output(back, "same");
+  const ValueId sq = round_trip.add_node1(OpKind::kMul, {h16, h16});
+  auto there_and_back = [&](ValueId v) {
+    return round_trip.add_node1(OpKind::kCast, {round_trip.add_node1(OpKind::kCast, {v}, to32)}, to16);
+  };
+  round_trip.mark_output(there_and_back(sq), "square");
+  round_trip.mark_output(there_and_back(h16), "input");
+  round_trip.mark_output(sq, "square_again");
+  round_trip.mark_output(there_and_back(sq), "square_once_more");
   ASSERT_TRUE(lower_precision(round_trip, DType::kF16));
   round_trip.verify();
-  ASSERT_EQ(round_trip.outputs().size(), 1u);
-  EXPECT_FALSE(round_trip.value(round_trip.outputs()[0]).is_input) << round_trip.to_string();
+  const std::vector<ValueId>& outs = round_trip.outputs();
+  ASSERT_EQ(outs.size(), 4u);
+  EXPECT_EQ(round_trip.value(outs[0]).producer->op, OpKind::kMul) << round_trip.to_string();
+  for (size_t i : {1, 2, 3}) EXPECT_EQ(round_trip.value(outs[i]).producer->op, OpKind::kCopy) << round_trip.to_string();
+  EXPECT_EQ(count_ops(round_trip, OpKind::kCast), 0) << round_trip.to_string();
 }
 
 TEST(LowerPrecision, RefusesGraphsWithFusedNodes) {

@@ -1,8 +1,8 @@
 """Pointwise patterns that decoders and CNNs share, compiled whole with kiln.compile and checked
 against eager PyTorch on random inputs: the tanh-form GELU written out with pow (GPT-2's
 NewGELU, alone and between two linears), pow by the constants PyTorch's kernels special-case,
-RMSNorm (also with the upcast to float32 of transformers' LlamaRMSNorm), rotate_half RoPE (a
-gather along the head dim) and a SwiGLU MLP.
+RMSNorm (also with the upcast to float32 of transformers' LlamaRMSNorm, and torch.nn.RMSNorm),
+rotate_half RoPE (a gather along the head dim) and a SwiGLU MLP.
 
 On the CPU: outputs against eager FP32, and the plans of the powers (no pow where PyTorch's
 kernels use none), of the SwiGLU MLP (gate and up one GEMM, silu computed in the kernel of the
@@ -92,6 +92,13 @@ class SwiGLU(torch.nn.Module):
         return self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
 
 
+def _torch_rms_norm(dim: int) -> torch.nn.RMSNorm:
+    norm = torch.nn.RMSNorm(dim, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    return norm
+
+
 def _patterns() -> dict[str, tuple[torch.nn.Module, list[torch.Tensor]]]:
     torch.manual_seed(0)
     return {
@@ -99,6 +106,7 @@ def _patterns() -> dict[str, tuple[torch.nn.Module, list[torch.Tensor]]]:
         "powers": (Powers(), [torch.randn(4, 16, 64)]),
         "rms_norm": (RMSNorm(64), [torch.randn(2, 24, 64)]),
         "rms_norm_upcast": (UpcastRMSNorm(64), [torch.randn(2, 24, 64)]),
+        "torch_rms_norm": (_torch_rms_norm(64), [torch.randn(2, 24, 64)]),
         "gpt2_mlp": (Gpt2Mlp(64, 256), [torch.randn(2, 24, 64)]),
         "rope": (Rope(24, 64), [torch.randn(2, 4, 24, 64)]),
         "swiglu": (SwiGLU(64, 160), [torch.randn(2, 24, 64)]),
@@ -176,9 +184,10 @@ def test_written_out_gelu_rides_in_the_gemm_epilogue() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_upcast_rms_norm_in_half_precision_has_no_cast_kernels(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("name", ["rms_norm_upcast", "torch_rms_norm"])
+def test_upcast_rms_norm_in_half_precision_has_no_cast_kernels(name: str, dtype: torch.dtype) -> None:
     # Built in `dtype` only, the model's casts to float32 and back cast values to their own type.
-    model, inputs = _patterns()["rms_norm_upcast"]
+    model, inputs = _patterns()[name]
     with torch.no_grad():
         want = model.eval()(*inputs)
         low = model.to(dtype)
@@ -192,7 +201,7 @@ def test_upcast_rms_norm_in_half_precision_has_no_cast_kernels(dtype: torch.dtyp
 
 
 def test_rms_norm_is_one_layer_norm_node() -> None:
-    for name in ("rms_norm", "rms_norm_upcast"):
+    for name in ("rms_norm", "rms_norm_upcast", "torch_rms_norm"):
         model, inputs = _patterns()[name]
         with torch.no_grad():
             compiled = kiln.compile(model.eval(), inputs, min_block_size=1)
