@@ -41,9 +41,7 @@ constexpr size_t kMaxChain = 8;
 
 const Node* producer(const Graph& g, ValueId v) { return v == kNoValue ? nullptr : g.value(v).producer; }
 
-bool one_element_constant(const Graph& g, ValueId v) {
-  return g.value(v).is_constant() && g.type(v).numel() == 1 && is_floating(g.type(v).dtype);
-}
+bool one_element_constant(const Graph& g, ValueId v) { return passes::floating_scalar(g, v).has_value(); }
 
 double constant_value(const Graph& g, ValueId v) { return passes::constant_as_doubles(g, v)[0]; }
 

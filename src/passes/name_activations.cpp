@@ -38,10 +38,8 @@ double rounding_of(DType t) {
 
 // Whether v is a one-element floating constant holding `want` as its dtype can.
 bool is_number(const Graph& g, ValueId v, double want) {
-  const Value& val = g.value(v);
-  if (!val.is_constant() || val.type.numel() != 1 || !is_floating(val.type.dtype)) return false;
-  const double got = passes::constant_as_doubles(g, v)[0];
-  return std::fabs(got - want) <= rounding_of(val.type.dtype) * std::fabs(want);
+  const std::optional<double> got = passes::floating_scalar(g, v);
+  return got && std::fabs(*got - want) <= rounding_of(g.type(v).dtype) * std::fabs(want);
 }
 
 // The other operand of v = op(a, c) or op(c, a) (op commutative) where c is the number `c`;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,14 @@ inline std::vector<double> constant_as_doubles(const Graph& g, ValueId v) {
   std::vector<double> out(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) out[size_t(i)] = load_as_double(val.data->data(), val.type.dtype, i);
   return out;
+}
+
+// The value of v when it is a one-element floating constant (a number a model writes: an eps, a
+// formula's coefficient), else nothing.
+inline std::optional<double> floating_scalar(const Graph& g, ValueId v) {
+  const Value& val = g.value(v);
+  if (!val.is_constant() || val.type.numel() != 1 || !is_floating(val.type.dtype)) return std::nullopt;
+  return constant_as_doubles(g, v)[0];
 }
 
 // The bytes of a `dt` tensor holding `xs` (rounded as the CPU backend rounds).

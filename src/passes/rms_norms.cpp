@@ -15,6 +15,7 @@
 // after lower_precision, which drops an f16 model's casts to f32 and back), or a weight that
 // broadcasts along the normalized dims.
 #include <algorithm>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -42,14 +43,6 @@ std::pair<ValueId, int64_t> mean_square_of(const Graph& g, ValueId m) {
   for (int64_t i = 0; i < k; ++i)
     if (axes[size_t(i)] != rank - k + i) return {kNoValue, 0};
   return {x, k};
-}
-
-// The value of a one-element floating constant >= 0, or -1.
-double epsilon_of(const Graph& g, ValueId v) {
-  const Value& val = g.value(v);
-  if (!val.is_constant() || val.type.numel() != 1 || !is_floating(val.type.dtype)) return -1;
-  const double e = passes::constant_as_doubles(g, v)[0];
-  return e >= 0 ? e : -1;
 }
 
 // Whether w can be the norm's weight for x normalized over its last k dims: those dims' extents
@@ -80,17 +73,16 @@ bool form_rms_norms(Graph& g) {
       if (sum == nullptr || graph.type(x) != graph.type(n.outputs[0])) continue;
       for (int j = 0; j < 2; ++j) {
         const auto [base, k] = mean_square_of(graph, sum->inputs[size_t(j)]);
-        const double eps = epsilon_of(graph, sum->inputs[size_t(1 - j)]);
-        if (base != x || k == 0 || eps < 0) continue;
+        const std::optional<double> eps = passes::floating_scalar(graph, sum->inputs[size_t(1 - j)]);
+        if (base != x || k == 0 || !eps || *eps < 0) continue;
         Attrs a;
         a.set("normalized_rank", k);
-        a.set("eps", eps);
+        a.set("eps", *eps);
         a.set("rms", true);
         // y * w (either order) with y read only there takes w as the norm's weight.
         const ValueId y = n.outputs[0];
-        const auto users = graph.users();
         if (passes::read_once(graph, y)) {
-          const size_t at = size_t(users[size_t(y)][0]);
+          const size_t at = size_t(graph.users()[size_t(y)][0]);
           const Node& m = *graph.nodes()[at];
           const ValueId w = m.op != OpKind::kMul ? kNoValue : m.inputs[0] == y ? m.inputs[1] : m.inputs[0];
           if (w != kNoValue && w != y && graph.type(m.outputs[0]) == graph.type(y) && weight_for(graph, w, x, k)) {

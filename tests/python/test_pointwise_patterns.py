@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 import pytest
 import torch
@@ -137,6 +138,20 @@ def _check(name: str, device: str, dtype: torch.dtype, tolerance: float, **optio
     return [e.engine.build_log for e in compiled.engines()]
 
 
+def _one_engine(name: str) -> Any:
+    """Pattern `name` compiled with kiln.compile in FP32 on the CPU: its one engine."""
+    model, inputs = _patterns()[name]
+    with torch.no_grad():
+        compiled = kiln.compile(model.eval(), inputs, min_block_size=1)
+    (engine,) = compiled.engines()
+    return engine.engine
+
+
+def _ops(plan: Any) -> list[str]:
+    """The ops of a plan, those inside fused_pointwise bodies included."""
+    return [b.op for n in plan.nodes for b in (n.body.nodes if n.body is not None else [n])]
+
+
 @pytest.mark.parametrize("name", list(_patterns()))
 def test_pattern_matches_eager_on_cpu(name: str) -> None:
     _check(name, "cpu", torch.float32, 1e-5)
@@ -144,43 +159,32 @@ def test_pattern_matches_eager_on_cpu(name: str) -> None:
 
 def test_pow_by_a_constant_that_pytorch_special_cases_imports_without_pow() -> None:
     # 2, 3, 0.5, -0.5, -1, -2 become multiplies, a root or a reciprocal; 2.5 stays a pow.
-    model, inputs = _patterns()["powers"]
-    with torch.no_grad():
-        compiled = kiln.compile(model.eval(), inputs, min_block_size=1)
-    (engine,) = compiled.engines()
-    nodes = engine.engine.graph().nodes
-    ops = [b.op for n in nodes for b in (n.body.nodes if n.body is not None else [n])]
+    ops = _ops(_one_engine("powers").graph())
     assert ops.count("pow") == 1, ops
     for op in ("sqrt", "rsqrt", "reciprocal"):
         assert op in ops, ops
 
 
 def test_swiglu_computes_silu_in_the_kernel_of_its_mul() -> None:
-    model, inputs = _patterns()["swiglu"]
-    with torch.no_grad():
-        compiled = kiln.compile(model.eval(), inputs, min_block_size=1)
-    (engine,) = compiled.engines()
-    plan = engine.engine.graph()
+    engine = _one_engine("swiglu")
+    plan = engine.graph()
     # gate and up run as one GEMM (fuse_sibling_linears); the kernel of silu(gate) * up reads its
     # two halves in place.
     linears = [n for n in plan.nodes if n.op == "linear"]
     assert len(linears) == 2
-    assert all(n.attrs.get("activation", "none") == "none" for n in linears), engine.engine.graph_text
+    assert all(n.attrs.get("activation", "none") == "none" for n in linears), engine.graph_text
     fused = [n for n in plan.nodes if n.op == "fused_pointwise"]
-    assert len(fused) == 1 and [b.op for b in fused[0].body.nodes] == ["silu", "mul"], engine.engine.graph_text
-    assert {"view0", "view1"} <= set(fused[0].attrs), engine.engine.graph_text
-    assert not [n for n in plan.nodes if n.op == "slice"], engine.engine.graph_text
+    assert len(fused) == 1 and [b.op for b in fused[0].body.nodes] == ["silu", "mul"], engine.graph_text
+    assert {"view0", "view1"} <= set(fused[0].attrs), engine.graph_text
+    assert not [n for n in plan.nodes if n.op == "slice"], engine.graph_text
 
 
 def test_written_out_gelu_rides_in_the_gemm_epilogue() -> None:
-    model, inputs = _patterns()["gpt2_mlp"]
-    with torch.no_grad():
-        compiled = kiln.compile(model.eval(), inputs, min_block_size=1)
-    (engine,) = compiled.engines()
-    plan = engine.engine.graph()
+    engine = _one_engine("gpt2_mlp")
+    plan = engine.graph()
     assert [n.attrs.get("activation", "none") for n in plan.nodes if n.op == "linear"] == ["gelu_tanh", "none"], \
-        engine.engine.graph_text
-    assert not [n for n in plan.nodes if n.op in ("fused_pointwise", "tanh", "mul")], engine.engine.graph_text
+        engine.graph_text
+    assert not [n for n in plan.nodes if n.op in ("fused_pointwise", "tanh", "mul")], engine.graph_text
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
@@ -194,20 +198,14 @@ def test_upcast_rms_norm_in_half_precision_has_no_cast_kernels(name: str, dtype:
         compiled = kiln.compile(low, [x.to(dtype) for x in inputs], enabled_precisions={dtype}, min_block_size=1)
         got = compiled(*[x.to(dtype) for x in inputs])
     (engine,) = compiled.engines()
-    plan = engine.engine.graph()
-    ops = [b.op for n in plan.nodes for b in (n.body.nodes if n.body is not None else [n])]
-    assert "cast" not in ops, engine.engine.graph_text
+    assert "cast" not in _ops(engine.engine.graph()), engine.engine.graph_text
     assert relative_error(got.float(), want) <= (4e-3 if dtype == torch.float16 else 2e-2)
 
 
 def test_rms_norm_is_one_layer_norm_node() -> None:
     for name in ("rms_norm", "rms_norm_upcast", "torch_rms_norm"):
-        model, inputs = _patterns()[name]
-        with torch.no_grad():
-            compiled = kiln.compile(model.eval(), inputs, min_block_size=1)
-        (engine,) = compiled.engines()
-        plan = engine.engine.graph()
-        assert [(n.op, n.attrs.get("rms")) for n in plan.nodes] == [("layer_norm", True)], engine.engine.graph_text
+        engine = _one_engine(name)
+        assert [(n.op, n.attrs.get("rms")) for n in engine.graph().nodes] == [("layer_norm", True)], engine.graph_text
 
 
 @pytest.mark.cuda
