@@ -70,6 +70,10 @@ bool fuse_sibling_linears(Graph& g, const AttentionFilter& foldable = fused_atte
 // gelu {approximate: tanh} / silu op, which fuse_epilogue can then fold. Run it before
 // fuse_epilogue.
 bool name_activations(Graph& g);
+// Folds a constant per-output-channel or one-element factor that multiplies a single-use linear's
+// or conv's output (no activation or residual yet; a layer scale) into its constant weight and
+// bias, as nodes on constants for fold_constants to fold. Run it before a fuse_epilogue.
+bool fold_channel_scales(Graph& g);
 // Folds a bias add, a residual add and an activation (relu, gelu, silu, sigmoid, tanh) that
 // follow a single-use linear or conv into that op's epilogue (its bias / residual inputs and
 // `activation` attribute). With `pointwise_follows` (fuse_pointwise runs later), an activation

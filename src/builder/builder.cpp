@@ -91,6 +91,11 @@ Graph Builder::optimize(const Graph& network, std::ostream& log, std::shared_ptr
   run("gather_concats", &gather_concats);
   run("interleave_concats", &interleave_concats);
   run("fold_constants", &fold_constants);
+  // The layout passes leave a layer scale and the residual add after it next to their linear or
+  // conv (a permute sat between them before): fold the one into the weights, fuse the other.
+  run("fold_channel_scales", &fold_channel_scales);
+  run("fuse_epilogue", [&](Graph& graph) { return fuse_epilogue(graph, config_.fuse_pointwise); });
+  run("fold_constants", &fold_constants);
   run("broadcast_expands", &broadcast_expands);
   run("square_into_reductions", &square_into_reductions);
   run("form_rms_norms", &form_rms_norms);

@@ -5,7 +5,8 @@
 // Rewrites, for P a linear or conv whose output y has exactly one use (no other node, not a
 // graph output) and whose activation is "none":
 //   add(y, c) / add(c, y), P without bias, c broadcasting as a bias (linear: [..1.., N];
-//       conv: [..1.., O, 1..1] with O on the output's channel axis; or a constant scalar)
+//       conv: [..1.., O, 1..1] with O on the output's channel axis, [..1.., O] for a channels-last
+//       conv; or a constant scalar)
 //       -> P(x, w, c') with c' = c as [N] / [O] through a reshape (and, for a scalar, an
 //       expand) node; run fold_constants after this pass to make a constant c' a constant;
 //   add(y, r) / add(r, y), P without residual, r of exactly y's shape and dtype
@@ -65,28 +66,6 @@ Node* fusable_producer(const Graph& g, ValueId y, bool activation_only = false) 
   return p;
 }
 
-// The channel count a bias of P's output `out` has: N (last dim) for linear, O (dim 1) for conv.
-int64_t bias_axis(const Node& p, const TensorType& out) { return p.op == OpKind::kLinear ? out.rank() - 1 : 1; }
-
-enum class BiasForm { kNone, kChannels, kScalar };
-
-// Whether c, broadcast against out, is a per-channel vector (every dim 1 except the channel
-// axis, which has the channel count) or a scalar.
-BiasForm bias_form(const Node& p, const TensorType& c, const TensorType& out) {
-  if (c.rank() > out.rank()) return BiasForm::kNone;
-  const int64_t axis = bias_axis(p, out), channels = out.dims[size_t(axis)].extent;
-  const int64_t shift = out.rank() - c.rank();  // c's dim i lines up with out's dim i + shift
-  bool channels_only = axis >= shift, ones = true;
-  for (int64_t i = 0; i < c.rank(); ++i) {
-    const int64_t e = c.dims[size_t(i)].extent;
-    ones = ones && e == 1;
-    if (i + shift == axis) channels_only = channels_only && e == channels;
-    else channels_only = channels_only && e == 1;
-  }
-  if (channels_only) return BiasForm::kChannels;
-  return ones ? BiasForm::kScalar : BiasForm::kNone;
-}
-
 // c as a [channels] bias: c itself when it has that shape, else a reshape (a scalar: reshape
 // to [1] and expand) inserted before position `pos` (which advances past it). On constants,
 // the fold_constants that follows this pass turns those nodes into the bias constant (the one
@@ -94,9 +73,9 @@ BiasForm bias_form(const Node& p, const TensorType& c, const TensorType& out) {
 // Nothing when c cannot become one.
 std::optional<ValueId> as_bias(Graph& g, const Node& p, ValueId c, const TensorType& out, size_t& pos) {
   const TensorType ct = g.type(c);
-  const BiasForm form = bias_form(p, ct, out);
-  if (form == BiasForm::kNone) return std::nullopt;
-  const int64_t channels = out.dims[size_t(bias_axis(p, out))].extent;
+  const passes::ChannelForm form = passes::channel_form(p, ct, out);
+  if (form == passes::ChannelForm::kNone) return std::nullopt;
+  const int64_t channels = out.dims[size_t(passes::output_channel_axis(p, out.rank()))].extent;
   const std::vector<int64_t> want = {channels};
   if (ct.shape() == want) return c;
   auto insert = [&](OpKind op, ValueId in, const std::vector<int64_t>& shape) {
@@ -104,7 +83,7 @@ std::optional<ValueId> as_bias(Graph& g, const Node& p, ValueId c, const TensorT
     a.set("shape", shape);
     return g.insert_node(pos++, op, {in}, a, p.name)[0];
   };
-  if (form == BiasForm::kChannels) return insert(OpKind::kReshape, c, want);
+  if (form == passes::ChannelForm::kChannels) return insert(OpKind::kReshape, c, want);
   const ValueId one = ct.shape() == std::vector<int64_t>{1} ? c : insert(OpKind::kReshape, c, {1});
   return channels == 1 ? one : insert(OpKind::kExpand, one, want);
 }
@@ -132,7 +111,7 @@ bool try_add(Graph& g, size_t pos, ValueId y, ValueId other) {
   if (sum.dtype != out.dtype || sum.shape() != out.shape() || g.type(other).dtype != out.dtype) return false;
   std::vector<ValueId> ins = {p->inputs[0], p->inputs[1], input_or_none(*p, 2), input_or_none(*p, 3)};
   const Attrs attrs = p->attrs;
-  if (ins[2] == kNoValue && bias_form(*p, g.type(other), out) != BiasForm::kNone) {
+  if (ins[2] == kNoValue && passes::channel_form(*p, g.type(other), out) != passes::ChannelForm::kNone) {
     std::optional<ValueId> b = as_bias(g, *p, other, out, pos);
     if (b) {
       ins[2] = *b;

@@ -121,6 +121,32 @@ inline Attrs slice_attrs(int64_t axis, int64_t start, int64_t end) {
   return a;
 }
 
+// The axis of a linear's or conv's output that holds its output channels: the last for a linear
+// and a channels-last conv (layout "nhwc"), 1 for a channels-first conv.
+inline int64_t output_channel_axis(const Node& p, int64_t rank) {
+  return p.op == OpKind::kLinear || p.attrs.get_string("layout", "nchw") == "nhwc" ? rank - 1 : 1;
+}
+
+enum class ChannelForm { kNone, kChannels, kScalar };
+
+// Whether c, broadcast against P's output type `out`, is a per-channel vector (every dim 1 but
+// the output-channel axis, which has the channel count: a bias or a per-channel scale) or one
+// element.
+inline ChannelForm channel_form(const Node& p, const TensorType& c, const TensorType& out) {
+  if (c.rank() > out.rank()) return ChannelForm::kNone;
+  const int64_t axis = output_channel_axis(p, out.rank()), channels = out.dims[size_t(axis)].extent;
+  const int64_t shift = out.rank() - c.rank();  // c's dim i lines up with out's dim i + shift
+  bool channels_only = axis >= shift, ones = true;
+  for (int64_t i = 0; i < c.rank(); ++i) {
+    const int64_t e = c.dims[size_t(i)].extent;
+    ones = ones && e == 1;
+    if (i + shift == axis) channels_only = channels_only && e == channels;
+    else channels_only = channels_only && e == 1;
+  }
+  if (channels_only) return ChannelForm::kChannels;
+  return ones ? ChannelForm::kScalar : ChannelForm::kNone;
+}
+
 // ---- permutes ----------------------------------------------------------------------------
 using Perm = std::vector<int64_t>;
 
