@@ -29,10 +29,11 @@ class Net(torch.nn.Module):
         self.l1 = torch.nn.Linear(16, 32)
         self.ln = torch.nn.LayerNorm(32)
         self.l2 = torch.nn.Linear(32, 8)
-        self.scale = torch.nn.Parameter(torch.randn(8))
+        self.scale = torch.nn.Parameter(torch.randn(32))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.l2(torch.relu(self.ln(self.l1(x)))) * self.scale
+        # The scale sits between the norm and l2 (after l2 the passes would fold it into l2's weights).
+        return self.l2(torch.relu(self.ln(self.l1(x))) * self.scale)
 
 
 def _net(seed: int) -> Net:

@@ -1,7 +1,8 @@
 """kiln.refit: compiled modules take new weights without a rebuild.
 
 For torch.compile(backend="kiln") and kiln.compile, on a conv+bn+linear net (batch norms folded
-into convs and a linear by the builder) and a 2-layer BERT: after kiln.refit with another
+into convs and a linear by the builder, a per-channel scale after the last linear folded into its
+weights) and a 2-layer BERT: after kiln.refit with another
 model's weights (a module or a state dict) the compiled module gives that model's eager outputs,
 no engine is built (the builder is patched to fail) and the engine objects are the same. Also
 the errors: wrong shape or dtype, unknown names, missing weights, immutable engines.
@@ -36,12 +37,13 @@ class ConvBnNet(torch.nn.Module):
         self.fc = torch.nn.Linear(8 * 4 * 4, 10)
         self.bn3 = torch.nn.BatchNorm1d(10)
         self.head = torch.nn.Linear(10, 4)
+        self.gamma = torch.nn.Parameter(torch.ones(4))  # a layer scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = torch.relu(self.bn1(self.conv1(x)))
         x = torch.relu(self.bn2(self.conv2(x)))
         x = torch.relu(self.bn3(self.fc(x.flatten(1))))
-        return self.head(x)
+        return self.head(x) * self.gamma
 
 
 def randomized(model: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -142,9 +144,9 @@ def test_batch_norm_folds_are_in_the_refit_program() -> None:
     (engine_module,) = engines_of(compile_both(old, x, "aot"))
     engine = engine_module.engine
     assert engine.refittable
-    assert "batch_norm" not in engine.graph_text
+    assert "batch_norm" not in engine.graph_text and "mul" not in engine.graph_text
     names = set(_C.Refitter(engine).weight_names)
-    assert {"conv1.weight", "bn1.running_var", "bn3.weight", "fc.weight", "head.bias"} <= names
+    assert {"conv1.weight", "bn1.running_var", "bn3.weight", "fc.weight", "head.bias", "gamma"} <= names
     weights = refit_module.engine_weights_from(old, engine_module)
     assert set(weights) == names and weights["bn2.bias"] is old.bn2.bias
 
@@ -203,7 +205,9 @@ def test_refit_of_one_plan_weight_and_a_pickled_module(tmp_path: Any) -> None:
     old, new, x = conv_pair()
     compiled = compile_both(old, x, "aot")
     (module,) = engines_of(compiled)
-    refit_module.refit_engine_module(module, {"head.bias": new.head.bias})
+    # The plan's head is head.weight * gamma and head.bias * gamma: a refit of one needs the others.
+    refit_module.refit_engine_module(module, {"head.bias": new.head.bias, "head.weight": old.head.weight,
+                                              "gamma": old.gamma})
     with torch.no_grad():
         old.head.bias.copy_(new.head.bias)
         torch.testing.assert_close(compiled(x), old(x), atol=1e-4, rtol=1e-4)
