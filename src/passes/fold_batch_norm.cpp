@@ -31,10 +31,6 @@ namespace kiln {
 
 namespace {
 
-bool is_float_constant(const Graph& g, ValueId v) {
-  return v != kNoValue && g.value(v).is_constant() && is_floating(g.type(v).dtype);
-}
-
 ValueId input_or_none(const Node& n, size_t i) { return i < n.inputs.size() ? n.inputs[i] : kNoValue; }
 
 // Inserts the folding arithmetic as nodes on constants, at consecutive positions; they are all
@@ -80,9 +76,10 @@ bool try_fold(Graph& g, size_t bn_pos, const std::vector<std::vector<int>>& user
   const ValueId w = p.inputs[1], b = input_or_none(p, 2);
   const ValueId mean = bn.inputs[1], var = bn.inputs[2];
   const ValueId gamma = input_or_none(bn, 3), beta = input_or_none(bn, 4);
-  if (!is_float_constant(g, w) || !is_float_constant(g, mean) || !is_float_constant(g, var)) return false;
+  if (!passes::is_float_constant(g, w) || !passes::is_float_constant(g, mean) || !passes::is_float_constant(g, var))
+    return false;
   for (ValueId opt : {b, gamma, beta})
-    if (opt != kNoValue && !is_float_constant(g, opt)) return false;
+    if (opt != kNoValue && !passes::is_float_constant(g, opt)) return false;
   const int64_t channels = yt.dims[1].extent;
   for (ValueId param : {mean, var, gamma, beta, b})
     KILN_CHECK(param == kNoValue || g.type(param).numel() == channels, kInternal, "fold_batch_norm: ",
@@ -137,7 +134,7 @@ bool to_affine(Graph& g, size_t pos) {
   const TensorType xt = g.type(x);
   if (!is_floating(xt.dtype) || xt.rank() < 2) return false;
   for (ValueId param : {mean, var, gamma, beta})
-    if (param != kNoValue && !is_float_constant(g, param)) return false;
+    if (param != kNoValue && !passes::is_float_constant(g, param)) return false;
   const int64_t channels = xt.dims[1].extent;
   const double eps = bn.attrs.get_float("eps", 1e-5), one = 1.0;
   const ValueId out = bn.outputs[0];

@@ -20,10 +20,6 @@ namespace kiln {
 
 namespace {
 
-bool is_float_constant(const Graph& g, ValueId v) {
-  return v != kNoValue && g.value(v).is_constant() && is_floating(g.type(v).dtype);
-}
-
 // Folds the mul at `pos` into its operand `y`'s producer, c being the other operand; false when
 // the pair does not qualify (nothing changed).
 bool try_fold(Graph& g, size_t pos, ValueId y, ValueId c) {
@@ -31,7 +27,9 @@ bool try_fold(Graph& g, size_t pos, ValueId y, ValueId c) {
   if (p == nullptr || (p->op != OpKind::kLinear && p->op != OpKind::kConv)) return false;
   if (!pw::parse_activation(p->op, p->attrs).none || p->inputs.size() > 3 || g.num_uses(y) != 1) return false;
   const ValueId w = p->inputs[1], b = p->inputs.size() > 2 ? p->inputs[2] : kNoValue;
-  if (!is_float_constant(g, w) || (b != kNoValue && !is_float_constant(g, b)) || !is_float_constant(g, c)) return false;
+  if (!passes::is_float_constant(g, w) || (b != kNoValue && !passes::is_float_constant(g, b)) ||
+      !passes::is_float_constant(g, c))
+    return false;
   const TensorType yt = g.type(y), ct = g.type(c), product = g.type(g.nodes()[pos]->outputs[0]);
   if (product.dtype != yt.dtype || product.shape() != yt.shape() || !passes::all_static(yt)) return false;
   const passes::ChannelForm form = passes::channel_form(*p, ct, yt);
@@ -39,7 +37,7 @@ bool try_fold(Graph& g, size_t pos, ValueId y, ValueId c) {
 
   const TensorType wt = g.type(w);
   const int64_t channels = wt.dims[0].extent;
-  const std::vector<ValueId> inputs = p->inputs;
+  std::vector<ValueId> ins = p->inputs;
   const Attrs attrs = p->attrs;
   const OpKind op = p->op;
   const std::string name = p->name;
@@ -49,7 +47,6 @@ bool try_fold(Graph& g, size_t pos, ValueId y, ValueId c) {
   s = form == passes::ChannelForm::kChannels ? e.reshape(s, {channels}) : e.reshape(s, {1});
   std::vector<int64_t> per_row(size_t(wt.rank()), 1);
   per_row[0] = form == passes::ChannelForm::kChannels ? channels : 1;
-  std::vector<ValueId> ins = inputs;
   ins[1] = e.cast(e.node(OpKind::kMul, {e.cast(w, DType::kF64), e.reshape(s, per_row)}), wt.dtype);
   if (b != kNoValue) ins[2] = e.cast(e.node(OpKind::kMul, {e.cast(b, DType::kF64), s}), g.type(b).dtype);
   const ValueId product_out = g.nodes()[e.pos]->outputs[0];

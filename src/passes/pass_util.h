@@ -29,6 +29,11 @@ inline std::vector<double> constant_as_doubles(const Graph& g, ValueId v) {
   return out;
 }
 
+// Whether v is a constant of a floating dtype (kNoValue is not).
+inline bool is_float_constant(const Graph& g, ValueId v) {
+  return v != kNoValue && g.value(v).is_constant() && is_floating(g.type(v).dtype);
+}
+
 // The value of v when it is a one-element floating constant (a number a model writes: an eps, a
 // formula's coefficient), else nothing.
 inline std::optional<double> floating_scalar(const Graph& g, ValueId v) {
