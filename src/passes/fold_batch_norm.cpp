@@ -31,8 +31,6 @@ namespace kiln {
 
 namespace {
 
-ValueId input_or_none(const Node& n, size_t i) { return i < n.inputs.size() ? n.inputs[i] : kNoValue; }
-
 // Inserts the folding arithmetic as nodes on constants, at consecutive positions; they are all
 // evaluated by the fold_constants that follows (the only place where derived constants are made,
 // so that a refit re-derives them: src/passes/refit_record.h).
@@ -73,9 +71,9 @@ bool try_fold(Graph& g, size_t bn_pos, const std::vector<std::vector<int>>& user
   if (p.op == OpKind::kLinear && yt.rank() != 2) return false;
   if (users[size_t(y)].size() != 1 || g.num_uses(y) != 1) return false;
 
-  const ValueId w = p.inputs[1], b = input_or_none(p, 2);
+  const ValueId w = p.inputs[1], b = passes::input_or_none(p, 2);
   const ValueId mean = bn.inputs[1], var = bn.inputs[2];
-  const ValueId gamma = input_or_none(bn, 3), beta = input_or_none(bn, 4);
+  const ValueId gamma = passes::input_or_none(bn, 3), beta = passes::input_or_none(bn, 4);
   if (!passes::is_float_constant(g, w) || !passes::is_float_constant(g, mean) || !passes::is_float_constant(g, var))
     return false;
   for (ValueId opt : {b, gamma, beta})
@@ -130,7 +128,7 @@ bool to_affine(Graph& g, size_t pos) {
   const Node& bn = *g.nodes()[pos];
   const ValueId x = bn.inputs[0];
   const ValueId mean = bn.inputs[1], var = bn.inputs[2];
-  const ValueId gamma = input_or_none(bn, 3), beta = input_or_none(bn, 4);
+  const ValueId gamma = passes::input_or_none(bn, 3), beta = passes::input_or_none(bn, 4);
   const TensorType xt = g.type(x);
   if (!is_floating(xt.dtype) || xt.rank() < 2) return false;
   for (ValueId param : {mean, var, gamma, beta})

@@ -26,7 +26,7 @@ bool try_fold(Graph& g, size_t pos, ValueId y, ValueId c) {
   const Node* p = g.value(y).producer;
   if (p == nullptr || (p->op != OpKind::kLinear && p->op != OpKind::kConv)) return false;
   if (!pw::parse_activation(p->op, p->attrs).none || p->inputs.size() > 3 || g.num_uses(y) != 1) return false;
-  const ValueId w = p->inputs[1], b = p->inputs.size() > 2 ? p->inputs[2] : kNoValue;
+  const ValueId w = p->inputs[1], b = passes::input_or_none(*p, 2);
   if (!passes::is_float_constant(g, w) || (b != kNoValue && !passes::is_float_constant(g, b)) ||
       !passes::is_float_constant(g, c))
     return false;

@@ -46,8 +46,6 @@ namespace kiln {
 
 namespace {
 
-ValueId input_or_none(const Node& n, size_t i) { return i < n.inputs.size() ? n.inputs[i] : kNoValue; }
-
 size_t position_of(const Graph& g, const Node* n, size_t before) {
   for (size_t p = before; p-- > 0;)
     if (g.nodes()[p].get() == n) return p;
@@ -109,7 +107,7 @@ bool try_add(Graph& g, size_t pos, ValueId y, ValueId other) {
   const TensorType out = g.type(y);
   const TensorType& sum = g.type(g.nodes()[pos]->outputs[0]);
   if (sum.dtype != out.dtype || sum.shape() != out.shape() || g.type(other).dtype != out.dtype) return false;
-  std::vector<ValueId> ins = {p->inputs[0], p->inputs[1], input_or_none(*p, 2), input_or_none(*p, 3)};
+  std::vector<ValueId> ins = {p->inputs[0], p->inputs[1], passes::input_or_none(*p, 2), passes::input_or_none(*p, 3)};
   const Attrs attrs = p->attrs;
   if (ins[2] == kNoValue && passes::channel_form(*p, g.type(other), out) != passes::ChannelForm::kNone) {
     std::optional<ValueId> b = as_bias(g, *p, other, out, pos);
@@ -141,7 +139,7 @@ bool try_add_through_views(Graph& g, size_t pos, ValueId v, ValueId r) {
   }
   const Node* p = views.empty() ? nullptr : fusable_producer(g, y);
   const TensorType sum = g.type(g.nodes()[pos]->outputs[0]);
-  if (p == nullptr || input_or_none(*p, 3) != kNoValue || g.type(r).dtype != sum.dtype ||
+  if (p == nullptr || passes::input_or_none(*p, 3) != kNoValue || g.type(r).dtype != sum.dtype ||
       g.type(r).shape() != sum.shape() || g.type(v).numel() != sum.numel() || g.type(y).dtype != sum.dtype)
     return false;
   const std::string name = g.nodes()[pos]->name;
@@ -171,16 +169,16 @@ bool try_add_through_views(Graph& g, size_t pos, ValueId v, ValueId r) {
 bool try_add_reassociate(Graph& g, size_t pos, ValueId y, ValueId r) {
   Node* p1 = fusable_producer(g, y);
   if (p1 == nullptr || r == y) return false;
-  const ValueId z = input_or_none(*p1, 3);
+  const ValueId z = passes::input_or_none(*p1, 3);
   Node* p2 = z == kNoValue ? nullptr : fusable_producer(g, z);
   const TensorType& sum = g.type(g.nodes()[pos]->outputs[0]);
-  if (p2 == nullptr || input_or_none(*p2, 3) != kNoValue || g.type(r).dtype != sum.dtype ||
+  if (p2 == nullptr || passes::input_or_none(*p2, 3) != kNoValue || g.type(r).dtype != sum.dtype ||
       g.type(r).shape() != sum.shape() || g.type(y).shape() != sum.shape() || g.type(y).dtype != sum.dtype ||
       g.type(z).shape() != sum.shape())
     return false;
   const size_t p2_pos = position_of(g, p2, pos);
   if (const Node* made = g.value(r).producer; made != nullptr && position_of(g, made, pos) > p2_pos) return false;
-  std::vector<ValueId> ins = {p2->inputs[0], p2->inputs[1], input_or_none(*p2, 2), r};
+  std::vector<ValueId> ins = {p2->inputs[0], p2->inputs[1], passes::input_or_none(*p2, 2), r};
   passes::replace_node(g, p2_pos, p2->op, ins, p2->attrs);  // one node for one: pos stays the add's
   g.replace_all_uses(g.nodes()[pos]->outputs[0], y);
   g.erase_node(pos);

@@ -45,8 +45,6 @@ namespace kiln {
 
 namespace {
 
-ValueId input_or_none(const Node& n, size_t i) { return i < n.inputs.size() ? n.inputs[i] : kNoValue; }
-
 // Whether every reader of v, followed through reshape and permute nodes (and expand, slice and
 // split nodes, with `views`), reads a slice of the fused output where it lies: an sdpa that takes
 // it as q, k or v and that `foldable` accepts, or, with `views`, a pointwise op or a concat
@@ -78,8 +76,8 @@ bool reads_slices_in_place(const Graph& g, const std::vector<std::vector<int>>& 
 // A linear that may join a group: plain (no activation, no residual), constant weight and bias.
 bool plain_constant_linear(const Graph& g, const Node& n) {
   if (n.op != OpKind::kLinear || !pw::parse_activation(n.op, n.attrs).none) return false;
-  if (input_or_none(n, 3) != kNoValue) return false;
-  const ValueId w = n.inputs[1], b = input_or_none(n, 2);
+  if (passes::input_or_none(n, 3) != kNoValue) return false;
+  const ValueId w = n.inputs[1], b = passes::input_or_none(n, 2);
   return g.value(w).is_constant() && (b == kNoValue || g.value(b).is_constant());
 }
 
@@ -148,7 +146,7 @@ bool fuse_sibling_linears(Graph& g, const AttentionFilter& foldable, bool pointw
     const bool views = pointwise_views && passes::all_static(g.type(n.outputs[0]));
     if (!reads_slices_in_place(g, users, n.outputs[0], foldable, views)) continue;
     const ValueId x = n.inputs[0];
-    const bool biased = input_or_none(n, 2) != kNoValue;
+    const bool biased = passes::input_or_none(n, 2) != kNoValue;
     auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& grp) {
       return grp.x == x && grp.biased == biased && *grp.attrs == n.attrs;
     });

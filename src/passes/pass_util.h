@@ -29,6 +29,9 @@ inline std::vector<double> constant_as_doubles(const Graph& g, ValueId v) {
   return out;
 }
 
+// Input i of n, or kNoValue where n has fewer inputs (an optional bias, residual or mask).
+inline ValueId input_or_none(const Node& n, size_t i) { return i < n.inputs.size() ? n.inputs[i] : kNoValue; }
+
 // Whether v is a constant of a floating dtype (kNoValue is not).
 inline bool is_float_constant(const Graph& g, ValueId v) {
   return v != kNoValue && g.value(v).is_constant() && is_floating(g.type(v).dtype);
