@@ -31,9 +31,15 @@ ConvChoice random_choice(std::mt19937& rng) {
   ConvChoice c;
   c.fused = rng() % 2 == 0;
   c.signature = (uint64_t(rng()) << 32) | rng();
-  if (rng() % 3 == 0) {  // the generated depthwise kernel: a source hash, no cuDNN engine
+  const uint32_t pick = rng() % 4;
+  if (pick == 0) {  // the generated depthwise kernel: a source hash, no cuDNN engine
     c.tactic = cuda::ConvTactic::kDepthwise;
     c.kernel_hash = ((uint64_t(rng()) << 32) | rng()) | 1;
+    c.engine = -1;
+    return c;
+  }
+  if (pick == 1) {  // the GEMM: nothing but the signature
+    c.tactic = cuda::ConvTactic::kGemm;
     c.engine = -1;
     return c;
   }
@@ -135,6 +141,37 @@ TEST(CudaConvState, RefusesASerializedPlanOnTheDepthwiseTactic) {
     EXPECT_EQ(e.code(), ErrorCode::kCorrupted);
     EXPECT_NE(std::string(e.what()).find("serialized plan"), std::string::npos) << e.what();
   }
+}
+
+// The GEMM tactic carries no cuDNN engine, knobs, plan or kernel hash: bytes that give it one
+// are refused, naming the field.
+TEST(CudaConvState, RefusesCudnnFieldsOnTheGemmTactic) {
+  ConvChoice c;
+  c.tactic = cuda::ConvTactic::kGemm;
+  c.signature = 42;
+  EXPECT_EQ(cuda::decode_conv_choice(cuda::encode_conv_choice(c)), c);
+  auto refused = [](const ConvChoice& bad, const char* field) {
+    try {
+      cuda::decode_conv_choice(cuda::encode_conv_choice(bad));
+      ADD_FAILURE() << "a GEMM choice with " << field << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kCorrupted);
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("GEMM"), std::string::npos) << e.what();
+    }
+  };
+  ConvChoice engine = c;
+  engine.engine = 4;
+  refused(engine, "engine index");
+  ConvChoice hash = c;
+  hash.kernel_hash = 9;
+  refused(hash, "kernel hash");
+  ConvChoice knobs = c;
+  knobs.knobs = {{1, 2}};
+  refused(knobs, "knobs");
+  ConvChoice plan = c;
+  plan.plan_json = "{}";
+  refused(plan, "serialized plan");
 }
 
 TEST(CudaConvState, SignatureSeparatesParts) {
@@ -311,8 +348,9 @@ TEST(CudaConvDevice, WritesOverItsResidualWhereThePlanGivesTheSameBytes) {
   convs.push_back(conv_graph(OpKind::kConv, DType::kF32, {2, 14, 14, 64}, {256, 1, 1, 64}, true, relu, true));
   convs.push_back(conv_graph(OpKind::kConv, DType::kF32, {2, 8, 9, 9}, {16, 8, 3, 3}, false, plain, false));
   Backend& gpu = get_backend(Device::parse("cuda:0"));
-  // A ResNet bottleneck's last conv in FP16, channels-last: cuDNN fuses its residual, and the
-  // fused plan runs in place (runs_in_place checked it on random data).
+  // A ResNet bottleneck's last conv in FP16, channels-last: cuDNN's fused plan (runs_in_place
+  // checked it on random data) or the GEMM reading the residual as C, whichever the timing
+  // keeps, runs in place.
   const ConvGraph half = conv_graph(OpKind::kConv, DType::kF16, {2, 14, 14, 64}, {256, 1, 1, 64}, true, relu, true);
   auto hk = gpu.make_kernel(*half.node, half.g, KernelOptions{});
   EXPECT_TRUE(hk->writes_over_input(3)) << hk->describe();
@@ -331,6 +369,64 @@ TEST(CudaConvDevice, WritesOverItsResidualWhereThePlanGivesTheSameBytes) {
     for (ValueId v : c.node->inputs) ins.push_back(random_values(size_t(c.g.type(v).numel()), rng));
     const size_t out_n = size_t(c.g.type(c.node->outputs[0]).numel());
     EXPECT_EQ(run_kernel(gpu, *k, ins, out_n, 3), run_kernel(gpu, *k, ins, out_n));
+  }
+}
+
+double relative_error(const std::vector<float>& y, const std::vector<float>& r) {
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < y.size(); ++i) err += (y[i] - r[i]) * double(y[i] - r[i]), norm += double(r[i]) * r[i];
+  EXPECT_GT(norm, 1.0);
+  return std::sqrt(err / norm);
+}
+
+// A channels-last 1x1 conv is one GEMM: untimed it runs as the linear family's cuBLASLt GEMM
+// (odd channel counts, bias + residual + hardswish, and a strided conv over a 1x1 image), timed
+// it runs as whichever of the GEMM and cuDNN is faster; every one matches the CPU and remakes
+// from its state. A strided 1x1 conv over a larger image skips pixels: cuDNN's.
+TEST(CudaConvDevice, OneByOneConvRunsAsAGemmAndRemakesFromItsState) {
+  if (!backend_available(DeviceType::kCUDA)) GTEST_SKIP() << "no CUDA device";
+  Backend& gpu = get_backend(Device::parse("cuda:0"));
+  Backend& cpu = get_backend(Device::parse("cpu"));
+  Attrs hs = attrs_2d(1, 0, 1, 1);
+  hs.set("activation", std::string("hardswish"));
+  hs.set("layout", std::string("nhwc"));
+  Attrs s2 = attrs_2d(2, 0, 1, 1);
+  s2.set("layout", std::string("nhwc"));
+  struct Case {
+    ConvGraph c;
+    bool gemm;
+  };
+  std::vector<Case> cases;
+  cases.push_back({conv_graph(OpKind::kConv, DType::kF32, {3, 7, 5, 29}, {58, 1, 1, 29}, true, hs, true), true});
+  cases.push_back({conv_graph(OpKind::kConv, DType::kF32, {4, 1, 1, 24}, {40, 1, 1, 24}, false, s2, false), true});
+  cases.push_back({conv_graph(OpKind::kConv, DType::kF32, {2, 5, 5, 16}, {24, 1, 1, 16}, true, s2, false), false});
+  std::mt19937 rng(9);
+  for (const Case& t : cases) {
+    const ConvGraph& c = t.c;
+    std::vector<std::vector<float>> ins;
+    for (ValueId v : c.node->inputs) {  // an absent input is last: the pointers keep their places
+      if (v != kNoValue) ins.push_back(random_values(size_t(c.g.type(v).numel()), rng));
+    }
+    const size_t out_n = size_t(c.g.type(c.node->outputs[0]).numel());
+    KernelOptions opt;
+    opt.policy.allow_tf32 = false;  // strict FP32, to compare with the CPU closely
+    const auto r = run_kernel(cpu, *cpu.make_kernel(*c.node, c.g, opt), ins, out_n);
+    for (const int level : {0, 3}) {
+      opt.optimization_level = level;
+      auto k = gpu.make_kernel(*c.node, c.g, opt);
+      SCOPED_TRACE("level " + std::to_string(level) + ": " + k->describe());
+      if (level == 0) {
+        EXPECT_EQ(k->describe().find("1x1 conv as a GEMM") != std::string::npos, t.gemm);
+      }
+      const auto y = run_kernel(gpu, *k, ins, out_n);
+      EXPECT_LT(relative_error(y, r), 1e-5);
+      const Bytes state = k->state();
+      auto again = gpu.make_kernel(*c.node, c.g, opt, &state);
+      EXPECT_EQ(again->state(), state);
+      EXPECT_EQ(again->describe().find("1x1 conv as a GEMM") != std::string::npos,
+                k->describe().find("1x1 conv as a GEMM") != std::string::npos);
+      EXPECT_EQ(run_kernel(gpu, *again, ins, out_n), y);
+    }
   }
 }
 

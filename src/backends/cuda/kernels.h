@@ -13,7 +13,8 @@
 //   generator.cpp   arange, full                                   generated
 //   matmul.cpp      matmul, linear (+bias/residual/activation)     cuBLASLt, timed algorithms
 //   conv.cpp        conv, conv_transpose (+bias/residual/act.)     cuDNN graph API, timed engines;
-//                   depthwise nhwc convs also generated (depthwise.h), timed against cuDNN
+//                   depthwise nhwc convs also generated (depthwise.h), 1x1 nhwc convs also
+//                   matmul.cpp's GEMM, each timed against cuDNN
 //   attention.cpp   sdpa                                           fused kernel; matmul fallback
 #pragma once
 

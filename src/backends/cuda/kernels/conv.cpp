@@ -19,6 +19,14 @@
 // level 0 the generated kernel is taken untimed: cuDNN and the timing cache are not asked, and
 // the untimed choice is not recorded there.
 //
+// A conv that is one GEMM (gemm_conv: channels-last, groups 1, a 1x1 kernel without padding or
+// dilation, stride 1 or a 1x1 image) has another tactic: the linear family's cuBLASLt GEMM
+// (matmul.cpp) over the conv's own buffers, x [N, H, W, C] as [N*H*W, C] and the weight
+// [O, 1, 1, C] as [O, C], with bias / residual / activation in its epilogue. cuDNN pads channel
+// counts that are not multiples of 8 and transforms such weights on every run, while its fused
+// kernels win on some small images; the build times both and keeps the faster (ConvChoice::tactic
+// kGemm, saved with the GEMM kernel's own state).
+//
 // Run: one cuDNN handle per device, used under its lock (cudnnSetStream + cudnnBackendExecute).
 // Variant packs (the data pointers) are cached per kernel for the last few pointer sets, so a
 // steady-state run builds none. Everything run() enqueues is capturable into a CUDA graph.
@@ -34,6 +42,7 @@
 #include "src/backends/cuda/kernels/depthwise.h"
 #include "src/backends/cuda/libs/cublaslt.h"
 #include "src/backends/cuda/tuning/tactics.h"
+#include "src/ops/epilogue.h"
 
 namespace kiln::cuda {
 
@@ -144,6 +153,32 @@ Epilogue make_epilogue(const ConvGeom& q, std::shared_ptr<const Module> module) 
   return e;
 }
 
+// A gemm_conv run as the linear family's GEMM kernel, which reads the conv's inputs in the same
+// order (x, weight, bias, residual) and writes its output.
+class ConvGemmKernel final : public Kernel {
+ public:
+  ConvGemmKernel(std::unique_ptr<Kernel> gemm, bool residual, uint64_t sig, std::string note)
+      : gemm_(std::move(gemm)), residual_(residual), note_(std::move(note)) {
+    choice_.tactic = ConvTactic::kGemm;
+    choice_.signature = sig;
+  }
+  void run(const void* const* in, void* const* out, const RunContext& rc) const override { gemm_->run(in, out, rc); }
+  size_t workspace_size() const override { return gemm_->workspace_size(); }
+  bool bakes_constants() const override { return false; }  // operands by pointer
+  // A conv's residual has the output's shape, so the GEMM reads it as cuBLASLt's C operand, and
+  // cuBLASLt documents in-place GEMMs (C == D with the same layout).
+  bool writes_over_input(size_t input) const override { return residual_ && input == 3; }
+  std::string describe() const override { return "1x1 conv as a GEMM: " + gemm_->describe() + ", " + note_; }
+  Bytes state() const override { return pack_state(gemm_->state(), encode_conv_choice(choice_)); }
+  const ConvChoice& choice() const { return choice_; }
+
+ private:
+  std::unique_ptr<Kernel> gemm_;
+  bool residual_;
+  ConvChoice choice_;
+  std::string note_;
+};
+
 }  // namespace
 
 bool supports_conv(const Node& n, const Graph& g, std::string* why) {
@@ -166,11 +201,32 @@ std::unique_ptr<ConvKernel> cudnn_kernel(const ConvGeom& q, ConvPlan b, const By
   return std::make_unique<ConvKernel>(q, std::move(b.og), std::move(b.plan), b.choice, std::move(epi), desc);
 }
 
+// The linear family's kernel for gemm_conv node `n`: a linear node over the conv's inputs in a
+// graph of its own, x and the output as they are and the weight [O, 1, 1, C] read as [O, C]
+// (the same bytes). `state`: the saved GEMM kernel's.
+std::unique_ptr<Kernel> make_gemm(const Node& n, const Graph& g, const KernelOptions& options, const Bytes* state) {
+  Graph lg;
+  std::vector<ValueId> ins = {lg.add_input("x", g.type(n.inputs[0]))};
+  const TensorType& w = g.type(n.inputs[1]);
+  ins.push_back(lg.add_input("weight", TensorType(w.dtype, {w.dims[0].extent, w.dims[3].extent})));
+  for (size_t i = 2; i < n.inputs.size(); ++i)
+    ins.push_back(n.inputs[i] == kNoValue ? kNoValue : lg.add_input(i == 2 ? "bias" : "residual", g.type(n.inputs[i])));
+  Attrs a;
+  pw::copy_activation(n.attrs, a);
+  lg.add_node(OpKind::kLinear, ins, a, n.name);
+  return make_matmul_kernel(*lg.nodes().front(), lg, options, state);
+}
+
 // Load: the kernel a saved state names, decoded and checked before any device call.
-std::unique_ptr<Kernel> load_conv(const ConvGeom& q, uint64_t sig, const Bytes& state, const std::string& what) {
+std::unique_ptr<Kernel> load_conv(const Node& n, const Graph& g, const KernelOptions& options, const ConvGeom& q,
+                                  uint64_t sig, const Bytes& state, const std::string& what) {
   CompiledState cs = unpack_state(state);
   const ConvChoice c = decode_conv_choice(cs.params);
   KILN_CHECK(c.signature == sig, kCorrupted, what, ": the saved conv tactic was made for another conv");
+  if (c.tactic == ConvTactic::kGemm) {
+    KILN_CHECK(gemm_conv(q), kCorrupted, what, ": saved state names the GEMM tactic, which runs 1x1 convs only");
+    return std::make_unique<ConvGemmKernel>(make_gemm(n, g, options, &cs.cubin), q.residual, sig, "saved tactic");
+  }
   if (c.tactic == ConvTactic::kDepthwise) {
     std::string why;
     KILN_CHECK(depthwise_eligible(q, &why), kCorrupted, what,
@@ -222,10 +278,10 @@ struct CudnnContenders {
   std::vector<ConvChoice> choices;
 };
 CudnnContenders cudnn_contenders(const ConvGeom& q, uint64_t sig, const ConvSearch& fused, const ConvSearch& alone,
-                                 const std::string& what, std::string* note) {
+                                 const std::string& what, std::string* note, bool with_alone = true) {
   CudnnContenders c;
   for (const bool conv_only : {false, true}) {
-    if (conv_only && (!q.has_epilogue() || c.choices.empty() || !c.choices[0].fused)) break;
+    if (conv_only && (!with_alone || !q.has_epilogue() || c.choices.empty() || !c.choices[0].fused)) break;
     try {
       ConvPlan b = search_conv_plan(q, conv_only ? alone : fused, what, sig, conv_only);
       c.choices.push_back(b.choice);
@@ -307,6 +363,37 @@ std::unique_ptr<Kernel> choose_depthwise(const ConvGeom& q, uint64_t sig, const 
   return make_depthwise_kernel(q, src, std::move(module), sig, note);
 }
 
+// Build, gemm_conv: the GEMM against cuDNN's fused plan, and against the conv alone with the
+// generated epilogue where choose_chain would time that too (a hardswish / hardsigmoid chain, an
+// image's conv).
+std::unique_ptr<Kernel> choose_gemm(const Node& n, const Graph& g, const ConvGeom& q, uint64_t sig,
+                                    const KernelOptions& options, const std::string& key, const std::string& what) {
+  std::unique_ptr<Kernel> gemm = make_gemm(n, g, options, nullptr);
+  const bool chain = hard_activation(q.act);
+  const ConvSearch search = conv_search(q, options, false);
+  std::string note;
+  CudnnContenders cudnn = cudnn_contenders(q, sig, chain ? conv_search(q, options, true) : search, search, what, &note,
+                                           chain || image_entry(q));
+  size_t best = 0;  // 0: the GEMM; i > 0: cudnn.kernels[i - 1]
+  if (!cudnn.kernels.empty()) {
+    std::vector<const Kernel*> contenders = {gemm.get()};
+    for (const auto& k : cudnn.kernels) contenders.push_back(k.get());
+    std::string report;
+    best = fastest_conv_kernel(q, contenders, &report);
+    note += std::string(best == 0 ? "chosen over" : "lost to") + " the cuDNN plan (GEMM #0 vs cuDNN #1" +
+            (contenders.size() > 2 ? ", #2" : "") + ": " + report + ")";
+  }
+  if (note.size() > 600) note = note.substr(0, 600) + "...";
+  if (best > 0) {
+    timing_cache_insert(key, encode_conv_choice(cudnn.choices[best - 1]));
+    cudnn.kernels[best - 1]->add_note("the GEMM " + note);
+    return std::move(cudnn.kernels[best - 1]);
+  }
+  auto k = std::make_unique<ConvGemmKernel>(std::move(gemm), q.residual, sig, note);
+  timing_cache_insert(key, encode_conv_choice(k->choice()));
+  return k;
+}
+
 }  // namespace
 
 std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g, const KernelOptions& options,
@@ -315,7 +402,7 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g, const Ke
   const std::string what = std::string(op_name(n.op)) + " '" + n.name + "'";
   const std::vector<std::string> parts = conv_key_parts(q);
   const uint64_t sig = conv_signature(parts);
-  if (state) return load_conv(q, sig, *state, what);
+  if (state) return load_conv(n, g, options, q, sig, *state, what);
 
   std::vector<std::string> key_parts = parts;
   key_parts.push_back(strict_f32(q.dtype, options.policy) ? "strict-f32" : "tf32-ok");
@@ -327,16 +414,25 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g, const Ke
   if (image_input(q)) key_parts.push_back("image");
   // Likewise choices made before a grouped conv's fused plans were timed against the conv alone.
   if (grouped_entry(q)) key_parts.push_back("grouped");
-  const std::string key = timing_key("conv", key_parts);
   const bool depthwise = depthwise_eligible(q);
+  const bool gemm = gemm_conv(q) && !depthwise;
+  // And choices made before a 1x1 conv could run as a GEMM.
+  if (gemm) key_parts.push_back("gemm");
+  const std::string key = timing_key("conv", key_parts);
   const bool timed = options.budget().timed;
   if (depthwise && !timed) return choose_depthwise(q, sig, options, key, what);
+  // Untimed, a 1x1 conv takes the GEMM (cuBLASLt's heuristic algorithm), not recorded in the timing cache.
+  if (gemm && !timed)
+    return std::make_unique<ConvGemmKernel>(make_gemm(n, g, options, nullptr), q.residual, sig,
+                                            "optimization level 0, untimed");
   const TimingClaim claim(key);
   // A choice from the timing cache may be a runtime-compiled plan: not for precompiled_only.
   if (auto cached = options.precompiled_only ? std::nullopt : timing_cache_find(key)) {
     try {
       const ConvChoice c = decode_conv_choice(*cached);
-      if (c.signature == sig && c.tactic == ConvTactic::kDepthwise && depthwise) {
+      if (c.signature == sig && c.tactic == ConvTactic::kGemm && gemm) {
+        return std::make_unique<ConvGemmKernel>(make_gemm(n, g, options, nullptr), q.residual, sig, "timing cache");
+      } else if (c.signature == sig && c.tactic == ConvTactic::kDepthwise && depthwise) {
         const DepthwiseSource src = generate_depthwise(q);
         if (c.kernel_hash == src.hash)
           return make_depthwise_kernel(q, src, Module::compile(src.source, what), sig, "timing cache");
@@ -355,6 +451,7 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g, const Ke
     }
   }
   if (depthwise) return choose_depthwise(q, sig, options, key, what);
+  if (gemm) return choose_gemm(n, g, q, sig, options, key, what);
   const ConvSearch search = conv_search(q, options, false);
   if (timed) {
     if (hard_activation(q.act)) return choose_chain(q, sig, conv_search(q, options, true), search, key, what);

@@ -36,6 +36,13 @@ struct ConvGeom {
 // A conv over an image: at most 4 input channels (to_channels_last pads RGB to 4), groups 1.
 inline bool image_input(const ConvGeom& q) { return !q.transpose && q.groups == 1 && q.C <= 4; }
 
+// A conv that is one GEMM of [N*H*W, C] x [C, O]: channels-last, groups 1, a 1x1 kernel without
+// padding or dilation, and stride 1 or a 1x1 image (where a stride skips nothing).
+inline bool gemm_conv(const ConvGeom& q) {
+  return !q.transpose && q.nhwc && q.groups == 1 && q.KH == 1 && q.KW == 1 && q.ph == 0 && q.pw == 0 && q.dh == 1 &&
+         q.dw == 1 && ((q.sh == 1 && q.sw == 1) || (q.H == 1 && q.W == 1));
+}
+
 // hardswish or hardsigmoid: cuDNN runs them as a chain of pointwise ops (build_conv_graph).
 bool hard_activation(const pw::Activation& a);
 

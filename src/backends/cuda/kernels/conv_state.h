@@ -1,18 +1,20 @@
 // The conv family's tactic choice as bytes: what the timing cache stores per conv signature and
-// what Kernel::state() carries (inside pack_state, next to the epilogue's cubin when there is
-// one), so that loading an engine rebuilds the exact cuDNN execution plan without heuristics
-// or timing.
+// what Kernel::state() carries (inside pack_state, next to the epilogue's or the depthwise
+// kernel's cubin, or the GEMM kernel's own state, when there is one), so that loading an engine
+// rebuilds the exact cuDNN execution plan (or the other tactic) without heuristics or timing.
 //
-// Two tactics: a cuDNN execution plan, or the generated depthwise kernel (depthwise.h), which
-// the build times against the cuDNN plan for depthwise convs and keeps when it is faster.
+// Three tactics: a cuDNN execution plan; the generated depthwise kernel (depthwise.h), which the
+// build times against the cuDNN plans for depthwise convs; and, for a conv that is one GEMM
+// (a channels-last 1x1 conv: conv.cpp's gemm_conv), the linear family's cuBLASLt GEMM, timed
+// against the cuDNN plan. Whichever is faster is kept.
 //
 // Layout (little endian): "KCV1", u8 version (3; version 2, written before plans were
 // serialized, is read with an empty plan_json; a version-1 state, which had no tactic byte, is
-// refused as kCorrupted rather than misread), u8 tactic (0 cuDNN, 1 generated depthwise), u8
+// refused as kCorrupted rather than misread), u8 tactic (0 cuDNN, 1 generated depthwise, 2 GEMM), u8
 // fused, u64 signature (a hash of the conv's shapes, dtypes and attributes, so a state from
 // another node is refused), u64 kernel hash (FNV-1a of the generated depthwise source, so a
-// cubin from another generator is refused; 0 for cuDNN), i64 engine global index (-1 for the
-// depthwise kernel), u32 knob count, per knob (i32 type, i64 value), version 3: u32 plan_json
+// cubin from another generator is refused; 0 otherwise), i64 engine global index (-1 for the
+// depthwise kernel and the GEMM), u32 knob count, per knob (i32 type, i64 value), version 3: u32 plan_json
 // length and its bytes, then u64 FNV-1a of everything before. decode_conv_choice throws
 // kCorrupted naming what is wrong. No CUDA header here: the layout is tested on machines
 // without a GPU.
@@ -29,15 +31,15 @@
 
 namespace kiln::cuda {
 
-enum class ConvTactic : uint8_t { kCudnn = 0, kDepthwise = 1 };
+enum class ConvTactic : uint8_t { kCudnn = 0, kDepthwise = 1, kGemm = 2 };
 
 struct ConvChoice {
   ConvTactic tactic = ConvTactic::kCudnn;
   bool fused = true;        // one cuDNN graph with the epilogue; false: conv graph + generated epilogue
   uint64_t signature = 0;   // conv_signature() of the node it was made for
-  uint64_t kernel_hash = 0; // kDepthwise: FNV-1a of the generated source; kCudnn: 0
-  int64_t engine = -1;      // kCudnn: cuDNN engine global index; kDepthwise: -1
-  std::vector<std::pair<int32_t, int64_t>> knobs;  // (knob type, value); none for kDepthwise
+  uint64_t kernel_hash = 0; // kDepthwise: FNV-1a of the generated source; otherwise 0
+  int64_t engine = -1;      // kCudnn: cuDNN engine global index; otherwise -1
+  std::vector<std::pair<int32_t, int64_t>> knobs;  // (knob type, value); kCudnn only
   // kCudnn: the finalized plan serialized by cuDNN (cudnn_graph.h plan_json), where cuDNN
   // serializes it (runtime-fusion engines, whose plans compile a kernel when finalized):
   // rebuilding the plan from it compiles nothing. Empty otherwise.
@@ -154,24 +156,26 @@ inline ConvChoice decode_conv_choice(const Bytes& b) {
              int(kVersion));
   ConvChoice c;
   const auto tactic = r.get<uint8_t>("tactic");
-  KILN_CHECK(tactic <= 1, kCorrupted, "conv state: tactic ", int(tactic), " is not 0 (cuDNN) or 1 (depthwise)");
+  KILN_CHECK(tactic <= 2, kCorrupted, "conv state: tactic ", int(tactic),
+             " is not 0 (cuDNN), 1 (depthwise) or 2 (GEMM)");
   c.tactic = ConvTactic(tactic);
-  const bool cudnn = c.tactic == ConvTactic::kCudnn;
+  const bool cudnn = c.tactic == ConvTactic::kCudnn, depthwise = c.tactic == ConvTactic::kDepthwise;
+  const char* name = cudnn ? "cuDNN" : depthwise ? "depthwise" : "GEMM";
   const auto fused = r.get<uint8_t>("fused flag");
   KILN_CHECK(fused <= 1, kCorrupted, "conv state: fused flag ", int(fused), " is not 0 or 1");
   c.fused = fused == 1;
   c.signature = r.get<uint64_t>("signature");
   c.kernel_hash = r.get<uint64_t>("kernel hash");
-  KILN_CHECK(cudnn == (c.kernel_hash == 0), kCorrupted, "conv state: kernel hash ", c.kernel_hash,
-             cudnn ? " on a cuDNN tactic" : " missing on the depthwise tactic");
+  KILN_CHECK(depthwise == (c.kernel_hash != 0), kCorrupted, "conv state: kernel hash ", c.kernel_hash,
+             depthwise ? " missing on the depthwise tactic" : " on the " + std::string(name) + " tactic");
   c.engine = r.get<int64_t>("engine index");
   KILN_CHECK(cudnn ? c.engine >= 0 : c.engine == -1, kCorrupted, "conv state: engine index ", c.engine,
-             cudnn ? " is negative" : " on the depthwise tactic (expected -1)");
+             cudnn ? std::string(" is negative") : " on the " + std::string(name) + " tactic (expected -1)");
   c.knobs = get_knobs(r, "conv state");
-  KILN_CHECK(cudnn || c.knobs.empty(), kCorrupted, "conv state: ", c.knobs.size(), " knobs on the depthwise tactic");
+  KILN_CHECK(cudnn || c.knobs.empty(), kCorrupted, "conv state: ", c.knobs.size(), " knobs on the ", name, " tactic");
   if (version >= 3) {
     c.plan_json = get_plan_json(r, "conv state");
-    KILN_CHECK(cudnn || c.plan_json.empty(), kCorrupted, "conv state: a serialized plan on the depthwise tactic");
+    KILN_CHECK(cudnn || c.plan_json.empty(), kCorrupted, "conv state: a serialized plan on the ", name, " tactic");
   }
   const size_t body = r.pos;
   const auto sum = r.get<uint64_t>("checksum");
