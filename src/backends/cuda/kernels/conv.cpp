@@ -293,6 +293,25 @@ CudnnContenders cudnn_contenders(const ConvGeom& q, uint64_t sig, const ConvSear
   return c;
 }
 
+// A tactic note cut to a length a build log line can hold.
+void clip_note(std::string& note) {
+  if (note.size() > 600) note = note.substr(0, 600) + "...";
+}
+
+// Times Kiln's own kernel for conv `q` (#0, named `name`: "generated", "GEMM") against cuDNN's
+// contenders (at least one) and appends the outcome to *note: 0 when `own` is fastest, else
+// i > 0 for cudnn.kernels[i - 1].
+size_t race_cudnn(const ConvGeom& q, const Kernel& own, const char* name, const CudnnContenders& cudnn,
+                  std::string* note) {
+  std::vector<const Kernel*> contenders = {&own};
+  for (const auto& k : cudnn.kernels) contenders.push_back(k.get());
+  std::string report;
+  const size_t best = fastest_conv_kernel(q, contenders, &report);
+  *note += std::string(best == 0 ? "chosen over" : "lost to") + " the cuDNN plan (" + name + " #0 vs cuDNN #1" +
+           (contenders.size() > 2 ? ", #2" : "") + ": " + report + ")";
+  return best;
+}
+
 // An image_input conv with an epilogue. cuDNN has kernels for an image's first layer that it
 // offers for the conv alone, not for the fused graph, so the conv alone with a generated
 // epilogue may beat every fused plan (a network's stem conv).
@@ -320,7 +339,7 @@ std::unique_ptr<Kernel> choose_chain(const ConvGeom& q, uint64_t sig, const Conv
     note += "fused #0 vs conv alone + generated epilogue #1: " + report;
   }
   timing_cache_insert(key, encode_conv_choice(c.choices[best]));
-  if (note.size() > 600) note = note.substr(0, 600) + "...";
+  clip_note(note);
   if (!note.empty()) c.kernels[best]->add_note(note);
   return std::move(c.kernels[best]);
 }
@@ -343,19 +362,12 @@ std::unique_ptr<Kernel> choose_depthwise(const ConvGeom& q, uint64_t sig, const 
     note = "optimization level 0, untimed";
   }
   std::shared_ptr<const Module> module = Module::compile(src.source, what);
-  size_t best = 0;  // 0: generated; i > 0: cudnn.kernels[i - 1]
-  if (!cudnn.kernels.empty()) {
-    const std::unique_ptr<Kernel> dw = make_depthwise_kernel(q, src, module, sig, "timing");
-    std::vector<const Kernel*> contenders = {dw.get()};
-    for (const auto& k : cudnn.kernels) contenders.push_back(k.get());
-    std::string report;
-    best = fastest_conv_kernel(q, contenders, &report);
-    note += std::string(best == 0 ? "chosen over" : "lost to") + " the cuDNN plan (generated #0 vs cuDNN #1" +
-            (contenders.size() > 2 ? ", #2" : "") + ": " + report + ")";
-  }
+  const size_t best = cudnn.kernels.empty() ? 0
+                                            : race_cudnn(q, *make_depthwise_kernel(q, src, module, sig, "timing"),
+                                                         "generated", cudnn, &note);
   if (!untimed)
     timing_cache_insert(key, encode_conv_choice(best == 0 ? depthwise_choice(src, sig) : cudnn.choices[best - 1]));
-  if (note.size() > 600) note = note.substr(0, 600) + "...";
+  clip_note(note);
   if (best > 0) {
     cudnn.kernels[best - 1]->add_note("the generated depthwise kernel " + note);
     return std::move(cudnn.kernels[best - 1]);
@@ -374,16 +386,8 @@ std::unique_ptr<Kernel> choose_gemm(const Node& n, const Graph& g, const ConvGeo
   std::string note;
   CudnnContenders cudnn = cudnn_contenders(q, sig, chain ? conv_search(q, options, true) : search, search, what, &note,
                                            chain || image_entry(q));
-  size_t best = 0;  // 0: the GEMM; i > 0: cudnn.kernels[i - 1]
-  if (!cudnn.kernels.empty()) {
-    std::vector<const Kernel*> contenders = {gemm.get()};
-    for (const auto& k : cudnn.kernels) contenders.push_back(k.get());
-    std::string report;
-    best = fastest_conv_kernel(q, contenders, &report);
-    note += std::string(best == 0 ? "chosen over" : "lost to") + " the cuDNN plan (GEMM #0 vs cuDNN #1" +
-            (contenders.size() > 2 ? ", #2" : "") + ": " + report + ")";
-  }
-  if (note.size() > 600) note = note.substr(0, 600) + "...";
+  const size_t best = cudnn.kernels.empty() ? 0 : race_cudnn(q, *gemm, "GEMM", cudnn, &note);
+  clip_note(note);
   if (best > 0) {
     timing_cache_insert(key, encode_conv_choice(cudnn.choices[best - 1]));
     cudnn.kernels[best - 1]->add_note("the GEMM " + note);
