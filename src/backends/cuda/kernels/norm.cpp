@@ -24,8 +24,10 @@
 //   batch_norm: a per-channel kernel folds the running statistics into scale and shift (in
 //               the workspace, f64 arithmetic as on the CPU), then y = x * scale + shift
 //               (norm_batch.cuh).
-// Statistics follow the CPU: f32 (f64 for f64), two-pass mean and biased variance, rstd =
-// 1 / sqrt(var + eps) computed in double; y = (x - mean) * rstd, then * weight, then + bias. An
+// Statistics follow the CPU: f32 (f64 for f64), two-pass mean and biased variance; rstd =
+// 1 / sqrt(var + eps) in double, except in the register-cached row kernel, where a row's
+// statistics are on its critical path and f32 ones take rsqrtf (within a few f32 ulps of the
+// CPU's); y = (x - mean) * rstd, then * weight, then + bias. An
 // RMS layer_norm ({rms}, KG_RMS) takes the mean as 0 and skips its pass.
 // weight / bias may have x's dtype or f32; absent ones are compiled out.
 #include <algorithm>

@@ -4,8 +4,8 @@
 // The weight and bias are loaded with the row, so their latency overlaps x's instead of
 // following the two reductions; they are loaded as whole words too (KG_W_WORDS words of type
 // KG_W_WORD per chunk of KG_V, the bias likewise), since scalar 2-byte loads spread a warp's
-// instruction over 16 sectors each. Sum, squared deviations, then the write. The kernel is
-// kg_layer_norm_v<KG_V>.
+// instruction over 16 sectors each. Sum, squared deviations, then the write; the statistics in
+// A (kg_row_mean, kg_row_rstd). The kernel is kg_layer_norm_v<KG_V>.
 //
 // Expects T_x, ld_x, st_x, A (the compute type), KG_ACT (the fused activation of an A value),
 // KG_RMS (1: RMSNorm, the mean taken as 0),
@@ -108,7 +108,7 @@ extern "C" __global__ void kg_layer_norm_v8(const T_x* __restrict__ x, const T_p
 #else
     s = kg_block_sum(s, sm);
 #endif
-    const A mean = (A)((double)s / (double)D);
+    const A mean = kg_row_mean(s, D);
 #endif
     s = 0;
 #pragma unroll
@@ -121,7 +121,7 @@ extern "C" __global__ void kg_layer_norm_v8(const T_x* __restrict__ x, const T_p
 #else
     s = kg_block_sum(s, sm);
 #endif
-    const A rstd = (A)(1.0 / sqrt((double)s / (double)D + eps));
+    const A rstd = kg_row_rstd(s, D, eps);
 #pragma unroll
     for (int c = 0; c < KG_EPL / KG_V; ++c) {
       const long long i = (long long)c * KG_G + lane;

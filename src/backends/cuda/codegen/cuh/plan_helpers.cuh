@@ -26,6 +26,18 @@ __device__ __forceinline__ A kg_warp_max(A v) {
   for (int o = 16; o > 0; o >>= 1) v = kg_max(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
+// A row's mean and reciprocal standard deviation from its sum and its squared deviations' sum
+// over n elements, in the compute type: f32 statistics take rsqrtf (as PyTorch's CUDA norms do;
+// f64 division and square root would put a few hundred cycles on each row's critical path), f64
+// statistics stay f64.
+__device__ __forceinline__ float kg_row_mean(float s, long long n) { return s / (float)n; }
+__device__ __forceinline__ double kg_row_mean(double s, long long n) { return s / (double)n; }
+__device__ __forceinline__ float kg_row_rstd(float m2, long long n, double eps) {
+  return rsqrtf(m2 / (float)n + (float)eps);
+}
+__device__ __forceinline__ double kg_row_rstd(double m2, long long n, double eps) {
+  return 1.0 / sqrt(m2 / (double)n + eps);
+}
 // Block-wide sum / max (blockDim.x a multiple of 32, at most 1024); every thread gets the
 // result. `sm` holds 33 values of A.
 template <typename A>
