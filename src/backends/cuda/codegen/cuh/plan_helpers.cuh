@@ -1,6 +1,6 @@
 // Helpers of the plan-driven generated families (codegen/plan.h: source_head), after the
-// prelude: the float infinity, NaN-propagating max / min, and warp and block reductions over
-// any arithmetic type A. Expects no macros.
+// prelude: the float infinity, NaN-propagating max / min, warp and block reductions over any
+// arithmetic type A, and a row's mean and rstd from its sums. Expects no macros.
 #define KG_INF __int_as_float(0x7f800000)
 template <typename A>
 __device__ __forceinline__ A kg_max(A a, A b) {
