@@ -41,7 +41,7 @@ def plan_graphs(model: torch.nn.Module, inputs: list[torch.Tensor], dtype: torch
 
     settings = settings_from_options({"enabled_precisions": {dtype}, "min_block_size": 1})
     lowered = lower_module(model, inputs, None, supported_targets())
-    capability = Capability(lowered.gm, settings)
+    capability = Capability(lowered.gm, settings, device)
     result = partition(lowered.gm, capability, settings)
     builder = _C.Builder(builder_config(settings, device))
     return [builder.optimize(_C.import_aten(describe_block(lowered.gm, b, settings))) for b in result.blocks]

@@ -119,7 +119,7 @@ def main() -> None:
     lowered = lower_module(new, [x], None, aot.supported_targets())
     settings = CompilationSettings(min_block_size=1, **options)
     from kiln.partition import partition
-    result = partition(lowered.gm, translate.Capability(lowered.gm, settings), settings)
+    result = partition(lowered.gm, translate.Capability(lowered.gm, settings, settings.device or "cpu"), settings)
     block = max(result.blocks, key=lambda b: b.num_ops)
     network = _C.import_aten(translate.describe_block(lowered.gm, block, settings))
     builder = _C.Builder(kiln.runtime.builder_config(settings, settings.device or "cpu"))

@@ -204,6 +204,9 @@ void set_timing_cache_path(const std::string& path);
 // device is present.
 Backend& get_backend(const Device& device);
 bool backend_available(DeviceType type);
+// Backend::supports of the backend for `type`, answered without a device present (the
+// partitioner asks it while a build for a GPU is planned anywhere, a dry run included).
+bool device_supports(DeviceType type, const Node& node, const Graph& graph, std::string* why = nullptr);
 
 // A shared library a backend was built against: the version its headers declared, the version
 // of the copy loaded in this process, and that copy's file.

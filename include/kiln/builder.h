@@ -16,6 +16,7 @@
 #include "kiln/backend.h"
 #include "kiln/build_policy.h"
 #include "kiln/engine.h"
+#include "kiln/import.h"
 #include "kiln/ir.h"
 
 namespace kiln {
@@ -53,6 +54,20 @@ class Builder {
   Graph optimize(const Graph& network, std::ostream& log, std::shared_ptr<const Graph>* refit_program) const;
 
   BuilderConfig config_;
+};
+
+// The partitioner's question about each node of a graph, asked in FX order: the importers
+// (ImportTrial), then the backend for `device` about every op the node converted to
+// (device_supports: no device needs to be present). The ops are asked as imported, before the
+// builder's passes, so a refusal that only a fused node meets still shows at build.
+class BuildTrial {
+ public:
+  explicit BuildTrial(DeviceType device) : device_(device) {}
+  ImportSupport add(const ImportNode& node, const ImportGraph& graph);
+
+ private:
+  DeviceType device_;
+  ImportTrial trial_;
 };
 
 }  // namespace kiln

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -83,6 +84,22 @@ struct ImportSupport {
 
 // Is there an importer for node.target, and does it accept these arguments and metadata?
 ImportSupport can_import(const ImportNode& node, const ImportGraph& graph);
+// The importers asked about a whole graph node by node, in FX order, the way import_aten converts
+// it: each accepted node joins one growing graph, so an importer sees what produced its inputs (a
+// cumsum over a cast of a mask sums in f32, as in the build), and the outputs of a refused node
+// read as plain inputs to the nodes after it. `accept`, when given, is asked about the nodes a
+// node converted to (the first of them at `first`) and may refuse them with a reason; a refused
+// node leaves the graph as it was. add() never throws.
+class ImportTrial {
+ public:
+  using Accept = std::function<std::string(const Graph& graph, size_t first)>;
+  ImportSupport add(const ImportNode& node, const ImportGraph& graph, const Accept& accept = {});
+
+ private:
+  Graph graph_;
+  std::vector<ValueId> values_;  // by tensor id: the value standing for it in graph_
+};
+
 // Imports the whole description; throws kUnsupported naming the first node it cannot take.
 Graph import_aten(const ImportGraph& graph);
 // Every ATen overload with an importer, sorted.

@@ -983,6 +983,18 @@ def can_import(node: ImportNode, graph: ImportGraph) -> ImportSupport:
     Whether Kiln has an importer for node.target that accepts these arguments and metadata.
     """
 
+class BuildTrial:
+    """
+    The partitioner's question about each node of a graph, asked in FX order: the importers (each accepted node joins one trial graph), then the backend for the device about the ops it converted to. No device needs to be present.
+    """
+
+    def __init__(self, device: str) -> None: ...
+
+    def add(self, node: ImportNode, graph: ImportGraph) -> ImportSupport:
+        """
+        Whether Kiln can build this node for the device, after the nodes added before it.
+        """
+
 def import_aten(graph: ImportGraph) -> Graph:
     """
     The whole description -> Graph; raises UnsupportedError naming the first node it cannot take.

@@ -1435,7 +1435,7 @@ def compile_dynamic(lowered: LoweredGraph, settings: CompilationSettings, device
     # The importers are asked once, about the whole graph at the opt shape.
     body = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
     whole, node_map = specialize_nodes(gm, placeholders, body, (), opt, lenient=True)
-    capability = Capability(whole, settings)
+    capability = Capability(whole, settings, device)
 
     def supports(node: fx.Node) -> tuple[bool, str]:
         if _scalar_node(node):

@@ -192,7 +192,7 @@ def compile_lowered(lowered: LoweredGraph, settings: CompilationSettings, device
     gm = lowered.gm
     if settings.enable_autocast:
         apply_autocast(gm, settings)  # explicit casts: the engines are built as the graph is typed
-    capability = Capability(gm, settings)
+    capability = Capability(gm, settings, device)
     left_out: dict[fx.Node, str] = {}  # nodes whose engine build failed: they stay in PyTorch
 
     def supports(node: fx.Node) -> tuple[bool, str]:

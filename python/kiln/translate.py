@@ -12,12 +12,13 @@ FakeTensor in ``meta["val"]``) and FX nodes into import nodes (see include/kiln/
 * ``outputs`` has one tensor id per tensor output of the overload, -1 for an output nobody
   reads; a getitem on a tuple output is the id of that tuple element.
 
-:class:`Capability` describes a whole graph once and asks ``kiln._C.can_import`` per node
-(the partitioner's capability function). :func:`describe_block` describes one block with its
-constants' bytes for the build; :func:`describe_block_parts` can leave the weights' bytes out
-(the engine cache's key needs only their metadata, and a cache hit takes the weights from the
-model, so copying them is only worth it when the block is built). No operator knowledge lives
-here: which node is supported, and how, is decided by the C++ importers.
+:class:`Capability` describes a whole graph once and asks a ``kiln._C.BuildTrial`` about each
+node in order (the partitioner's capability function: the importers, then the target backend).
+:func:`describe_block` describes one block with its constants' bytes for the build;
+:func:`describe_block_parts` can leave the weights' bytes out (the engine cache's key needs only
+their metadata, and a cache hit takes the weights from the model, so copying them is only worth
+it when the block is built). No operator knowledge lives here: which node is supported, and
+how, is decided by the C++ importers and backends.
 """
 
 from __future__ import annotations
@@ -241,10 +242,12 @@ class Encoder:
 
 
 class Capability:
-    """The partitioner's capability function: every node of ``gm`` asked of the importers."""
+    """The partitioner's capability function: every node of ``gm`` asked of the importers and of
+    the backend for ``device``, in order (``_C.BuildTrial``; the device need not be present)."""
 
-    def __init__(self, gm: fx.GraphModule, settings: CompilationSettings) -> None:
+    def __init__(self, gm: fx.GraphModule, settings: CompilationSettings, device: str) -> None:
         self.encoder = Encoder(settings)
+        self.trial = _C.BuildTrial(device)
         self.answers: dict[fx.Node, tuple[bool, str]] = {}
         for node in gm.graph.nodes:
             if node.op == "placeholder" and isinstance(node.meta.get("val"), torch.Tensor):
@@ -266,7 +269,7 @@ class Capability:
             inode = self.encoder.describe_node(node)
         except EncodeError as e:
             return False, str(e)
-        answer = _C.can_import(inode, self.encoder.graph)
+        answer = self.trial.add(inode, self.encoder.graph)
         return bool(answer.supported), answer.reason
 
     def __call__(self, node: fx.Node) -> tuple[bool, str]:

@@ -15,6 +15,7 @@ Backend& cpu_backend();
 Backend& cuda_backend(int index);
 bool cuda_device_present();
 namespace cuda {
+bool supports_node(const Node& n, const Graph& g, std::string* why);  // kernels.h
 std::vector<LibraryVersion> library_versions();  // library_versions.cpp
 void set_timing_cache_path(const std::string& path);  // timing_cache.h
 }
@@ -116,6 +117,16 @@ bool backend_available(DeviceType type) {
 #ifdef KILN_WITH_CUDA
   return cuda_device_present();
 #else
+  return false;
+#endif
+}
+
+bool device_supports(DeviceType type, const Node& node, const Graph& graph, std::string* why) {
+  if (type == DeviceType::kCPU) return cpu_backend().supports(node, graph, why);
+#ifdef KILN_WITH_CUDA
+  return cuda::supports_node(node, graph, why);
+#else
+  if (why) *why = "this Kiln build has no CUDA backend (built with KILN_CUDA=OFF or without a CUDA toolkit)";
   return false;
 #endif
 }

@@ -150,4 +150,17 @@ std::shared_ptr<Engine> Builder::build(const Graph& network, const BorrowedWeigh
   return engine;
 }
 
+ImportSupport BuildTrial::add(const ImportNode& node, const ImportGraph& graph) {
+  return trial_.add(node, graph, [this](const Graph& g, size_t first) {
+    std::string why;
+    for (size_t i = first; i < g.nodes().size(); ++i) {
+      const Node& n = *g.nodes()[i];
+      if (!device_supports(device_, n, g, &why))
+        return detail::concat("the ", device_ == DeviceType::kCUDA ? "CUDA" : "CPU", " backend cannot run ",
+                              op_name(n.op), ": ", why);
+    }
+    return std::string();
+  });
+}
+
 }  // namespace kiln

@@ -1,11 +1,11 @@
 // The ATen import driver: the table of importers (one entry per overload, gathered from the
-// per-family files src/import/aten_*.cpp), can_import and import_aten.
+// per-family files src/import/aten_*.cpp), ImportTrial, can_import and import_aten.
 //
-// can_import answers "would import_aten take this node?" without building the whole graph:
-// it runs the importer's check and then converts the node alone into a scratch graph whose
-// inputs stand for the node's tensor arguments. So a node it accepts has passed the same
-// shape rules and metadata checks as in the real import, and its reason for a refusal is the
-// real one (an unsupported argument, a dtype a Kiln op does not take, ...). It never throws.
+// ImportTrial converts a graph node by node as import_aten would, into a trial graph whose inputs
+// stand for the tensors no accepted node produced (graph inputs, weights, outputs of refused
+// nodes). A node it accepts has passed the same checks, shape rules and metadata checks as in the
+// real import, and a refusal's reason is the real one (an unsupported argument, a dtype a Kiln op
+// does not take, ...). can_import asks a fresh trial about one node alone. Neither throws.
 //
 // import_aten builds the graph in FX order and verifies every produced value against the FX
 // metadata (dtype and shape): a mismatch is an importer bug and throws kInternal naming the
@@ -90,7 +90,10 @@ void collect_tensor_ids(const ImportArg& a, std::set<int32_t>& ids) {
 
 }  // namespace
 
-ImportSupport can_import(const ImportNode& node, const ImportGraph& graph) {
+ImportSupport can_import(const ImportNode& node, const ImportGraph& graph) { return ImportTrial().add(node, graph); }
+
+ImportSupport ImportTrial::add(const ImportNode& node, const ImportGraph& graph, const Accept& accept) {
+  const size_t first = graph_.nodes().size();
   try {
     const ImportEntry* entry = find_entry(node.target);
     if (!entry) return {false, "no importer for " + node.target};
@@ -99,25 +102,36 @@ ImportSupport can_import(const ImportNode& node, const ImportGraph& graph) {
       if (id >= 0) args.tensor(id);
     }
     if (entry->check) entry->check(args);
-
-    // Trial conversion: every tensor argument becomes an input of a scratch graph.
+    values_.resize(graph.tensors.size(), kNoValue);
     std::set<int32_t> ids;
     for (const ImportArg& a : node.args) collect_tensor_ids(a, ids);
     for (const auto& kv : node.kwargs) collect_tensor_ids(kv.second, ids);
-    Graph scratch;
-    std::vector<ValueId> values(graph.tensors.size(), kNoValue);
-    for (int32_t id : ids) {
+    for (int32_t id : ids) {  // a graph input, a weight, or the output of a refused node
+      args.tensor(id);
+      if (values_[size_t(id)] != kNoValue) continue;
       std::string name = "t";
       name += std::to_string(id);
-      values[size_t(id)] = scratch.add_input(name, aten::tensor_type(args.tensor(id)));
+      values_[size_t(id)] = graph_.add_input(name, aten::tensor_type(args.tensor(id)));
     }
-    convert_node(*entry, scratch, args, values);
+    const std::vector<ValueId> outs = convert_node(*entry, graph_, args, values_);
+    if (accept) {
+      if (std::string why = accept(graph_, first); !why.empty()) {
+        while (graph_.nodes().size() > first) graph_.erase_node(graph_.nodes().size() - 1);
+        return {false, why};
+      }
+    }
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (node.outputs[i] >= 0) values_[size_t(node.outputs[i])] = outs[i];
+    }
     return {true, ""};
   } catch (const Error& e) {
+    while (graph_.nodes().size() > first) graph_.erase_node(graph_.nodes().size() - 1);
     return {false, reason_of(e)};
   } catch (const std::exception& e) {
+    while (graph_.nodes().size() > first) graph_.erase_node(graph_.nodes().size() - 1);
     return {false, std::string("[internal] ") + e.what()};
   } catch (...) {
+    while (graph_.nodes().size() > first) graph_.erase_node(graph_.nodes().size() - 1);
     return {false, "[internal] unknown error"};
   }
 }

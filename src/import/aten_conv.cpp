@@ -24,9 +24,10 @@ std::vector<int64_t> spatial(const NodeArgs& args, size_t pos, std::string_view 
 
 void check_convolution(const NodeArgs& args) {
   const ImportTensor& x = args.tensor_arg(0, "input");
-  if (x.shape.size() != 3 && x.shape.size() != 4)
-    reject("convolution over ", x.shape.size() < 3 ? 0 : x.shape.size() - 2,
-           " spatial dims (Kiln supports 1 and 2)");
+  const bool transposed = args.get_bool(6, "transposed", false);
+  if (x.shape.size() < 3 || x.shape.size() > (transposed ? 4u : 5u))
+    reject(transposed ? "transposed convolution" : "convolution", " over ", x.shape.size() < 3 ? 0 : x.shape.size() - 2,
+           " spatial dims (Kiln supports ", transposed ? "1 and 2" : "1, 2 and 3", ")");
 }
 
 std::vector<ValueId> convert_convolution(ImportContext& cx) {

@@ -1,5 +1,5 @@
-// Shape rules of the conv family: conv and conv_transpose over 1 or 2 spatial dims, with
-// PyTorch's attributes, defaults and output-size formulas.
+// Shape rules of the conv family: conv over 1, 2 or 3 spatial dims and conv_transpose over 1
+// or 2, with PyTorch's attributes, defaults and output-size formulas.
 //
 //   conv:           out = floor((in + 2p - d(k-1) - 1) / s) + 1
 //   conv_transpose: out = (in - 1)s - 2p + d(k-1) + output_padding + 1
@@ -73,8 +73,9 @@ std::vector<TensorType> infer_conv_channels_first(OpKind op, const TypeList& in,
   KILN_CHECK(is_floating(x.dtype), kInvalidArgument, name, ": x must be floating, got ", x.to_string());
   KILN_CHECK(w.dtype == x.dtype, kInvalidArgument, name, ": weight ", w.to_string(), " must have the dtype of x ",
              x.to_string());
-  KILN_CHECK(x.rank() == 3 || x.rank() == 4, kShapeMismatch, name,
-             ": x must be [N, C, *spatial] with 1 or 2 spatial dims, got ", x.to_string());
+  KILN_CHECK(x.rank() == 3 || x.rank() == 4 || (x.rank() == 5 && !transpose), kShapeMismatch, name,
+             ": x must be [N, C, *spatial] with ", transpose ? "1 or 2" : "1, 2 or 3", " spatial dims, got ",
+             x.to_string());
   KILN_CHECK(w.rank() == x.rank(), kShapeMismatch, name, ": weight ", w.to_string(), " must have the rank of x ",
              x.to_string());
   const size_t nsp = size_t(x.rank() - 2);

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "kiln/builder.h"
 #include "kiln/errors.h"
 #include "kiln/import.h"
 #include "src/python/bindings.h"
@@ -368,8 +369,19 @@ void bind_import(nb::module_& m) {
       .def_ro("constants", &ImportGraph::constants)
       .def_ro("nodes", &ImportGraph::nodes);
 
-  m.def("can_import", &can_import, nb::arg("node"), nb::arg("graph"),
-        "Whether Kiln has an importer for node.target that accepts these arguments and metadata.");
+  m.def(
+      "can_import", [](const ImportNode& node, const ImportGraph& graph) { return can_import(node, graph); },
+      nb::arg("node"), nb::arg("graph"),
+      "Whether Kiln has an importer for node.target that accepts these arguments and metadata.");
+  nb::class_<BuildTrial>(m, "BuildTrial",
+                         "The partitioner's question about each node of a graph, asked in FX order: the importers "
+                         "(each accepted node joins one trial graph), then the backend for the device about the ops "
+                         "it converted to. No device needs to be present.")
+      .def(
+          "__init__", [](BuildTrial* t, const std::string& device) { new (t) BuildTrial(Device::parse(device).type); },
+          nb::arg("device"))
+      .def("add", &BuildTrial::add, nb::arg("node"), nb::arg("graph"),
+           "Whether Kiln can build this node for the device, after the nodes added before it.");
   m.def("import_aten", &import_aten, nb::arg("graph"),
         "The whole description -> Graph; raises UnsupportedError naming the first node it cannot take.");
   m.def("supported_aten_targets", &supported_aten_targets, "Every ATen overload with an importer, sorted.");

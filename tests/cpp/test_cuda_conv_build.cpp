@@ -256,6 +256,14 @@ TEST(CudaConvSupports, AnswersWithReasons) {
   why.clear();
   EXPECT_FALSE(cuda::supports_conv(*c.node, c.g, &why));
   EXPECT_NE(why.find("output_padding"), std::string::npos) << why;
+
+  // A 3-D conv (the CPU backend runs it): CUDA leaves it to PyTorch, naming the spatial dims.
+  Attrs three;
+  three.set("padding", std::vector<int64_t>{1, 1, 1});
+  c = conv_graph(OpKind::kConv, DType::kF16, {1, 4, 3, 6, 6}, {4, 4, 3, 3, 3}, true, three);
+  why.clear();
+  EXPECT_FALSE(cuda::supports_conv(*c.node, c.g, &why));
+  EXPECT_NE(why.find("over 3 spatial dims (1 or 2 on CUDA)"), std::string::npos) << why;
 }
 
 TEST(CudaConvState, DamagedEngineStateIsRefusedBeforeTheDevice) {

@@ -511,8 +511,17 @@ TEST(DenseShapes, ConvRejectsBadInputs) {
                ErrorCode::kInvalidArgument, {"conv", "'padding'"});
   expect_error([&] { infer(OpKind::kConv, {x, tt(DType::kF32, {6, 4, 9, 9})}); }, ErrorCode::kShapeMismatch,
                {"conv", "smaller than the kernel"});
-  expect_error([] { infer(OpKind::kConv, {tt(DType::kF32, {1, 4, 8, 8, 8}), tt(DType::kF32, {6, 4, 3, 3, 3})}); },
-               ErrorCode::kShapeMismatch, {"conv", "1 or 2 spatial dims"});
+  // 3 spatial dims: conv takes them (strides, padding and dilation per dim), conv_transpose not.
+  Attrs three = ints({{"stride", {2, 1, 3}}, {"padding", {1, 0, 2}}, {"dilation", {1, 2, 1}}});
+  three.set("groups", int64_t(2));
+  EXPECT_EQ(
+      infer(OpKind::kConv, {tt(DType::kF32, {1, 4, 8, 9, 10}), tt(DType::kF32, {6, 2, 3, 1, 2})}, three)[0].shape(),
+      (std::vector<int64_t>{1, 6, 4, 9, 5}));
+  expect_error([] { infer(OpKind::kConv, {tt(DType::kF32, {1, 4, 8, 8, 8, 8}), tt(DType::kF32, {6, 4, 3, 3, 3, 3})}); },
+               ErrorCode::kShapeMismatch, {"conv", "1, 2 or 3 spatial dims"});
+  expect_error(
+      [] { infer(OpKind::kConvTranspose, {tt(DType::kF32, {1, 4, 8, 8, 8}), tt(DType::kF32, {4, 6, 3, 3, 3})}); },
+      ErrorCode::kShapeMismatch, {"conv_transpose", "1 or 2 spatial dims"});
   expect_error([&] { infer(OpKind::kConv, {x, tt(DType::kF32, {6, 4, 3})}); }, ErrorCode::kShapeMismatch,
                {"conv", "rank"});
   expect_error([&] { infer(OpKind::kConv, {x, tt(DType::kF32, {6, 4, 3, 3}), tt(DType::kF32, {5})}); },

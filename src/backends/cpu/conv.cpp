@@ -1,18 +1,20 @@
-// CPU kernels of the conv family (NCHW; 1-D convs run as 2-D with a unit height).
+// CPU kernels of the conv family (NCHW; 1-D convs run as 2-D with a unit height, 2-D ones as
+// 3-D with a unit depth, so a 3-D conv's output "rows" are its (depth, height) pairs).
 //
 // Three ways to run conv, picked at build time:
 //   * 1x1, stride 1, no padding: the input already is the GEMM's B (weights [O, C] @ x[C, HW]);
-//   * one input channel per group (depthwise, as in MobileNet): a direct loop over a padded
-//     copy of each plane, every output tile accumulating all kernel taps in a register (a
-//     GEMM would have K = 9 and waste its tiles);
-//   * otherwise im2col into the workspace, then per group W[Og, Cg*kh*kw] @ col (bias in
+//   * one input channel per group (depthwise, as in MobileNet) over at most 2 spatial dims: a
+//     direct loop over a padded copy of each plane, every output tile accumulating all kernel
+//     taps in a register (a GEMM would have K = 9 and waste its tiles);
+//   * otherwise im2col into the workspace, then per group W[Og, Cg*kd*kh*kw] @ col (bias in
 //     the GEMM epilogue).
 // On the two GEMM paths a constant weight is packed into the GEMM's A panels once, when the
 // kernel is made (GemmArgs::packed_a), not on every call.
 // A fused conv's residual and activation (epilogue.h) run over the f32 output afterwards
 // (relu alone rides in the GEMM's epilogue on the GEMM paths).
-// conv_transpose is the adjoint: col = W^T @ x per group (GEMM), then col2im scatters col
-// into the output, parallel over output channels so no two threads write one plane.
+// conv_transpose (1 or 2 spatial dims) is the adjoint: col = W^T @ x per group (GEMM), then
+// col2im scatters col into the output, parallel over output channels so no two threads write
+// one plane.
 // A channels-last conv (layout "nhwc") runs through channels-first copies (layout.cpp).
 #include <algorithm>
 #include <cstring>
@@ -27,10 +29,13 @@ namespace kiln::cpu {
 namespace {
 
 struct Geom {
-  int64_t N, C, H, W;  // input
-  int64_t O, OH, OW;   // output
-  int64_t KH, KW, sh, sw, ph, pw, dh, dw;
+  int64_t N, C, D, H, W;  // input (D = 1 below 3 spatial dims)
+  int64_t O, OD, OH, OW;  // output
+  int64_t KD, KH, KW, sd, sh, sw, pd, ph, pw, dd, dh, dw;
   int64_t groups, Cg, Og;
+  int64_t taps() const { return KD * KH * KW; }
+  int64_t in_plane() const { return D * H * W; }
+  int64_t rows() const { return OD * OH; }  // output rows of OW elements, (depth, height) pairs
 };
 
 Geom geometry(const Node& n, const Graph& g) {
@@ -41,14 +46,17 @@ Geom geometry(const Node& n, const Graph& g) {
   auto stride = a.get_ints("stride", std::vector<int64_t>(nsp, 1));
   auto pad = a.get_ints("padding", std::vector<int64_t>(nsp, 0));
   auto dil = a.get_ints("dilation", std::vector<int64_t>(nsp, 1));
-  const bool two_d = nsp == 2;  // 1-D runs as 2-D with unit height
+  // Spatial dim i of 3 (depth, height, width) from the last nsp: absent leading ones are unit.
+  const auto at = [nsp](const std::vector<int64_t>& v, size_t i, int64_t unit) {
+    return i + nsp < 3 ? unit : v[v.size() - 3 + i];
+  };
   Geom q{};
-  q.N = x[0], q.C = x[1], q.H = two_d ? x[2] : 1, q.W = x.back();
-  q.O = y[1], q.OH = two_d ? y[2] : 1, q.OW = y.back();
-  q.KH = two_d ? w[2] : 1, q.KW = w.back();
-  q.sh = two_d ? stride[0] : 1, q.sw = stride.back();
-  q.ph = two_d ? pad[0] : 0, q.pw = pad.back();
-  q.dh = two_d ? dil[0] : 1, q.dw = dil.back();
+  q.N = x[0], q.C = x[1], q.D = at(x, 0, 1), q.H = at(x, 1, 1), q.W = x.back();
+  q.O = y[1], q.OD = at(y, 0, 1), q.OH = at(y, 1, 1), q.OW = y.back();
+  q.KD = at(w, 0, 1), q.KH = at(w, 1, 1), q.KW = w.back();
+  q.sd = at(stride, 0, 1), q.sh = at(stride, 1, 1), q.sw = stride.back();
+  q.pd = at(pad, 0, 0), q.ph = at(pad, 1, 0), q.pw = pad.back();
+  q.dd = at(dil, 0, 1), q.dh = at(dil, 1, 1), q.dw = dil.back();
   q.groups = a.get_int("groups", 1);
   q.Cg = q.C / q.groups;
   q.Og = q.O / q.groups;
@@ -135,25 +143,25 @@ void conv_depthwise(const Geom& q, const Depthwise& d, const float* x, const flo
   });
 }
 
-// col[(c, ki, kj), (oh - oh0, ow)] = x[c, oh*sh - ph + ki*dh, ow*sw - pw + kj*dw] (0 in the
-// padding), for the output rows oh0 <= oh < oh1.
-void im2col(const Geom& q, const float* x, float* col, int64_t oh0, int64_t oh1) {
-  const int64_t rows = q.Cg * q.KH * q.KW, cols = (oh1 - oh0) * q.OW;
+// col[(c, kd, ki, kj), (row - r0, ow)] = x[c, od*sd - pd + kd*dd, oh*sh - ph + ki*dh,
+// ow*sw - pw + kj*dw] (0 in the padding), for the output rows r0 <= row = od * OH + oh < r1.
+void im2col(const Geom& q, const float* x, float* col, int64_t r0, int64_t r1) {
+  const int64_t rows = q.Cg * q.taps(), cols = (r1 - r0) * q.OW;
   parallel_for(rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, cols)), [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
-      const int64_t c = r / (q.KH * q.KW), ki = (r / q.KW) % q.KH, kj = r % q.KW;
-      const float* xc = x + c * q.H * q.W;
+      const int64_t c = r / q.taps(), kd = (r / (q.KH * q.KW)) % q.KD, ki = (r / q.KW) % q.KH, kj = r % q.KW;
+      const float* xc = x + c * q.in_plane();
       const int64_t off = kj * q.dw - q.pw;
       int64_t lo, hi;
       tap_range(q.OW, q.W, q.sw, off, lo, hi);
-      for (int64_t oh = oh0; oh < oh1; ++oh) {
-        float* d = col + r * cols + (oh - oh0) * q.OW;
-        const int64_t ih = oh * q.sh - q.ph + ki * q.dh;
-        if (ih < 0 || ih >= q.H) {
+      for (int64_t row = r0; row < r1; ++row) {
+        float* d = col + r * cols + (row - r0) * q.OW;
+        const int64_t id = row / q.OH * q.sd - q.pd + kd * q.dd, ih = row % q.OH * q.sh - q.ph + ki * q.dh;
+        if (id < 0 || id >= q.D || ih < 0 || ih >= q.H) {
           std::fill(d, d + q.OW, 0.0f);
           continue;
         }
-        const float* irow = xc + ih * q.W;
+        const float* irow = xc + (id * q.H + ih) * q.W;
         std::fill(d, d + lo, 0.0f);
         if (q.sw == 1) std::copy(irow + lo + off, irow + hi + off, d + lo);
         else
@@ -169,13 +177,13 @@ void im2col(const Geom& q, const float* x, float* col, int64_t oh0, int64_t oh1)
 // its rows of y.
 void conv_gemm(const Geom& q, bool pointwise, int64_t row_chunk, const float* x, const float* w, const float* packed_w,
                const float* bias, bool relu, float* y, float* col, float* gs, int threads) {
-  const int64_t kdim = q.Cg * q.KH * q.KW, cols = q.OH * q.OW;
-  const int64_t step = pointwise ? q.OH : row_chunk;
+  const int64_t kdim = q.Cg * q.taps(), cols = q.rows() * q.OW;
+  const int64_t step = pointwise ? q.rows() : row_chunk;
   for (int64_t img = 0; img < q.N; ++img)
     for (int64_t grp = 0; grp < q.groups; ++grp) {
-      const float* xg = x + (img * q.C + grp * q.Cg) * q.H * q.W;
-      for (int64_t oh0 = 0; oh0 < q.OH; oh0 += step) {
-        const int64_t oh1 = std::min(q.OH, oh0 + step), n = (oh1 - oh0) * q.OW;
+      const float* xg = x + (img * q.C + grp * q.Cg) * q.in_plane();
+      for (int64_t oh0 = 0; oh0 < q.rows(); oh0 += step) {
+        const int64_t oh1 = std::min(q.rows(), oh0 + step), n = (oh1 - oh0) * q.OW;
         if (!pointwise) im2col(q, xg, col, oh0, oh1);
         GemmArgs ga = gemm_rowmajor(q.Og, n, kdim, w + grp * q.Og * kdim, kdim, pointwise ? xg : col, n, false,
                                     y + (img * q.O + grp * q.Og) * cols + oh0 * q.OW, cols);
@@ -243,15 +251,16 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g, size_t w
   int64_t col_floats = 0, gemm_floats = 0;
   Depthwise dw;
   const int threads = num_threads();
-  int64_t row_chunk = q.OH;
+  int64_t row_chunk = q.rows();
   if (n.op == OpKind::kConv) {
-    const bool one_by_one = q.KH == 1 && q.KW == 1 && q.sh == 1 && q.sw == 1 && q.ph == 0 && q.pw == 0;
-    path = one_by_one ? Path::kPointwise : q.Cg == 1 ? Path::kDirect : Path::kIm2col;
+    const bool one_by_one = q.taps() == 1 && q.sd == 1 && q.sh == 1 && q.sw == 1 && q.pd == 0 && q.ph == 0 && q.pw == 0;
+    const bool planar = g.type(n.inputs[0]).rank() <= 4;  // the direct depthwise loop is 2-D
+    path = one_by_one ? Path::kPointwise : q.Cg == 1 && planar ? Path::kDirect : Path::kIm2col;
     if (path == Path::kDirect) {
       dw = plan_depthwise(q);
       col_floats = dw.parts * dw.plane_floats();
     }
-    if (path == Path::kPointwise) gemm_floats = sgemm_scratch_floats(q.Og, q.OH * q.OW, q.Cg, threads);
+    if (path == Path::kPointwise) gemm_floats = sgemm_scratch_floats(q.Og, q.rows() * q.OW, q.Cg, threads);
   } else {
     col_floats = q.Og * q.KH * q.KW * q.H * q.W;
     gemm_floats = sgemm_scratch_floats(q.Og * q.KH * q.KW, q.H * q.W, q.Cg, threads);
@@ -263,7 +272,7 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g, size_t w
   std::shared_ptr<const float[]> packed_w;
   if ((path == Path::kPointwise || path == Path::kIm2col) && g.value(n.inputs[1]).is_constant() &&
       q.Og > kFewRows) {
-    const int64_t kdim = q.Cg * q.KH * q.KW, per = sgemm_packed_a_floats(q.Og, kdim);
+    const int64_t kdim = q.Cg * q.taps(), per = sgemm_packed_a_floats(q.Og, kdim);
     auto pack = [&]() -> std::shared_ptr<const void> {
       const float* wf = w.get(g.value(n.inputs[1]).data->data(), nullptr);  // a constant needs no scratch
       std::shared_ptr<float[]> packed(new float[size_t(per * q.groups)]);
@@ -292,7 +301,7 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g, size_t w
   if (path == Path::kIm2col) {
     // The whole im2col matrix when it fits the workspace limit, else the largest chunk of output
     // rows that does (one row at the least: a limit below that fails the engine's own check).
-    const int64_t kdim = q.Cg * q.KH * q.KW;
+    const int64_t kdim = q.Cg * q.taps();
     for (;; row_chunk = (row_chunk + 1) / 2) {
       col_floats = kdim * row_chunk * q.OW;
       gemm_floats = sgemm_scratch_floats(q.Og, row_chunk * q.OW, kdim, threads);
@@ -315,7 +324,9 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g, size_t w
     float* gs = c.take(gemm_floats);
     switch (path) {
       case Path::kDirect: conv_depthwise(q, dw, X, Wt, B, Y, col); break;
-      case Path::kPointwise: conv_gemm(q, true, q.OH, X, Wt, packed_w.get(), B, gemm_relu, Y, col, gs, threads); break;
+      case Path::kPointwise:
+        conv_gemm(q, true, q.rows(), X, Wt, packed_w.get(), B, gemm_relu, Y, col, gs, threads);
+        break;
       case Path::kIm2col:
         conv_gemm(q, false, row_chunk, X, Wt, packed_w.get(), B, gemm_relu, Y, col, gs, threads);
         break;
@@ -328,7 +339,8 @@ std::unique_ptr<Kernel> make_conv_kernel(const Node& n, const Graph& g, size_t w
   static const char* const kDesc[] = {"cpu conv direct (depthwise)", "cpu conv 1x1 sgemm", "cpu conv im2col + sgemm",
                                       "cpu conv_transpose sgemm + col2im"};
   std::string desc = kDesc[static_cast<int>(path)] + epi.describe() + (packed_w ? " (prepacked weight)" : "");
-  if (row_chunk < q.OH) desc += " (im2col in chunks of " + std::to_string(row_chunk) + " output rows: workspace limit)";
+  if (row_chunk < q.rows())
+    desc += " (im2col in chunks of " + std::to_string(row_chunk) + " output rows: workspace limit)";
   return make_fn_kernel(fn, desc, ws);
 }
 

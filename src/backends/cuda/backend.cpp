@@ -45,6 +45,29 @@
 namespace kiln {
 
 namespace cuda {
+
+bool supports_node(const Node& n, const Graph& g, std::string* why) {
+  switch (op_info(n.op).family) {
+    case OpFamily::kUnary:
+    case OpFamily::kBinary:
+    case OpFamily::kWhere:
+    case OpFamily::kCast:
+    case OpFamily::kFused: return supports_pointwise(n, g, why);
+    case OpFamily::kReduce: return supports_reduce(n, g, why);
+    case OpFamily::kSoftmax: return supports_softmax(n, g, why);
+    case OpFamily::kNorm: return supports_norm(n, g, why);
+    case OpFamily::kMatmul: return supports_matmul(n, g, why);
+    case OpFamily::kConv: return supports_conv(n, g, why);
+    case OpFamily::kPool: return supports_pool(n, g, why);
+    case OpFamily::kShape: return supports_shape(n, g, why);
+    case OpFamily::kGather: return supports_gather(n, g, why);
+    case OpFamily::kAttention: return supports_attention(n, g, why);
+    case OpFamily::kGenerator: return supports_generator(n, g, why);
+  }
+  if (why) *why = std::string("no CUDA kernel family for ") + op_name(n.op);
+  return false;
+}
+
 namespace {
 
 // Threads a build makes its kernels on: $KILN_BUILD_THREADS (1 makes them one by one), by
@@ -116,27 +139,7 @@ class CudaBackend final : public Backend {
     }
   }
 
-  bool supports(const Node& n, const Graph& g, std::string* why) const override {
-    switch (op_info(n.op).family) {
-      case OpFamily::kUnary:
-      case OpFamily::kBinary:
-      case OpFamily::kWhere:
-      case OpFamily::kCast:
-      case OpFamily::kFused: return supports_pointwise(n, g, why);
-      case OpFamily::kReduce: return supports_reduce(n, g, why);
-      case OpFamily::kSoftmax: return supports_softmax(n, g, why);
-      case OpFamily::kNorm: return supports_norm(n, g, why);
-      case OpFamily::kMatmul: return supports_matmul(n, g, why);
-      case OpFamily::kConv: return supports_conv(n, g, why);
-      case OpFamily::kPool: return supports_pool(n, g, why);
-      case OpFamily::kShape: return supports_shape(n, g, why);
-      case OpFamily::kGather: return supports_gather(n, g, why);
-      case OpFamily::kAttention: return supports_attention(n, g, why);
-      case OpFamily::kGenerator: return supports_generator(n, g, why);
-    }
-    if (why) *why = std::string("no CUDA kernel family for ") + op_name(n.op);
-    return false;
-  }
+  bool supports(const Node& n, const Graph& g, std::string* why) const override { return supports_node(n, g, why); }
 
   std::unique_ptr<Kernel> make_kernel(const Node& n, const Graph& g, const KernelOptions& o,
                                       const Bytes* state) override {

@@ -45,4 +45,7 @@ KILN_CUDA_FAMILY(attention)
 
 #undef KILN_CUDA_FAMILY
 
+// The family's answer for any node; needs no device (Backend::supports and device_supports).
+bool supports_node(const Node& n, const Graph& g, std::string* why);
+
 }  // namespace kiln::cuda

@@ -59,19 +59,20 @@ bool hard_activation(const pw::Activation& a) {
 
 namespace {
 
-// What conv_geometry refuses: a node of the conv family whose shape or attributes cuDNN cannot take.
+// What conv_geometry refuses: a node of the conv family whose shape or attributes cuDNN cannot take
+// (without the node's name: a partition report lists one reason for every such node).
 std::string shape_refusal(const Node& n, const Graph& g) {
   const TensorType& x = g.type(n.inputs[0]);
   if (x.rank() != 3 && x.rank() != 4)
-    return detail::concat(op_name(n.op), " '", n.name, "': rank ", x.rank(), " (1 or 2 spatial dims only)");
+    return detail::concat(op_name(n.op), " over ", x.rank() - 2, " spatial dims (1 or 2 on CUDA)");
   if (n.op == OpKind::kConvTranspose) {
     const size_t nsp = size_t(x.rank() - 2);
     const auto stride = n.attrs.get_ints("stride", std::vector<int64_t>(nsp, 1));
     const auto op = n.attrs.get_ints("output_padding", std::vector<int64_t>(nsp, 0));
     for (size_t i = 0; i < nsp && i < op.size() && i < stride.size(); ++i)
       if (op[i] >= stride[i])
-        return detail::concat("conv_transpose '", n.name, "': output_padding ", ints_str(op),
-                              " must be smaller than stride ", ints_str(stride), " on CUDA (cuDNN backward data)");
+        return detail::concat("conv_transpose output_padding ", ints_str(op), " must be smaller than stride ",
+                              ints_str(stride), " on CUDA (cuDNN backward data)");
   }
   return {};
 }
