@@ -60,7 +60,7 @@ from kiln.instances import (
     row_symbol,
     start_fit,
 )
-from kiln.lowering import LoweredGraph, drop_unused
+from kiln.lowering import _ASSERT_SCALAR, LoweredGraph, drop_unused
 from kiln.partition import Block, PartitionResult, is_op, op_name, partition, replace_block
 from kiln.pipeline import CompileSummary, build_block
 from kiln.pipeline import _check_engine as check_engine
@@ -193,17 +193,28 @@ def input_dynamic_shapes(arg_inputs: Sequence[Any], device: str | None) -> tuple
 
 def export_dynamic(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                    dynamic_shapes: Any) -> torch.export.ExportedProgram:
-    """torch.export (non-strict) with dynamic shapes; a constraint violation whose fix torch.export
-    suggests (two dims that must be equal, a dim that is really static) is fixed and exported again."""
+    """torch.export (non-strict) with dynamic shapes. A constraint violation whose fix torch.export
+    suggests (two dims that must be equal, a dim that is really static) is fixed and exported
+    again; one with no fix, a guard on the symbols that torch cannot prove over their range (a
+    torch whose symbolic reasoning is weaker than the model needs), is exported again with the guard
+    as a run-time check in the program (``_assert_scalar``): a size that fails it raises."""
     from torch.export.dynamic_shapes import refine_dynamic_shapes_from_suggested_fixes
     from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
-    try:
+
+    def export(shapes: Any, deferred: bool = False) -> torch.export.ExportedProgram:
         with _sdpa_math(), _attention_as_one_op():
-            return _attention_back(
-                torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False))
+            return _attention_back(torch.export.export(module, args, kwargs, dynamic_shapes=shapes, strict=False,
+                                                       prefer_deferred_runtime_asserts_over_guards=deferred))
+    try:
+        return export(dynamic_shapes)
     except (torch._dynamo.exc.UserError, ConstraintViolationError) as err:
-        if "Suggested fixes" not in str(err):
+        if "Constraints violated" not in str(err):
             raise
+        if "Suggested fixes" not in str(err):
+            guard = next((line.strip() for line in str(err).splitlines() if "guard" in line), str(err))
+            log.info("torch.export could not prove a guard over the dynamic range; it becomes a run-time check: %s",
+                     guard)
+            return export(dynamic_shapes, deferred=True)
         head, tail = str(err).split("Suggested fixes:", 1)
         fixes = []
         for line in tail.strip("\n").splitlines():  # the fixes end at the first line that is not one
@@ -213,8 +224,7 @@ def export_dynamic(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[
         refined = refine_dynamic_shapes_from_suggested_fixes(head + "Suggested fixes:\n" + "\n".join(fixes),
                                                              dynamic_shapes)
         log.info("torch.export refined the dynamic shapes: %s", "; ".join(fixes))
-        with _sdpa_math(), _attention_as_one_op():
-            return _attention_back(torch.export.export(module, args, kwargs, dynamic_shapes=refined, strict=False))
+        return export(refined)
 
 
 # Export with symbolic sizes evaluates each F.scaled_dot_product_attention call through the math
@@ -320,9 +330,16 @@ def is_dynamic(gm: fx.GraphModule) -> bool:
 
 
 def _scalar_node(node: fx.Node) -> bool:
-    """A call producing a (symbolic) Python scalar: a size, a product of sizes, a comparison."""
+    """A call producing a (symbolic) Python scalar (a size, a product of sizes, a comparison) or
+    asserting one."""
     val = node.meta.get("val")
-    return node.op == "call_function" and isinstance(val, (*_SYM_TYPES, int, float, bool))
+    return node.op == "call_function" and (isinstance(val, (*_SYM_TYPES, int, float, bool))
+                                           or node.target is _ASSERT_SCALAR)
+
+
+def _scalar_value(node: fx.Node, binding: Binding) -> Any:
+    """A scalar node's value under ``binding`` (None for an assert: the program's glue runs it)."""
+    return None if node.target is _ASSERT_SCALAR else evaluate(node.meta["val"], binding)
 
 
 def _shape_env(gm: fx.GraphModule) -> Any:
@@ -586,7 +603,7 @@ def specialize_nodes(src: fx.GraphModule, inputs: Sequence[fx.Node], nodes: Iter
         if n in env:
             return env[n]
         if _scalar_node(n):  # a size computed outside the copied part
-            env[n] = evaluate(n.meta["val"], binding)
+            env[n] = _scalar_value(n, binding)
             return env[n]
         raise KeyError(f"{n.name} is read by the copied nodes but not copied")
 
@@ -595,7 +612,7 @@ def specialize_nodes(src: fx.GraphModule, inputs: Sequence[fx.Node], nodes: Iter
             continue
         try:
             if _scalar_node(node):
-                env[node] = evaluate(node.meta["val"], binding)
+                env[node] = _scalar_value(node, binding)
                 continue
             val = concrete_value(node.meta.get("val"), binding, made)
             new = graph.node_copy(node, lookup)

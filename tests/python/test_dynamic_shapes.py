@@ -208,6 +208,45 @@ def test_out_of_range_and_mismatched_sizes_raise() -> None:
                               "dim 1 (9)")
 
 
+class _SizeBranch(torch.nn.Module):
+    """A branch on the sequence length whose guard torch.export cannot prove over the range
+    (``true_everywhere``: (s*s)//7 > 3s - 100, true for every s; else s % 5 != 3, false at 18, 23, ...)."""
+
+    def __init__(self, true_everywhere: bool) -> None:
+        super().__init__()
+        self.lin, self.true_everywhere = torch.nn.Linear(8, 8), true_everywhere
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s, y = x.shape[1], self.lin(x)
+        if ((s * s) // 7 > 3 * s - 100) if self.true_everywhere else (s % 5 != 3):
+            return torch.relu(y) * 2
+        return y - 1
+
+
+@pytest.mark.parametrize("true_everywhere", [True, False])
+def test_a_guard_export_cannot_prove_becomes_a_run_time_check(true_everywhere: bool,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    torch.manual_seed(3)
+    m = _SizeBranch(true_everywhere).eval()
+    seq = Dim("seq", min=16, max=128)
+    with pytest.raises(Exception, match="Constraints violated"):  # what plain torch.export makes of it
+        torch.export.export(m, (torch.randn(2, 64, 8),), dynamic_shapes=({1: seq},), strict=False)
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        compiled = kiln.compile(m, [torch.randn(2, 64, 8)], dynamic_shapes=({1: seq},), min_block_size=1)
+    assert "could not prove a guard over the dynamic range; it becomes a run-time check" in caplog.text
+    assert compiled.summary.ops_in_engines == {"aten.linear.default": 1, "aten.relu.default": 1,
+                                               "aten.mul.Tensor": 1}, compiled.summary
+    with torch.no_grad():
+        for n in (16, 40, 64, 101, 127):
+            x = torch.randn(2, n, 8)
+            _close(compiled(x), m(x))
+        if not true_everywhere:  # a size that takes the other branch raises; the next one serves
+            with pytest.raises(RuntimeError, match="Runtime assertion failed"):
+                compiled(torch.randn(2, 23, 8))
+            x = torch.randn(2, 24, 8)
+            _close(compiled(x), m(x))
+
+
 def test_specializations_are_least_recently_used(caplog: pytest.LogCaptureFixture) -> None:
     m = _cnn()
     # Every size builds engines of its own (no instances, which are kept apart from the capacity).
