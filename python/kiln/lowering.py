@@ -430,21 +430,29 @@ def _constants_to_attrs(ep: torch.export.ExportedProgram, names: dict[str, str])
 
 # ---- clean-ups ----------------------------------------------------------------------------
 
-# A check on symbolic sizes (a guard torch.export could not prove, a torch._check): it stays, and
-# runs with the program's size arithmetic, so that a size failing it raises.
 _ASSERT_SCALAR = torch.ops.aten._assert_scalar.default
 
 
+def _checks_input_sizes(node: fx.Node) -> bool:
+    """An ``_assert_scalar`` on the inputs' symbolic sizes (a guard torch.export could not prove, a
+    ``torch._check`` on a size): it stays and runs with the program's size arithmetic, so that a
+    size failing it raises. Asserts on values read from tensors (``.item()``) go, as other asserts."""
+    from torch.fx.experimental.symbolic_shapes import free_symbols, free_unbacked_symbols
+    cond = node.args[0] if node.target is _ASSERT_SCALAR and node.args else None
+    val = cond.meta.get("val") if isinstance(cond, fx.Node) else None
+    return isinstance(val, torch.SymBool) and bool(free_symbols(val)) and not free_unbacked_symbols(val)
+
+
 def cleanup(gm: fx.GraphModule, fold_weights: bool = False) -> None:
-    """Removes asserts on tensors and identity copies, folds constant computations (on model
-    weights only with ``fold_weights``), drops dead code."""
+    """Removes asserts (but those on input sizes) and identity copies, folds constant computations
+    (on model weights only with ``fold_weights``), drops dead code."""
     graph = gm.graph
     for node in list(graph.nodes):
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
         schema = node.target._schema
         writes = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
-        if not schema.returns and not writes and not node.users and node.target is not _ASSERT_SCALAR:
+        if not schema.returns and not writes and not node.users and not _checks_input_sizes(node):
             graph.erase_node(node)  # _assert_tensor_metadata, _assert_async, ...
         elif str(node.target) in _IDENTITY_OPS and _removable_copy(node):
             node.replace_all_uses_with(node.args[0])
