@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -337,29 +338,34 @@ TEST(CudaPointwiseCodegen, GatherOfAlignedIndexRunsIsVectorized) {
 }
 
 // RoPE reading its head-split input through a view (fold_input_views): q = [b, h, s, d] of a
-// [b, s, h * 3d] projection, read by the multiply and by rotate_half's gather. The view's strides
-// index the input and map the gather's positions; the view's offset moves the input's pointer.
-// Whole vectors of d stay consecutive in the projection, so the kernel loads 16 bytes; an odd
-// row stride leaves it element by element.
+// [b, s, h * 3d] projection (row elements a position), read by the multiply and by rotate_half's
+// gather.
+Built viewed_rope(int64_t s, int64_t row) {
+  const TensorType qt(DType::kF16, {2, 4, s, 64}), it(DType::kI64, {64}), ct(DType::kF16, {s, 64});
+  auto body = std::make_shared<Graph>();
+  const ValueId q = body->add_input("q", qt), i = body->add_input("i", it), c = body->add_input("c", ct);
+  Attrs a;
+  a.set("axis", int64_t(3));
+  const ValueId rot = body->add_node1(OpKind::kIndexSelect, {q, i}, a);
+  body->mark_output(body->add_node1(OpKind::kAdd, {body->add_node1(OpKind::kMul, {q, c}), rot}), "y");
+  Built b;
+  std::vector<int64_t> idx(64);
+  for (int64_t k = 0; k < 64; ++k) idx[size_t(k)] = (k + 32) % 64;
+  const ValueId proj = b.g.add_input("proj", TensorType(DType::kF16, {2, s, row}));
+  const std::vector<ValueId> ins{proj, b.g.add_constant("", it, idx.data(), 64 * 8), b.g.add_input("c", ct)};
+  Attrs view;
+  view.set(input_view_key(0), Shape{64, 2, s * row, 4, 64, s, row, 64, 1});  // q: the second third's heads
+  b.g.mark_output(b.g.insert_fused(0, ins, body, "rope_t", view)[0], "y");
+  b.node = b.g.nodes().back().get();
+  return b;
+}
+
+// The view's strides index the input and map the gather's positions; the view's offset moves the
+// input's pointer. Whole vectors of d stay consecutive in the projection, so the kernel loads 16
+// bytes; an odd row stride leaves it element by element.
 TEST(CudaPointwiseCodegen, ViewedInputsAndGatheredDataCompile) {
   for (const int64_t row : {3 * 4 * 64, 3 * 4 * 64 + 1}) {
-    const TensorType qt(DType::kF16, {2, 4, 5, 64}), it(DType::kI64, {64}), ct(DType::kF16, {5, 64});
-    auto body = std::make_shared<Graph>();
-    const ValueId q = body->add_input("q", qt), i = body->add_input("i", it), c = body->add_input("c", ct);
-    Attrs a;
-    a.set("axis", int64_t(3));
-    const ValueId rot = body->add_node1(OpKind::kIndexSelect, {q, i}, a);
-    body->mark_output(body->add_node1(OpKind::kAdd, {body->add_node1(OpKind::kMul, {q, c}), rot}), "y");
-    Built b;
-    std::vector<int64_t> idx(64);
-    for (int64_t k = 0; k < 64; ++k) idx[size_t(k)] = (k + 32) % 64;
-    const ValueId proj = b.g.add_input("proj", TensorType(DType::kF16, {2, 5, row}));
-    const std::vector<ValueId> ins{proj, b.g.add_constant("", it, idx.data(), 64 * 8), b.g.add_input("c", ct)};
-    Attrs view;
-    view.set(input_view_key(0), Shape{64, 2, 5 * row, 4, 64, 5, row, 64, 1});  // q: the second third's heads
-    b.g.mark_output(b.g.insert_fused(0, ins, body, "rope_t", view)[0], "y");
-    b.node = b.g.nodes().back().get();
-    const Generated gen = compiles(b, "viewed rope");
+    const Generated gen = compiles(viewed_rope(5, row), "viewed rope");
     ASSERT_EQ(gen.program.gathers.size(), 1u);
     EXPECT_EQ(gen.program.gathers[0].view_strides, (Shape{5 * row, 64, row, 1}));
     EXPECT_NE(gen.source.find("kiln_gview0("), std::string::npos);
@@ -367,6 +373,41 @@ TEST(CudaPointwiseCodegen, ViewedInputsAndGatheredDataCompile) {
     EXPECT_EQ(gen.layout.offsets, (Shape{64, 0, 0}));
     EXPECT_EQ(gen.layout.vec, row % 8 == 0 ? 8 : 1) << row;
   }
+}
+
+// The gather's and its view's sizes are arguments: the same node at another sequence length (an
+// instance of a dynamic-shape engine) has the same source and another argument block.
+TEST(CudaPointwiseCodegen, AGatherAtAnotherLengthSharesItsSource) {
+  const Generated five = generate(viewed_rope(5, 3 * 4 * 64)), seven = generate(viewed_rope(7, 3 * 4 * 64));
+  EXPECT_EQ(five.source, seven.source);
+  EXPECT_NE(pwg::argument_block(five.program, five.layout), pwg::argument_block(seven.program, seven.layout));
+}
+
+// divisor_fields: x / d as (umulhi(x, m) + x) >> s for 32-bit x below 2^31, as the kernels compute
+// it, against the division, for small, power-of-two, odd and the largest divisors.
+TEST(CudaPointwiseCodegen, DivisorFieldsGiveTheQuotient) {
+  const int64_t top = (int64_t(1) << 31) - 1;
+  std::vector<int64_t> divisors = {1,          2,       3,    5,    7,    8,     10,    64,      100,
+                                   641,        1000,    4095, 4096, 4097, 65535, 65537, 1 << 20, (1 << 20) + 1,
+                                   1000000007, top - 1, top};
+  std::vector<uint32_t> xs = {
+      0, 1, 2, 3, 63, 64, 65, 4095, 4096, 65535, 65536, 1000000006, 1000000007, uint32_t(top - 1), uint32_t(top)};
+  uint64_t state = 12345;
+  for (int k = 0; k < 2000; ++k) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    xs.push_back(uint32_t(state >> 33));  // below 2^31
+    divisors.push_back(int64_t(1 + (state >> 45)));
+  }
+  for (int64_t d : divisors) {
+    const std::array<int64_t, 2> f = pwg::divisor_fields(d);
+    ASSERT_EQ(f[0], d);
+    const uint32_t m = uint32_t(uint64_t(f[1]) & 0xffffffffu), shift = uint32_t(uint64_t(f[1]) >> 32);
+    for (uint32_t x : xs) {
+      const uint32_t hi = uint32_t((uint64_t(x) * m) >> 32);
+      ASSERT_EQ((hi + x) >> shift, uint32_t(int64_t(x) / d)) << x << " / " << d;
+    }
+  }
+  EXPECT_EQ(pwg::divisor_fields(int64_t(1) << 31)[1], 0);  // 64-bit dividends divide
 }
 
 TEST(CudaPointwiseCodegen, LayoutsCollapseBroadcastsAndVectorize) {

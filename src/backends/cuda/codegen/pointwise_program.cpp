@@ -6,6 +6,7 @@
 // maximum / minimum propagate NaN from either side, casts truncate toward zero saturating at
 // the i64 range (NaN -> 0) and then wrap, comparisons and logical ops give bool.
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "src/backends/cuda/codegen/pointwise_program.h"
@@ -548,7 +549,27 @@ std::vector<int64_t> argument_block(const Program& p, const Layout& l) {
     a.push_back(bits);
   }
   a.insert(a.end(), p.const_int.begin(), p.const_int.end());
+  if (!l.gather_arguments) return a;
+  auto divisor = [&](int64_t d) {
+    const std::array<int64_t, 2> f = divisor_fields(d);
+    a.insert(a.end(), f.begin(), f.end());
+  };
+  for (const Gather& q : p.gathers) divisor(q.count);
+  for (const Gather& q : p.gathers) divisor(q.inner);
+  for (const Gather& q : p.gathers) a.push_back(q.dim);
+  for (const Gather& q : p.gathers) {
+    for (int64_t d : q.view_sizes) divisor(d);
+    a.insert(a.end(), q.view_strides.begin(), q.view_strides.end());
+  }
   return a;
+}
+
+std::array<int64_t, 2> divisor_fields(int64_t d) {
+  if (d < 1 || d >= (int64_t(1) << 31)) return {d, 0};  // no 32-bit quotient is asked of it
+  uint64_t shift = 0;
+  while ((uint64_t(1) << shift) < uint64_t(d)) ++shift;
+  const uint64_t multiplier = ((uint64_t(1) << 32) * ((uint64_t(1) << shift) - uint64_t(d))) / uint64_t(d) + 1;
+  return {d, int64_t(multiplier | (shift << 32))};
 }
 
 const char* reg_type(DType t) {

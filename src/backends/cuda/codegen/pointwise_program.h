@@ -17,11 +17,13 @@
 // strides (0 on broadcast dims). An input a fused node reads through a view ("view<i>") is
 // indexed by the view's strides from its offset, which the kernel adds to the input's pointer.
 // A gathered leaf is indexed like an input of its result's shape, then through its index into
-// the data (its sizes, and those of its data's view, are literals of the source, the one
-// exception to sizes being arguments). Sizes, strides and constant values are kernel arguments,
-// so the source depends only on the op chain, the dtypes and the layout.
+// the data. Sizes (a gathered leaf's, and its data view's, included), strides and constant values
+// are kernel arguments, so the source depends only on the op chain, the dtypes and the layout: a
+// node at another size (an instance of a dynamic-shape engine) compiles nothing new. The sizes a
+// kernel divides by come with the multiplier and shift of a 32-bit division (divisor_fields).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -94,6 +96,9 @@ struct Layout {
   std::vector<uint8_t> splat;           // per input (strided, vec > 1): one element per vector
   std::vector<int64_t> offsets;  // per input: elements past its pointer where its view starts
   int64_t numel = 0;
+  // The gathered leaves' sizes are arguments (argument_block); false only for the kernel of an
+  // engine saved by an earlier Kiln, whose source has them as literals.
+  bool gather_arguments = true;
   std::vector<int64_t> dims;            // collapsed output dims (strided)
   // per input, then per gathered leaf (strided): element strides per dim (a gather's into its
   // virtual result)
@@ -120,6 +125,11 @@ std::string generate(const Program& p, const Layout& layout);
 
 // The kernel's by-value argument block (8-byte fields in the order generate() declares them).
 std::vector<int64_t> argument_block(const Program& p, const Layout& layout);
+
+// A divisor's two fields: d, and for 1 <= d < 2^31 the multiplier m (low word) and shift s (high
+// word) with x / d == (umulhi(x, m) + x) >> s for every 32-bit x below 2^31 (s = ceil(log2 d),
+// m = 2^32 (2^s - d) / d + 1); else 0.
+std::array<int64_t, 2> divisor_fields(int64_t d);
 
 // Register and storage type names of a dtype in generated pointwise code (bool is stored as
 // unsigned char, read as != 0 and written as 0 / 1).

@@ -196,25 +196,28 @@ std::string generate(const Program& p, const Layout& l) {
   if (parts) s << "  long long cb[" << p.part_start.size() << "];\n  long long ob[" << std::max(dense, 1) << "];\n";
   if (!p.const_float.empty()) s << "  double cf[" << p.const_float.size() << "];\n";
   if (!p.const_int.empty()) s << "  long long ci[" << p.const_int.size() << "];\n";
+  // Per gathered leaf: its count and inner size and the data's dim, then its view's sizes and
+  // strides (argument_block), so that a node at other sizes shares the source.
+  const size_t ng = p.gathers.size();
+  if (ng) s << "  kiln_divisor gc[" << ng << "];\n  kiln_divisor gi[" << ng << "];\n  long long gd[" << ng << "];\n";
+  for (size_t k = 0; k < ng; ++k) {
+    const size_t r = p.gathers[k].view_sizes.size();
+    if (r) s << "  kiln_divisor gvs" << k << "[" << r << "];\n  long long gvt" << k << "[" << r << "];\n";
+  }
   s << "};\n\n";
-  // The data offset of element e of a gathered leaf's [outer, count, inner] result. Its sizes are
-  // literals in the source: the divisions by them compile to multiplies and shifts.
-  if (!p.gathers.empty())
-    s << "template <typename T, typename X>\n__device__ __forceinline__ long long kiln_gather(T e, const X* "
-         "__restrict__ index, T count, T inner, long long dim) {\n"
-         "  const T block = e / inner;\n  long long v = (long long)index[block % count];\n"
-         "  if (v < 0) v += dim;\n"
-         "  return ((long long)(block / count) * dim + v) * (long long)inner + (long long)(e - block * inner);\n}\n\n";
   // Gathered leaf k's data read through a view: its logical element o (row-major over the view's
-  // sizes) at the buffer offset sum(digit * stride), sizes and strides literals.
-  for (size_t k = 0; k < p.gathers.size(); ++k) {
-    const Gather& q = p.gathers[k];
-    if (q.view_sizes.empty()) continue;
-    s << "__device__ __forceinline__ long long kiln_gview" << k << "(long long o) {\n  long long r = 0;\n";
-    for (size_t d = q.view_sizes.size(); d-- > 1;)
-      s << "  r += (o % " << q.view_sizes[d] << "LL) * " << q.view_strides[d] << "LL; o /= " << q.view_sizes[d]
-        << "LL;\n";
-    s << "  return r + o * " << q.view_strides[0] << "LL;\n}\n\n";
+  // sizes) at the buffer offset sum(digit * stride); sizes and strides are arguments (by value:
+  // the kernel reads them straight from the argument block).
+  for (size_t k = 0; k < ng; ++k) {
+    const size_t r = p.gathers[k].view_sizes.size();
+    if (!r) continue;
+    s << "template <typename T>\n__device__ __forceinline__ long long kiln_gview" << k << "(T o";
+    for (size_t d = 1; d < r; ++d) s << ", kiln_divisor s" << d;
+    for (size_t d = 0; d < r; ++d) s << ", long long t" << d;
+    s << ") {\n  long long r = 0;\n  T q;\n";
+    for (size_t d = r; d-- > 1;)
+      s << "  q = kiln_div(o, s" << d << "); r += (long long)(o - q * (T)s" << d << ".d) * t" << d << "; o = q;\n";
+    s << "  return r + (long long)o * t0;\n}\n\n";
   }
 
   // One element: leaf values in, every output's register value out.
@@ -331,11 +334,18 @@ std::string generate(const Program& p, const Layout& l) {
   // The data offset of gathered leaf k at its result offset `e`.
   auto gather_at = [&](size_t k, const std::string& e) {
     const Gather& q = p.gathers[k];
-    const char* suffix = l.wide ? "LL" : "u";
-    const std::string dense =
-        cat("kiln_gather((", I, ")(", e, "), in", std::to_string(q.index), ", (", I, ")", std::to_string(q.count),
-            suffix, ", (", I, ")", std::to_string(q.inner), suffix, ", ", std::to_string(q.dim), "LL)");
-    return q.view_sizes.empty() ? dense : cat("kiln_gview", std::to_string(k), "(", dense, ")");
+    const std::string ks = std::to_string(k);
+    const std::string dense = cat("kiln_gather((", I, ")(", e, "), in", std::to_string(q.index), ", a.gc[", ks,
+                                  "], a.gi[", ks, "], a.gd[", ks, "])");
+    if (q.view_sizes.empty()) return dense;
+    // The view's logical offsets in 32 bits (quotients without a division) unless they reach 2^30.
+    int64_t numel = 1;
+    for (int64_t d : q.view_sizes) numel *= d;
+    const char* O = numel < (int64_t(1) << 30) ? "unsigned int" : "long long";
+    std::string call = cat("kiln_gview", ks, "((", O, ")(", dense, ")");
+    for (size_t d = 1; d < q.view_sizes.size(); ++d) call += cat(", a.gvs", ks, "[", std::to_string(d), "]");
+    for (size_t d = 0; d < q.view_sizes.size(); ++d) call += cat(", a.gvt", ks, "[", std::to_string(d), "]");
+    return call + ")";
   };
   auto gather_leaf = [&](size_t k, const std::string& e) {
     const int data = p.gathers[k].data;

@@ -29,12 +29,14 @@ namespace {
 
 using pwgen::kMaxPointers;
 
-constexpr uint8_t kParamsVersion = 1;
+// The layout's parameters, saved with the cubin: version 2 for a program whose gathered leaves'
+// sizes are arguments, 1 for every other (and for gathers with literal sizes, as saved before).
+constexpr uint8_t kParamsVersion = 1, kGatherArgumentsVersion = 2;
 constexpr unsigned kBlock = 256;
 
-Bytes layout_params(const pwgen::Layout& l) {
+Bytes layout_params(const pwgen::Program& p, const pwgen::Layout& l) {
   Bytes b(5 + l.scalar.size());
-  b[0] = kParamsVersion;
+  b[0] = !p.gathers.empty() && l.gather_arguments ? kGatherArgumentsVersion : kParamsVersion;
   b[1] = uint8_t(l.flat);
   b[2] = uint8_t(l.wide);
   b[3] = uint8_t(l.rank);
@@ -143,10 +145,12 @@ std::unique_ptr<Kernel> make_pointwise_kernel(const Node& n, const Graph& g, con
   std::optional<CompiledState> stored;
   if (state) {
     stored = unpack_state(*state);
-    // An engine saved by an earlier Kiln may hold a narrower vector for the same layout.
+    // An engine saved by an earlier Kiln may hold a narrower vector for the same layout, or
+    // gathers whose sizes its source has as literals.
     if (stored->params.size() > 4) pwgen::adopt_saved_width(l, stored->params[4]);
+    if (!stored->params.empty() && stored->params[0] == kParamsVersion) l.gather_arguments = false;
   }
-  const Bytes params = layout_params(l);
+  const Bytes params = layout_params(p, l);
   const std::string desc = describe_program(n, p, l);
   std::shared_ptr<const Module> module;
   Bytes saved;

@@ -102,3 +102,25 @@ __device__ __forceinline__ void kiln_vstore(T* p, I j, const kiln_vec<T, V>& x) 
   memcpy(&raw, &x, sizeof(R));
   reinterpret_cast<R*>(p)[j] = raw;
 }
+// A size read from the argument block and divided by: its value and, for 32-bit dividends below
+// 2^31, a multiplier (low word of `magic`) and shift (high word) that make the quotient a
+// multiply-high, an add and a shift, as a literal divisor compiles to (pwgen::divisor_fields).
+struct kiln_divisor {
+  long long d;
+  long long magic;
+};
+__device__ __forceinline__ unsigned int kiln_div(unsigned int x, kiln_divisor v) {
+  return (__umulhi(x, (unsigned int)v.magic) + x) >> (unsigned int)(v.magic >> 32);
+}
+__device__ __forceinline__ long long kiln_div(long long x, kiln_divisor v) { return x / v.d; }
+// The data offset of element e of a gathered leaf's [outer, count, inner] result:
+// (outer * dim + index[(e / inner) % count]) * inner + e % inner, a negative index counted from dim.
+template <typename T, typename X>
+__device__ __forceinline__ long long kiln_gather(T e, const X* __restrict__ index, kiln_divisor count,
+                                                 kiln_divisor inner, long long dim) {
+  const T block = kiln_div(e, inner);
+  const T outer = kiln_div(block, count);
+  long long v = (long long)index[block - outer * (T)count.d];
+  if (v < 0) v += dim;
+  return ((long long)outer * dim + v) * inner.d + (long long)(e - block * (T)inner.d);
+}
