@@ -1,10 +1,11 @@
-// Importers of normalizations: batch norm in inference form (three overloads), layer norm and
-// group norm.
+// Importers of normalizations: batch norm in inference form (three overloads), layer norm, RMS
+// norm (the fused overload torch's CUDA dispatch gives nn.RMSNorm) and group norm.
 //
 // The ATen overloads return (out, mean, rstd)-like tuples; Kiln computes only `out`, so a node
 // whose other outputs are used is refused. Batch-norm statistics and affine parameters are cast
 // to the input's dtype (a half model may keep them in float).
 #include <algorithm>
+#include <limits>
 
 #include "src/import/import_context.h"
 
@@ -64,6 +65,22 @@ std::vector<ValueId> convert_layer_norm(ImportContext& cx) {
   return {cx.add(OpKind::kLayerNorm, in, a)};
 }
 
+// _fused_rms_norm(input, normalized_shape, weight?, eps?) -> (out, rstd): layer_norm {rms}. An eps
+// not given is the epsilon of the type PyTorch computes in (float for f16 / bf16 / f32).
+std::vector<ValueId> convert_fused_rms_norm(ImportContext& cx) {
+  ValueId x = cx.input(0, "input");
+  const DType dt = cx.type(x).dtype;
+  std::vector<ValueId> in = {x};
+  if (auto w = cx.opt_input(2, "weight")) in.push_back(cx.cast(*w, dt));
+  Attrs a;
+  a.set("normalized_rank", int64_t(cx.args.get_ints(1, "normalized_shape").size()));
+  a.set("eps", cx.args.get_float(3, "eps",
+                                 dt == DType::kF64 ? std::numeric_limits<double>::epsilon()
+                                                   : double(std::numeric_limits<float>::epsilon())));
+  a.set("rms", true);
+  return {cx.add(OpKind::kLayerNorm, in, a)};
+}
+
 // native_group_norm(input, weight?, bias?, N, C, HxW, group, eps)
 std::vector<ValueId> convert_group_norm(ImportContext& cx) {
   ValueId x = cx.input(0, "input");
@@ -85,6 +102,7 @@ std::vector<ImportEntry> norm_importers() {
       {"aten._native_batch_norm_legit.default", &check_bn_training, &convert_bn_training_flag},
       {"aten.native_batch_norm.default", &check_bn_training, &convert_bn_training_flag},
       {"aten.native_layer_norm.default", &check_layer_norm, &convert_layer_norm},
+      {"aten._fused_rms_norm.default", &check_layer_norm, &convert_fused_rms_norm},
       {"aten.native_group_norm.default", &check_stats_unused, &convert_group_norm},
   };
 }

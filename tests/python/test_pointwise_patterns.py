@@ -100,6 +100,19 @@ def _torch_rms_norm(dim: int) -> torch.nn.RMSNorm:
     return norm
 
 
+class FusedRMSNorm(torch.nn.Module):
+    """aten._fused_rms_norm, what nn.RMSNorm dispatches to on CUDA: with a weight and the default
+    eps (float's epsilon, which matters at this input scale), then without a weight."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(dim) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._fused_rms_norm(x * 1e-3, [x.shape[-1]], self.weight, None)[0]
+        return torch.ops.aten._fused_rms_norm(y + 1, [x.shape[-2], x.shape[-1]], None, 1e-5)[0]
+
+
 def _patterns() -> dict[str, tuple[torch.nn.Module, list[torch.Tensor]]]:
     torch.manual_seed(0)
     return {
@@ -108,6 +121,7 @@ def _patterns() -> dict[str, tuple[torch.nn.Module, list[torch.Tensor]]]:
         "rms_norm": (RMSNorm(64), [torch.randn(2, 24, 64)]),
         "rms_norm_upcast": (UpcastRMSNorm(64), [torch.randn(2, 24, 64)]),
         "torch_rms_norm": (_torch_rms_norm(64), [torch.randn(2, 24, 64)]),
+        "fused_rms_norm": (FusedRMSNorm(64), [torch.randn(2, 24, 64)]),
         "gpt2_mlp": (Gpt2Mlp(64, 256), [torch.randn(2, 24, 64)]),
         "rope": (Rope(24, 64), [torch.randn(2, 4, 24, 64)]),
         "swiglu": (SwiGLU(64, 160), [torch.randn(2, 24, 64)]),
@@ -206,6 +220,8 @@ def test_rms_norm_is_one_layer_norm_node() -> None:
     for name in ("rms_norm", "rms_norm_upcast", "torch_rms_norm"):
         engine = _one_engine(name)
         assert [(n.op, n.attrs.get("rms")) for n in engine.graph().nodes] == [("layer_norm", True)], engine.graph_text
+    norms = [n for n in _one_engine("fused_rms_norm").graph().nodes if n.op == "layer_norm"]
+    assert [(n.attrs.get("rms"), n.attrs.get("normalized_rank")) for n in norms] == [(True, 1), (True, 2)]
 
 
 @pytest.mark.cuda
