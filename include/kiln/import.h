@@ -89,7 +89,7 @@ ImportSupport can_import(const ImportNode& node, const ImportGraph& graph);
 // cumsum over a cast of a mask sums in f32, as in the build), and the outputs of a refused node
 // read as plain inputs to the nodes after it. `accept`, when given, is asked about the nodes a
 // node converted to (the first of them at `first`) and may refuse them with a reason; a refused
-// node leaves the graph as it was. add() never throws.
+// node's ops leave the graph again. add() never throws.
 class ImportTrial {
  public:
   using Accept = std::function<std::string(const Graph& graph, size_t first)>;

@@ -60,7 +60,7 @@ from kiln.instances import (
     row_symbol,
     start_fit,
 )
-from kiln.lowering import _ASSERT_SCALAR, LoweredGraph, drop_unused
+from kiln.lowering import ASSERT_SCALAR, LoweredGraph, drop_unused
 from kiln.partition import Block, PartitionResult, is_op, op_name, partition, replace_block
 from kiln.pipeline import CompileSummary, build_block
 from kiln.pipeline import _check_engine as check_engine
@@ -334,12 +334,12 @@ def _scalar_node(node: fx.Node) -> bool:
     asserting one."""
     val = node.meta.get("val")
     return node.op == "call_function" and (isinstance(val, (*_SYM_TYPES, int, float, bool))
-                                           or node.target is _ASSERT_SCALAR)
+                                           or node.target is ASSERT_SCALAR)
 
 
 def _scalar_value(node: fx.Node, binding: Binding) -> Any:
     """A scalar node's value under ``binding`` (None for an assert: the program's glue runs it)."""
-    return None if node.target is _ASSERT_SCALAR else evaluate(node.meta["val"], binding)
+    return None if node.target is ASSERT_SCALAR else evaluate(node.meta["val"], binding)
 
 
 def _shape_env(gm: fx.GraphModule) -> Any:

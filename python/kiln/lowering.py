@@ -48,7 +48,7 @@ from kiln.outputs import OutputTemplate, export_flat, output_hint, unregistered_
 log = get_logger("lowering")
 
 __all__ = ["LoweredGraph", "export_module", "lower_module", "lower_exported_program", "resolve_op",
-           "decomposition_table", "cleanup", "attr_name", "fetch_attr"]
+           "decomposition_table", "cleanup", "attr_name", "fetch_attr", "ASSERT_SCALAR"]
 
 _IDENTITY_OPS = ("aten.detach.default", "aten.alias.default", "aten.lift_fresh.default",
                  "aten.lift_fresh_copy.default", "aten.clone.default")
@@ -430,7 +430,7 @@ def _constants_to_attrs(ep: torch.export.ExportedProgram, names: dict[str, str])
 
 # ---- clean-ups ----------------------------------------------------------------------------
 
-_ASSERT_SCALAR = torch.ops.aten._assert_scalar.default
+ASSERT_SCALAR = torch.ops.aten._assert_scalar.default
 
 
 def _checks_input_sizes(node: fx.Node) -> bool:
@@ -438,7 +438,7 @@ def _checks_input_sizes(node: fx.Node) -> bool:
     ``torch._check`` on a size): it stays and runs with the program's size arithmetic, so that a
     size failing it raises. Asserts on values read from tensors (``.item()``) go, as other asserts."""
     from torch.fx.experimental.symbolic_shapes import free_symbols, free_unbacked_symbols
-    cond = node.args[0] if node.target is _ASSERT_SCALAR and node.args else None
+    cond = node.args[0] if node.target is ASSERT_SCALAR and node.args else None
     val = cond.meta.get("val") if isinstance(cond, fx.Node) else None
     return isinstance(val, torch.SymBool) and bool(free_symbols(val)) and not free_unbacked_symbols(val)
 

@@ -94,6 +94,10 @@ ImportSupport can_import(const ImportNode& node, const ImportGraph& graph) { ret
 
 ImportSupport ImportTrial::add(const ImportNode& node, const ImportGraph& graph, const Accept& accept) {
   const size_t first = graph_.nodes().size();
+  auto refuse = [&](std::string reason) {  // the node's ops leave the trial graph
+    while (graph_.nodes().size() > first) graph_.erase_node(graph_.nodes().size() - 1);
+    return ImportSupport{false, std::move(reason)};
+  };
   try {
     const ImportEntry* entry = find_entry(node.target);
     if (!entry) return {false, "no importer for " + node.target};
@@ -115,24 +119,18 @@ ImportSupport ImportTrial::add(const ImportNode& node, const ImportGraph& graph,
     }
     const std::vector<ValueId> outs = convert_node(*entry, graph_, args, values_);
     if (accept) {
-      if (std::string why = accept(graph_, first); !why.empty()) {
-        while (graph_.nodes().size() > first) graph_.erase_node(graph_.nodes().size() - 1);
-        return {false, why};
-      }
+      if (std::string why = accept(graph_, first); !why.empty()) return refuse(std::move(why));
     }
     for (size_t i = 0; i < outs.size(); ++i) {
       if (node.outputs[i] >= 0) values_[size_t(node.outputs[i])] = outs[i];
     }
     return {true, ""};
   } catch (const Error& e) {
-    while (graph_.nodes().size() > first) graph_.erase_node(graph_.nodes().size() - 1);
-    return {false, reason_of(e)};
+    return refuse(reason_of(e));
   } catch (const std::exception& e) {
-    while (graph_.nodes().size() > first) graph_.erase_node(graph_.nodes().size() - 1);
-    return {false, std::string("[internal] ") + e.what()};
+    return refuse(std::string("[internal] ") + e.what());
   } catch (...) {
-    while (graph_.nodes().size() > first) graph_.erase_node(graph_.nodes().size() - 1);
-    return {false, "[internal] unknown error"};
+    return refuse("[internal] unknown error");
   }
 }
 
