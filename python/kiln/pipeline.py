@@ -327,10 +327,16 @@ def runs_again_alike(gm: fx.GraphModule) -> bool:
 
 
 def device_of(settings: CompilationSettings, tensors: Sequence[Any]) -> str:
+    """The device to build for: the 'device' option, which the inputs must be on, else theirs. A
+    dry run for a GPU may take inputs on the CPU: it builds nothing, and the backend answers
+    without its device (the graph is then the one exported on the CPU)."""
     devices = {t.device for t in tensors if isinstance(t, torch.Tensor)}
     if settings.device is not None:
-        if devices and any(str(d if d.index is not None or d.type == "cpu" else torch.device(d.type, 0))
-                           != settings.device for d in devices):
+        if settings.builds_nothing and devices == {torch.device("cpu")} and settings.device != "cpu":
+            log.info("dry run for %s on inputs on the CPU: ops that dispatch otherwise on the GPU "
+                     "(nn.RMSNorm's fused kernel) show as the CPU exports them", settings.device)
+        elif devices and any(str(d if d.index is not None or d.type == "cpu" else torch.device(d.type, 0))
+                             != settings.device for d in devices):
             raise ValueError(f"Kiln option 'device' is {settings.device!r}, but the inputs are on "
                              f"{sorted(str(d) for d in devices)}")
         return settings.device

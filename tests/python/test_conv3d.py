@@ -109,3 +109,22 @@ def test_a_partition_for_cuda_leaves_them_to_pytorch_with_the_reason() -> None:
                 assert not ok and "the CUDA backend cannot run conv: conv over 3 spatial dims (1 or 2 on CUDA)" in why, why
         left = result.pytorch_ops()
         assert (sum(left.values()) == 0) if device == "cpu" else left == {"aten.convolution.default": 2}, left
+
+
+def test_a_dry_run_for_cuda_takes_inputs_on_the_cpu(tmp_path) -> None:
+    """Planning a GPU build on a machine without one: the report says what would stay in PyTorch
+    there, and nothing is built. A real build for CUDA from inputs on the CPU is refused."""
+    if not any(lib["name"] == "cudart" for lib in kiln._C.build_info()["libraries"]):
+        pytest.skip("this Kiln build has no CUDA backend")
+    model = torch.nn.Sequential(torch.nn.Conv3d(4, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                                torch.nn.Linear(4 * 3 * 6 * 6, 5)).eval()
+    x = torch.randn(1, 4, 3, 6, 6)
+    report = tmp_path / "report.txt"
+    with torch.no_grad():
+        compiled = kiln.compile(model, [x], device="cuda", dryrun=str(report), min_block_size=1)
+        assert relative_error(compiled(x), model(x)) < 1e-6  # the graph runs in PyTorch, on the CPU
+    text = report.read_text()
+    assert "aten.convolution.default x1: the CUDA backend cannot run conv: conv over 3 spatial dims" in text, text
+    assert not compiled.engines()
+    with pytest.raises(ValueError, match="Kiln option 'device' is 'cuda:0', but the inputs are on"):
+        kiln.compile(model, [x], device="cuda", min_block_size=1)
