@@ -13,6 +13,7 @@
 
 #include "kiln/kiln.h"
 #include "src/backends/cuda/kernels.h"
+#include "src/backends/cuda/kernels/conv_graph.h"
 #include "src/backends/cuda/kernels/conv_state.h"
 #include "tests/cpp/cudnn_state_test_util.h"
 #include "tests/cpp/error_test_util.h"
@@ -257,13 +258,32 @@ TEST(CudaConvSupports, AnswersWithReasons) {
   EXPECT_FALSE(cuda::supports_conv(*c.node, c.g, &why));
   EXPECT_NE(why.find("output_padding"), std::string::npos) << why;
 
-  // A 3-D conv (the CPU backend runs it): CUDA leaves it to PyTorch, naming the spatial dims.
+  // A conv over 3 spatial dims runs (5-D cuDNN descriptors), its geometry with the depth's
+  // extents first; its transpose does not.
   Attrs three;
-  three.set("padding", std::vector<int64_t>{1, 1, 1});
-  c = conv_graph(OpKind::kConv, DType::kF16, {1, 4, 3, 6, 6}, {4, 4, 3, 3, 3}, true, three);
+  three.set("stride", std::vector<int64_t>{1, 2, 2});
+  three.set("padding", std::vector<int64_t>{1, 0, 1});
+  three.set("dilation", std::vector<int64_t>{2, 1, 1});
+  c = conv_graph(OpKind::kConv, DType::kF16, {1, 4, 5, 6, 7}, {8, 4, 3, 2, 3}, true, three);
   why.clear();
-  EXPECT_FALSE(cuda::supports_conv(*c.node, c.g, &why));
-  EXPECT_NE(why.find("over 3 spatial dims (1 or 2 on CUDA)"), std::string::npos) << why;
+  EXPECT_TRUE(cuda::supports_conv(*c.node, c.g, &why)) << why;
+  const cuda::ConvGeom q = cuda::conv_geometry(*c.node, c.g);
+  EXPECT_TRUE(q.three_d);
+  EXPECT_EQ(std::vector<int64_t>({q.D, q.H, q.W, q.OD, q.OH, q.OW, q.KD, q.KH, q.KW}),
+            std::vector<int64_t>({5, 6, 7, 3, 3, 4, 3, 2, 3}));
+  EXPECT_EQ(std::vector<int64_t>({q.sd, q.sh, q.sw, q.pd, q.ph, q.pw, q.dd, q.dh, q.dw}),
+            std::vector<int64_t>({1, 2, 2, 1, 0, 1, 2, 1, 1}));
+  EXPECT_EQ(cuda::conv_key_parts(q)[0], "conv3d");
+  Attrs three_t;
+  three_t.set("padding", std::vector<int64_t>{0, 0, 0});
+  try {
+    c = conv_graph(OpKind::kConvTranspose, DType::kF16, {1, 4, 3, 6, 6}, {4, 4, 3, 3, 3}, true, three_t);
+    why.clear();
+    EXPECT_FALSE(cuda::supports_conv(*c.node, c.g, &why));
+    EXPECT_NE(why.find("conv_transpose over 3 spatial dims (1 or 2 on CUDA)"), std::string::npos) << why;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kShapeMismatch) << e.what();  // the shape rule takes 1 or 2 only
+  }
 }
 
 TEST(CudaConvState, DamagedEngineStateIsRefusedBeforeTheDevice) {
@@ -339,6 +359,46 @@ TEST(CudaConvDevice, FusedEpilogueMatchesCpuAndStateRemakesTheSamePlan) {
   auto again = gpu.make_kernel(*c.node, c.g, opt, &state);
   EXPECT_EQ(again->state(), state);
   EXPECT_EQ(run_kernel(gpu, *again, ins, out_n), y);
+}
+
+// Convs over 3 spatial dims (a ResNet3D block with its residual and relu, a strided one with
+// uneven dilation, a grouped one): cuDNN's plans against the CPU reference, and remade from state.
+TEST(CudaConvDevice, ThreeSpatialDimsMatchTheCpu) {
+  if (!backend_available(DeviceType::kCUDA)) GTEST_SKIP() << "no CUDA device";
+  Attrs block;
+  block.set("padding", std::vector<int64_t>{1, 1, 1});
+  block.set("activation", std::string("relu"));
+  Attrs strided;
+  strided.set("stride", std::vector<int64_t>{1, 2, 2});
+  strided.set("padding", std::vector<int64_t>{1, 0, 1});
+  strided.set("dilation", std::vector<int64_t>{2, 1, 1});
+  Attrs grouped;
+  grouped.set("padding", std::vector<int64_t>{0, 1, 1});
+  grouped.set("groups", int64_t(4));
+  std::vector<ConvGraph> convs;
+  convs.push_back(conv_graph(OpKind::kConv, DType::kF32, {2, 8, 4, 9, 9}, {8, 8, 3, 3, 3}, true, block, true));
+  convs.push_back(conv_graph(OpKind::kConv, DType::kF32, {1, 6, 7, 10, 11}, {12, 6, 3, 2, 3}, true, strided));
+  convs.push_back(conv_graph(OpKind::kConv, DType::kF32, {2, 8, 3, 6, 6}, {8, 2, 1, 3, 3}, true, grouped));
+  Backend& gpu = get_backend(Device::parse("cuda:0"));
+  Backend& cpu = get_backend(Device::parse("cpu"));
+  KernelOptions opt;
+  opt.policy.allow_tf32 = false;
+  std::mt19937 rng(11);
+  for (const ConvGraph& c : convs) {
+    std::vector<std::vector<float>> ins;
+    for (ValueId v : c.node->inputs) ins.push_back(random_values(size_t(c.g.type(v).numel()), rng));
+    const size_t out_n = size_t(c.g.type(c.node->outputs[0]).numel());
+    auto k = gpu.make_kernel(*c.node, c.g, opt);
+    SCOPED_TRACE(k->describe());
+    auto ref = cpu.make_kernel(*c.node, c.g, opt);
+    const auto y = run_kernel(gpu, *k, ins, out_n), r = run_kernel(cpu, *ref, ins, out_n);
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < out_n; ++i) err += (y[i] - r[i]) * double(y[i] - r[i]), norm += double(r[i]) * r[i];
+    EXPECT_GT(norm, 1.0);
+    EXPECT_LT(std::sqrt(err / norm), 1e-5);
+    const Bytes state = k->state();
+    EXPECT_EQ(run_kernel(gpu, *gpu.make_kernel(*c.node, c.g, opt, &state), ins, out_n), y);
+  }
 }
 
 TEST(CudaConvDevice, WritesOverItsResidualWhereThePlanGivesTheSameBytes) {

@@ -1,9 +1,9 @@
 """3-D convolutions (video models, volumetric UNets) on the CPU backend: every stride, padding,
 dilation and group count against PyTorch's conv3d on random weights and inputs, with the batch norm,
-residual and activation a ResNet block folds into them, and through torchvision's r3d_18. The CUDA
-backend does not run them: a partition for CUDA leaves them in PyTorch with the backend's reason
-(asked without a GPU) and builds the rest. A transposed 3-D convolution is refused at import and
-runs in PyTorch."""
+residual and activation a ResNet block folds into them, and through torchvision's r3d_18 (the CUDA
+backend's cuDNN plans are checked against the CPU in tests/cpp/test_cuda_conv_build.cpp). A
+partition for CUDA asks that backend, without a GPU. A transposed 3-D convolution is refused at
+import and runs in PyTorch."""
 
 from __future__ import annotations
 
@@ -87,44 +87,49 @@ def test_transposed_conv3d_is_refused_with_its_reason() -> None:
         assert relative_error(compiled(x), model(x)) < 1e-6
 
 
-def test_a_partition_for_cuda_leaves_them_to_pytorch_with_the_reason() -> None:
+def _cuda_built() -> bool:
+    return any(lib["name"] == "cudart" for lib in kiln._C.build_info()["libraries"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_partition_for_cuda_asks_its_backend(dtype: torch.dtype) -> None:
+    """The CUDA backend runs 3-D convs in f32 / f16 / bf16 (cuDNN, 5-D descriptors), not in f64:
+    a partition for CUDA, asked without a GPU, leaves f64 convs to PyTorch with that reason; the
+    CPU runs both."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv3d(4, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv3d(4, 4, 1),
-                                torch.nn.Flatten(), torch.nn.Linear(4 * 3 * 6 * 6, 5)).eval()
-    lowered = lower_module(model, [torch.randn(1, 4, 3, 6, 6)], None, supported_targets())
+                                torch.nn.Flatten(), torch.nn.Linear(4 * 3 * 6 * 6, 5)).eval().to(dtype)
+    lowered = lower_module(model, [torch.randn(1, 4, 3, 6, 6, dtype=dtype)], None, supported_targets())
     settings = settings_from_options({"min_block_size": 1})
     convs = [n for n in lowered.gm.graph.nodes if "convolution" in str(n.target)]
     assert len(convs) == 2
-    devices = ["cpu"]
-    if any(lib["name"] == "cudart" for lib in kiln._C.build_info()["libraries"]):
-        devices.append("cuda")  # a build with the CUDA backend: it is asked without a GPU
-    for device in devices:
+    for device in ["cpu"] + (["cuda"] if _cuda_built() else []):
         capability = Capability(lowered.gm, settings, device)
-        result = partition(lowered.gm, capability, settings)
+        refused = device == "cuda" and dtype == torch.float64
         for conv in convs:
             ok, why = capability(conv)
-            if device == "cpu":
-                assert ok, why
-            else:
-                assert not ok and "the CUDA backend cannot run conv: conv over 3 spatial dims (1 or 2 on CUDA)" in why, why
-        left = result.pytorch_ops()
-        assert (sum(left.values()) == 0) if device == "cpu" else left == {"aten.convolution.default": 2}, left
+            assert ok != refused, why
+            if refused:
+                assert why == "the CUDA backend cannot run conv: conv on CUDA runs f32, f16 and bf16, got f64", why
+        left = partition(lowered.gm, capability, settings).pytorch_ops()
+        assert left.get("aten.convolution.default", 0) == (2 if refused else 0), left
 
 
 def test_a_dry_run_for_cuda_takes_inputs_on_the_cpu(tmp_path) -> None:
     """Planning a GPU build on a machine without one: the report says what would stay in PyTorch
-    there, and nothing is built. A real build for CUDA from inputs on the CPU is refused."""
-    if not any(lib["name"] == "cudart" for lib in kiln._C.build_info()["libraries"]):
+    there (here f64 convs), and nothing is built. A real build for CUDA from inputs on the CPU is
+    refused."""
+    if not _cuda_built():
         pytest.skip("this Kiln build has no CUDA backend")
     model = torch.nn.Sequential(torch.nn.Conv3d(4, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
-                                torch.nn.Linear(4 * 3 * 6 * 6, 5)).eval()
-    x = torch.randn(1, 4, 3, 6, 6)
+                                torch.nn.Linear(4 * 3 * 6 * 6, 5)).eval().double()
+    x = torch.randn(1, 4, 3, 6, 6, dtype=torch.float64)
     report = tmp_path / "report.txt"
     with torch.no_grad():
         compiled = kiln.compile(model, [x], device="cuda", dryrun=str(report), min_block_size=1)
-        assert relative_error(compiled(x), model(x)) < 1e-6  # the graph runs in PyTorch, on the CPU
+        assert relative_error(compiled(x), model(x)) < 1e-12  # the graph runs in PyTorch, on the CPU
     text = report.read_text()
-    assert "aten.convolution.default x1: the CUDA backend cannot run conv: conv over 3 spatial dims" in text, text
+    assert "aten.convolution.default x1: the CUDA backend cannot run conv: conv on CUDA runs f32" in text, text
     assert not compiled.engines()
     with pytest.raises(ValueError, match="Kiln option 'device' is 'cuda:0', but the inputs are on"):
         kiln.compile(model, [x], device="cuda", min_block_size=1)

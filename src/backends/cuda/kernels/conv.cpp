@@ -140,7 +140,7 @@ Epilogue make_epilogue(const ConvGeom& q, std::shared_ptr<const Module> module) 
   e.module = std::move(module);
   e.fn = e.module->kernel("kiln_conv_epilogue");
   e.n = q.y_numel();
-  e.inner = q.nhwc ? 1 : q.OH * q.OW;
+  e.inner = q.nhwc ? 1 : q.OD * q.OH * q.OW;
   e.channels = q.O;
   const int64_t cap = int64_t(current_device().sm_count) * 8;
   auto grid = [cap](int64_t n) { return unsigned(std::max<int64_t>(1, std::min((n + 255) / 256, cap))); };
@@ -258,8 +258,8 @@ size_t fastest_conv_kernel(const ConvGeom& q, const std::vector<const Kernel*>& 
   const size_t es = dtype_size(q.dtype);
   size_t ws = 0;
   for (const Kernel* k : kernels) ws = std::max(ws, k->workspace_size());
-  ScratchBuffer x(size_t(q.N * q.C * q.H * q.W) * es), w(size_t(q.W0 * q.W1 * q.KH * q.KW) * es),
-      bias(size_t(q.O) * es), res(size_t(q.y_numel()) * es), y(size_t(q.y_numel()) * es), wsb(ws);
+  ScratchBuffer x(size_t(q.x_numel()) * es), w(size_t(q.w_numel()) * es), bias(size_t(q.O) * es),
+      res(size_t(q.y_numel()) * es), y(size_t(q.y_numel()) * es), wsb(ws);
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
   const void* ins[4] = {x.get(), w.get(), q.bias ? bias.get() : nullptr, q.residual ? res.get() : nullptr};
   void* outs[1] = {y.get()};

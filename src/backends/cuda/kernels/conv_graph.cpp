@@ -19,8 +19,10 @@ std::string ints_str(const std::vector<int64_t>& v) {
 
 // [N, C, H, W] with NCHW or channels-last strides (also used for weights: [O, Cg, KH, KW]).
 std::vector<int64_t> strides_of(const std::vector<int64_t>& d, bool channels_last) {
-  if (channels_last) return {d[1] * d[2] * d[3], 1, d[3] * d[1], d[1]};
-  return {d[1] * d[2] * d[3], d[2] * d[3], d[3], 1};
+  if (channels_last) return {d[1] * d[2] * d[3], 1, d[3] * d[1], d[1]};  // 4-D only (to_channels_last)
+  std::vector<int64_t> s(d.size(), 1);
+  for (size_t i = d.size() - 1; i-- > 0;) s[i] = s[i + 1] * d[i + 1];
+  return s;
 }
 
 Desc tensor(int64_t uid, cudnnDataType_t dt, const std::vector<int64_t>& dims, bool channels_last, bool is_virtual,
@@ -63,8 +65,9 @@ namespace {
 // (without the node's name: a partition report lists one reason for every such node).
 std::string shape_refusal(const Node& n, const Graph& g) {
   const TensorType& x = g.type(n.inputs[0]);
-  if (x.rank() != 3 && x.rank() != 4)
-    return detail::concat(op_name(n.op), " over ", x.rank() - 2, " spatial dims (1 or 2 on CUDA)");
+  if (x.rank() == 5 && n.op == OpKind::kConvTranspose) return "conv_transpose over 3 spatial dims (1 or 2 on CUDA)";
+  if (x.rank() < 3 || x.rank() > 5)
+    return detail::concat(op_name(n.op), " over ", x.rank() - 2, " spatial dims (1, 2 or 3 on CUDA)");
   if (n.op == OpKind::kConvTranspose) {
     const size_t nsp = size_t(x.rank() - 2);
     const auto stride = n.attrs.get_ints("stride", std::vector<int64_t>(nsp, 1));
@@ -106,19 +109,26 @@ ConvGeom conv_geometry(const Node& n, const Graph& g) {
   const auto stride = a.get_ints("stride", std::vector<int64_t>(nsp, 1));
   const auto pad = a.get_ints("padding", std::vector<int64_t>(nsp, 0));
   const auto dil = a.get_ints("dilation", std::vector<int64_t>(nsp, 1));
-  const bool two = nsp == 2;
+  const bool two = nsp >= 2;
+  q.three_d = nsp == 3;
+  if (q.three_d) {  // x [N, C, D, H, W], w [O, C/g, KD, KH, KW], y [N, O, OD, OH, OW]
+    q.D = x[2], q.OD = y[2], q.KD = w[2];
+    q.sd = stride[0], q.pd = pad[0], q.dd = dil[0];
+  }
   if (q.nhwc) {  // x [N, H, W, C], w [O, KH, KW, C/g], y [N, OH, OW, O] (the shape rule checked rank 4)
     q.N = x[0], q.C = x[3], q.H = x[1], q.W = x[2];
     q.O = y[3], q.OH = y[1], q.OW = y[2];
     q.W0 = w[0], q.W1 = w[3], q.KH = w[1], q.KW = w[2];
   } else {
-    q.N = x[0], q.C = x[1], q.H = two ? x[2] : 1, q.W = x.back();
-    q.O = y[1], q.OH = two ? y[2] : 1, q.OW = y.back();
-    q.W0 = w[0], q.W1 = w[1], q.KH = two ? w[2] : 1, q.KW = w.back();
+    const size_t h = nsp - 2;  // the height's position among the spatial dims
+    q.N = x[0], q.C = x[1], q.H = two ? x[2 + h] : 1, q.W = x.back();
+    q.O = y[1], q.OH = two ? y[2 + h] : 1, q.OW = y.back();
+    q.W0 = w[0], q.W1 = w[1], q.KH = two ? w[2 + h] : 1, q.KW = w.back();
   }
-  q.sh = two ? stride[0] : 1, q.sw = stride.back();
-  q.ph = two ? pad[0] : 0, q.pw = pad.back();
-  q.dh = two ? dil[0] : 1, q.dw = dil.back();
+  const size_t h = nsp >= 2 ? nsp - 2 : 0;
+  q.sh = two ? stride[h] : 1, q.sw = stride.back();
+  q.ph = two ? pad[h] : 0, q.pw = pad.back();
+  q.dh = two ? dil[h] : 1, q.dw = dil.back();
   q.groups = a.get_int("groups", 1);
   q.bias = n.inputs.size() > 2 && n.inputs[2] != kNoValue;
   q.residual = n.inputs.size() > 3 && n.inputs[3] != kNoValue;
@@ -127,6 +137,17 @@ ConvGeom conv_geometry(const Node& n, const Graph& g) {
 }
 
 std::vector<std::string> conv_key_parts(const ConvGeom& q) {
+  if (q.three_d)
+    return {"conv3d",
+            dtype_name(q.dtype),
+            std::string("x=") + ints_str({q.N, q.C, q.D, q.H, q.W}),
+            std::string("w=") + ints_str({q.W0, q.W1, q.KD, q.KH, q.KW}),
+            std::string("y=") + ints_str({q.N, q.O, q.OD, q.OH, q.OW}),
+            std::string("s=") + ints_str({q.sd, q.sh, q.sw}) + " p=" + ints_str({q.pd, q.ph, q.pw}) +
+                " d=" + ints_str({q.dd, q.dh, q.dw}) + " g=" + std::to_string(q.groups),
+            std::string(q.bias ? "bias" : "nobias") + (q.residual ? " residual" : "") + " act=" + q.act.name +
+                (q.act.op == OpKind::kClamp ? "<=" + float_literal(q.act.params.hi, DType::kF64) : ""),
+            "ncdhw"};
   return {q.transpose ? "conv_transpose" : "conv",
           dtype_name(q.dtype),
           std::string("x=") + ints_str({q.N, q.C, q.H, q.W}),
@@ -143,7 +164,13 @@ ConvOpGraph build_conv_graph(const ConvGeom& q, cudnnHandle_t handle, bool fused
   ConvOpGraph og;
   const cudnnDataType_t dt = cudnn_dtype(q.dtype);
   const bool cl = q.nhwc;
-  const std::vector<int64_t> xd{q.N, q.C, q.H, q.W}, wd{q.W0, q.W1, q.KH, q.KW}, yd{q.N, q.O, q.OH, q.OW};
+  // 4-D descriptors (a 1-D conv with height 1), or 5-D for a conv over 3 spatial dims.
+  const std::vector<int64_t> xd =
+      q.three_d ? std::vector<int64_t>{q.N, q.C, q.D, q.H, q.W} : std::vector<int64_t>{q.N, q.C, q.H, q.W};
+  const std::vector<int64_t> wd =
+      q.three_d ? std::vector<int64_t>{q.W0, q.W1, q.KD, q.KH, q.KW} : std::vector<int64_t>{q.W0, q.W1, q.KH, q.KW};
+  const std::vector<int64_t> yd =
+      q.three_d ? std::vector<int64_t>{q.N, q.O, q.OD, q.OH, q.OW} : std::vector<int64_t>{q.N, q.O, q.OH, q.OW};
   const bool epi = fused && q.has_epilogue();
   auto keep = [&](Desc d) -> const Desc& {
     og.parts.push_back(std::move(d));
@@ -159,16 +186,20 @@ ConvOpGraph build_conv_graph(const ConvGeom& q, cudnnHandle_t handle, bool fused
   const Desc* acc = epi ? &virt() : &y;
 
   Desc& conv = og.parts.emplace_back(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, what + ": convolution");
-  const int64_t spatial = 2;
+  const int64_t spatial = q.three_d ? 3 : 2;
   const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
   const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+  auto spatial_ints = [&](int64_t d, int64_t h, int64_t w) {
+    return q.three_d ? std::vector<int64_t>{d, h, w} : std::vector<int64_t>{h, w};
+  };
+  const std::vector<int64_t> pads = spatial_ints(q.pd, q.ph, q.pw);
   conv.set_i64(CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, spatial)
       .set_dtype(CUDNN_ATTR_CONVOLUTION_COMP_TYPE, comp)
       .set(CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode)
-      .set_i64s(CUDNN_ATTR_CONVOLUTION_DILATIONS, {q.dh, q.dw})
-      .set_i64s(CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, {q.sh, q.sw})
-      .set_i64s(CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, {q.ph, q.pw})
-      .set_i64s(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, {q.ph, q.pw})
+      .set_i64s(CUDNN_ATTR_CONVOLUTION_DILATIONS, spatial_ints(q.dd, q.dh, q.dw))
+      .set_i64s(CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, spatial_ints(q.sd, q.sh, q.sw))
+      .set_i64s(CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, pads)
+      .set_i64s(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, pads)
       .finalize();
 
   const float alpha = 1.0f, beta = 0.0f;
@@ -209,7 +240,9 @@ ConvOpGraph build_conv_graph(const ConvGeom& q, cudnnHandle_t handle, bool fused
       return out;
     };
     if (q.bias) {
-      const Desc& b = keep(tensor(kUidBias, dt, {1, q.O, 1, 1}, cl, false, what + ": tensor bias"));
+      std::vector<int64_t> bd(yd.size(), 1);
+      bd[1] = q.O;
+      const Desc& b = keep(tensor(kUidBias, dt, bd, cl, false, what + ": tensor bias"));
       og.uids.push_back(kUidBias);
       acc = pointwise(CUDNN_POINTWISE_ADD, acc, &b, "bias");
       og.ops += " + bias";

@@ -22,15 +22,21 @@ namespace kiln::cuda {
 
 struct ConvGeom {
   bool transpose = false, nhwc = false, one_d = false;
+  // A conv over 3 spatial dims (NCDHW, not transposed): the depth's extents below; 1 and its
+  // defaults otherwise.
+  bool three_d = false;
   DType dtype = DType::kF32;
   int64_t N = 0, C = 0, H = 0, W = 0;     // x (for conv_transpose: dy)
   int64_t O = 0, OH = 0, OW = 0;          // y (for conv_transpose: dx)
   int64_t W0 = 0, W1 = 0, KH = 0, KW = 0; // weight dims as the IR gives them
   int64_t sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1, groups = 1;
+  int64_t D = 1, OD = 1, KD = 1, sd = 1, pd = 0, dd = 1;
   bool bias = false, residual = false;
   pw::Activation act;
   bool has_epilogue() const { return bias || residual || !act.none; }
-  int64_t y_numel() const { return N * O * OH * OW; }
+  int64_t x_numel() const { return N * C * D * H * W; }
+  int64_t w_numel() const { return W0 * W1 * KD * KH * KW; }
+  int64_t y_numel() const { return N * O * OD * OH * OW; }
 };
 
 // A conv over an image: at most 4 input channels (to_channels_last pads RGB to 4), groups 1.
@@ -47,8 +53,8 @@ inline bool gemm_conv(const ConvGeom& q) {
 bool hard_activation(const pw::Activation& a);
 
 // Why the conv family cannot run node `n` of a verified graph (its attributes checked by the
-// shape rule), or "" when it can: 1 or 2 spatial dims, f32 / f16 / bf16, and for
-// conv_transpose an output_padding below the stride (cuDNN's backward data).
+// shape rule), or "" when it can: 1, 2 or (conv, channels first) 3 spatial dims, f32 / f16 /
+// bf16, and for conv_transpose an output_padding below the stride (cuDNN's backward data).
 std::string conv_refusal(const Node& n, const Graph& g);
 // The geometry of a conv / conv_transpose node of any dtype; throws kUnsupported with
 // conv_refusal's reason for a shape or attribute the family cannot run (kInternal for an op

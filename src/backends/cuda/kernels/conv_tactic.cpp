@@ -88,8 +88,8 @@ bool close(const std::vector<float>& a, const std::vector<float>& b, double tol,
 // Scratch device buffers for a conv's operands, sized from its geometry.
 struct ConvBuffers {
   explicit ConvBuffers(const ConvGeom& q)
-      : nx(size_t(q.N * q.C * q.H * q.W)),
-        nw(size_t(q.W0 * q.W1 * q.KH * q.KW)),
+      : nx(size_t(q.x_numel())),
+        nw(size_t(q.w_numel())),
         ny(size_t(q.y_numel())),
         x(nx * dtype_size(q.dtype)),
         w(nw * dtype_size(q.dtype)),
