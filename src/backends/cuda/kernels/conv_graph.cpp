@@ -17,7 +17,16 @@ std::string ints_str(const std::vector<int64_t>& v) {
   return s;
 }
 
-// [N, C, H, W] with NCHW or channels-last strides (also used for weights: [O, Cg, KH, KW]).
+// A conv's dims as cuDNN takes them: [a, b, h, w] (a 1-D conv has height 1), or [a, b, d, h, w]
+// over 3 spatial dims; and its per-spatial-dim attributes likewise.
+std::vector<int64_t> outer_spatial(const ConvGeom& q, int64_t a, int64_t b, int64_t d, int64_t h, int64_t w) {
+  return q.three_d ? std::vector<int64_t>{a, b, d, h, w} : std::vector<int64_t>{a, b, h, w};
+}
+std::vector<int64_t> spatial(const ConvGeom& q, int64_t d, int64_t h, int64_t w) {
+  return q.three_d ? std::vector<int64_t>{d, h, w} : std::vector<int64_t>{h, w};
+}
+
+// [N, C, H, W] (or [N, C, D, H, W]) with NCHW or channels-last strides (also used for weights).
 std::vector<int64_t> strides_of(const std::vector<int64_t>& d, bool channels_last) {
   if (channels_last) return {d[1] * d[2] * d[3], 1, d[3] * d[1], d[1]};  // 4-D only (to_channels_last)
   std::vector<int64_t> s(d.size(), 1);
@@ -137,40 +146,30 @@ ConvGeom conv_geometry(const Node& n, const Graph& g) {
 }
 
 std::vector<std::string> conv_key_parts(const ConvGeom& q) {
-  if (q.three_d)
-    return {"conv3d",
-            dtype_name(q.dtype),
-            std::string("x=") + ints_str({q.N, q.C, q.D, q.H, q.W}),
-            std::string("w=") + ints_str({q.W0, q.W1, q.KD, q.KH, q.KW}),
-            std::string("y=") + ints_str({q.N, q.O, q.OD, q.OH, q.OW}),
-            std::string("s=") + ints_str({q.sd, q.sh, q.sw}) + " p=" + ints_str({q.pd, q.ph, q.pw}) +
-                " d=" + ints_str({q.dd, q.dh, q.dw}) + " g=" + std::to_string(q.groups),
-            std::string(q.bias ? "bias" : "nobias") + (q.residual ? " residual" : "") + " act=" + q.act.name +
-                (q.act.op == OpKind::kClamp ? "<=" + float_literal(q.act.params.hi, DType::kF64) : ""),
-            "ncdhw"};
-  return {q.transpose ? "conv_transpose" : "conv",
+  const std::string s = ints_str(spatial(q, q.sd, q.sh, q.sw)), p = ints_str(spatial(q, q.pd, q.ph, q.pw)),
+                    d = ints_str(spatial(q, q.dd, q.dh, q.dw));
+  return {q.three_d     ? "conv3d"
+          : q.transpose ? "conv_transpose"
+                        : "conv",
           dtype_name(q.dtype),
-          std::string("x=") + ints_str({q.N, q.C, q.H, q.W}),
-          std::string("w=") + ints_str({q.W0, q.W1, q.KH, q.KW}),
-          std::string("y=") + ints_str({q.N, q.O, q.OH, q.OW}),
-          std::string("s=") + ints_str({q.sh, q.sw}) + " p=" + ints_str({q.ph, q.pw}) + " d=" + ints_str({q.dh, q.dw}) +
-              " g=" + std::to_string(q.groups),
+          std::string("x=") + ints_str(outer_spatial(q, q.N, q.C, q.D, q.H, q.W)),
+          std::string("w=") + ints_str(outer_spatial(q, q.W0, q.W1, q.KD, q.KH, q.KW)),
+          std::string("y=") + ints_str(outer_spatial(q, q.N, q.O, q.OD, q.OH, q.OW)),
+          "s=" + s + " p=" + p + " d=" + d + " g=" + std::to_string(q.groups),
           std::string(q.bias ? "bias" : "nobias") + (q.residual ? " residual" : "") + " act=" + q.act.name +
               (q.act.op == OpKind::kClamp ? "<=" + float_literal(q.act.params.hi, DType::kF64) : ""),
-          q.nhwc ? "nhwc" : "nchw"};
+          q.three_d ? "ncdhw"
+          : q.nhwc  ? "nhwc"
+                    : "nchw"};
 }
 
 ConvOpGraph build_conv_graph(const ConvGeom& q, cudnnHandle_t handle, bool fused, const std::string& what) {
   ConvOpGraph og;
   const cudnnDataType_t dt = cudnn_dtype(q.dtype);
   const bool cl = q.nhwc;
-  // 4-D descriptors (a 1-D conv with height 1), or 5-D for a conv over 3 spatial dims.
-  const std::vector<int64_t> xd =
-      q.three_d ? std::vector<int64_t>{q.N, q.C, q.D, q.H, q.W} : std::vector<int64_t>{q.N, q.C, q.H, q.W};
-  const std::vector<int64_t> wd =
-      q.three_d ? std::vector<int64_t>{q.W0, q.W1, q.KD, q.KH, q.KW} : std::vector<int64_t>{q.W0, q.W1, q.KH, q.KW};
-  const std::vector<int64_t> yd =
-      q.three_d ? std::vector<int64_t>{q.N, q.O, q.OD, q.OH, q.OW} : std::vector<int64_t>{q.N, q.O, q.OH, q.OW};
+  const std::vector<int64_t> xd = outer_spatial(q, q.N, q.C, q.D, q.H, q.W),
+                             wd = outer_spatial(q, q.W0, q.W1, q.KD, q.KH, q.KW),
+                             yd = outer_spatial(q, q.N, q.O, q.OD, q.OH, q.OW);
   const bool epi = fused && q.has_epilogue();
   auto keep = [&](Desc d) -> const Desc& {
     og.parts.push_back(std::move(d));
@@ -186,18 +185,15 @@ ConvOpGraph build_conv_graph(const ConvGeom& q, cudnnHandle_t handle, bool fused
   const Desc* acc = epi ? &virt() : &y;
 
   Desc& conv = og.parts.emplace_back(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, what + ": convolution");
-  const int64_t spatial = q.three_d ? 3 : 2;
+  const int64_t spatial_dims = q.three_d ? 3 : 2;
   const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
   const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
-  auto spatial_ints = [&](int64_t d, int64_t h, int64_t w) {
-    return q.three_d ? std::vector<int64_t>{d, h, w} : std::vector<int64_t>{h, w};
-  };
-  const std::vector<int64_t> pads = spatial_ints(q.pd, q.ph, q.pw);
-  conv.set_i64(CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, spatial)
+  const std::vector<int64_t> pads = spatial(q, q.pd, q.ph, q.pw);
+  conv.set_i64(CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, spatial_dims)
       .set_dtype(CUDNN_ATTR_CONVOLUTION_COMP_TYPE, comp)
       .set(CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode)
-      .set_i64s(CUDNN_ATTR_CONVOLUTION_DILATIONS, spatial_ints(q.dd, q.dh, q.dw))
-      .set_i64s(CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, spatial_ints(q.sd, q.sh, q.sw))
+      .set_i64s(CUDNN_ATTR_CONVOLUTION_DILATIONS, spatial(q, q.dd, q.dh, q.dw))
+      .set_i64s(CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, spatial(q, q.sd, q.sh, q.sw))
       .set_i64s(CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, pads)
       .set_i64s(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, pads)
       .finalize();
