@@ -432,19 +432,6 @@ void pointwise_compiles(const Node& n, const Graph& g, const std::string& what) 
   EXPECT_NO_THROW(EXPECT_GT(cuda::compile_to_cubin(source, what, 90).size(), 0u)) << what << "\n" << source;
 }
 
-bool cuda_supports(const Node& n, const Graph& g, std::string* why) {
-  switch (op_info(n.op).family) {
-    case OpFamily::kUnary:
-    case OpFamily::kBinary:
-    case OpFamily::kWhere:
-    case OpFamily::kCast:
-    case OpFamily::kFused: return cuda::supports_pointwise(n, g, why);
-    case OpFamily::kShape: return cuda::supports_shape(n, g, why);
-    case OpFamily::kGather: return cuda::supports_gather(n, g, why);
-    default: *why = std::string(op_name(n.op)) + " is not expected in this graph"; return false;
-  }
-}
-
 }  // namespace
 
 TEST(RoundingCuda, EveryNewOpCompilesOnEveryDtypeItTakes) {
@@ -491,8 +478,12 @@ TEST(RoundingCuda, BilinearResizeEngineGraphRunsOnGeneratedKernels) {
     for (const auto& n : g.nodes()) {
       if (n->body)
         for (const auto& b : n->body->nodes()) gathered_leaves += b->op == OpKind::kIndexSelect;
+      const OpInfo& info = op_info(n->op);
+      EXPECT_TRUE(info.pointwise() || info.family == OpFamily::kFused || info.family == OpFamily::kShape ||
+                  info.family == OpFamily::kGather)
+          << op_name(n->op) << " is not expected in this graph";
       std::string why;
-      EXPECT_TRUE(cuda_supports(*n, g, &why)) << op_name(n->op) << ": " << why << "\n" << g.to_string();
+      EXPECT_TRUE(cuda::supports_node(*n, g, &why)) << op_name(n->op) << ": " << why << "\n" << g.to_string();
       const std::string what = std::string(op_name(n->op)) + (align ? " align_corners" : "");
       if (n->op == OpKind::kIndexSelect || op_info(n->op).family == OpFamily::kShape) {
         gathers += n->op == OpKind::kIndexSelect;

@@ -74,7 +74,6 @@ namespace {
 // (without the node's name: a partition report lists one reason for every such node).
 std::string shape_refusal(const Node& n, const Graph& g) {
   const TensorType& x = g.type(n.inputs[0]);
-  if (x.rank() == 5 && n.op == OpKind::kConvTranspose) return "conv_transpose over 3 spatial dims (1 or 2 on CUDA)";
   if (x.rank() < 3 || x.rank() > 5)
     return detail::concat(op_name(n.op), " over ", x.rank() - 2, " spatial dims (1, 2 or 3 on CUDA)");
   if (n.op == OpKind::kConvTranspose) {
